@@ -1,0 +1,1 @@
+"""Emulated WAN: two namespaces, TUN delay line, tbf, TCP buffer caps."""
