@@ -1,0 +1,165 @@
+"""Redis clients for the bus: timeouts, health checks and retries on every client; standalone, Sentinel, Cluster.
+
+URL forms: ``redis://[:pw@]host:port/db``, ``rediss://...`` (TLS), ``unix:///path.sock?db=N``,
+``redis+sentinel://[:pw@]h1:p1,h2:p2/MASTER?db=N`` and ``redis+cluster://[:pw@]h1:p1,h2:p2``
+(``rediss+sentinel`` / ``rediss+cluster`` for TLS). Blocking reads (``XREAD BLOCK``) must use a
+block time below ``socket_timeout``; FStream's callers block at most 5 s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+import redis
+import redis.asyncio
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+SOCKET_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 5.0
+HEALTH_CHECK_INTERVAL_S = 15
+RETRIES = 5
+MAX_BLOCK_MS = 5000
+
+
+def _options(socket_timeout: float, connect_timeout: float, retries: int) -> dict[str, Any]:
+    return {
+        "decode_responses": True,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+        "socket_keepalive": True,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        "retry_on_timeout": True,
+        "retry": Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries),
+    }
+
+
+def _hosts(netloc: str, url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """Parse ``[user:pw@]h1:p1,h2:p2`` into hosts and credentials."""
+    user = password = None
+    if "@" in netloc:
+        cred, netloc = netloc.rsplit("@", 1)
+        if ":" in cred:
+            user, password = cred.split(":", 1)
+        else:
+            password = cred
+        user = unquote(user) if user else None
+        password = unquote(password) if password else None
+    hosts = []
+    for item in netloc.split(","):
+        host, sep, port = item.rpartition(":")
+        if not sep:
+            host, port = item, ""
+        host = host.strip("[]")
+        if not host:
+            raise ValueError(f"Redis URL {url!r}: empty host in {netloc!r}")
+        try:
+            hosts.append((host, int(port) if port else 0))
+        except ValueError:
+            raise ValueError(f"Redis URL {url!r}: bad port {port!r}") from None
+    return hosts, user, password
+
+
+def _split_multi(url: str) -> tuple[str, list[tuple[str, int]], str | None, str | None, str, dict[str, list[str]]]:
+    scheme, rest = url.split("://", 1)
+    netloc, _, tail = rest.partition("/")
+    path, _, query = tail.partition("?")
+    hosts, user, password = _hosts(netloc, url)
+    return scheme, hosts, user, password, unquote(path), parse_qs(query)
+
+
+def _auth(user: str | None, password: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if user:
+        out["username"] = user
+    if password:
+        out["password"] = password
+    return out
+
+
+def connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeout: float = CONNECT_TIMEOUT_S,
+            retries: int = RETRIES) -> redis.Redis:
+    """A blocking client for ``url`` (``decode_responses=True``, timeouts, health checks, retries with backoff)."""
+    if not url:
+        raise ValueError("Redis URL: empty (give --redis, FSTREAM_REDIS_URL, or use the embedded default)")
+    opts = _options(socket_timeout, connect_timeout, retries)
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("redis", "rediss", "unix"):
+        return redis.Redis.from_url(url, **opts)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        from redis.sentinel import Sentinel
+
+        _, hosts, user, password, master, query = _split_multi(url)
+        if not master:
+            raise ValueError(f"Redis URL {url!r}: missing master name (redis+sentinel://h1:p1,h2:p2/MASTER)")
+        hosts = [(h, p or 26379) for h, p in hosts]
+        db = int(query.get("db", ["0"])[0])
+        if scheme.startswith("rediss"):
+            opts["ssl"] = True
+        sentinel_kwargs = {k: opts[k] for k in ("socket_timeout", "socket_connect_timeout", "socket_keepalive")}
+        sentinel_kwargs.update(_auth(None, query.get("sentinel_password", [None])[0]))
+        sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)
+        return sentinel.master_for(master, db=db, **_auth(user, password))
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        from redis.cluster import ClusterNode, RedisCluster
+
+        _, hosts, user, password, _, _ = _split_multi(url)
+        opts.pop("health_check_interval")  # cluster nodes are health-checked by the cluster client
+        if scheme.startswith("rediss"):
+            opts["ssl"] = True
+        nodes = [ClusterNode(h, p or 6379) for h, p in hosts]
+        return RedisCluster(startup_nodes=nodes, **opts, **_auth(user, password))
+    raise ValueError(
+        f"Redis URL {url!r}: unsupported scheme {scheme or 'none'!r} "
+        "(use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)"
+    )
+
+
+def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeout: float = CONNECT_TIMEOUT_S,
+                  retries: int = RETRIES) -> redis.asyncio.Redis:
+    """A ``redis.asyncio`` client with the same options (for Airflow triggers). Close it with ``await c.aclose()``."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    if not url:
+        raise ValueError("Redis URL: empty (give --redis, FSTREAM_REDIS_URL, or use the embedded default)")
+    opts = _options(socket_timeout, connect_timeout, retries)
+    opts["retry"] = AsyncRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("redis", "rediss", "unix"):
+        return redis.asyncio.Redis.from_url(url, **opts)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        from redis.asyncio.sentinel import Sentinel
+
+        _, hosts, user, password, master, query = _split_multi(url)
+        if not master:
+            raise ValueError(f"Redis URL {url!r}: missing master name (redis+sentinel://h1:p1,h2:p2/MASTER)")
+        hosts = [(h, p or 26379) for h, p in hosts]
+        db = int(query.get("db", ["0"])[0])
+        if scheme.startswith("rediss"):
+            opts["ssl"] = True
+        sentinel_kwargs = {k: opts[k] for k in ("socket_timeout", "socket_connect_timeout", "socket_keepalive")}
+        sentinel_kwargs.update(_auth(None, query.get("sentinel_password", [None])[0]))
+        sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)
+        return sentinel.master_for(master, db=db, **_auth(user, password))
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        _, hosts, user, password, _, _ = _split_multi(url)
+        opts.pop("health_check_interval")
+        if scheme.startswith("rediss"):
+            opts["ssl"] = True
+        nodes = [ClusterNode(h, p or 6379) for h, p in hosts]
+        return RedisCluster(startup_nodes=nodes, **opts, **_auth(user, password))
+    raise ValueError(
+        f"Redis URL {url!r}: unsupported scheme {scheme or 'none'!r} "
+        "(use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)"
+    )
+
+
+def describe(url: str) -> str:
+    """The URL with any password masked, for logs and error messages."""
+    u = urlparse(url)
+    if u.password:
+        return url.replace(":" + u.password + "@", ":***@", 1)
+    return url

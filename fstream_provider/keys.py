@@ -1,0 +1,126 @@
+"""The one Redis key schema of FStream: every key, its type, writers, readers and retention.
+
+All keys share the prefix ``{<namespace>}:`` (default ``{fstream}:``). The braces are a Redis
+Cluster hash tag: every FStream key lives in one hash slot, so the Lua scripts that update a
+job, its events, the jobs stream and an idempotency key atomically also work on a Cluster
+(FStream's Redis load is small; one slot is plenty). The same schema is in ``docs/redis-keys.md``.
+
+======================  ===========  ==========================================================  ===================  =====================  ==========================================
+key (method)            type         fields / members                                            written by           read by                retention
+======================  ===========  ==========================================================  ===================  =====================  ==========================================
+jobs_stream()           stream       ``job_id``                                                  JobStore.submit      agents (group agents)  trimmed (MINID) only below the oldest
+                                                                                                                                             unacknowledged / undelivered entry
+jobs_group()            group name   ``agents`` (consumer group on jobs_stream; consumer =       Agent                Agent                  with the stream
+                                     agent name)
+dead_letter()           stream       ``job_id``, ``stream_id``, ``deliveries``, ``reason``,      Agent                operators, status      MAXLEN ~ 10,000
+                                     ``ts``
+job(id)                 hash         job_id, state, attempt, deliveries, spec (JSON), worker,    JobStore, Agent      CLI, Airflow trigger,  no TTL while live; 7 days after a
+                                     created_at, updated_at, error, result (JSON),               (fenced by attempt)  hook                   terminal state
+                                     idempotency_key, priority_class, cancel_requested,
+                                     cancel_reason, stream_id, progress (JSON)
+job_events(id)          stream       ``kind``, ``ts``, ``data`` (JSON); kinds: queued, claimed,  JobStore, Agent      CLI, Airflow trigger   MAXLEN ~ 100,000; 7 days after terminal
+                                     interval, tuning, file, log, error, retry, cancel,
+                                     released, done (always last)
+job_index()             sorted set   job ids scored by created_at                                JobStore.submit      JobStore.list          entries older than 7 days dropped on
+                                                                                                                                             submit
+idempotency(key)        string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state
+agent(name)             hash         name, host, pid, started_at, seen, job_id, attempt          Agent heartbeat      reclaim, status        TTL = heartbeat_ttl (refreshed ttl/3)
+agents()                set          agent names                                                 Agent                status, reclaim        members removed on clean stop
+history()               stream       one HARP transfer-history row per field set (JSON           sender / HARP        HARP optimizer,        MAXLEN ~ 1,000,000
+                                     ``row``)                                                                         history export
+profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
+pool(src, dst)          hash         ADAPT stream pool: s_pmax, s_cmax, s_u, client grants       ADAPT policy         ADAPT policy, pools    while clients hold grants
+seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
+                                                                                                 trigger
+cancel_channel(id)      pub/sub      message ``cancel``                                          JobStore.cancel      Agent (optional)       none (pub/sub)
+======================  ===========  ==========================================================  ===================  =====================  ==========================================
+"""
+
+from __future__ import annotations
+
+import re
+
+_SAFE = re.compile(r"[^A-Za-z0-9._/@+=-]")
+
+JOB_RETENTION_S = 7 * 24 * 3600
+EVENTS_MAXLEN = 100_000
+DEAD_LETTER_MAXLEN = 10_000
+HISTORY_MAXLEN = 1_000_000
+PROFILING_KEEP = 1_000
+
+
+def _part(value: object) -> str:
+    """A key component: anything outside a safe set (``:``, spaces, braces) is percent-escaped."""
+    text = str(value)
+    if not text:
+        raise ValueError("Redis key component: must not be empty")
+    return _SAFE.sub(lambda m: "".join("%%%02X" % b for b in m.group().encode()), text)
+
+
+class Keys:
+    """Builds every FStream Redis key; see the module docstring for types and retention.
+
+    :param namespace: the prefix inside the hash tag; two namespaces on one Redis never
+        see each other's jobs (tests and multi-tenant deployments use this).
+    """
+
+    def __init__(self, namespace: str = "fstream") -> None:
+        if not namespace or "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace {namespace!r}: must be non-empty and without braces")
+        self.namespace = namespace
+        self.prefix = "{" + namespace + "}:"
+
+    def __repr__(self) -> str:
+        return f"Keys(namespace={self.namespace!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Keys) and other.namespace == self.namespace
+
+    def __hash__(self) -> int:
+        return hash(self.namespace)
+
+    # jobs
+    def jobs_stream(self) -> str:
+        return self.prefix + "jobs"
+
+    def jobs_group(self) -> str:
+        return "agents"
+
+    def dead_letter(self) -> str:
+        return self.prefix + "jobs:dead"
+
+    def job(self, job_id: str) -> str:
+        return self.prefix + "job:" + _part(job_id)
+
+    def job_events(self, job_id: str) -> str:
+        return self.prefix + "job:" + _part(job_id) + ":events"
+
+    def job_index(self) -> str:
+        return self.prefix + "jobs:index"
+
+    def idempotency(self, key: str) -> str:
+        return self.prefix + "idem:" + _part(key)
+
+    def cancel_channel(self, job_id: str) -> str:
+        return self.prefix + "job:" + _part(job_id) + ":cancel"
+
+    # agents
+    def agent(self, name: str) -> str:
+        return self.prefix + "agent:" + _part(name)
+
+    def agents(self) -> str:
+        return self.prefix + "agents"
+
+    # tuning state
+    def history(self) -> str:
+        return self.prefix + "history"
+
+    def profiling(self, size_class: str, ftype: str) -> str:
+        return self.prefix + "profiling:" + _part(size_class) + ":" + _part(ftype)
+
+    def pool(self, src: str, dst: str) -> str:
+        return self.prefix + "pool:" + _part(src) + ":" + _part(dst)
+
+    # sensors
+    def seen(self, scope: str) -> str:
+        return self.prefix + "seen:" + _part(scope)

