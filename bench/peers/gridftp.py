@@ -9,7 +9,6 @@ settings of our static heuristic (thesis ch. 2 Alg. 1 as DESIGN.md reads it).
 from __future__ import annotations
 
 import getpass
-import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -62,13 +61,13 @@ def globus_preset(avg_file_size: float) -> GridSettings:
 
 def static_heuristic(*, avg_file_size: float, file_count: int, bandwidth_bps: float, rtt_s: float,
                      tcp_buffer: int, max_cc: int = 32) -> GridSettings:
-    """The static heuristic's (cc, p, pp) (thesis ch. 2 Alg. 1, as DESIGN.md reads the OCR-damaged text)."""
-    bdp = bandwidth_bps * rtt_s / 8.0
-    avg = max(avg_file_size, 1.0)
-    pp = max(min(round(bdp / avg), 100), 0)
-    p = max(min(math.ceil(bdp / tcp_buffer), math.ceil(avg / tcp_buffer)), 1)
-    cc = max(min(max(round(bdp / avg), 2), max(file_count, 1), max_cc), 1)
-    return GridSettings(cc, p, pp, "static heuristic")
+    """The static heuristic's (cc, p, pp): the project's own ``tuning.heuristic`` run once on the whole set."""
+    from fstream_provider.tuning.base import PathInfo
+    from fstream_provider.tuning.heuristic import heuristic
+
+    path = PathInfo(bandwidth_bps=bandwidth_bps, rtt_s=rtt_s, tcp_buffer=tcp_buffer, max_cc=max_cc)
+    s = heuristic(max(avg_file_size, 1.0), max(file_count, 1), path)
+    return GridSettings(s.cc, s.p, s.pp, "static heuristic")
 
 
 class GridFTPServer:

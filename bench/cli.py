@@ -1,0 +1,123 @@
+"""``fstream bench ...``: workload generator, scenarios, report, loopback and scale benchmarks, WAN testbed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+
+from fstream_provider.units import parse_duration, parse_rate, parse_size
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fstream bench", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    w = sub.add_parser("workload", help="write a workload's files into a directory over time")
+    w.add_argument("name", help="w1, w2, w3, w4, sra or lcls")
+    w.add_argument("--dir", required=False, help="source directory to write into (omit with --list)")
+    w.add_argument("--bandwidth", default="1Gbit", help="path rate the sizes are scaled for (default 1Gbit)")
+    w.add_argument("--rtt", default="40ms", help="path RTT the sizes are scaled for (default 40ms)")
+    w.add_argument("--scale", type=float, default=None, help="size multiplier (default: from --bandwidth/--rtt)")
+    w.add_argument("--count-factor", type=float, default=1.0, help="multiply file counts (default 1)")
+    w.add_argument("--interval", default="5s", help="time between batches (default 5s)")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--list", action="store_true", help="print the batches and exit without writing")
+
+    r = sub.add_parser("run", help="run a scenario: tools x workloads on loopback or the emulated WAN")
+    r.add_argument("scenario", help="loopback-smoke, wan (tools x workloads), or a JSON scenario file")
+    r.add_argument("--tools", default=None, help="comma list (default: the scenario's)")
+    r.add_argument("--workloads", default=None, help="comma list (default: the scenario's)")
+    r.add_argument("--count-factor", type=float, default=None, help="thin file counts (default: scenario's)")
+    r.add_argument("--interval", default=None, help="time between batches (default: scenario's)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--oracle", action="store_true", help="also grid-search the best fixed (cc,p,pp) per batch")
+    r.add_argument("--workdir", default=None)
+    r.add_argument("--results", default=str(RESULTS_DIR))
+    r.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    rep = sub.add_parser("report", help="markdown table and PNG plots from a run's results")
+    rep.add_argument("run_dir", nargs="?", default=None, help="a run directory (default: the latest)")
+    rep.add_argument("--results", default=str(RESULTS_DIR))
+
+    lb = sub.add_parser("loopback", help="issue 2: fstream vs GridFTP vs iperf3 on loopback, same run")
+    lb.add_argument("--repeat", type=int, default=1)
+    lb.add_argument("--big-bytes", type=parse_size, default=2**30)
+    lb.add_argument("--small-count", type=int, default=2000)
+    lb.add_argument("--small-bytes", type=parse_size, default=256 * 2**10)
+    lb.add_argument("--pp", type=int, default=16, help="pipelining depth for case (b)")
+    lb.add_argument("--workdir", default=None)
+    lb.add_argument("--results", default=str(RESULTS_DIR))
+    lb.add_argument("--keep", action="store_true", help="keep the generated datasets")
+
+    sc = sub.add_parser("scale", help="issue 2 (c): --watch stream growing to many small files; RSS and scan time")
+    sc.add_argument("--files", type=int, default=100_000)
+    sc.add_argument("--size", type=parse_size, default=64 * 2**10)
+    sc.add_argument("--checkpoints", default="10000,50000,100000")
+    sc.add_argument("--batch", type=int, default=2000, help="files added per step")
+    sc.add_argument("--interval", default="1s", help="the sender's --interval")
+    sc.add_argument("--workdir", default=None)
+    sc.add_argument("--results", default=str(RESULTS_DIR))
+    sc.add_argument("--keep", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "wan":
+        try:
+            from fstream_bench.wan.cli import main as wan_main
+        except ImportError as e:
+            print(f"fstream bench wan: the WAN testbed is not available ({e})", file=sys.stderr)
+            return 2
+        return int(wan_main(argv[1:]) or 0)
+    args = _parser().parse_args(argv)
+    args.raw_argv = argv[1:]
+    if args.cmd == "workload":
+        return _workload(args)
+    if args.cmd == "loopback":
+        from fstream_bench.loopback import main as loopback_main
+        return loopback_main(args)
+    if args.cmd == "run":
+        from fstream_bench.harness import main as run_main
+        return run_main(args)
+    if args.cmd == "report":
+        from fstream_bench.report import main as report_main
+        return report_main(args)
+    if args.cmd == "scale":
+        from fstream_bench.scale import main as scale_main
+        return scale_main(args)
+    return 2
+
+
+def _workload(args) -> int:
+    from fstream_bench.workload_gen import build, describe, generate
+
+    w = build(args.name, bandwidth_bps=parse_rate(args.bandwidth), rtt_s=parse_duration(args.rtt),
+              scale=args.scale, seed=args.seed, interval_s=parse_duration(args.interval),
+              count_factor=args.count_factor)
+    print(describe(w), flush=True)
+    if args.list:
+        return 0
+    if not args.dir:
+        print("fstream bench workload: --dir is required unless --list is given", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_batch(k, batch, t) -> None:
+        print(f"batch {k + 1}: {len(batch.files)} files, {batch.bytes / 1e6:.0f} MB written at t={t:.1f}s",
+              flush=True)
+
+    try:
+        generate(w, Path(args.dir), seed=args.seed, stop=stop, on_batch=on_batch)
+    except KeyboardInterrupt:
+        stop.set()
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

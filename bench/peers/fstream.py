@@ -1,0 +1,173 @@
+"""Our agent as a peer: ``fstream receive`` at the destination, ``fstream send --json`` at the source."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from fstream_bench.peers.base import PeerError, PeerResult, Sites, log_tail, run_timed, spawn, stop
+
+_LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+
+
+def fstream_argv() -> list[str]:
+    """argv prefix that runs this checkout's ``fstream`` CLI (the venv's console script if present)."""
+    script = Path(sys.executable).parent / "fstream"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("fstream")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from transfer_agent.cli import main; sys.exit(main())"]
+
+
+def available() -> str | None:
+    """Return None when the agent's CLI is importable, else why not."""
+    try:
+        import transfer_agent.cli  # noqa: F401
+    except ImportError as e:
+        return f"transfer_agent.cli is not importable yet ({e})"
+    return None
+
+
+class FStreamReceiver:
+    """``fstream receive`` on a free port at the destination, with a temp shared secret.
+
+    :param sites: where it runs (``dst``) and the address it listens on.
+    :param workdir: directory for the secret file and the log.
+    :param root: destination root the receiver writes under.
+    :param extra_args: more ``receive`` options.
+    """
+
+    def __init__(self, *, sites: Sites, workdir: Path, root: Path, extra_args: Sequence[str] = ()) -> None:
+        self.sites = sites
+        self.workdir = Path(workdir)
+        self.root = Path(root)
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def __enter__(self) -> "FStreamReceiver":
+        why = available()
+        if why:
+            raise PeerError(why)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.secret = self.workdir / "secret"
+        fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        self.log = self.workdir / "receiver.log"
+        argv = [*fstream_argv(), "receive", "--listen", f"{self.sites.dst_host}:0", "--root", str(self.root),
+                "--secret-file", str(self.secret), *self.extra_args]
+        self.proc = spawn(self.sites, "dst", argv, log_path=self.log, stdout=subprocess.PIPE,
+                          env={**os.environ, "FSTREAM_STATE_DIR": str(self.workdir / "state")})
+        try:
+            self.port = self._wait_port(timeout=30.0)
+        except BaseException:
+            stop(self.proc)
+            raise
+        return self
+
+    def _wait_port(self, timeout: float) -> int:
+        """Read the receiver's stdout until it prints ``listening on HOST:PORT``."""
+        assert self.proc is not None and self.proc.stdout is not None
+        found: list[int] = []
+        seen: list[bytes] = []
+        done = threading.Event()
+
+        def reader() -> None:
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                if not found:
+                    seen.append(line)
+                    m = _LISTENING.search(line)
+                    if m:
+                        found.append(int(m.group(2)))
+                        done.set()
+            done.set()
+
+        threading.Thread(target=reader, name="fstream-receive-stdout", daemon=True).start()
+        if not done.wait(timeout) or not found:
+            status = self.proc.poll()
+            raise PeerError(f"fstream receive: no 'listening on HOST:PORT' line within {timeout:.0f} s "
+                            f"(status {status}; stdout {b''.join(seen)[-300:]!r}; log: {log_tail(self.log, 300)})")
+        return found[0]
+
+    def __exit__(self, *exc) -> None:
+        stop(self.proc)
+
+    def url(self, dest: str) -> str:
+        return f"fstream://{self.sites.dst_host}:{self.port}/{dest.strip('/')}"
+
+
+def send(receiver: FStreamReceiver, sources: Sequence[Path], dest: str, *, tuner: str = "fixed",
+         options: dict | None = None, watch: dict | None = None, label: str | None = None,
+         timeout: float = 1800.0) -> PeerResult:
+    """Run ``fstream send SOURCES --to URL --json`` at the source site and parse its JSON.
+
+    :param options: tuning options (``cc``, ``p``, ``pp``, ``max_cc``, ``bandwidth``, ``rtt``,
+        ``target_throughput``, ``profile_interval``) passed as ``--cc 4`` etc.
+    :param watch: ``{"interval": "1s", "idle_exit": "3s"}`` to run in streaming mode.
+    """
+    options = dict(options or {})
+    label = label or f"fstream-{tuner}"
+    argv = [*fstream_argv(), "send", *map(str, sources), "--to", receiver.url(dest), "--secret-file",
+            str(receiver.secret), "--tuner", tuner, "--json"]
+    for k, v in options.items():
+        if v is not None:
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    if watch is not None:
+        argv.append("--watch")
+        for k, v in watch.items():
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    log = receiver.workdir / f"{label}.log"
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(receiver.workdir / "state-send")}
+    t0 = time.monotonic()
+    status, wall, out = run_timed(receiver.sites.argv("src", argv), timeout, log, env=env)
+    settings = {"tuner": tuner, **options}
+    doc = _last_json(out)
+    if doc is None:
+        return PeerResult(tool=label, settings=settings, seconds=wall, ok=False,
+                          error=f"fstream send: status {status}, no JSON on stdout: {log_tail(log, 400)}")
+    intervals = [{"t": float(iv.get("t", 0.0)), "throughput_bps": float(iv.get("throughput_bps", 0.0)),
+                  "cc": iv.get("cc"), "p": iv.get("p"), "pp": iv.get("pp"), "reason": iv.get("reason", "")}
+                 for iv in doc.get("intervals", [])]
+    failed = doc.get("failed_files", 0)
+    failed_n = len(failed) if isinstance(failed, list) else int(failed or 0)
+    ok = status == 0 and failed_n == 0
+    result = PeerResult(tool=label, settings=settings, files=int(doc.get("files", 0)), bytes=int(doc.get("bytes", 0)),
+                        seconds=wall, ok=ok, verified=int(doc.get("verified_files", 0)) == int(doc.get("files", 0)),
+                        intervals=intervals,
+                        extra={"self_seconds": doc.get("seconds"), "self_throughput_bps": doc.get("throughput_bps"),
+                               "verified_files": doc.get("verified_files"), "failed_files": failed,
+                               "started": t0})
+    if not ok:
+        result.error = f"fstream send: status {status}, failed files {failed!r}: {log_tail(log, 400)}"
+    return result
+
+
+def _last_json(out: str) -> dict | None:
+    """The JSON object ``send --json`` printed (the last line that parses as an object)."""
+    text = out.strip()
+    try:
+        doc = json.loads(text)
+        return doc if isinstance(doc, dict) else None
+    except json.JSONDecodeError:
+        pass
+    for line in reversed(text.splitlines()):
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return None
