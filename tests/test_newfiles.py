@@ -199,6 +199,10 @@ def sftp_server(tmp_path) -> Iterator[dict]:
                "user": os.environ.get("USER", "fstream"), "host_key": host_key}
     finally:
         stop.set()
+        try:
+            lsock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
         lsock.close()
         for t in transports:
             t.close()

@@ -1,0 +1,202 @@
+"""``FStreamHook``: the ``fstream`` connection (the Redis bus the agents share) and job access for tasks.
+
+Create the connection the usual Airflow way, for example::
+
+    export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://:PASSWORD@redis.example.org:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'
+
+host, port and schema are the Redis server and database number; login/password are the Redis ACL user
+and password. Extras: ``secret_file`` (the shared secret the agents authenticate with), ``namespace``
+(key prefix, default ``fstream``), ``agent_group`` (shown by ``test_connection``), ``ssl`` (``true``
+for ``rediss://``) and ``url`` (a full Redis URL, e.g. ``redis+sentinel://h1:26379,h2:26379/mymaster``,
+overriding host/port). Without any ``fstream_default`` connection the hook uses ``$FSTREAM_REDIS_URL``
+or FStream's embedded Redis, like the ``fstream`` CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+if TYPE_CHECKING:
+    from fstream_provider.spec import TransferSpec
+
+DEFAULT_CONN_ID = "fstream_default"
+DEFAULT_NAMESPACE = "fstream"
+
+
+def _truthy(v: Any) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class FStreamSettings:
+    """What an ``fstream`` connection resolves to.
+
+    :param redis_url: the Redis bus.
+    :param namespace: key namespace on that Redis.
+    :param secret_file: shared secret file the agents use (forwarded to jobs that name none).
+    :param agent_group: the agent group name (informational).
+    :param source: where the settings came from, for log lines.
+    """
+
+    redis_url: str
+    namespace: str = DEFAULT_NAMESPACE
+    secret_file: str | None = None
+    agent_group: str | None = None
+    source: str = ""
+
+
+def settings_from_connection(conn: Any) -> FStreamSettings:
+    """Map an Airflow ``Connection`` of type ``fstream`` to :class:`FStreamSettings`."""
+    extra = conn.extra_dejson or {}
+    url = extra.get("url") or extra.get("redis_url")
+    if not url:
+        if not conn.host:
+            raise ValueError(f"connection {conn.conn_id!r}: no Redis host (set host/port or the 'url' extra)")
+        scheme = "rediss" if _truthy(extra.get("ssl", "false")) else "redis"
+        auth = ""
+        if conn.login or conn.password:
+            auth = f"{quote(conn.login or '', safe='')}:{quote(conn.password or '', safe='')}@"
+        db = str(conn.schema or "0").strip() or "0"
+        if not db.isdigit():
+            raise ValueError(f"connection {conn.conn_id!r}: schema {db!r} must be a Redis database number")
+        url = f"{scheme}://{auth}{conn.host}:{conn.port or 6379}/{db}"
+    return FStreamSettings(
+        redis_url=url,
+        namespace=extra.get("namespace") or DEFAULT_NAMESPACE,
+        secret_file=extra.get("secret_file") or None,
+        agent_group=extra.get("agent_group") or None,
+        source=f"connection {conn.conn_id!r}",
+    )
+
+
+def settings_without_connection(conn_id: str) -> FStreamSettings:
+    """The fallback when ``conn_id`` is not defined: ``$FSTREAM_REDIS_URL`` or the embedded Redis."""
+    from fstream_provider.embedded import resolve_redis_url
+
+    return FStreamSettings(redis_url=resolve_redis_url(None),
+                           source=f"no connection {conn_id!r}: FSTREAM_REDIS_URL or embedded Redis")
+
+
+class FStreamHook(BaseHook):
+    """Submit, follow and cancel FStream jobs on the Redis bus named by an ``fstream`` connection.
+
+    :param fstream_conn_id: the connection id (default ``fstream_default``; if it does not exist the
+        hook falls back to ``$FSTREAM_REDIS_URL`` or the embedded Redis).
+    """
+
+    conn_name_attr = "fstream_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = "fstream"
+    hook_name = "FStream"
+
+    def __init__(self, *, fstream_conn_id: str = DEFAULT_CONN_ID) -> None:
+        super().__init__()
+        self.fstream_conn_id = fstream_conn_id
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Relabel the generic connection form for a Redis bus."""
+        return {
+            "hidden_fields": [],
+            "relabeling": {
+                "host": "Redis host",
+                "port": "Redis port",
+                "schema": "Redis database",
+                "login": "Redis user (ACL, optional)",
+                "password": "Redis password (optional)",
+            },
+            "placeholders": {
+                "host": "redis.example.org",
+                "port": "6379",
+                "schema": "0",
+                "extra": '{"secret_file": "/etc/fstream/secret", "namespace": "fstream", '
+                         '"agent_group": "agents", "ssl": false}',
+            },
+        }
+
+    @cached_property
+    def settings(self) -> FStreamSettings:
+        try:
+            conn = self.get_connection(self.fstream_conn_id)
+        except AirflowNotFoundException:
+            return settings_without_connection(self.fstream_conn_id)
+        return settings_from_connection(conn)
+
+    @cached_property
+    def client(self) -> Any:
+        from fstream_provider.bus import connect
+
+        return connect(self.settings.redis_url)
+
+    @cached_property
+    def keys(self) -> Any:
+        from fstream_provider.keys import Keys
+
+        return Keys(self.settings.namespace)
+
+    @cached_property
+    def store(self) -> Any:
+        from fstream_provider.jobs import JobStore
+
+        return make_store(JobStore, self.client, self.keys)
+
+    def get_conn(self) -> Any:
+        """The blocking ``redis.Redis`` client."""
+        return self.client
+
+    def submit(self, spec: "TransferSpec", *, idempotency_key: str) -> tuple[str, bool]:
+        """Queue ``spec``; the same key returns the existing job instead of a second one."""
+        if not spec.secret_file and self.settings.secret_file:
+            spec.secret_file = self.settings.secret_file
+        return self.store.submit(spec, idempotency_key=idempotency_key)
+
+    def get_job(self, job_id: str) -> Any:
+        return self.store.get(job_id)
+
+    def events(self, job_id: str, *, after: str = "0-0", block_ms: int | None = None,
+               count: int = 100) -> list[tuple[str, dict[str, Any]]]:
+        return self.store.events(job_id, after=after, block_ms=block_ms, count=count)
+
+    def all_events(self, job_id: str, *, after: str = "0-0") -> list[tuple[str, dict[str, Any]]]:
+        """Every event of a job from ``after`` on (pages through the stream)."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        while True:
+            page = self.events(job_id, after=after, count=1000)
+            if not page:
+                return out
+            out.extend(page)
+            after = page[-1][0]
+
+    def cancel(self, job_id: str, reason: str) -> Any:
+        return self.store.cancel(job_id, reason)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """PING the Redis bus and count live agents."""
+        from fstream_provider.bus import describe
+
+        try:
+            s = self.settings
+            self.client.ping()
+            agents = self.client.smembers(self.keys.agents())
+            alive = sum(1 for a in agents if self.client.exists(self.keys.agent(a)))
+            group = f", agent group {s.agent_group!r}" if s.agent_group else ""
+            return True, (f"Redis {describe(s.redis_url)} answered PING (namespace {s.namespace!r}{group}); "
+                          f"{alive} live agent(s)")
+        except Exception as exc:  # test_connection reports, it does not raise
+            return False, f"FStream connection {self.fstream_conn_id!r}: {type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        if "client" in self.__dict__:
+            self.client.close()
+            del self.__dict__["client"]
+
+
+def make_store(store_cls: Any, client: Any, keys: Any) -> Any:
+    """Build a ``JobStore`` on ``client`` in the namespace of ``keys``."""
+    return store_cls(client, keys=keys)

@@ -1,0 +1,315 @@
+"""``FStreamTransferOperator``: submit an FStream transfer job, wait (deferred) for it, log what moved and why."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+
+from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
+from fstream_provider.tasklog import (
+    build_report,
+    format_interval,
+    intervals_from_events,
+    other_event_lines,
+    save_plot,
+    summary_table,
+    target_warnings,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from fstream_provider.spec import TransferSpec
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def normalize_sources(sources: Any) -> list[str]:
+    """Paths from a string, a list, or a sensor/trigger payload (``{"files": [...]}``), flattened."""
+    if sources is None:
+        return []
+    if isinstance(sources, str):
+        return [sources] if sources.strip() else []
+    if isinstance(sources, dict):
+        return normalize_sources(sources.get("files"))
+    out: list[str] = []
+    for s in sources:
+        out.extend(normalize_sources(s))
+    return out
+
+
+def to_unix_time(until: Any) -> float | None:
+    """``until`` as UNIX seconds: a datetime, an ISO-8601 string, or a number."""
+    if until in (None, ""):
+        return None
+    if isinstance(until, (int, float)):
+        return float(until)
+    if isinstance(until, dt.datetime):
+        return (until if until.tzinfo else until.replace(tzinfo=dt.timezone.utc)).timestamp()
+    try:
+        return float(until)
+    except (TypeError, ValueError):
+        pass
+    try:
+        d = dt.datetime.fromisoformat(str(until))
+    except ValueError:
+        raise ValueError(f"until {until!r}: expected a datetime, an ISO-8601 string or UNIX seconds") from None
+    return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def _spec_field(spec: Any, name: str) -> Any:
+    if spec is None:
+        return None
+    if isinstance(spec, dict):
+        return spec.get(name)
+    return getattr(spec, name, None)
+
+
+class FStreamTransferOperator(BaseOperator):
+    """Move files with FStream: tuned parallel TCP channels, checksums, resume, live re-tuning.
+
+    The task submits a job to the agents on the ``fstream`` connection's Redis with the idempotency key
+    ``dag_id/run_id/task_id/map_index``, so a retry or a rerun of the same task re-attaches to the
+    job already queued or running instead of starting a second copy (a retry after the job *failed*
+    submits a new attempt, keyed with the try number). By default it then defers to
+    :class:`~fstream_provider.triggers.transfer.FStreamTransferTrigger` and frees its worker slot.
+    When the job ends, the task log gets one line per measurement interval (throughput vs target,
+    cc/p/pp per cluster, files done/pending, the tuner's reason for each change), a summary table,
+    a warning if the target was missed, and the path of a PNG plot. The XCom is the report:
+    ``files``, ``bytes``, ``seconds``, ``throughput_bps``, ``verified_files``, ``failed_files``,
+    ``intervals`` (the parameter timeline), ``job_id``, ``plot``.
+
+    :param sources: files, directories or globs on the source agent's host; or the XCom list from
+        ``FStreamNewFilesSensor`` (a list of paths) or a trigger payload (``{"files": [...]}``).
+    :param destination: ``fstream://HOST:PORT/DEST/PATH`` of the receiver.
+    :param tuner: ``fstream`` (default), ``harp``, ``dynamic``, ``static``, ``fixed``, ``globus``, ``adaptivecc``.
+    :param target_throughput: QoS target such as ``800Mbps`` (enables the QoS controller).
+    :param max_cc: upper bound on concurrent channels.
+    :param bandwidth: known path bandwidth such as ``1Gbit``.
+    :param rtt: known round-trip time such as ``40ms``.
+    :param cc: channels (``fixed`` tuner, or the starting point).
+    :param p: TCP streams per channel.
+    :param pp: files queued ahead per channel.
+    :param priority_class: ``interactive`` or ``batch``, for the multi-transfer scheduler.
+    :param watch: keep watching the sources and ship new files as they appear (a long-running stream).
+    :param until: in watch mode, stop at this time (datetime, ISO string or UNIX seconds).
+    :param idle_exit: in watch mode, stop after this long with nothing new (``5m``).
+    :param interval: in watch mode, scan interval (``2s``).
+    :param verify: end-to-end checksum per file.
+    :param secret_file: shared secret for the data channels (default: the connection's ``secret_file``).
+    :param tuner_options: any other ``TransferSpec`` option (``profile_interval``, ``block_size``...).
+    :param fstream_conn_id: the ``fstream`` connection.
+    :param deferrable: wait in the triggerer (default) instead of polling in the worker.
+    :param poll_interval: seconds one poll may block in non-deferrable mode.
+    :param plot_dir: where the PNG plot goes (default ``$FSTREAM_STATE_DIR/plots``).
+    """
+
+    template_fields: Sequence[str] = (
+        "sources", "destination", "tuner", "target_throughput", "bandwidth", "rtt", "until", "idle_exit",
+        "priority_class", "secret_file", "plot_dir",
+    )
+    ui_color = "#c8e6f5"
+
+    def __init__(
+        self,
+        *,
+        sources: Any,
+        destination: str,
+        tuner: str = "fstream",
+        target_throughput: str | float | None = None,
+        max_cc: int | None = None,
+        bandwidth: str | float | None = None,
+        rtt: str | float | None = None,
+        cc: int | None = None,
+        p: int | None = None,
+        pp: int | None = None,
+        priority_class: str = "batch",
+        watch: bool = False,
+        until: Any = None,
+        idle_exit: str | float | None = None,
+        interval: str | float | None = None,
+        verify: bool = True,
+        secret_file: str | None = None,
+        tuner_options: dict[str, Any] | None = None,
+        fstream_conn_id: str = DEFAULT_CONN_ID,
+        deferrable: bool = True,
+        poll_interval: float = 1.0,
+        plot_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.sources = sources
+        self.destination = destination
+        self.tuner = tuner
+        self.target_throughput = target_throughput
+        self.max_cc = max_cc
+        self.bandwidth = bandwidth
+        self.rtt = rtt
+        self.cc = cc
+        self.p = p
+        self.pp = pp
+        self.priority_class = priority_class
+        self.watch = watch
+        self.until = until
+        self.idle_exit = idle_exit
+        self.interval = interval
+        self.verify = verify
+        self.secret_file = secret_file
+        self.tuner_options = tuner_options or {}
+        self.fstream_conn_id = fstream_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.plot_dir = plot_dir
+        self._job_id: str | None = None
+
+    @cached_property
+    def hook(self) -> FStreamHook:
+        return FStreamHook(fstream_conn_id=self.fstream_conn_id)
+
+    # -- building and submitting -------------------------------------------------------------
+    def build_spec(self, context: Context | None = None) -> "TransferSpec":
+        from fstream_provider.spec import TransferSpec
+
+        sources = normalize_sources(self.sources)
+        if not sources:
+            raise AirflowSkipException(f"{self.task_id}: no sources to transfer (empty list)")
+        label = ""
+        if context is not None:
+            ti = context["ti"]
+            label = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}"
+        opts: dict[str, Any] = dict(self.tuner_options)
+        opts.update(
+            tuner=self.tuner, target_throughput=self.target_throughput or None, max_cc=self.max_cc,
+            bandwidth=self.bandwidth or None, rtt=self.rtt or None, cc=self.cc, p=self.p, pp=self.pp,
+            priority_class=self.priority_class, watch=bool(self.watch), until=to_unix_time(self.until),
+            idle_exit=self.idle_exit or None, interval=self.interval or None, verify=self.verify,
+            secret_file=self.secret_file or None, label=opts.get("label") or label,
+        )
+        try:
+            return TransferSpec.from_options(sources, self.destination, **opts)
+        except ValueError as exc:
+            raise AirflowException(f"{self.task_id}: invalid transfer options: {exc}") from None
+
+    @staticmethod
+    def idempotency_key(context: Context) -> str:
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
+
+    def submit(self, spec: "TransferSpec", context: Context) -> str:
+        key = self.idempotency_key(context)
+        job_id, created = self.hook.submit(spec, idempotency_key=key)
+        if not created:
+            job = self.hook.get_job(job_id)
+            state = getattr(job, "state", None)
+            if state in ("failed", "cancelled"):
+                try_number = getattr(context["ti"], "try_number", 0)
+                retry_key = f"{key}#try{try_number}"
+                self.log.warning("FStream job %s for %s ended %s (%s); submitting a new attempt (key %s)",
+                                 job_id, key, state, getattr(job, "error", None), retry_key)
+                job_id, created = self.hook.submit(spec, idempotency_key=retry_key)
+            else:
+                self.log.info("Re-attached to existing FStream job %s (%s) for %s: no second copy started",
+                              job_id, state, key)
+        if created:
+            self.log.info("Submitted FStream job %s (%s -> %s, tuner %s, %s) on %s", job_id,
+                          ", ".join(spec.sources[:3]) + (" ..." if len(spec.sources) > 3 else ""),
+                          spec.destination, spec.tuner, spec.priority_class, self.hook.settings.source)
+        return job_id
+
+    # -- running ------------------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        spec = self.build_spec(context)
+        job_id = self._job_id = self.submit(spec, context)
+        context["ti"].xcom_push(key="job_id", value=job_id)
+        if self.deferrable:
+            from fstream_provider.triggers.transfer import FStreamTransferTrigger
+
+            self.defer(
+                trigger=FStreamTransferTrigger(job_id=job_id, fstream_conn_id=self.fstream_conn_id,
+                                               target_throughput_bps=spec.target_throughput_bps),
+                method_name="execute_complete",
+                timeout=self.execution_timeout,
+            )
+        return self._poll(job_id, spec.target_throughput_bps, context)
+
+    def _poll(self, job_id: str, target_bps: float | None, context: Context) -> dict[str, Any]:
+        after, prev, seen = "0-0", None, []
+        block_ms = max(1, int(self.poll_interval * 1000))
+        while True:
+            batch = self.hook.events(job_id, after=after, block_ms=block_ms, count=500)
+            if not batch:
+                if self.hook.get_job(job_id) is None:
+                    raise AirflowException(f"FStream job {job_id} disappeared from the bus while running")
+                continue
+            for eid, ev in batch:
+                after = eid
+                seen.append((eid, ev))
+                if ev.get("kind") == "interval":
+                    self.log.info("%s", format_interval(ev, target_bps, prev))
+                    prev = ev
+                elif ev.get("kind") == "done":
+                    return self._finish(job_id, seen, target_bps, context, log_intervals=False)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        job_id = event.get("job_id") or self._job_id
+        if not job_id:
+            raise AirflowException(f"{self.task_id}: trigger returned no job id ({event.get('message')})")
+        events = self.hook.all_events(job_id)
+        target = _spec_field(getattr(self.hook.get_job(job_id), "spec", None), "target_throughput_bps")
+        if event.get("status") != "success" and not any(e.get("kind") == "done" for _, e in events):
+            raise AirflowException(event.get("message") or f"FStream job {job_id} failed")
+        return self._finish(job_id, events, target, context, log_intervals=True)
+
+    def _finish(self, job_id: str, events: list[tuple[str, dict[str, Any]]], target_bps: float | None,
+                context: Context, *, log_intervals: bool) -> dict[str, Any]:
+        intervals = intervals_from_events(events)
+        if log_intervals:
+            prev = None
+            for rec in intervals:
+                self.log.info("%s", format_interval(rec, target_bps, prev))
+                prev = rec
+        for line in other_event_lines(events):
+            self.log.info("%s", line)
+        report = build_report(job_id, events, target_bps)
+        for line in summary_table(report, report["intervals"] or intervals, target_bps, job_id=job_id).splitlines():
+            self.log.info("%s", line)
+        for w in target_warnings(report, intervals, target_bps):
+            self.log.warning("%s", w)
+        report["plot"] = None
+        try:
+            report["plot"] = save_plot(intervals, self._plot_path(context, job_id), target_bps,
+                                       title=f"FStream job {job_id} ({self.task_id})")
+        except Exception as exc:  # a plot must never fail a transfer that succeeded
+            self.log.warning("could not save the throughput plot: %s", exc)
+        if report["plot"]:
+            self.log.info("Throughput/channels plot: %s", report["plot"])
+        if report["state"] != "succeeded":
+            raise AirflowException(f"FStream job {job_id} {report['state']}: {report['error'] or 'no error text'}")
+        if report["failed_files"]:
+            raise AirflowException(f"FStream job {job_id}: {report['failed_files']} file(s) failed: "
+                                   f"{report['failures'][:5]}")
+        return report
+
+    def _plot_path(self, context: Context, job_id: str) -> str:
+        base = self.plot_dir
+        if not base:
+            from fstream_provider.embedded import default_state_dir
+
+            base = os.path.join(default_state_dir(), "plots")
+        ti = context["ti"]
+        safe = lambda s: re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))  # noqa: E731
+        return os.path.join(base, safe(ti.dag_id), safe(ti.run_id), f"{safe(ti.task_id)}-{safe(job_id)}.png")
+
+    def on_kill(self) -> None:
+        """Cancel the job when the task is killed while polling (deferred tasks: the trigger's ``on_kill``)."""
+        if self._job_id:
+            self.log.info("Cancelling FStream job %s", self._job_id)
+            self.hook.cancel(self._job_id, f"Airflow task {self.task_id} was killed")

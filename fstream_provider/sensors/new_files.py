@@ -1,0 +1,121 @@
+"""``FStreamNewFilesSensor``: wait for new, complete files (local or SFTP) and return them as XCom, each once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
+from fstream_provider.newfiles import (
+    Location,
+    Scanner,
+    StabilityTracker,
+    batch_payload,
+    claim,
+    default_scope,
+    select_batch,
+    unseen,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class FStreamNewFilesSensor(BaseSensorOperator):
+    """Succeed with the list of new complete files matching ``pattern``; a file is never returned twice.
+
+    "Seen" lives in a Redis set on the ``fstream`` connection (scope: ``scope``, or derived from path,
+    pattern and recursive), so retries, reruns, restarts and parallel sensors agree. The XCom value
+    is the list of paths, ready for ``FStreamTransferOperator(sources=sensor.output)``. Deferrable by
+    default: waits in the triggerer via
+    :class:`~fstream_provider.triggers.new_files.FStreamNewFilesTrigger`.
+
+    :param path: local directory, or ``sftp://USER@HOST:PORT/DIR``.
+    :param pattern: glob on the relative path or the file name.
+    :param recursive: descend into subdirectories.
+    :param scope: seen-set name (default derived from path, pattern, recursive).
+    :param min_files: succeed once this many new complete files exist.
+    :param max_files: at most this many files per batch (oldest first).
+    :param min_age: files older than this many seconds count as complete on the first look.
+    :param fstream_conn_id: the ``fstream`` connection (Redis with the seen-set).
+    :param ssh_key_file: private key for SFTP.
+    :param known_hosts: known_hosts file for SFTP (default: the system's; unknown keys are refused).
+    :param deferrable: wait in the triggerer (default) instead of poking from a worker.
+    """
+
+    template_fields: Sequence[str] = ("path", "pattern", "scope")
+    ui_color = "#e3f2e1"
+
+    def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
+                 min_files: int = 1, max_files: int | None = None, min_age: float = 0.0,
+                 fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
+                 known_hosts: str | None = None, deferrable: bool = True, poke_interval: float = 1.0,
+                 **kwargs: Any) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.path = path
+        self.pattern = pattern
+        self.recursive = recursive
+        self.scope = scope
+        self.min_files = min_files
+        self.max_files = max_files
+        self.min_age = min_age
+        self.fstream_conn_id = fstream_conn_id
+        self.ssh_key_file = ssh_key_file
+        self.known_hosts = known_hosts
+        self.deferrable = deferrable
+
+    @cached_property
+    def hook(self) -> FStreamHook:
+        return FStreamHook(fstream_conn_id=self.fstream_conn_id)
+
+    @cached_property
+    def scanner(self) -> Scanner:
+        return Scanner(Location.parse(self.path), pattern=self.pattern, recursive=self.recursive,
+                       key_file=self.ssh_key_file, known_hosts=self.known_hosts)
+
+    @cached_property
+    def tracker(self) -> StabilityTracker:
+        return StabilityTracker(min_age=self.min_age)
+
+    def effective_scope(self) -> str:
+        return self.scope or default_scope(self.path, self.pattern, self.recursive)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        from fstream_provider.triggers.new_files import FStreamNewFilesTrigger
+
+        self.defer(
+            trigger=FStreamNewFilesTrigger(
+                path=self.path, pattern=self.pattern, recursive=self.recursive, scope=self.scope,
+                min_files=self.min_files, max_files=self.max_files, poll_interval=float(self.poke_interval),
+                min_age=self.min_age, fstream_conn_id=self.fstream_conn_id, ssh_key_file=self.ssh_key_file,
+                known_hosts=self.known_hosts),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+        )
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        key = self.hook.keys.seen(self.effective_scope())
+        stable = self.tracker.observe(unseen(self.hook.client, key, self.scanner.scan()))
+        if len(stable) < self.min_files:
+            self.log.info("%d new complete file(s) in %s, waiting for %d", len(stable), self.path, self.min_files)
+            return PokeReturnValue(is_done=False)
+        won = claim(self.hook.client, key, select_batch(stable, self.max_files))
+        self.tracker.forget(f.path for f in won)
+        if not won:
+            return PokeReturnValue(is_done=False)
+        payload = batch_payload(won, scope=self.effective_scope(), location=self.scanner.location.url())
+        self.log.info("%s: %s", payload["message"], ", ".join(payload["files"][:10]))
+        return PokeReturnValue(is_done=True, xcom_value=payload["files"])
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> list[str]:
+        if event.get("status") != "success":
+            raise AirflowException(event.get("message") or "new-files trigger failed")
+        self.log.info("%s: %s", event.get("message"), ", ".join(event.get("files", [])[:10]))
+        return list(event.get("files", []))

@@ -1,0 +1,126 @@
+"""``FStreamNewFilesTrigger``: fire once per batch of new, complete files (local or SFTP); drives an ``AssetWatcher``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
+from fstream_provider.newfiles import (
+    Location,
+    Scanner,
+    StabilityTracker,
+    aclaim,
+    aunseen,
+    batch_payload,
+    default_scope,
+    select_batch,
+)
+
+
+class FStreamNewFilesTrigger(BaseEventTrigger):
+    """Yield one event ``{"status", "message", "files", "details", "bytes", "scope", "location"}`` per batch.
+
+    Files count once they are complete (size and mtime unchanged between two looks ``poll_interval``
+    apart, or older than ``min_age``) and not yet in the scope's Redis seen-set. The batch is claimed
+    in that set (``SADD``) right before the event, so a file is reported once across restarts,
+    duplicate triggers (two triggerers, two assets watching the same place) and the re-run an
+    ``AssetWatcher`` does after every event: the fix for apache/airflow issue 49900 lives in Redis,
+    not in the trigger's memory. The trigger yields one event and returns, like Airflow's own
+    event triggers; the triggerer starts it again for the next batch.
+
+    Use it in an asset watcher::
+
+        Asset("lcls-run-42", watchers=[AssetWatcher(name="lcls_new_files",
+              trigger=FStreamNewFilesTrigger(path="/data/xtc", pattern="*.xtc"))])
+
+    :param path: local directory, or ``sftp://USER@HOST:PORT/DIR`` (paramiko; unknown host keys refused).
+    :param pattern: glob on the relative path or the file name.
+    :param recursive: descend into subdirectories.
+    :param scope: seen-set name; default derived from path, pattern and recursive (watches of the same
+        place share one memory; give distinct scopes to let two pipelines each see every file).
+    :param min_files: wait until this many new complete files are available.
+    :param max_files: at most this many files per batch (oldest first).
+    :param poll_interval: seconds between looks.
+    :param min_age: files older than this many seconds count as complete on the first look.
+    :param fstream_conn_id: the ``fstream`` connection (Redis holding the seen-set).
+    :param ssh_key_file: private key for SFTP.
+    :param known_hosts: known_hosts file for SFTP (default: the system's).
+    """
+
+    def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
+                 min_files: int = 1, max_files: int | None = None, poll_interval: float = 1.0,
+                 min_age: float = 0.0, fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
+                 known_hosts: str | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self.pattern = pattern
+        self.recursive = recursive
+        self.scope = scope
+        self.min_files = min_files
+        self.max_files = max_files
+        self.poll_interval = poll_interval
+        self.min_age = min_age
+        self.fstream_conn_id = fstream_conn_id
+        self.ssh_key_file = ssh_key_file
+        self.known_hosts = known_hosts
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "path": self.path,
+                "pattern": self.pattern,
+                "recursive": self.recursive,
+                "scope": self.scope,
+                "min_files": self.min_files,
+                "max_files": self.max_files,
+                "poll_interval": self.poll_interval,
+                "min_age": self.min_age,
+                "fstream_conn_id": self.fstream_conn_id,
+                "ssh_key_file": self.ssh_key_file,
+                "known_hosts": self.known_hosts,
+            },
+        )
+
+    def effective_scope(self) -> str:
+        return self.scope or default_scope(self.path, self.pattern, self.recursive)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from fstream_provider.hooks.fstream_async import FStreamAsyncHook
+
+        location = Location.parse(self.path)
+        scope = self.effective_scope()
+        scanner = Scanner(location, pattern=self.pattern, recursive=self.recursive, key_file=self.ssh_key_file,
+                          known_hosts=self.known_hosts)
+        tracker = StabilityTracker(min_age=self.min_age)
+        hook = FStreamAsyncHook(fstream_conn_id=self.fstream_conn_id)
+        last_warning = 0.0
+        try:
+            client, keys = await hook.get_client(), await hook.get_keys()
+            key = keys.seen(scope)
+            self.log.info("watching %s for %r (scope %s, seen-set %s)", location.url(), self.pattern, scope, key)
+            while True:
+                try:
+                    files = await asyncio.to_thread(scanner.scan)  # file system / paramiko I/O is blocking
+                    stable = tracker.observe(await aunseen(client, key, files))
+                    if len(stable) >= self.min_files:
+                        won = await aclaim(client, key, select_batch(stable, self.max_files))
+                        tracker.forget(f.path for f in won)
+                        if won:
+                            payload = batch_payload(won, scope=scope, location=location.url())
+                            self.log.info("%s", payload["message"])
+                            yield TriggerEvent(payload)
+                            return
+                except (OSError, EOFError) as exc:  # missing directory, SFTP or Redis hiccup: keep watching
+                    if time.monotonic() - last_warning > 60:
+                        self.log.warning("watching %s: %s (will keep retrying)", location.url(), exc)
+                        last_warning = time.monotonic()
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await asyncio.to_thread(scanner.close)
+            await hook.close()

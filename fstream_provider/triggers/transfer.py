@@ -1,0 +1,104 @@
+"""``FStreamTransferTrigger``: follow a job's event stream in the triggerer until its ``done`` event."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
+from fstream_provider.tasklog import format_interval
+
+
+class FStreamTransferTrigger(BaseTrigger):
+    """Wait for an FStream job to finish; yield one event ``{"status", "message", "job_id", ...}``.
+
+    It reads the job's Redis event stream from ``last_event_id`` with blocking ``XREAD`` on a native
+    ``redis.asyncio`` client (no polling delay), logs one line per interval, and fires when the
+    ``done`` event arrives. If the triggerer restarts, the trigger is rebuilt from ``serialize()``
+    and re-reads from ``last_event_id``: nothing is missed, and the log lines are rebuilt in full
+    by ``execute_complete`` anyway.
+
+    :param job_id: the job to follow.
+    :param fstream_conn_id: the ``fstream`` connection.
+    :param last_event_id: stream id to read after (``0-0``: from the start).
+    :param target_throughput_bps: the job's target, shown in the per-interval lines.
+    :param block_ms: how long one ``XREAD`` blocks before re-checking the job hash.
+    """
+
+    def __init__(self, *, job_id: str, fstream_conn_id: str = DEFAULT_CONN_ID, last_event_id: str = "0-0",
+                 target_throughput_bps: float | None = None, block_ms: int = 5000) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.fstream_conn_id = fstream_conn_id
+        self.last_event_id = last_event_id
+        self.target_throughput_bps = target_throughput_bps
+        self.block_ms = block_ms
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_id": self.job_id,
+                "fstream_conn_id": self.fstream_conn_id,
+                "last_event_id": self.last_event_id,
+                "target_throughput_bps": self.target_throughput_bps,
+                "block_ms": self.block_ms,
+            },
+        )
+
+    def _hook(self) -> Any:
+        from fstream_provider.hooks.fstream_async import FStreamAsyncHook
+
+        return FStreamAsyncHook(fstream_conn_id=self.fstream_conn_id)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self._hook()
+        try:
+            event = await self._follow(hook)
+        except Exception as exc:
+            event = {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
+                     "message": f"following FStream job {self.job_id} failed: {type(exc).__name__}: {exc}"}
+        finally:
+            await hook.close()
+        yield TriggerEvent(event)
+
+    async def _follow(self, hook: Any) -> dict[str, Any]:
+        after = self.last_event_id
+        prev: dict[str, Any] | None = None
+        if await hook.get_state(self.job_id) is None:
+            return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": after,
+                    "message": f"FStream job {self.job_id} does not exist on the bus (expired or wrong connection)"}
+        while True:
+            batch = await hook.read_events(self.job_id, after=after, block_ms=self.block_ms, count=500)
+            if not batch:
+                state = await hook.get_state(self.job_id)
+                if state is None:
+                    return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": after,
+                            "message": f"FStream job {self.job_id} disappeared from the bus while running"}
+                continue
+            for eid, ev in batch:
+                after = eid
+                self.last_event_id = eid
+                kind = ev.get("kind")
+                if kind == "interval":
+                    self.log.info("%s", format_interval(ev, self.target_throughput_bps, prev))
+                    prev = ev
+                elif kind in ("error", "retry", "tuning"):
+                    self.log.info("%s: %s", kind, ev.get("reason") or ev.get("message") or ev.get("error") or "")
+                elif kind == "done":
+                    state = ev.get("state")
+                    ok = state == "succeeded"
+                    msg = (f"FStream job {self.job_id} {state}" if ok
+                           else f"FStream job {self.job_id} {state}: {ev.get('error') or 'no error text'}")
+                    return {"status": "success" if ok else "error", "message": msg, "job_id": self.job_id,
+                            "state": state, "last_event_id": eid}
+
+    async def on_kill(self) -> None:
+        """The user killed the deferred task (mark failed/success, clear): cancel the job too."""
+        hook = self._hook()
+        try:
+            await hook.request_cancel(self.job_id, "Airflow task was killed by a user action while deferred")
+        finally:
+            await hook.close()
