@@ -1,0 +1,203 @@
+"""The ``fstream`` tuner (thesis ch. 3): dynamic heuristic + online profiling (Alg. 2) + history (§3.5) + QoS (Alg. 3).
+
+Per cluster p and pp come from the heuristic, re-run whenever a cluster receives files; the
+total channel count is what profiling (no target) or the QoS controller (with a target)
+decides, split between clusters by estimated time to drain (pending bytes / per-channel
+rate). Intervals in which channels ran out of files are not used to profile.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fstream_provider.tuning.base import ClusterLayout, Observation, PathInfo
+from fstream_provider.tuning.clustering import SMALL, Cluster
+from fstream_provider.tuning.common import ClusteredTuner, describe, fmt_bps
+from fstream_provider.tuning.heuristic import Settings, clamp
+from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord, size_class
+from fstream_provider.tuning.profiler import OnlineProfiler
+from fstream_provider.tuning.qos import PacedLayout, QosController
+
+
+def split_cc(total: int, weights: dict[str, float], max_cc: int) -> dict[str, int]:
+    """Split ``total`` channels between clusters by weight, one each at least (largest remainder)."""
+    names = sorted(weights)
+    total = min(max(total, len(names)), max(max_cc, len(names)))
+    wsum = sum(weights.values()) or 1.0
+    out = {n: 1 for n in names}
+    rest = total - len(names)
+    if rest <= 0:
+        return out
+    raw = {n: rest * weights[n] / wsum for n in names}
+    for n in names:
+        out[n] += int(raw[n])
+    left = total - sum(out.values())
+    for n in sorted(names, key=lambda n: -(raw[n] - int(raw[n])))[:left]:
+        out[n] += 1
+    return out
+
+
+class FStreamTuner(ClusteredTuner):
+    """Dynamic tuning with online profiling, profiling history and optional QoS.
+
+    :param path: the path description (bandwidth is only an initial estimate).
+    :param target_throughput_bps: hold this throughput (QoS, Alg. 3) instead of filling the path.
+    :param history: profiling history to consult and to append to (None: no history).
+    :param utilisation: share of the bandwidth profiling aims for.
+    :param band: accepted distance from the profiling target.
+    :param pacing: with a target, also cap each cluster's rate (``PacedLayout``).
+    :param jump: QoS jumps by the per-channel rate before the Alg. 3 ladder.
+    :param profiling: False turns the tuner into ``dynamic`` (for breakdowns).
+    :param start_time: wall-clock seconds of the start, for history timestamps.
+    """
+
+    name = "fstream"
+
+    def __init__(self, *, path: PathInfo, target_throughput_bps: float | None = None,
+                 history: ProfileHistory | None = None, utilisation: float = 0.9, band: float = 0.15,
+                 pacing: bool = True, jump: bool = True, profiling: bool = True,
+                 start_time: float = 0.0) -> None:
+        super().__init__(path=path)
+        self.target = target_throughput_bps
+        self.history = history
+        self.pacing = pacing
+        self.profiling = profiling
+        self.start_time = start_time
+        self._profiler = OnlineProfiler(bandwidth_bps=path.bandwidth_bps, max_cc=path.max_cc,
+                                        utilisation=utilisation, band=band)
+        self._qos = (QosController(target_bps=target_throughput_bps, max_cc=path.max_cc, jump=jump,
+                                   headroom=0.1 if pacing else 0.0)
+                     if target_throughput_bps else None)
+        self._total: int | None = None
+        self._names: tuple[str, ...] = ()
+        self._history_checked = False
+        self._fine: dict[str, tuple[int, int]] = {}  # cluster -> (dp, dpp)
+        self._per_channel: dict[str, float] = {}
+
+    # -- helpers ------------------------------------------------------------------------
+    def _dominant(self, clusters: list[Cluster]) -> Cluster:
+        return max(clusters, key=lambda c: (c.bytes, c.name))
+
+    def _history_cc(self, c: Cluster, desired: float) -> tuple[int | None, str, ProfileRecord | None]:
+        if self.history is None:
+            return None, "", None
+        rec, how = self.history.lookup(size_class(c.avg_size), c.ftype, desired)
+        if rec is None:
+            return None, "", None
+        cc = rec.cc
+        if rec.throughput_bps < desired * 0.85 and rec.throughput_bps > 0:
+            cc = min(self.path.max_cc, math.ceil(rec.cc * desired / rec.throughput_bps))
+        return cc, f"by {how} {rec.size_class}/{rec.ftype or '-'}: cc={rec.cc} gave {fmt_bps(rec.throughput_bps)}", rec
+
+    def _weights(self, clusters: list[Cluster]) -> dict[str, float]:
+        out = {}
+        for c in clusters:
+            per = self._per_channel.get(c.name)
+            if not per:
+                s = self._settings.get(c.name)
+                per = self.path.bandwidth_bps / max(1, s.cc if s else 2)
+            out[c.name] = max(c.bytes, 1) / per
+        return out
+
+    def _layouts(self) -> tuple[ClusterLayout, ...]:
+        clusters = self._working()
+        if not clusters:
+            return ()
+        for c in clusters:
+            if c.name not in self._settings:
+                self._settings[c.name] = self._heuristic(c)
+        total = self._total or sum(self._settings[c.name].cc for c in clusters)
+        cc = split_cc(total, self._weights(clusters), self.path.max_cc)
+        total_cc = sum(cc.values())
+        out = []
+        for c in clusters:
+            dp, dpp = self._fine.get(c.name, (0, 0))
+            base = self._settings[c.name]
+            s = clamp(Settings(cc[c.name], base.p + dp, base.pp + dpp), self.path)
+            if self.target and self.pacing:
+                out.append(PacedLayout(c.name, s.cc, s.p, s.pp, self.target * cc[c.name] / total_cc))
+            else:
+                out.append(ClusterLayout(c.name, s.cc, s.p, s.pp))
+        return tuple(out)
+
+    # -- the loop -----------------------------------------------------------------------
+    def update(self, observation: Observation) -> None:
+        obs = observation
+        touched = self._ingest(obs)
+        reasons = []
+        for name in sorted(touched):
+            c = self._clustering.get(name)
+            self._settings[name] = self._heuristic(c)
+            reasons.append("heuristic " + describe(name, c, self._settings[name]))
+        clusters = self._working()
+        names = tuple(c.name for c in clusters)
+        if names != self._names:
+            self._names = names
+            self._history_checked = False
+            self._profiler.guard.reset()
+            if self._qos:
+                self._qos.guard.reset()
+        if not clusters:
+            self._reason = "fstream: " + ("; ".join(reasons) or "no pending files")
+            return
+        for name, st in obs.clusters.items():
+            if st.active_channels and st.throughput_bps > 0:
+                self._per_channel[name] = st.throughput_bps / st.active_channels
+        if self._total is None:
+            self._total = sum(self._settings[c.name].cc for c in clusters)
+            desired = self.target or self._profiler.desired_bps
+            hcc, note, _ = self._history_cc(self._dominant(clusters), desired)
+            if hcc is not None:
+                self._total, self._history_checked = max(hcc, len(clusters)), True
+                reasons.append(f"history {note} -> cc={self._total}")
+            self._reason = "fstream: " + "; ".join(reasons)
+            return
+        if obs.dt <= 0:
+            self._reason = "fstream: " + ("; ".join(reasons) or "waiting")
+            return
+        cc_now = sum(l.cc for l in obs.layouts) or self._total
+        pending = sum(st.pending_files for st in obs.clusters.values())
+        starved = pending < cc_now or obs.throughput_bps <= 0
+        self._record(obs, cc_now, starved)
+        if starved:
+            reasons.append(f"only {pending} files pending for {cc_now} channels: not profiling")
+        elif self._qos is not None:
+            d = self._qos.step(cc_now, obs.throughput_bps)
+            self._apply(d.cc, d.fine, clusters)
+            reasons.append(d.reason)
+        elif self.profiling:
+            hcc, note = None, ""
+            if not self._history_checked and obs.throughput_bps < self._profiler.desired_bps * (1 - self._profiler.band):
+                self._history_checked = True
+                hcc, note, _ = self._history_cc(self._dominant(clusters), self._profiler.desired_bps)
+            d = self._profiler.step(cc_now, obs.throughput_bps, hcc, note)
+            self._apply(d.cc, 0, clusters)
+            reasons.append(d.reason)
+        else:
+            reasons.append("profiling off")
+        self._reason = "fstream: " + "; ".join(reasons)
+
+    def _apply(self, cc: int, fine: int, clusters: list[Cluster]) -> None:
+        self._total = min(max(cc, len(clusters)), self.path.max_cc)
+        if fine:
+            c = self._dominant(clusters)
+            dp, dpp = self._fine.get(c.name, (0, 0))
+            if c.name == SMALL:
+                dpp += fine
+            else:
+                dp += fine
+            self._fine[c.name] = (dp, dpp)
+
+    def _record(self, obs: Observation, cc_now: int, starved: bool) -> None:
+        if self.history is None or starved:
+            return
+        busy = [n for n, st in obs.clusters.items() if st.bytes > 0]
+        if len(busy) != 1:
+            return
+        name = busy[0]
+        lay = next((l for l in obs.layouts if l.cluster == name), None)
+        c = self._clustering.get(name)
+        if lay is None or c is None or getattr(lay, "rate_bps", None):
+            return  # paced intervals say nothing about what the settings can do
+        self.history.add(ProfileRecord(size_class(c.avg_size), c.ftype, lay.cc, lay.p, lay.pp,
+                                       obs.clusters[name].throughput_bps, self.start_time + obs.t))
