@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import platform
 import time
+from pathlib import Path
 
 
 def machine_info() -> dict:
@@ -24,3 +27,136 @@ def machine_info() -> dict:
         mem = 0.0
     return {"nproc": os.cpu_count(), "kernel": platform.release(), "cpu": cpu, "mem_gib": mem,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+PEERS = ("gridftp-globus", "gridftp-static", "rsync", "sftp")
+
+
+def _load(run_dir: Path) -> tuple[dict, list[dict]]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows: list[dict] = []
+    csv_path = run_dir / "samples.csv"
+    if csv_path.exists():
+        with open(csv_path, newline="") as f:
+            for r in csv.DictReader(f):
+                rows.append({"workload": r["workload"], "tool": r["tool"], "t": float(r["t"]),
+                             "throughput_bps": float(r["throughput_bps"]),
+                             "cc": int(float(r["cc"] or 0))})
+    return summary, rows
+
+
+def _fmt_ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "–"
+
+
+def tables(summary: dict) -> str:
+    """Markdown: header (command, machine, path selfcheck, iperf3), then one table per workload."""
+    m = summary["machine"]
+    sc = summary["scenario"]
+    out = [f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}, {m['mem_gib']:.0f} GiB RAM; "
+           f"run {m['date']}.  ",
+           f"Path: {sc['path']} — told to tuners as {sc['bandwidth_bps'] / 1e9:g} Gbit/s, "
+           f"{sc['rtt_s'] * 1000:g} ms RTT, {sc['tcp_buffer'] / 2**20:g} MiB TCP buffer; "
+           f"selfcheck: `{json.dumps(summary.get('selfcheck', {}))}`.  ",
+           f"Workloads: count factor {sc['count_factor']}, {sc['interval_s']:g} s between batches, seed {sc['seed']}."]
+    ip = summary.get("iperf3")
+    ip_bps = ip["throughput_bps"] if ip and ip.get("ok") else None
+    if ip_bps:
+        out.append(f"iperf3 memory-to-memory, 8 streams, same path: **{ip_bps / 1e6:.0f} Mbit/s** (the path's limit).")
+    for tool, why in summary.get("skipped", {}).items():
+        out.append(f"- skipped {tool}: {why}")
+    by_wl: dict[str, list[dict]] = {}
+    for r in summary["runs"]:
+        by_wl.setdefault(r["workload"], []).append(r)
+    for wl, runs in by_wl.items():
+        tp = {r["tool"]: r["throughput_bps"] for r in runs if r["ok"]}
+        orc = summary.get("oracle", {}).get(wl) or {}
+        orc_bps = orc.get("throughput_bps")
+        peers = [p for p in PEERS if any(r["tool"] == p for r in runs)]
+        out += ["", f"**{wl}** (oracle: {_oracle_text(orc)})", "",
+                "| tool | settings | time (s) | Mbit/s | / iperf3 | / oracle | " +
+                " | ".join(f"/ {p}" for p in peers) + " |",
+                "|---|---|---|---|---|---|" + "---|" * len(peers)]
+        for r in runs:
+            me = tp.get(r["tool"])
+            settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items() if k not in ("why",))
+            status = f"{r['seconds']:.1f}" if r["ok"] else f"FAILED ({r['error'][:80]})"
+            out.append(f"| {r['tool']} | {settings} | {status} | {me / 1e6:.0f} |" if me else
+                       f"| {r['tool']} | {settings} | {status} | – |")
+            out[-1] += (f" {_fmt_ratio(me, ip_bps)} | {_fmt_ratio(me, orc_bps)} | " +
+                        " | ".join(_fmt_ratio(me, tp.get(p)) for p in peers) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _oracle_text(orc: dict) -> str:
+    if not orc:
+        return "not run"
+    if not orc.get("throughput_bps"):
+        return f"failed: {orc.get('error', '')[:100]}"
+    best = "; ".join(f"batch {b['batch']}: cc={b['cc']} p={b['p']} pp={b['pp']}" for b in orc.get("best", []))
+    return f"{orc['throughput_bps'] / 1e6:.0f} Mbit/s with the best fixed settings per batch ({best})"
+
+
+def plots(run_dir: Path, summary: dict, rows: list[dict]) -> list[Path]:
+    """One PNG per workload like the thesis' Fig. 4.3: throughput and channel count over time, a line per tool."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for wl in dict.fromkeys(r["workload"] for r in rows):
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+        for tool in dict.fromkeys(r["tool"] for r in rows if r["workload"] == wl):
+            pts = [r for r in rows if r["workload"] == wl and r["tool"] == tool]
+            ts = [r["t"] for r in pts]
+            ax1.plot(ts, [r["throughput_bps"] / 1e6 for r in pts], label=tool, linewidth=1.2)
+            ax2.step(ts, [r["cc"] for r in pts], where="post", label=tool, linewidth=1.2)
+        ip = summary.get("iperf3")
+        if ip and ip.get("ok"):
+            ax1.axhline(ip["throughput_bps"] / 1e6, color="grey", linestyle="--", linewidth=0.8, label="iperf3 limit")
+        for k in range(4):
+            t = k * summary["scenario"]["interval_s"]
+            ax1.axvline(t, color="grey", linestyle=":", linewidth=0.6)
+            ax2.axvline(t, color="grey", linestyle=":", linewidth=0.6)
+        ax1.set_ylabel("throughput (Mbit/s)")
+        ax1.set_title(f"{wl}: throughput and channels over time (dotted: batch arrivals)")
+        ax1.legend(fontsize=7, ncol=2)
+        ax2.set_ylabel("channels (cc)")
+        ax2.set_xlabel("time since first batch (s)")
+        fig.tight_layout()
+        p = run_dir / f"{wl}.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        made.append(p)
+    return made
+
+
+def render(run_dir: Path) -> str:
+    """Write ``report.md`` and the PNGs into ``run_dir``; return the markdown."""
+    run_dir = Path(run_dir)
+    summary, rows = _load(run_dir)
+    md = tables(summary)
+    try:
+        pngs = plots(run_dir, summary, rows)
+        md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    except ImportError as e:
+        md += f"\n(plots skipped: matplotlib not installed: {e})\n"
+    (run_dir / "report.md").write_text(md)
+    return md
+
+
+def latest_run(results: Path) -> Path:
+    runs = sorted((p for p in Path(results).iterdir() if (p / "summary.json").exists()),
+                  key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise FileNotFoundError(f"no run with a summary.json under {results}")
+    return runs[-1]
+
+
+def main(args) -> int:
+    """Entry for ``fstream bench report``."""
+    run_dir = Path(args.run_dir) if args.run_dir else latest_run(Path(args.results))
+    print(render(run_dir))
+    print(f"report: {run_dir / 'report.md'}")
+    return 0
