@@ -1,0 +1,137 @@
+"""Measure a built path (TCP RTT, 1-stream and iperf3 -P 16 throughput) and fail loudly if it is off."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from fstream_bench.wan import netns
+from fstream_bench.wan.netns import WanError
+from fstream_bench.wan.path import WanPath, wait_listening
+
+PROBE_PORT = 5280
+IPERF_PORT = 5281
+
+
+class SelfcheckError(WanError):
+    """The path is not what was asked for.
+
+    :param message: which check failed and by how much.
+    :param result: the full measurement (what ``selfcheck --json`` prints).
+    """
+
+    def __init__(self, message: str, result: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_samples: int = 20,
+              rate_tolerance: float = 0.05, rtt_tolerance_ms: float = 2.0,
+              raise_on_failure: bool = True) -> dict[str, Any]:
+    """Measure ``path`` and compare it with its config.
+
+    Checks: echo RTT within ``rtt_tolerance_ms`` of the configured RTT; ``iperf3 -P parallel``
+    goodput within ``rate_tolerance`` of the rate less TCP/IP headers; one stream no faster
+    than the TCP buffer allows (buffer / RTT, +10 %), i.e. the buffer cap is in force.
+    Raises :class:`SelfcheckError` (with ``.result``) when a check fails, unless
+    ``raise_on_failure`` is False.
+    """
+    cfg = path.config
+    result: dict[str, Any] = {
+        "run_id": cfg.run_id, "src_ns": path.src_ns, "dst_ns": path.dst_ns,
+        "src_ip": path.src_ip, "dst_ip": path.dst_ip,
+        "config": {"rate_bps": cfg.rate_bps, "rtt_ms": cfg.rtt_s * 1e3,
+                   "buffer_bytes": cfg.buffer_bytes, "mtu": cfg.mtu, "offload": cfg.offload},
+        "cc": netns.sysctl_get(path.src_ns, "net.ipv4.tcp_congestion_control"),
+        "tcp_rmem": netns.sysctl_get(path.src_ns, "net.ipv4.tcp_rmem").split(),
+        "tcp_wmem": netns.sysctl_get(path.src_ns, "net.ipv4.tcp_wmem").split(),
+        "host_rmem_max": int(netns.sysctl_get(None, "net.core.rmem_max")),
+        "duration_s": duration,
+    }
+    result.update(_rtt(path, rtt_samples))
+    result["single_stream_bps"] = _iperf(path, 1, duration)["bps"]
+    dl_pid = path.delayline_pid or (path.state.delayline_pid if path.state else None)
+    cpu0, t0 = (netns.pid_cpu_seconds(dl_pid), time.monotonic()) if dl_pid else (0.0, 0.0)
+    par = _iperf(path, parallel, duration)
+    if dl_pid:
+        result["delayline_cpu_percent"] = round(
+            100 * (netns.pid_cpu_seconds(dl_pid) - cpu0) / (time.monotonic() - t0), 1)
+    result["parallel"] = parallel
+    result["parallel_bps"] = par["bps"]
+    result["parallel_retransmits"] = par["retransmits"]
+    result["expected_goodput_bps"] = cfg.expected_goodput_bps
+    result["buffer_limit_bps"] = cfg.buffer_bytes * 8 / cfg.rtt_s
+    result["rate_ratio"] = round(par["bps"] / cfg.expected_goodput_bps, 4)
+    result["rtt_error_ms"] = round(result["rtt_ms"] - cfg.rtt_s * 1e3, 3)
+    try:
+        st = path.stats()
+        result["delayline_drops"] = {k: st[k] for k in ("drop_full", "drop_blackhole", "drop_write")}
+    except WanError:
+        pass
+
+    failures = []
+    if abs(result["rtt_error_ms"]) > rtt_tolerance_ms:
+        failures.append(f"RTT {result['rtt_ms']:.2f} ms, asked {cfg.rtt_s * 1e3:.2f} ms "
+                        f"(tolerance ±{rtt_tolerance_ms} ms)")
+    if abs(result["rate_ratio"] - 1) > rate_tolerance:
+        failures.append(f"iperf3 -P {parallel}: {par['bps'] / 1e6:.1f} Mbit/s, expected "
+                        f"{cfg.expected_goodput_bps / 1e6:.1f} Mbit/s goodput for a "
+                        f"{cfg.rate_bps / 1e6:.1f} Mbit/s path (tolerance ±{rate_tolerance:.0%})")
+    if result["single_stream_bps"] > 1.1 * result["buffer_limit_bps"]:
+        failures.append(f"one stream reached {result['single_stream_bps'] / 1e6:.1f} Mbit/s, above "
+                        f"the {result['buffer_limit_bps'] / 1e6:.1f} Mbit/s a "
+                        f"{cfg.buffer_bytes} B TCP buffer allows: the buffer cap is not in force")
+    result["ok"] = not failures
+    result["failures"] = failures
+    if failures and raise_on_failure:
+        raise SelfcheckError(f"WAN path {cfg.run_id!r} is not what was asked: " + "; ".join(failures),
+                             result)
+    return result
+
+
+def _rtt(path: WanPath, samples: int) -> dict[str, Any]:
+    server = path.exec("dst", [sys.executable, "-m", "fstream_bench.wan.probe", "serve",
+                               "--host", path.dst_ip, "--port", str(PROBE_PORT)],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(path, "dst", PROBE_PORT)
+        cp = path.run("src", [sys.executable, "-m", "fstream_bench.wan.probe", "rtt",
+                              "--host", path.dst_ip, "--port", str(PROBE_PORT),
+                              "--count", str(samples)], timeout=60 + samples * 2)
+        m = json.loads(cp.stdout)
+    finally:
+        netns.kill_and_wait([server.pid])
+        server.wait()
+    echo = sorted(m["echo_ms"])
+    return {"rtt_ms": round(m["echo_median_ms"], 3), "rtt_min_ms": round(echo[0], 3),
+            "rtt_max_ms": round(echo[-1], 3), "rtt_connect_ms": round(m["connect_median_ms"], 3),
+            "rtt_samples": len(echo)}
+
+
+def _iperf(path: WanPath, streams: int, duration: float) -> dict[str, Any]:
+    """One iperf3 run src->dst; goodput from the receiver side, the first second omitted."""
+    server = path.exec("dst", ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(path, "dst", IPERF_PORT)
+        cp = path.run("src", ["iperf3", "-c", path.dst_ip, "-p", str(IPERF_PORT), "-J",
+                              "-P", str(streams), "-t", f"{duration:g}", "-O", "1"],
+                      check=False, timeout=duration + 60)
+        try:
+            doc = json.loads(cp.stdout)
+        except json.JSONDecodeError as exc:
+            raise WanError(f"iperf3 -P {streams} gave no JSON (exit {cp.returncode}): "
+                           f"{cp.stderr.strip() or cp.stdout[:300]}") from exc
+        if "error" in doc:
+            raise WanError(f"iperf3 -P {streams} failed: {doc['error']}")
+        end = doc["end"]
+        return {"bps": float(end["sum_received"]["bits_per_second"]),
+                "retransmits": int(end.get("sum_sent", {}).get("retransmits", 0))}
+    finally:
+        netns.kill_and_wait([server.pid], timeout=2)
+        server.wait()
