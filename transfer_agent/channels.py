@@ -1,0 +1,566 @@
+"""The sender's connection layer: one control connection per session and channels of p data streams.
+
+A channel is ``p`` TCP streams that share one block queue: a file's missing ranges are cut into
+blocks and each stream takes the next block, so one file is striped over the channel's
+streams and, with small files, several files are in flight on one channel at once. A channel's
+driver keeps up to ``pp`` files opened ahead of the one whose blocks it is queueing, so the
+channel never waits a round trip between files. Channels are kept by their ``p``: a tuner
+change reassigns channels whose ``p`` fits, parks the rest as passive, and opens new ones only
+when no passive channel fits (smart channel distribution, thesis ch. 3).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fstream_provider.tuning.base import ClusterLayout
+from fstream_provider.tuning.distribution import ChannelState, plan_channels
+from transfer_agent.auth import client_handshake
+from transfer_agent.checksum import hash_fd
+from transfer_agent.errors import (ChecksumError, FStreamError, NetworkError, ProtocolError, RefusedError,
+                                   SourceModifiedError)
+from transfer_agent.protocol import MSG_MORE, ControlWriter, Frame, error_from_body, pack_header, recv_frame
+from transfer_agent.scanner import SrcFile
+
+log = logging.getLogger("fstream.sender")
+
+
+@dataclass(eq=False)
+class InFlight:
+    """One file between OPEN and COMMITTED."""
+
+    sf: SrcFile
+    file_id: int
+    fd: int
+    st_size: int
+    st_mtime_ns: int
+    opened: threading.Event = field(default_factory=threading.Event)
+    reply: dict[str, Any] | None = None
+    error: FStreamError | None = None
+    blocks_left: int = 0
+    bytes_sent: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    hash_future: Any = None
+    finished: threading.Event = field(default_factory=threading.Event)
+    outcome: str = ""  # committed | skipped | failed
+    aborted: bool = False
+    resumed: int = 0
+
+
+class Connector:
+    """Opens authenticated connections to one receiver.
+
+    :param host: receiver host.
+    :param port: receiver port.
+    :param secret: shared secret (HMAC) or None with TLS.
+    :param ssl_ctx: client TLS context for mutual TLS, or None.
+    :param hello: fields every HELLO carries (job, attempt, session).
+    """
+
+    def __init__(self, host: str, port: int, secret: bytes | None, ssl_ctx: ssl.SSLContext | None,
+                 hello: dict[str, Any], timeout: float = 15.0) -> None:
+        self.host, self.port, self.secret, self.ssl_ctx, self.hello, self.timeout = (
+            host, port, secret, ssl_ctx, hello, timeout)
+
+    def connect(self, **extra: Any) -> socket.socket:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        except OSError as exc:
+            raise NetworkError(f"cannot connect to receiver {self.host}:{self.port}: {exc.strerror or exc}") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if self.ssl_ctx is not None:
+                try:
+                    sock = self.ssl_ctx.wrap_socket(sock, server_hostname=self.host)
+                except (ssl.SSLError, OSError) as exc:
+                    from transfer_agent.errors import AuthError
+                    raise AuthError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
+            client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None)
+            sock.settimeout(None)
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+
+class ControlSession:
+    """The control connection: sends OPEN/COMMIT/ABORT, dispatches replies to in-flight files.
+
+    :param connector: opens the connection.
+    :param on_finished: called with each InFlight once its outcome is known.
+    :param hasher: executor used to checksum source files.
+    :param verify: send real checksums (else the receiver still checks sizes).
+    """
+
+    def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
+                 algo: str = "xxh3_128") -> None:
+        self.connector = connector
+        self.on_finished = on_finished
+        self.hasher = hasher
+        self.algo = algo
+        self.sock = connector.connect(role="control")
+        self.writer = ControlWriter(self.sock)
+        self._files: dict[int, InFlight] = {}
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._pongs: dict[int, threading.Event] = {}
+        self.error: FStreamError | None = None
+        self.failed = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, name="fstream-control-reader", daemon=True)
+        self._reader.start()
+
+    # -- requests ------------------------------------------------------------------------------
+    def rtt(self, samples: int = 3) -> float:
+        best = float("inf")
+        for i in range(samples):
+            ev = threading.Event()
+            self._pongs[i] = ev
+            t0 = time.perf_counter()
+            self.writer.send(Frame.PING, {"n": i})
+            if not ev.wait(10):
+                raise NetworkError("receiver did not answer PING within 10 s")
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def open(self, sf: SrcFile) -> InFlight:
+        """Open the source, send OPEN, start its checksum; the reply arrives asynchronously."""
+        try:
+            fd = os.open(sf.src, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SourceModifiedError(f"{sf.src}: cannot open source ({exc.strerror})") from None
+        st = os.fstat(fd)
+        with self._lock:
+            fid = self._next_id
+            self._next_id += 1
+            f = InFlight(sf, fid, fd, st.st_size, st.st_mtime_ns)
+            self._files[fid] = f
+        f.hash_future = self.hasher.submit(hash_fd, fd, st.st_size, self.algo)
+        self.writer.send(Frame.OPEN, {"path": sf.rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                      "algo": self.algo}, fid)
+        return f
+
+    def all_sent(self, f: InFlight) -> None:
+        """Every block of ``f`` is on the wire: when its checksum is ready, check the source and COMMIT."""
+        f.hash_future.add_done_callback(lambda fut: self._commit(f, fut))
+
+    def _commit(self, f: InFlight, fut: Any) -> None:
+        try:
+            digest = fut.result()
+            st = os.fstat(f.fd)
+            if st.st_size != f.st_size or st.st_mtime_ns != f.st_mtime_ns:
+                raise SourceModifiedError(f"{f.sf.src}: source modified while being sent "
+                                          f"(size {f.st_size}→{st.st_size}); not committed")
+            self.writer.send(Frame.COMMIT, {"hash": digest}, f.file_id)
+        except (SourceModifiedError, EOFError) as exc:
+            err = exc if isinstance(exc, SourceModifiedError) else SourceModifiedError(
+                f"{f.sf.src}: source modified while being sent ({exc}); not committed")
+            self.abort(f, err)
+        except FStreamError as exc:
+            self.fail(exc)
+
+    def skip(self, f: InFlight) -> None:
+        self.writer.send(Frame.SKIP, {}, f.file_id)
+        self._finish(f, "skipped", None)
+
+    def abort(self, f: InFlight, err: FStreamError) -> None:
+        f.aborted = True
+        try:
+            self.writer.send(Frame.ABORT, {"reason": str(err)}, f.file_id)
+        except FStreamError:
+            pass
+        self._finish(f, "failed", err)
+
+    def _finish(self, f: InFlight, outcome: str, err: FStreamError | None) -> None:
+        with self._lock:
+            if self._files.pop(f.file_id, None) is None:
+                return
+        f.outcome, f.error = outcome, err
+        try:
+            os.close(f.fd)
+        except OSError:
+            pass
+        f.opened.set()
+        f.finished.set()
+        self.on_finished(f)
+
+    def outstanding(self) -> list[InFlight]:
+        with self._lock:
+            return list(self._files.values())
+
+    # -- replies -------------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                ftype, fid, _o, _l, body = recv_frame(self.sock)
+                body = body or {}
+                if ftype == Frame.PONG:
+                    ev = self._pongs.pop(int(body.get("n", -1)), None)
+                    if ev:
+                        ev.set()
+                    continue
+                with self._lock:
+                    f = self._files.get(fid)
+                if ftype == Frame.ERROR and (fid == 0 or f is None):
+                    raise error_from_body(body)
+                if f is None:
+                    continue
+                if ftype == Frame.OPEN_OK:
+                    f.reply = body
+                    f.resumed = int(body.get("resumed", 0))
+                    f.opened.set()
+                elif ftype == Frame.ERROR:
+                    err = error_from_body(body)
+                    if err.retryable:
+                        self._finish(f, "retry", err)
+                    else:
+                        self._finish(f, "failed", err)
+                elif ftype == Frame.COMMITTED:
+                    if body.get("ok"):
+                        self._finish(f, "committed", None)
+                    else:
+                        kind = body.get("kind", "")
+                        cls = ChecksumError if kind == "checksum" else RefusedError
+                        err = cls(f"receiver: {body.get('error', 'commit refused')}",
+                                  retryable=bool(body.get("retryable")))
+                        self._finish(f, "retry" if err.retryable else "failed", err)
+                else:
+                    raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
+        except FStreamError as exc:
+            self.fail(exc)
+        except OSError as exc:
+            self.fail(NetworkError(f"control connection lost: {exc}"))
+
+    def fail(self, exc: FStreamError) -> None:
+        if self.error is None:
+            self.error = exc
+        self.failed.set()
+
+    def close(self, graceful: bool = True) -> list[InFlight]:
+        """Close the connection; return the files whose outcome never arrived (their fds are closed)."""
+        if graceful and not self.failed.is_set():
+            try:
+                self.writer.send(Frame.BYE, {})
+            except FStreamError:
+                pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self._reader.join(timeout=5)
+        with self._lock:
+            unfinished = list(self._files.values())
+            self._files.clear()
+        for f in unfinished:
+            try:
+                os.close(f.fd)
+            except OSError:
+                pass
+            f.opened.set()
+            f.finished.set()
+        return unfinished
+
+
+class Channel:
+    """p data streams fed from one block queue, driven by a thread that pipelines files.
+
+    :param cid: channel id.
+    :param p: streams.
+    :param pool: the owning ``ChannelPool`` (gives files and counters).
+    """
+
+    def __init__(self, cid: int, p: int, pool: "ChannelPool") -> None:
+        self.id, self.p, self.pool = cid, p, pool
+        self.cluster: str | None = None
+        self.pp = 0
+        self.blocks: queue.Queue[tuple[InFlight, int, int] | None] = queue.Queue(maxsize=max(2, 2 * p))
+        self.socks: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+        self.closing = False
+        self.busy = False
+        self.active_files = 0
+
+    def start(self) -> None:
+        for i in range(self.p):
+            s = self.pool.connector.connect(role="data", channel=self.id, stream=i)
+            self.socks.append(s)
+        for i, s in enumerate(self.socks):
+            t = threading.Thread(target=self._stream_loop, args=(s,), name=f"fstream-ch{self.id}-s{i}", daemon=True)
+            t.start()
+            self.threads.append(t)
+        d = threading.Thread(target=self._drive, name=f"fstream-ch{self.id}-driver", daemon=True)
+        d.start()
+        self.threads.append(d)
+
+    # -- driver: pipelining ------------------------------------------------------------------
+    def _drive(self) -> None:
+        pool = self.pool
+        pipeline: collections.deque[InFlight] = collections.deque()
+        try:
+            while not self.closing and not pool.stopping.is_set():
+                cluster = self.cluster
+                while cluster is not None and len(pipeline) < self.pp + 1:
+                    sf = pool.next_file(cluster)
+                    if sf is None:
+                        break
+                    pipeline.append(pool.control.open(sf))
+                if not pipeline:
+                    self.busy = False
+                    pool.wait_for_work(0.25)
+                    continue
+                self.busy = True
+                cur = pipeline.popleft()
+                while not cur.opened.wait(0.25):
+                    if pool.stopping.is_set():
+                        return
+                if cur.finished.is_set() or cur.reply is None:
+                    continue  # refused or failed at open; already reported
+                self._send_file(cur)
+                if self.pp == 0:
+                    while not cur.finished.wait(0.25):  # no pipelining: wait for the round trip
+                        if pool.stopping.is_set():
+                            return
+            for f in pipeline:
+                pool.requeue_unstarted(f)
+        except FStreamError as exc:
+            pool.control.fail(exc)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("channel %d driver failed", self.id)
+            pool.control.fail(FStreamError(f"channel {self.id} failed: {exc}", retryable=True))
+        finally:
+            self.busy = False
+
+    def _send_file(self, f: InFlight) -> None:
+        reply = f.reply or {}
+        existing = reply.get("existing_hash")
+        if existing:
+            digest = f.hash_future.result()
+            if digest == existing:
+                self.pool.control.skip(f)
+                return
+        missing = [(int(a), int(b)) for a, b in reply.get("missing", [])]
+        bs = self.pool.block_size
+        blocks = [(f, off, min(bs, end - off)) for a, end in missing for off in range(a, end, bs)]
+        if not blocks:
+            self.pool.control.all_sent(f)
+            return
+        f.blocks_left = len(blocks)
+        for b in blocks:
+            while True:
+                try:
+                    self.blocks.put(b, timeout=0.25)
+                    break
+                except queue.Full:
+                    if self.pool.stopping.is_set() or self.pool.control.failed.is_set():
+                        return
+
+    # -- streams -------------------------------------------------------------------------------
+    def _stream_loop(self, sock: socket.socket) -> None:
+        pool = self.pool
+        tls = isinstance(sock, ssl.SSLSocket)
+        fileno = sock.fileno()
+        try:
+            while True:
+                item = self.blocks.get()
+                if item is None:
+                    return
+                f, off, length = item
+                if not f.aborted and not f.finished.is_set():
+                    sock.sendall(pack_header(Frame.DATA, f.file_id, off, length), 0 if tls else MSG_MORE)
+                    sent = 0
+                    while sent < length:
+                        if tls:
+                            with open(f.fd, "rb", closefd=False) as fo:
+                                n = sock.sendfile(fo, off + sent, length - sent)
+                        else:
+                            n = os.sendfile(fileno, f.fd, off + sent, length - sent)
+                        if n == 0:
+                            raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
+                        sent += n
+                        pool.count(f, n)
+                    with f.lock:
+                        f.bytes_sent += length
+                        f.blocks_left -= 1
+                        last = f.blocks_left == 0
+                    if last:
+                        pool.control.all_sent(f)
+        except SourceModifiedError as exc:
+            pool.control.abort(item[0], exc)  # type: ignore[possibly-undefined]
+            pool.control.fail(NetworkError(f"data stream closed after a short read: {exc}"))
+        except OSError as exc:
+            if not (self.closing or pool.stopping.is_set()):
+                pool.control.fail(NetworkError(f"data stream of channel {self.id} lost: {exc}"))
+
+    def stop(self) -> None:
+        """Close the channel: let queued blocks drain, then end streams."""
+        self.closing = True
+        for _ in range(self.p):
+            self.blocks.put(None)
+
+    def kill(self) -> None:
+        self.closing = True
+        for s in self.socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        while True:
+            try:
+                self.blocks.get_nowait()
+            except queue.Empty:
+                break
+        for _ in range(self.p):
+            try:
+                self.blocks.put_nowait(None)
+            except queue.Full:
+                break
+
+    def join(self, timeout: float = 10.0) -> None:
+        for t in self.threads:
+            t.join(timeout)
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+class ChannelPool:
+    """All channels of one session, the per-cluster file queues and the byte counters.
+
+    :param control: the session's control connection.
+    :param connector: opens data connections.
+    :param block_size: bytes per data block.
+    :param max_passive: passive channels kept for reuse; beyond this the idle ones are closed.
+    """
+
+    def __init__(self, control: ControlSession, connector: Connector, block_size: int, max_passive: int = 8) -> None:
+        self.control, self.connector, self.block_size, self.max_passive = control, connector, block_size, max_passive
+        self.channels: dict[int, Channel] = {}
+        self.queues: dict[str, collections.deque[SrcFile]] = collections.defaultdict(collections.deque)
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()
+        self._next_cid = 1
+        self._bytes = 0
+        self._cluster_bytes: dict[str, int] = collections.defaultdict(int)
+        self._count_lock = threading.Lock()
+        self.layouts: dict[str, tuple[int, int, int]] = {}
+
+    # -- files ---------------------------------------------------------------------------------
+    def add_files(self, files: list[SrcFile]) -> None:
+        with self.cond:
+            for sf in files:
+                self.queues[sf.cluster].append(sf)
+            self.cond.notify_all()
+
+    def requeue(self, sf: SrcFile, front: bool = True) -> None:
+        with self.cond:
+            (self.queues[sf.cluster].appendleft if front else self.queues[sf.cluster].append)(sf)
+            self.cond.notify_all()
+
+    def requeue_unstarted(self, f: InFlight) -> None:
+        """A file opened ahead but never sent (channel closing): abort it quietly and queue it again."""
+        if not f.finished.is_set():
+            try:
+                self.control.writer.send(Frame.ABORT, {"reason": "channel closed"}, f.file_id)
+            except FStreamError:
+                pass
+            self.control._finish(f, "retry", None)  # noqa: SLF001 - same module family
+
+    def next_file(self, cluster: str) -> SrcFile | None:
+        with self.cond:
+            q = self.queues.get(cluster)
+            if q:
+                return q.popleft()
+            return None
+
+    def pending(self) -> dict[str, tuple[int, int]]:
+        with self.cond:
+            return {c: (len(q), sum(f.size for f in q)) for c, q in self.queues.items()}
+
+    def pending_files(self) -> int:
+        with self.cond:
+            return sum(len(q) for q in self.queues.values())
+
+    def wait_for_work(self, timeout: float) -> None:
+        with self.cond:
+            self.cond.wait(timeout)
+
+    def count(self, f: InFlight, n: int) -> None:
+        with self._count_lock:
+            self._bytes += n
+            self._cluster_bytes[f.sf.cluster] += n
+
+    def counters(self) -> tuple[int, dict[str, int]]:
+        with self._count_lock:
+            return self._bytes, dict(self._cluster_bytes)
+
+    # -- layout --------------------------------------------------------------------------------
+    def apply(self, layouts: dict[str, tuple[int, int, int]]) -> dict[str, int]:
+        """Make the channels match ``{cluster: (cc, p, pp)}`` (smart distribution); return what was done."""
+        with self.cond:
+            states = [ChannelState(c.id, c.p, c.cluster, c.busy) for c in self.channels.values() if not c.closing]
+            plan = plan_channels(states, [ClusterLayout(k, cc, p, pp) for k, (cc, p, pp) in layouts.items()],
+                                 max_passive=self.max_passive)
+            for cid, cluster in plan.reassign:
+                self.channels[cid].cluster = cluster
+            for cid in plan.passivate:
+                self.channels[cid].cluster = None
+            closed = [self.channels.pop(cid) for cid in plan.close if cid in self.channels]
+            for ch in closed:
+                ch.cluster = None
+                ch.stop()
+            self.layouts = dict(layouts)
+            for ch in self.channels.values():
+                if ch.cluster is not None and ch.cluster in layouts:
+                    ch.pp = layouts[ch.cluster][2]
+            self.cond.notify_all()
+        for req in plan.open:
+            for _ in range(req.count):
+                ch = Channel(self._next_cid, req.p, self)
+                self._next_cid += 1
+                ch.cluster = req.cluster
+                ch.pp = layouts[req.cluster][2]
+                ch.start()
+                with self.cond:
+                    self.channels[ch.id] = ch
+                    self.cond.notify_all()
+        for ch in closed:
+            threading.Thread(target=ch.join, daemon=True).start()
+        return {"opened": plan.opened, "reassigned": len(plan.reassign), "passivated": len(plan.passivate),
+                "closed": len(closed)}
+
+    def active_layout(self) -> dict[str, tuple[int, int, int]]:
+        """What is in force now: per cluster (channels, p, pp)."""
+        out: dict[str, tuple[int, int, int]] = {}
+        with self.cond:
+            for ch in self.channels.values():
+                if ch.cluster is None or ch.closing:
+                    continue
+                cc, p, pp = out.get(ch.cluster, (0, 0, 0))
+                out[ch.cluster] = (cc + 1, max(p, ch.p), max(pp, ch.pp))
+        return out
+
+    def passive_count(self) -> int:
+        with self.cond:
+            return sum(1 for c in self.channels.values() if c.cluster is None and not c.closing)
+
+    def shutdown(self, graceful: bool) -> None:
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify_all()
+        chans = list(self.channels.values())
+        for ch in chans:
+            ch.stop() if graceful else ch.kill()
+        for ch in chans:
+            ch.join(timeout=10 if graceful else 3)

@@ -1,0 +1,65 @@
+"""The transfer options shared by ``fstream send`` and ``fstream submit`` (one definition, two commands)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from fstream_provider.spec import TUNERS, TransferSpec
+
+
+def state_dir() -> Path:
+    """``$FSTREAM_STATE_DIR``, default ``~/.local/state/fstream`` (embedded Redis, logs, default secret)."""
+    return Path(os.environ.get("FSTREAM_STATE_DIR") or Path.home() / ".local" / "state" / "fstream")
+
+
+def default_secret_file() -> Path:
+    return state_dir() / "secret"
+
+
+def add_transfer_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="+", metavar="SRC", help="files, directories or globs to send")
+    p.add_argument("--to", required=True, dest="destination", metavar="URL",
+                   help="fstream://HOST:PORT/DEST/PATH")
+    p.add_argument("--tuner", choices=TUNERS, default="fstream", help="how to choose cc/p/pp (default fstream)")
+    p.add_argument("--cc", type=int, help="concurrency: channels (fixed tuner; starting point otherwise)")
+    p.add_argument("--p", type=int, help="parallelism: TCP streams per channel")
+    p.add_argument("--pp", type=int, help="pipelining: files queued ahead per channel")
+    p.add_argument("--max-cc", type=int, default=32, help="upper bound on channels (default 32)")
+    p.add_argument("--bandwidth", metavar="RATE", help="path bandwidth, e.g. 1Gbit, 800Mbps, 100MB/s")
+    p.add_argument("--rtt", metavar="DURATION", help="round-trip time, e.g. 40ms (default: measured)")
+    p.add_argument("--target-throughput", metavar="RATE", help="QoS target, e.g. 600Mbps")
+    p.add_argument("--profile-interval", metavar="DURATION", default="10s",
+                   help="how often the tuner is consulted (default 10s)")
+    p.add_argument("--sample-interval", metavar="DURATION", default="1s",
+                   help="how often an interval record is taken (default 1s)")
+    p.add_argument("--watch", action="store_true", help="keep scanning the sources and ship new files")
+    p.add_argument("--interval", metavar="DURATION", default="2s", help="scan interval with --watch (default 2s)")
+    p.add_argument("--idle-exit", metavar="DURATION", help="with --watch: stop after this long with nothing new")
+    p.add_argument("--no-verify", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret)")
+    p.add_argument("--tls-cert", metavar="C")
+    p.add_argument("--tls-key", metavar="K")
+    p.add_argument("--tls-ca", metavar="CA")
+    p.add_argument("--priority-class", choices=("interactive", "batch"), default="batch")
+    p.add_argument("--block-size", metavar="SIZE", default="4MiB", help="bytes per data block (default 4MiB)")
+
+
+def spec_from_args(args: argparse.Namespace) -> TransferSpec:
+    """Build a validated ``TransferSpec`` from parsed options (errors name the option)."""
+    from fstream_provider.units import parse_size
+
+    secret = args.secret_file
+    if secret is None and not args.tls_cert and default_secret_file().exists():
+        secret = str(default_secret_file())
+    return TransferSpec.from_options(
+        [os.path.abspath(s) if not s.startswith("sftp://") else s for s in args.sources],
+        args.destination,
+        tuner=args.tuner, cc=args.cc, p=args.p, pp=args.pp, max_cc=args.max_cc,
+        bandwidth=args.bandwidth, rtt=args.rtt, target_throughput=args.target_throughput,
+        profile_interval=args.profile_interval, sample_interval=args.sample_interval,
+        watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
+        verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        tls_ca=args.tls_ca, priority_class=args.priority_class, block_size=parse_size(args.block_size),
+    )

@@ -1,0 +1,162 @@
+"""The FStream wire protocol: fixed 20-byte frame headers, JSON control bodies, raw data payloads.
+
+Every frame starts with ``HEADER`` = magic ``b"FS"``, protocol version, frame type, file id,
+offset and length (network byte order). Control frames carry a JSON object of ``length``
+bytes; ``DATA`` frames carry ``length`` raw bytes of file ``file_id`` at ``offset``. A frame
+with a bad magic, an unknown version or type, or a length beyond the limits is a
+``ProtocolError``: the connection that sent it is closed, nothing else is affected.
+
+Connection kinds (stated in ``HELLO``): one ``control`` connection per session (file
+open/commit requests and replies, like GridFTP's control channel) and ``data`` connections,
+grouped into channels of ``p`` streams, which carry only ``DATA`` frames.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from enum import IntEnum
+from typing import Any
+
+from transfer_agent.errors import NetworkError, ProtocolError
+
+MAGIC = b"FS"
+VERSION = 1
+HEADER = struct.Struct("!2sBBIQI")  # magic, version, type, file_id, offset, length
+HEADER_SIZE = HEADER.size
+MAX_CONTROL = 1 << 20
+MAX_BLOCK = 64 << 20
+MSG_MORE = getattr(socket, "MSG_MORE", 0)  # header and payload leave in one segment where supported
+CAPABILITIES = ("sendfile", "ranges", "pipelining", "xxh3_128", "blake3", "group-commit")
+
+
+class Frame(IntEnum):
+    """Frame types."""
+
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    WELCOME = 4
+    ERROR = 5
+    OPEN = 10
+    OPEN_OK = 11
+    COMMIT = 12
+    COMMITTED = 13
+    ABORT = 14
+    SKIP = 15
+    DATA = 20
+    BYE = 30
+    PING = 31
+    PONG = 32
+
+
+_TYPES = {int(t) for t in Frame}
+
+
+def pack_header(ftype: int, file_id: int = 0, offset: int = 0, length: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, ftype, file_id, offset, length)
+
+
+def pack_control(ftype: int, body: dict[str, Any], file_id: int = 0) -> bytes:
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    if len(payload) > MAX_CONTROL:
+        raise ProtocolError(f"control frame {Frame(ftype).name} too large ({len(payload)} bytes)")
+    return pack_header(ftype, file_id, 0, len(payload)) + payload
+
+
+def parse_header(raw: bytes) -> tuple[Frame, int, int, int]:
+    """Validate a header; return (type, file_id, offset, length)."""
+    magic, version, ftype, file_id, offset, length = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise ProtocolError(f"malformed frame: bad magic {magic!r}")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version} (this side speaks {VERSION})")
+    if ftype not in _TYPES:
+        raise ProtocolError(f"malformed frame: unknown frame type {ftype}")
+    if ftype == Frame.DATA:
+        if length == 0 or length > MAX_BLOCK:
+            raise ProtocolError(f"malformed frame: data block of {length} bytes (limit {MAX_BLOCK})")
+    elif length > MAX_CONTROL:
+        raise ProtocolError(f"malformed frame: control body of {length} bytes (limit {MAX_CONTROL})")
+    return Frame(ftype), file_id, offset, length
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly n bytes or raise ``NetworkError`` (peer closed) / ``ProtocolError`` (truncated)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            raise NetworkError(f"connection lost while reading: {exc}") from exc
+        if k == 0:
+            if got == 0:
+                raise NetworkError("connection closed by peer")
+            raise ProtocolError(f"truncated frame: connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> tuple[Frame, int, int, int, dict[str, Any] | None]:
+    """Read one frame. Control frames return their decoded JSON body; DATA frames return
+    ``None`` as body and leave the payload unread on the socket for the caller."""
+    ftype, file_id, offset, length = parse_header(recv_exact(sock, HEADER_SIZE))
+    if ftype == Frame.DATA:
+        return ftype, file_id, offset, length, None
+    body: dict[str, Any] = {}
+    if length:
+        raw = recv_exact(sock, length)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError(f"malformed {ftype.name} frame: body is not JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise ProtocolError(f"malformed {ftype.name} frame: body is not an object")
+    return ftype, file_id, offset, length, body
+
+
+def expect(sock: socket.socket, *types: Frame) -> tuple[Frame, dict[str, Any]]:
+    """Read one control frame of one of ``types``; an ERROR frame is raised as the error it names."""
+    ftype, _fid, _off, _len, body = recv_frame(sock)
+    if ftype == Frame.ERROR and Frame.ERROR not in types:
+        raise error_from_body(body or {})
+    if ftype not in types:
+        raise ProtocolError(f"unexpected {ftype.name} frame (expected {', '.join(t.name for t in types)})")
+    return ftype, body or {}
+
+
+def error_from_body(body: dict[str, Any]) -> Exception:
+    """Turn an ERROR frame body back into the matching exception class."""
+    from transfer_agent import errors
+
+    kinds = {
+        "auth": errors.AuthError,
+        "protocol": errors.ProtocolError,
+        "refused": errors.RefusedError,
+        "network": errors.NetworkError,
+        "source modified": errors.SourceModifiedError,
+        "checksum": errors.ChecksumError,
+        "stall": errors.StallError,
+    }
+    cls = kinds.get(body.get("kind", ""), errors.FStreamError)
+    return cls(f"receiver: {body.get('message', 'unspecified error')}", retryable=bool(body.get("retryable", False)))
+
+
+class ControlWriter:
+    """Thread-safe writer of control frames on one socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
+        data = pack_control(ftype, body, file_id)
+        with self._lock:
+            try:
+                self.sock.sendall(data)
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                raise NetworkError(f"connection lost while sending {ftype.name}: {exc}") from exc

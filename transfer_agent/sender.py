@@ -1,0 +1,423 @@
+"""A transfer: finds files, runs the tuner every interval, keeps the channel pool at the tuned layout.
+
+``Transfer(spec, ...).run()`` is what ``fstream send`` and the agent's job worker both call.
+It records one interval record per ``sample_interval_s`` (what ``--json`` reports as
+``intervals``, what progress bars and the job's event stream show), consults the tuner every
+``profile_interval_s`` (and when new files arrive), and applies the tuner's layout without
+stopping the transfer. A retryable failure of the session (network, stall) reconnects and
+resumes: the receiver's recorded ranges mean only missing bytes are sent again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import resource
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from fstream_provider.spec import TransferSpec
+from fstream_provider.tuning.base import ClusterStats, FileInfo, Observation, PathInfo, Suggestion, Tuner
+from transfer_agent.auth import TLSConfig, load_secret
+from transfer_agent.channels import ChannelPool, Connector, ControlSession, InFlight
+from transfer_agent.errors import CancelledError, FStreamError, StallError
+from transfer_agent.scanner import SourceWatcher, SrcFile, expand_sources
+
+log = logging.getLogger("fstream.sender")
+
+EventCallback = Callable[[str, dict], None]
+MAX_FILE_TRIES = 3
+DEFAULT_BANDWIDTH = 1e9
+
+
+@dataclass
+class TransferResult:
+    """What a transfer did; ``to_dict()`` is the ``--json`` output and the job's result."""
+
+    job_id: str
+    ok: bool = False
+    files: int = 0
+    bytes: int = 0
+    bytes_sent: int = 0
+    resumed_bytes: int = 0
+    seconds: float = 0.0
+    throughput_bps: float = 0.0
+    verified_files: int = 0
+    skipped_files: int = 0
+    failed_files: int = 0
+    failures: list[dict] = field(default_factory=list)
+    intervals: list[dict] = field(default_factory=list)
+    tuning: list[dict] = field(default_factory=list)
+    tuner: str = ""
+    rtt_s: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tcp_buffer_max() -> int:
+    """The kernel's maximum TCP send buffer (what caps one stream at buffer / RTT)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            return int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 << 20
+
+
+def make_tuner(spec: TransferSpec, path: PathInfo, redis: Any = None) -> Tuner:
+    """Build the tuner the spec names (profiling history loaded from Redis when given)."""
+    if spec.tuner == "fixed":
+        from fstream_provider.tuning.fixed import FixedTuner
+        return FixedTuner(cc=spec.cc or 4, p=spec.p or 1, pp=spec.pp if spec.pp is not None else 4)
+    try:
+        from fstream_provider.tuning.factory import make_tuner as factory
+    except ImportError:
+        raise FStreamError(f"tuner {spec.tuner!r} is not available in this build (use --tuner fixed)") from None
+    history = None
+    if redis is not None and spec.tuner in ("fstream", "harp"):
+        try:
+            from fstream_provider.profiling_store import load_history
+            history = load_history(redis)
+        except Exception as exc:  # noqa: BLE001 - history is an optimisation, never a reason to fail
+            log.warning("profiling history not loaded: %s", exc)
+    return factory(spec.tuner, path=path, cc=spec.cc, p=spec.p, pp=spec.pp,
+                   target_throughput_bps=spec.target_throughput_bps, history=history)
+
+
+class Transfer:
+    """Run one transfer described by a ``TransferSpec``.
+
+    :param spec: what to send, where, and how to tune.
+    :param job_id: job id (fences stale attempts at the receiver); random if not given.
+    :param attempt: attempt number of the job.
+    :param on_event: ``callback(kind, data)`` for "interval", "tuning", "file", "log".
+    :param cancel: set to stop the transfer (files in flight stay resumable).
+    :param redis: optional Redis client for profiling history.
+    :param tuner: a tuner object to use instead of the one the spec names (tests, simulator).
+    :param stall_timeout: seconds without any progress (bytes sent or files committed) while work
+        is outstanding before the session is declared stalled (retryable).
+    :param max_session_retries: reconnect-and-resume attempts for retryable session failures.
+    """
+
+    def __init__(self, spec: TransferSpec, *, job_id: str | None = None, attempt: int = 1,
+                 on_event: EventCallback | None = None, cancel: threading.Event | None = None,
+                 redis: Any = None, log: logging.Logger | None = None, tuner: Tuner | None = None,
+                 stall_timeout: float = 60.0, max_session_retries: int = 4) -> None:
+        self.spec = spec
+        self.job_id = job_id or uuid.uuid4().hex
+        self.attempt = attempt
+        self.on_event = on_event or (lambda kind, data: None)
+        self.cancel = cancel or threading.Event()
+        self.redis = redis
+        self.log = log or logging.getLogger("fstream.sender")
+        self._tuner = tuner
+        self.stall_timeout = stall_timeout
+        self.max_session_retries = max_session_retries
+        self.result = TransferResult(job_id=self.job_id, tuner=tuner.name if tuner else spec.tuner)
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._done_files = 0
+        self._done_bytes = 0
+        self._last_progress = 0.0
+        self._files_total = 0
+
+    # -- public --------------------------------------------------------------------------------
+    def run(self) -> TransferResult:
+        t0 = time.monotonic()
+        self._t0 = t0
+        self._raise_fd_limit()
+        spec = self.spec
+        dest = spec.dest
+        secret = load_secret(spec.secret_file) if spec.secret_file else None
+        tls = TLSConfig(spec.tls_cert, spec.tls_key, spec.tls_ca) if spec.tls_cert else None
+        if tls is not None and not spec.tls_ca:
+            raise FStreamError("TLS: --tls-ca is required with --tls-cert (the receiver's certificate must be checked)")
+        ssl_ctx = tls.client_context() if tls else None
+        if secret is None and ssl_ctx is None:
+            from transfer_agent.errors import AuthError
+            raise AuthError("no shared secret and no TLS certificates: pass --secret-file (or --tls-*)")
+        watcher = SourceWatcher(spec.sources, dest.path) if spec.watch else None
+        initial = [] if watcher else expand_sources(spec.sources, dest.path)
+        if watcher:
+            initial = watcher.poll()
+        pending: list[SrcFile] = list(initial)
+        self._files_total = len(pending)
+        hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fstream-hash")
+        tries = 0
+        try:
+            while True:
+                try:
+                    pending = self._session(dest.host, dest.port, secret, ssl_ctx, hasher, pending, watcher)
+                    break
+                except FStreamError as exc:
+                    if isinstance(exc, CancelledError) or not exc.retryable or tries >= self.max_session_retries:
+                        raise
+                    tries += 1
+                    delay = min(10.0, 0.5 * 2 ** tries) * (0.5 + random.random())
+                    self.log.warning("session failed (%s); reconnecting in %.1f s (try %d of %d)",
+                                     exc, delay, tries, self.max_session_retries)
+                    self.on_event("log", {"level": "warning", "message": f"session failed: {exc}; retry {tries}"})
+                    if self.cancel.wait(delay):
+                        raise CancelledError("transfer cancelled") from None
+        except FStreamError as exc:
+            self.result.error = exc.describe()
+            for sf in pending:
+                self._fail_file(sf, exc)
+        finally:
+            hasher.shutdown(wait=False, cancel_futures=True)
+            if watcher:
+                watcher.close()
+            r = self.result
+            r.seconds = time.monotonic() - t0
+            r.throughput_bps = r.bytes * 8 / r.seconds if r.seconds > 0 else 0.0
+            r.files = r.verified_files + r.skipped_files + r.failed_files
+            r.ok = r.error is None and r.failed_files == 0
+        return self.result
+
+    # -- one session ---------------------------------------------------------------------------
+    def _session(self, host: str, port: int, secret: bytes | None, ssl_ctx: Any, hasher: Any,
+                 files: list[SrcFile], watcher: SourceWatcher | None) -> list[SrcFile]:
+        """Run one connected session; return files still pending when it ends (empty on success)."""
+        sid = uuid.uuid4().hex
+        connector = Connector(host, port, secret, ssl_ctx, {"session": sid, "job": self.job_id,
+                                                            "attempt": self.attempt})
+        retry_files: list[SrcFile] = []
+
+        def finished(f: InFlight) -> None:
+            self._on_finished(f, pool, retry_files)
+
+        control = ControlSession(connector, finished, hasher)
+        pool = ChannelPool(control, connector, self.spec.block_size)
+        try:
+            rtt = self.spec.rtt_s or control.rtt()
+            self.result.rtt_s = rtt
+            path = PathInfo(bandwidth_bps=self.spec.bandwidth_bps or DEFAULT_BANDWIDTH, rtt_s=max(rtt, 1e-4),
+                            tcp_buffer=tcp_buffer_max(), max_cc=self.spec.max_cc)
+            tuner = self._tuner or make_tuner(self.spec, path, self.redis)
+            self._tuner = tuner
+            self.result.tuner = getattr(tuner, "name", self.spec.tuner)
+            self._loop(tuner, pool, control, files, retry_files, watcher)
+        except BaseException:
+            pool.shutdown(graceful=False)
+            unfinished = control.close(graceful=False)
+            left = [f.sf for f in unfinished] + list(retry_files)
+            with pool.cond:
+                for q in pool.queues.values():
+                    left.extend(q)
+                    q.clear()
+            files[:] = []
+            for sf in left:
+                if sf not in files:
+                    files.append(sf)
+            with self._lock:
+                self._outstanding = 0
+            raise
+        pool.shutdown(graceful=True)
+        control.close(graceful=True)
+        return []
+
+    def _loop(self, tuner: Tuner, pool: ChannelPool, control: ControlSession, files: list[SrcFile],
+              retry_files: list[SrcFile], watcher: SourceWatcher | None) -> None:
+        spec = self.spec
+        start = time.monotonic()
+        self._last_progress = start
+        last_sample = last_profile = start
+        last_bytes, last_cluster = pool.counters()
+        prof_bytes, prof_cluster = last_bytes, dict(last_cluster)
+        next_scan = start + spec.interval_s
+        last_new = start
+        pending_reason = ""
+        self._add_files(tuner, pool, files, obs_t=start - self._t0)
+        pending_reason = self._retune(tuner, pool, self._observe(tuner, pool, start, 0.0, 0, {}, files))
+        files.clear()
+        while True:
+            if self.cancel.is_set():
+                raise CancelledError("transfer cancelled")
+            if control.failed.is_set():
+                raise control.error or FStreamError("session failed", retryable=True)
+            now = time.monotonic()
+            if retry_files:
+                with self._lock:
+                    again, retry_files[:] = list(retry_files), []
+                pool.add_files(again)
+            new: list[SrcFile] = []
+            if watcher is not None and now >= next_scan:
+                next_scan = now + spec.interval_s
+                if spec.until is None or time.time() < spec.until:
+                    new = watcher.poll()
+                if new:
+                    last_new = now
+                    self._files_total += len(new)
+                    self._add_files(tuner, pool, new, obs_t=now - self._t0)
+            total, per_cluster = pool.counters()
+            if total != last_bytes:
+                self._last_progress = now
+            if now - last_sample >= spec.sample_interval_s:
+                self._record(now, now - last_sample, total - last_bytes, per_cluster, last_cluster, pool,
+                             pending_reason)
+                pending_reason = ""
+                last_sample, last_bytes, last_cluster = now, total, per_cluster
+            if new or now - last_profile >= spec.profile_interval_s:
+                obs = self._observe(tuner, pool, now, now - last_profile, total - prof_bytes,
+                                    {c: b - prof_cluster.get(c, 0) for c, b in per_cluster.items()}, new)
+                reason = self._retune(tuner, pool, obs)
+                pending_reason = reason or pending_reason
+                last_profile, prof_bytes, prof_cluster = now, total, dict(per_cluster)
+            with self._lock:
+                busy = self._outstanding > 0
+            if not busy and not retry_files:
+                if watcher is None:
+                    break
+                if spec.idle_exit_s is not None and now - last_new >= spec.idle_exit_s and not watcher.pending_candidates:
+                    break
+                if spec.until is not None and time.time() >= spec.until:
+                    break
+            elif now - self._last_progress > self.stall_timeout:
+                raise StallError(f"no progress for {self.stall_timeout:.0f} s with files outstanding "
+                                 f"(progress floor); the path or the receiver is stalled")
+            deadline = min(last_sample + spec.sample_interval_s, last_profile + spec.profile_interval_s,
+                           next_scan if watcher else float("inf"))
+            self._wake.wait(max(0.01, min(0.5, deadline - time.monotonic())))
+            self._wake.clear()
+        now = time.monotonic()
+        total, per_cluster = pool.counters()
+        if total != last_bytes or not self.result.intervals or pending_reason:
+            self._record(now, max(now - last_sample, 1e-6), total - last_bytes, per_cluster, last_cluster, pool,
+                         pending_reason)
+
+    # -- files ---------------------------------------------------------------------------------
+    def _add_files(self, tuner: Tuner, pool: ChannelPool, files: list[SrcFile], obs_t: float) -> None:
+        for sf in files:
+            sf.cluster = tuner.cluster_of(sf.info)
+        with self._lock:
+            self._outstanding += len(files)
+        pool.add_files(files)
+
+    def _on_finished(self, f: InFlight, pool: ChannelPool, retry_files: list[SrcFile]) -> None:
+        sf = f.sf
+        self._last_progress = time.monotonic()
+        self.result.resumed_bytes += f.resumed
+        self.result.bytes_sent += f.bytes_sent
+        if f.outcome == "retry":
+            sf.tries += 1
+            if sf.tries < MAX_FILE_TRIES and not pool.stopping.is_set():
+                with self._lock:
+                    retry_files.append(sf)
+                self._wake.set()
+                if f.error is not None:
+                    self.log.warning("retrying %s: %s", sf.rel, f.error)
+                return
+            outcome = "failed"
+        else:
+            outcome = f.outcome
+        with self._lock:
+            self._outstanding -= 1
+        if outcome == "committed":
+            self.result.verified_files += 1
+            self.result.bytes += sf.size
+            self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "committed",
+                                   "resumed": f.resumed})
+        elif outcome == "skipped":
+            self.result.skipped_files += 1
+            self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "skipped",
+                                   "reason": "already at destination with the same size and checksum"})
+        else:
+            self._fail_file(sf, f.error or FStreamError("failed"))
+        self._wake.set()
+
+    def _fail_file(self, sf: SrcFile, err: FStreamError) -> None:
+        reason = err.describe() if isinstance(err, FStreamError) else str(err)
+        self.result.failed_files += 1
+        self.result.failures.append({"path": sf.src, "dest": sf.rel, "reason": reason,
+                                     "retryable": bool(getattr(err, "retryable", False))})
+        self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "failed", "reason": reason})
+        self.log.error("%s: %s", sf.src, reason)
+
+    # -- tuning and records --------------------------------------------------------------------
+    def _observe(self, tuner: Tuner, pool: ChannelPool, now: float, dt: float, nbytes: int,
+                 cluster_bytes: dict[str, int], new: list[SrcFile]) -> Observation:
+        pend = pool.pending()
+        active = pool.active_layout()
+        clusters = {}
+        for c in set(pend) | set(cluster_bytes) | set(active):
+            b = cluster_bytes.get(c, 0)
+            clusters[c] = ClusterStats(bytes=b, throughput_bps=b * 8 / dt if dt > 0 else 0.0,
+                                       active_channels=active.get(c, (0, 0, 0))[0],
+                                       pending_files=pend.get(c, (0, 0))[0], pending_bytes=pend.get(c, (0, 0))[1])
+        from fstream_provider.tuning.base import ClusterLayout
+        with self._lock:
+            done = self._outstanding == 0
+        return Observation(t=now - self._t0, dt=dt, bytes=nbytes, throughput_bps=nbytes * 8 / dt if dt > 0 else 0.0,
+                           new_files=[sf.info for sf in new], clusters=clusters,
+                           layouts=[ClusterLayout(c, *v) for c, v in active.items()], done=done)
+
+    def _retune(self, tuner: Tuner, pool: ChannelPool, obs: Observation) -> str:
+        tuner.update(obs)
+        s: Suggestion = tuner.suggest()
+        if not s.changed and pool.channels:
+            return ""
+        layouts = {l.cluster: (max(1, min(l.cc, self.spec.max_cc)), max(1, l.p), max(0, l.pp))
+                   for l in s.layouts if l.cc > 0}
+        for c, (n, _b) in pool.pending().items():
+            if n and c not in layouts:  # never strand files: a cluster with work always has a channel
+                self.log.warning("tuner %s gave no layout for cluster %r with %d files; using cc=1 p=1 pp=4",
+                                 getattr(tuner, "name", "?"), c, n)
+                layouts[c] = (1, 1, 4)
+        if not layouts:
+            return ""
+        done = pool.apply(layouts)
+        decision = {"t": round(obs.t, 3), "reason": s.reason,
+                    "layouts": {c: {"cc": v[0], "p": v[1], "pp": v[2]} for c, v in layouts.items()}, **done}
+        self.result.tuning.append(decision)
+        self.log.info("tuning at %.1f s: %s -> %s", obs.t, s.reason,
+                      ", ".join(f"{c}: cc={v[0]} p={v[1]} pp={v[2]}" for c, v in layouts.items()))
+        self.on_event("tuning", decision)
+        return s.reason
+
+    def _record(self, now: float, dt: float, nbytes: int, per_cluster: dict[str, int], last_cluster: dict[str, int],
+                pool: ChannelPool, reason: str) -> None:
+        active = pool.active_layout()
+        pend = pool.pending()
+        cc = sum(v[0] for v in active.values())
+        p = max((v[1] for v in active.values()), default=0)
+        pp = max((v[2] for v in active.values()), default=0)
+        with self._lock:
+            outstanding = self._outstanding
+        r = self.result
+        rec = {
+            "t": round(now - self._t0, 3),
+            "dt": round(dt, 3),
+            "bytes": nbytes,
+            "throughput_bps": nbytes * 8 / dt if dt > 0 else 0.0,
+            "cc": cc, "p": p, "pp": pp,
+            "clusters": {c: {"cc": v[0], "p": v[1], "pp": v[2],
+                             "throughput_bps": (per_cluster.get(c, 0) - last_cluster.get(c, 0)) * 8 / dt if dt > 0 else 0.0,
+                             "pending_files": pend.get(c, (0, 0))[0]}
+                         for c, v in active.items()},
+            "passive": pool.passive_count(),
+            "active_files": max(0, outstanding - sum(v[0] for v in pend.values())),
+            "files_done": r.verified_files + r.skipped_files,
+            "files_failed": r.failed_files,
+            "files_pending": sum(v[0] for v in pend.values()),
+            "files_total": self._files_total,
+            "target_bps": self.spec.target_throughput_bps,
+            "reason": reason,
+        }
+        r.intervals.append(rec)
+        self.on_event("interval", rec)
+
+    @staticmethod
+    def _raise_fd_limit() -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 16), hard))
+            except (ValueError, OSError):
+                pass
