@@ -319,8 +319,13 @@ def _selfcheck(path) -> dict:
     return result if isinstance(result, dict) else getattr(result, "__dict__", {"selfcheck": str(result)})
 
 
-def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str], None] = print) -> Path:
-    """Run every tool on every workload; write summary.json and samples.csv under a new run directory."""
+def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str], None] = print,
+                 keep: bool = False) -> Path:
+    """Run every tool on every workload; write summary.json and samples.csv under a new run directory.
+
+    With ``keep`` the staged workloads and each tool's source/destination directories stay under
+    ``workdir`` (``staging/NAME``, ``run/NAME/TOOL``), so a test can compare bytes.
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(results) / f"{sc.name}-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
@@ -350,7 +355,9 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
             staged = materialize(w, workdir / "staging" / name, seed=sc.seed)
             log(f"bench run: {name}: {len(w.files)} files, {w.total_bytes / 1e9:.2f} GB in {len(w.batches)} batches")
             for tool in tools:
-                tr = run_tool(tool, sc, sites, staged, workdir / "run")
+                tr = run_tool(tool, sc, sites, staged, workdir / "run" / name / tool)
+                if not keep:
+                    shutil.rmtree(workdir / "run" / name / tool, ignore_errors=True)
                 r = tr.result
                 summary["runs"].append({"workload": name, **r.to_dict()})
                 log(f"bench run:   {tool}: {'ok' if r.ok else 'FAILED'} {r.seconds:.1f} s, "
@@ -359,7 +366,8 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
             if sc.oracle:
                 from fstream_bench.oracle import search
                 summary["oracle"][name] = search(w, staged, sites, workdir / "oracle", sc, log=log)
-            shutil.rmtree(workdir / "staging" / name, ignore_errors=True)
+            if not keep:
+                shutil.rmtree(workdir / "staging" / name, ignore_errors=True)
     finally:
         close()
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -151,7 +151,10 @@ def send(receiver: FStreamReceiver, sources: Sequence[Path], dest: str, *, tuner
                                "verified_files": doc.get("verified_files"), "failed_files": failed,
                                "started": t0})
     if not ok:
-        result.error = f"fstream send: status {status}, failed files {failed!r}: {log_tail(log, 400)}"
+        rx = receiver.proc.poll() if receiver.proc else None
+        result.error = (f"fstream send: status {status}, failed files {failed!r}: {log_tail(log, 400)}"
+                        f" | receiver {'exited with ' + str(rx) if rx is not None else 'running'}: "
+                        f"{log_tail(receiver.log, 300)}")
     return result
 
 
