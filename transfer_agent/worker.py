@@ -398,7 +398,10 @@ class Agent:
                 retryable = bool(failures) and all(f.get("retryable") for f in failures)
                 shown = "; ".join(f"{f.get('path')}: {f.get('reason')}" for f in failures[:5])
                 more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
-                error = f"{len(failures)} file(s) failed: {shown}{more}" if failures else "transfer did not complete"
+                if failures:
+                    error = f"{len(failures)} file(s) failed: {shown}{more}"
+                else:
+                    error = result_dict.get("error") or "transfer did not complete (no failure reported)"
             except Exception as exc:
                 retryable = is_retryable(exc)
                 error = exc.describe() if isinstance(exc, FStreamError) else f"{type(exc).__name__}: {exc}"

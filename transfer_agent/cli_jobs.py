@@ -1,0 +1,287 @@
+"""The job subcommands of ``fstream``: ``agent``, ``submit``, ``status`` and ``cancel`` (wired by ``transfer_agent.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from fstream_provider.jobs import JobState, JobStore
+from fstream_provider.keys import Keys
+from fstream_provider.units import parse_duration
+from transfer_agent.errors import FStreamError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis", metavar="URL",
+                   help="Redis URL (default: $FSTREAM_REDIS_URL, else a private embedded redis-server)")
+    p.add_argument("--namespace", default="fstream", help=argparse.SUPPRESS)
+
+
+def _store(args: argparse.Namespace) -> JobStore:
+    from fstream_provider.bus import connect
+    from fstream_provider.embedded import resolve_redis_url
+
+    return JobStore(connect(resolve_redis_url(args.redis)), keys=Keys(args.namespace))
+
+
+def _live_agents(store: JobStore) -> list[dict]:
+    out = []
+    for name in sorted(store.client.smembers(store.keys.agents())):
+        h = store.client.hgetall(store.keys.agent(name))
+        if h:
+            out.append(h)
+    return out
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+# -- agent -----------------------------------------------------------------------------------------
+def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("agent", help="consume transfer jobs from Redis (source-side worker)")
+    _common(p)
+    p.add_argument("--name", help="consumer name (default HOST-PID)")
+    p.add_argument("--secret-file", metavar="F", help="shared secret for jobs that name none")
+    p.add_argument("--once", action="store_true", help="one iteration (at most one job), errors re-raised")
+    p.add_argument("--heartbeat-ttl", metavar="DURATION", default="10s", help="heartbeat key TTL (default 10s)")
+    p.add_argument("--claim-idle", metavar="DURATION", default="30s",
+                   help="reclaim a dead agent's job after it was idle this long (default 30s)")
+    p.add_argument("--max-deliveries", type=int, default=5, help="dead-letter a job taken this often (default 5)")
+    p.add_argument("--max-retries", type=int, default=3, help="retries of retryable failures per claim (default 3)")
+    p.set_defaults(func=cmd_agent)
+    return p
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from fstream_provider.bus import describe
+    from fstream_provider.embedded import resolve_redis_url
+    from transfer_agent.worker import Agent
+
+    url = resolve_redis_url(args.redis)
+    agent = Agent(url, name=args.name, secret_file=args.secret_file,
+                  heartbeat_ttl=parse_duration(args.heartbeat_ttl),
+                  claim_idle_ms=int(parse_duration(args.claim_idle) * 1000), max_deliveries=args.max_deliveries,
+                  max_retries=args.max_retries, keys=Keys(args.namespace))
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("transfer_agent.worker").setLevel(logging.INFO)
+    previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
+    print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}", file=sys.stderr, flush=True)
+    try:
+        agent.run(once=args.once)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return EXIT_OK
+
+
+# -- submit ----------------------------------------------------------------------------------------
+def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from transfer_agent.options import add_transfer_options
+
+    p = subparsers.add_parser("submit", help="queue a transfer job for an agent, then follow it")
+    add_transfer_options(p)
+    _common(p)
+    p.add_argument("--detach", action="store_true", help="print the job id and return at once")
+    p.add_argument("--idempotency-key", metavar="K", help="resubmitting the same key returns the same job")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the job) when done")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    p.add_argument("--timeout", metavar="DURATION", help="stop following after this long (the job continues)")
+    p.set_defaults(func=cmd_submit)
+    return p
+
+
+def follow(store: JobStore, job_id: str, on_event: Any = None, timeout: float | None = None,
+           after: str = "0-0") -> JobState:
+    """Follow a job's events (calling ``on_event(kind, event)``) until ``done`` or ``timeout``; returns its state."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        evs = store.events(job_id, after=after, block_ms=1000, count=500)
+        for entry_id, ev in evs:
+            after = entry_id
+            if on_event is not None:
+                on_event(ev["kind"], ev)
+            if ev["kind"] == "done":
+                state = store.get(job_id)
+                if state is None:
+                    raise FStreamError(f"job {job_id}: finished but its state expired")
+                return state
+        if not evs:
+            state = store.get(job_id)
+            if state is None:
+                raise FStreamError(f"job {job_id}: not found (expired or wrong Redis/namespace)")
+            if state.terminal:  # its event stream was trimmed past "done"
+                return state
+    state = store.get(job_id)
+    if state is None:
+        raise FStreamError(f"job {job_id}: not found (expired or wrong Redis/namespace)")
+    return state
+
+
+def _event_printer(progress: Any) -> Any:
+    def on_event(kind: str, ev: dict) -> None:
+        if kind == "claimed":
+            print(f"claimed by {ev.get('worker')} (attempt {ev.get('attempt')})", file=sys.stderr, flush=True)
+        elif kind == "retry":
+            print(f"retry {ev.get('try')} in {ev.get('delay', 0):.1f} s: {ev.get('message')}", file=sys.stderr,
+                  flush=True)
+        elif kind == "released":
+            print(f"released: {ev.get('reason')} (another agent will take it)", file=sys.stderr, flush=True)
+        elif kind in ("interval", "tuning", "file"):
+            progress(kind, ev)
+
+    return on_event
+
+
+def _finish_report(job: JobState, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(job.to_dict(), default=str), flush=True)
+    elif job.result:
+        from transfer_agent.cli import print_summary
+
+        try:
+            print_summary(job.result)
+        except (KeyError, TypeError):
+            print(json.dumps(job.result, default=str), file=sys.stderr)
+    if job.state == "succeeded":
+        return EXIT_OK
+    if job.terminal:
+        print(f"fstream submit: job {job.job_id} {job.state}: {job.error or 'no reason recorded'}", file=sys.stderr)
+    else:
+        print(f"fstream submit: job {job.job_id} still {job.state}; follow it with `fstream status {job.job_id}`",
+              file=sys.stderr)
+    return EXIT_FAILED
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from transfer_agent.options import spec_from_args
+
+    spec = spec_from_args(args)
+    store = _store(args)
+    job_id, created = store.submit(spec, idempotency_key=args.idempotency_key)
+    note = "queued" if created else "already submitted with this idempotency key"
+    print(f"job {job_id}: {note}", file=sys.stderr, flush=True)
+    if not _live_agents(store):
+        print("warning: no agent is running on this Redis; start one with `fstream agent`", file=sys.stderr)
+    if args.detach:
+        if args.json:
+            print(json.dumps({"job_id": job_id, "created": created, "state": store.get(job_id).state}), flush=True)
+        else:
+            print(job_id, flush=True)
+        return EXIT_OK
+    from transfer_agent.cli import Progress
+
+    progress = Progress(not args.json and (args.progress or sys.stderr.isatty()))
+    try:
+        job = follow(store, job_id, _event_printer(progress),
+                     timeout=parse_duration(args.timeout) if args.timeout else None)
+    except KeyboardInterrupt:
+        print(f"\nstopped following; job {job_id} continues (`fstream cancel {job_id}` to cancel)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        progress.stop()
+    return _finish_report(job, args.json)
+
+
+# -- status ----------------------------------------------------------------------------------------
+def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("status", help="show one job, or the latest jobs and the live agents")
+    p.add_argument("job", nargs="?", metavar="JOB", help="job id")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--limit", type=int, default=20, help="how many jobs to list (default 20)")
+    p.set_defaults(func=cmd_status)
+    return p
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    store = _store(args)
+    console = Console()
+    if args.job:
+        job = store.get(args.job)
+        if job is None:
+            raise FStreamError(f"job {args.job}: not found (unknown id, expired, or another Redis/namespace)")
+        if args.json:
+            print(json.dumps(job.to_dict(), default=str))
+            return EXIT_OK
+        t = Table(title=f"job {job.job_id}", show_header=False)
+        t.add_column("field")
+        t.add_column("value")
+        rows = [("state", job.state), ("attempt", str(job.attempt)), ("deliveries", str(job.deliveries)),
+                ("worker", job.worker or "-"), ("created", _when(job.created_at)), ("updated", _when(job.updated_at)),
+                ("sources", " ".join(job.spec.sources)), ("destination", job.spec.destination),
+                ("tuner", job.spec.tuner), ("priority", job.priority_class),
+                ("idempotency key", job.idempotency_key or "-"), ("cancel requested", str(job.cancel_requested)),
+                ("error", job.error or "-")]
+        if job.progress:
+            p = job.progress
+            rows.append(("progress", f"{p.get('files_done', '?')}/{p.get('files_total', '?')} files, "
+                                     f"{p.get('throughput_bps', 0) / 1e6:.1f} Mbit/s, "
+                                     f"cc={p.get('cc')} p={p.get('p')} pp={p.get('pp')}"))
+        if job.result:
+            r = job.result
+            rows.append(("result", f"{r.get('verified_files', 0)} verified, {r.get('skipped_files', 0)} skipped, "
+                                   f"{r.get('failed_files', 0)} failed, {r.get('bytes', 0)} bytes in "
+                                   f"{r.get('seconds', 0):.2f} s"))
+        for name, value in rows:
+            t.add_row(name, value)
+        console.print(t)
+        return EXIT_OK
+    jobs = store.list(limit=args.limit)
+    agents = _live_agents(store)
+    if args.json:
+        print(json.dumps({"jobs": [j.to_dict() for j in jobs], "agents": agents}, default=str))
+        return EXIT_OK
+    t = Table(title="fstream jobs")
+    for col in ("job", "state", "attempt", "worker", "created", "destination", "error"):
+        t.add_column(col)
+    for j in jobs:
+        t.add_row(j.job_id, j.state, str(j.attempt), j.worker or "-", _when(j.created_at), j.spec.destination,
+                  (j.error or "")[:60])
+    console.print(t)
+    if agents:
+        console.print("agents: " + ", ".join(f"{a.get('name')} (job {a.get('job_id') or '-'})" for a in agents))
+    else:
+        console.print("agents: none alive (start one with `fstream agent`)")
+    return EXIT_OK
+
+
+# -- cancel ----------------------------------------------------------------------------------------
+def add_cancel_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("cancel", help="cancel a job (queued: at once; running: its agent stops it)")
+    p.add_argument("job", metavar="JOB", help="job id")
+    _common(p)
+    p.add_argument("--reason", default="cancelled by user", help="recorded as the job's error")
+    p.set_defaults(func=cmd_cancel)
+    return p
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    store = _store(args)
+    job = store.get(args.job)
+    if job is None:
+        raise FStreamError(f"job {args.job}: not found (unknown id, expired, or another Redis/namespace)")
+    if not store.cancel(args.job, args.reason):
+        job = store.get(args.job) or job
+        print(f"fstream cancel: job {args.job} already {job.state}; nothing to cancel", file=sys.stderr)
+        return EXIT_FAILED
+    job = store.get(args.job) or job
+    if job.state == "cancelled":
+        print(f"job {args.job}: cancelled")
+    else:
+        print(f"job {args.job}: cancel requested; agent {job.worker or '?'} will stop it")
+    return EXIT_OK
