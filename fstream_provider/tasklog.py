@@ -87,7 +87,7 @@ def other_event_lines(events: Iterable[tuple[str, dict[str, Any]]]) -> list[str]
             lines.append(f"error: {ev.get('message') or ev.get('error') or ev}")
         elif kind == "retry":
             lines.append(f"retry: {ev.get('reason') or ev.get('message') or ev.get('error') or ''}".rstrip())
-        elif kind == "file" and ev.get("status") not in (None, "ok", "done", "verified", "skipped"):
+        elif kind == "file" and ev.get("status") == "failed":
             lines.append(f"file {ev.get('path')}: {ev.get('status')} ({ev.get('reason', '')})")
         elif kind == "claimed":
             lines.append(f"claimed by agent {ev.get('worker') or ev.get('agent') or '?'}")

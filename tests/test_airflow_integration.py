@@ -1,0 +1,202 @@
+"""End to end with real Redis, a real receiver and a real agent on loopback: ``dag.test()``, retries, ``on_kill``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
+pytest.importorskip("airflow")
+
+from airflow.sdk.exceptions import AirflowException, TaskDeferred  # noqa: E402
+
+from fstream_provider.jobs import JobStore  # noqa: E402
+from fstream_provider.keys import Keys  # noqa: E402
+from fstream_provider.operators.transfer import FStreamTransferOperator  # noqa: E402
+from transfer_agent.receiver import Receiver  # noqa: E402
+from transfer_agent.worker import Agent  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = b"fstream-airflow-test-secret-0123456789"
+
+_RUN_DAG = r"""
+import json, os, sys
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+dag_id, conf = sys.argv[1], json.loads(sys.argv[2])
+bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+assert not bag.import_errors, bag.import_errors
+dr = bag.dags[dag_id].test(run_conf=conf)
+out = {"state": str(dr.state), "tis": {}, "xcom": {}}
+with create_session() as s:
+    for ti in dr.get_task_instances(session=s):
+        out["tis"][ti.task_id] = str(ti.state)
+    for x in s.query(XComModel).filter(XComModel.run_id == dr.run_id, XComModel.dag_id == dag_id):
+        out["xcom"][x.task_id + ":" + x.key] = x.value
+print("RESULT_JSON " + json.dumps(out, default=str))
+"""
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory):
+    """A private AIRFLOW_HOME with a migrated sqlite database and the example DAGs folder."""
+    home = tmp_path_factory.mktemp("airflow-home")
+    env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+               AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "example_dags"),
+               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+               FSTREAM_STATE_DIR=str(home / "fstream-state"))
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
+                   timeout=300)
+    return env
+
+
+@pytest.fixture
+def secret_file(tmp_path) -> str:
+    p = tmp_path / "secret"
+    p.write_bytes(SECRET)
+    p.chmod(0o600)
+    return str(p)
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    r = Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=SECRET).start()
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+@pytest.fixture
+def agent(redis_url, secret_file):
+    a = Agent(redis_url, name="airflow-test-agent", secret_file=secret_file, block_ms=200, poll_interval=0.1)
+    t = threading.Thread(target=a.run, name="agent", daemon=True)
+    t.start()
+    try:
+        yield a
+    finally:
+        a.stop()
+        t.join(timeout=30)
+        assert not t.is_alive(), "agent did not stop"
+
+
+def _dataset(root: Path, n: int = 12) -> dict[str, str]:
+    root.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for i in range(n):
+        p = root / f"shot{i:03d}.xtc"
+        p.write_bytes(os.urandom(50_000 * (i + 1)))
+        out[p.name] = _sha(p)
+    return out
+
+
+def _run_dag(env: dict, dag_id: str, conf: dict) -> tuple[dict, str]:
+    p = subprocess.run([sys.executable, "-c", _RUN_DAG, dag_id, json.dumps(conf)], env=env, capture_output=True,
+                       text=True, timeout=240)
+    text = p.stdout + p.stderr
+    m = re.search(r"^RESULT_JSON (.*)$", p.stdout, re.M)
+    assert m, f"dag.test produced no result (rc {p.returncode}):\n{text[-4000:]}"
+    return json.loads(m.group(1)), text
+
+
+def test_dag_test_transfer_example_moves_verified_files(airflow_env, redis_url, secret_file, receiver, agent,
+                                                        tmp_path):
+    src = _dataset(tmp_path / "src")
+    env = dict(airflow_env, AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
+               + f"?secret_file={secret_file}")
+    conf = {"source": str(tmp_path / "src"), "destination": f"fstream://127.0.0.1:{receiver.port}/landed",
+            "target_throughput": "800Mbps"}
+    out, log = _run_dag(env, "fstream_transfer_example", conf)
+    assert out["state"] == "success", log[-4000:]
+    landed = tmp_path / "dst" / "landed"
+    assert {p.name: _sha(p) for p in landed.iterdir()} == src  # every byte arrived, nothing extra (no temps)
+    report = out["xcom"]["transfer:return_value"]
+    assert report["files"] == report["verified_files"] == len(src) and report["failed_files"] == 0
+    assert report["bytes"] == sum(50_000 * (i + 1) for i in range(len(src)))
+    assert report["intervals"] and report["target_throughput_bps"] == 800e6
+    assert out["xcom"]["transfer:job_id"] == report["job_id"]
+    # The task log an operator reads: interval lines, the summary table, the plot path.
+    assert re.search(r"t=\s*\d+\.\ds\s+[\d.]+ [kMG]?bit/s \(target 800\.00 Mbit/s", log), log[-3000:]
+    assert "| files" in log and "verified " + str(len(src)) in log
+    plot = report["plot"]
+    assert plot and plot in log and Path(plot).read_bytes()[:4] == b"\x89PNG"
+
+
+class _TI:
+    """The few task-instance fields the operator reads (dag/run/task ids, map index, try number, XCom push)."""
+
+    def __init__(self, try_number: int = 1) -> None:
+        self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number = "d", "manual__1", "transfer", -1, try_number
+        self.xcom: dict = {}
+
+    def xcom_push(self, key, value):
+        self.xcom[key] = value
+
+
+def _deferred_job_id(op, ti) -> str:
+    with pytest.raises(TaskDeferred) as exc:
+        op.execute({"ti": ti})
+    return exc.value.trigger.job_id
+
+
+def test_retry_reattaches_instead_of_starting_a_second_job(monkeypatch, redis_url, redis_client, secret_file):
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    kw = dict(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x")
+    first = _deferred_job_id(FStreamTransferOperator(**kw), _TI(1))
+    # try 2 (a retry after a worker crash, or a rerun): a fresh operator instance, same task instance key
+    second = _deferred_job_id(FStreamTransferOperator(**kw), _TI(2))
+    assert second == first
+    store = JobStore(redis_client, keys=Keys())
+    assert len(store.list()) == 1 and redis_client.xlen(Keys().jobs_stream()) == 1
+    # once that job has ended in failure, a retry must actually retry: one new attempt, keyed by try number
+    assert store.cancel(first, "test: make the first attempt fail")
+    third = _deferred_job_id(FStreamTransferOperator(**kw), _TI(3))
+    assert third != first and store.get(third).idempotency_key == "d/manual__1/transfer/-1#try3"
+    assert _deferred_job_id(FStreamTransferOperator(**kw), _TI(3)) == third
+
+
+def test_on_kill_cancels_a_running_stream(monkeypatch, redis_url, redis_client, secret_file, receiver, agent, tmp_path):
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
+                       + f"?secret_file={secret_file}")
+    _dataset(tmp_path / "watch", n=2)
+    op = FStreamTransferOperator(task_id="stream", sources=[str(tmp_path / "watch")], watch=True, interval="0.2s",
+                                 destination=f"fstream://127.0.0.1:{receiver.port}/stream", deferrable=False,
+                                 poll_interval=0.2, plot_dir=str(tmp_path / "plots"))
+    ti = _TI(1)
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            op.execute({"ti": ti})
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    store = JobStore(redis_client, keys=Keys())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+            "job_id" in ti.xcom and (st := store.get(ti.xcom["job_id"])) and st.state == "running"):
+        time.sleep(0.05)  # polling a state in another process/thread with a deadline
+    assert store.get(ti.xcom["job_id"]).state == "running"
+    op.on_kill()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    st = store.get(ti.xcom["job_id"])
+    assert st.state == "cancelled" and "killed" in (st.error or "")
+    assert errors and isinstance(errors[0], AirflowException) and "cancelled" in str(errors[0])
