@@ -20,9 +20,13 @@ from fstream_provider.tuning.qos import PacedLayout, QosController
 
 
 def split_cc(total: int, weights: dict[str, float], max_cc: int) -> dict[str, int]:
-    """Split ``total`` channels between clusters by weight, one each at least (largest remainder)."""
+    """Split ``total`` (<= max_cc) channels between clusters by weight, one each if possible (largest remainder)."""
     names = sorted(weights)
-    total = min(max(total, len(names)), max(max_cc, len(names)))
+    total = min(max(total, len(names)), max_cc)
+    if total < len(names):
+        # more clusters than channels allowed: the heaviest wait least, the others get 0 for now
+        heavy = sorted(names, key=lambda n: (-weights[n], n))[:total]
+        return {n: int(n in heavy) for n in names}
     wsum = sum(weights.values()) or 1.0
     out = {n: 1 for n in names}
     rest = total - len(names)
@@ -114,6 +118,7 @@ class FStreamTuner(ClusteredTuner):
             dp, dpp = self._fine.get(c.name, (0, 0))
             base = self._settings[c.name]
             s = clamp(Settings(cc[c.name], base.p + dp, base.pp + dpp), self.path)
+            s = Settings(cc[c.name], s.p, s.pp)  # cc may be 0 when clusters outnumber max_cc
             if self.target and self.pacing:
                 out.append(PacedLayout(c.name, s.cc, s.p, s.pp, self.target * cc[c.name] / total_cc))
             else:
@@ -127,7 +132,10 @@ class FStreamTuner(ClusteredTuner):
         reasons = []
         for name in sorted(touched):
             c = self._clustering.get(name)
-            self._settings[name] = self._heuristic(c)
+            s, old = self._heuristic(c), self._settings.get(name)
+            if old is not None and abs(s.p - old.p) <= 1:
+                s = Settings(s.cc, old.p, s.pp)  # a new p means new channels: not worth +-1
+            self._settings[name] = s
             reasons.append("heuristic " + describe(name, c, self._settings[name]))
         clusters = self._working()
         names = tuple(c.name for c in clusters)
@@ -146,9 +154,12 @@ class FStreamTuner(ClusteredTuner):
         if self._total is None:
             self._total = sum(self._settings[c.name].cc for c in clusters)
             desired = self.target or self._profiler.desired_bps
-            hcc, note, _ = self._history_cc(self._dominant(clusters), desired)
+            dom = self._dominant(clusters)
+            hcc, note, _ = self._history_cc(dom, desired)
             if hcc is not None:
-                self._total, self._history_checked = max(hcc, len(clusters)), True
+                # history is per cluster: the dominant one gets it, the others keep the heuristic's
+                others = sum(self._settings[c.name].cc for c in clusters if c is not dom)
+                self._total, self._history_checked = hcc + others, True
                 reasons.append(f"history {note} -> cc={self._total}")
             self._reason = "fstream: " + "; ".join(reasons)
             return
@@ -169,7 +180,10 @@ class FStreamTuner(ClusteredTuner):
             hcc, note = None, ""
             if not self._history_checked and obs.throughput_bps < self._profiler.desired_bps * (1 - self._profiler.band):
                 self._history_checked = True
-                hcc, note, _ = self._history_cc(self._dominant(clusters), self._profiler.desired_bps)
+                dom = self._dominant(clusters)
+                hcc, note, _ = self._history_cc(dom, self._profiler.desired_bps)
+                if hcc is not None:
+                    hcc += sum(l.cc for l in obs.layouts if l.cluster != dom.name)
             d = self._profiler.step(cc_now, obs.throughput_bps, hcc, note)
             self._apply(d.cc, 0, clusters)
             reasons.append(d.reason)
@@ -178,7 +192,16 @@ class FStreamTuner(ClusteredTuner):
         self._reason = "fstream: " + "; ".join(reasons)
 
     def _apply(self, cc: int, fine: int, clusters: list[Cluster]) -> None:
+        before = self._total or cc
         self._total = min(max(cc, len(clusters)), self.path.max_cc)
+        if self._total == before and cc != before:
+            # cc cannot move further (one channel per cluster / max_cc): move p of every cluster
+            step = 1 if cc > before else -1
+            for c in clusters:
+                dp, dpp = self._fine.get(c.name, (0, 0))
+                base = self._settings[c.name].p
+                self._fine[c.name] = (min(max(dp + step, 1 - base), self.path.max_p - base), dpp)
+            return
         if fine:
             c = self._dominant(clusters)
             dp, dpp = self._fine.get(c.name, (0, 0))
