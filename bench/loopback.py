@@ -90,12 +90,16 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
             nbytes = big_bytes if dataset == "big" else small_total
             runs: list[tuple[str, Callable[[], PeerResult]]] = []
             if "fstream" not in missing:
-                def fs_run(knobs=knobs, files=files, dataset=dataset) -> PeerResult:
-                    root = _fresh(dst_root / "fstream")
-                    with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=root) as rx:
-                        srcs = [src / dataset] if dataset == "small" else files
-                        return fs_peer.send(rx, srcs, "in", tuner="fixed", options=knobs, label="fstream")
-                runs.append(("fstream", fs_run))
+                for fsync in (True, False):
+                    label = "fstream" if fsync else "fstream-nofsync"
+
+                    def fs_run(knobs=knobs, files=files, dataset=dataset, fsync=fsync, label=label) -> PeerResult:
+                        root = _fresh(dst_root / label)
+                        with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=root,
+                                                     extra_args=() if fsync else ("--no-fsync",)) as rx:
+                            srcs = [src / dataset] if dataset == "small" else files
+                            return fs_peer.send(rx, srcs, "in", tuner="fixed", options=knobs, label=label)
+                    runs.append((label, fs_run))
             if "gridftp" not in missing:
                 for verify in (False, True):
                     label = "gridftp+md5" if verify else "gridftp"
@@ -148,10 +152,11 @@ def markdown(doc: dict, command: str) -> str:
     m = doc["machine"]
     lines = [f"Command: `{command}`  ",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}, {m['mem_gib']:.0f} GiB RAM; "
-             f"date {m['date']}; repeats per cell: {max(r['repeat'] for r in doc['results']) + 1} (median).", "",
-             "| case | fstream (xxh3 verify) | gridftp | gridftp + MD5 verify | iperf3 mem-to-mem "
-             "| fstream / gridftp | fstream / gridftp+MD5 | fstream / iperf3 |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"load average at start {m.get('loadavg', '?')}; date {m['date']}; repeats per cell: {max(r['repeat'] for r in doc['results']) + 1} (median).", "",
+             "| case | fstream (xxh3, fsync) | fstream (xxh3, no fsync) | gridftp | gridftp + MD5 verify "
+             "| iperf3 mem-to-mem | fstream / gridftp | fstream no-fsync / gridftp | fstream / gridftp+MD5 "
+             "| fstream / iperf3 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for case in doc["cases"]:
         med = doc["medians"].get(case, {})
 
@@ -161,9 +166,9 @@ def markdown(doc: dict, command: str) -> str:
         def ratio(a: str, b: str) -> str:
             return f"{med[a] / med[b]:.2f}x" if a in med and b in med and med[b] > 0 else "n/a"
 
-        lines.append(f"| {case} | {g('fstream')} | {g('gridftp')} | {g('gridftp+md5')} | {g('iperf3')} | "
-                     f"{ratio('fstream', 'gridftp')} | {ratio('fstream', 'gridftp+md5')} | "
-                     f"{ratio('fstream', 'iperf3')} |")
+        lines.append(f"| {case} | {g('fstream')} | {g('fstream-nofsync')} | {g('gridftp')} | {g('gridftp+md5')} | "
+                     f"{g('iperf3')} | {ratio('fstream', 'gridftp')} | {ratio('fstream-nofsync', 'gridftp')} | "
+                     f"{ratio('fstream', 'gridftp+md5')} | {ratio('fstream', 'iperf3')} |")
     fails = [r for r in doc["results"] if not r["ok"]]
     for r in fails:
         lines.append(f"\n- {r['case']}: {r['tool']} failed: {r['error'][:300]}")

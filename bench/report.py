@@ -26,7 +26,8 @@ def machine_info() -> dict:
     except (ValueError, OSError):
         mem = 0.0
     return {"nproc": os.cpu_count(), "kernel": platform.release(), "cpu": cpu, "mem_gib": mem,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg())}
 
 
 PEERS = ("gridftp-globus", "gridftp-static", "rsync", "sftp")
