@@ -423,3 +423,141 @@ def test_backoff_is_exponential_with_jitter_and_cap():
         full = min(10.0, 2 ** i)
         assert full * 0.5 <= d <= full
     assert max(delays) <= 10.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Integration with the real data plane (transfer_agent.sender.Transfer + transfer_agent.receiver.Receiver)
+
+_HANGING_AGENT = r'''
+import sys, threading
+from fstream_provider.keys import Keys
+from transfer_agent.sender import Transfer
+from transfer_agent.worker import Agent
+
+url, name, secret, namespace = sys.argv[1:5]
+forever = threading.Event()
+
+def factory(spec, **kw):
+    inner = kw["on_event"]
+    def on_event(kind, data):
+        inner(kind, data)
+        if kind == "file" and data.get("status") == "committed":
+            forever.wait()  # this worker hangs mid-job, after committing one file, until SIGKILL
+    kw["on_event"] = on_event
+    return Transfer(spec, **kw)
+
+Agent(url, name=name, secret_file=secret, heartbeat_ttl=1, poll_interval=0.2, block_ms=100,
+      keys=Keys(namespace), transfer_factory=factory).run()
+'''
+
+
+def _dataset(root: Any) -> Any:
+    import os
+
+    src = root / "src"
+    (src / "sub").mkdir(parents=True)
+    rng = random.Random(5)
+    for i in range(40):
+        (src / ("sub" if i % 2 else "") / f"f{i:03d}.dat").write_bytes(rng.randbytes(32 * 1024 + i))
+    (src / "big.bin").write_bytes(os.urandom(6 * 2**20))
+    return src
+
+
+def _same_tree(a: Any, b: Any) -> None:
+    import filecmp
+    import os
+
+    names_a = sorted(os.path.relpath(os.path.join(d, f), a) for d, _, fs in os.walk(a) for f in fs)
+    names_b = sorted(os.path.relpath(os.path.join(d, f), b) for d, _, fs in os.walk(b) for f in fs)
+    assert names_a == names_b, "destination has missing or extra files (e.g. leftover .part files)"
+    for n in names_a:
+        assert filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False), f"{n} differs"
+
+
+@pytest.fixture
+def receiver_env(tmp_path: Any) -> Iterator[tuple[Any, Any, str]]:
+    import os
+
+    from transfer_agent.auth import load_secret
+    from transfer_agent.receiver import Receiver
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    rcv = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(str(secret))).start()
+    try:
+        yield rcv, dst, str(secret)
+    finally:
+        rcv.stop()
+
+
+def test_job_reclaimed_after_killing_its_worker(tmp_path, redis_url, redis_client, receiver_env, keys, store):
+    import signal
+    import subprocess
+    import sys
+
+    rcv, dst, secret = receiver_env
+    src = _dataset(tmp_path)
+    spec = TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/out", tuner="fixed",
+                        cc=1, p=2, pp=1)
+    job_id, _ = store.submit(spec)
+    script = tmp_path / "hanging_agent.py"
+    script.write_text(_HANGING_AGENT)
+    proc = subprocess.Popen([sys.executable, str(script), redis_url, "doomed", secret, keys.namespace],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        poll(lambda: any(e["kind"] == "file" and e.get("status") == "committed"
+                         for _, e in store.events(job_id, count=1000)) or proc.poll() is not None,
+             "the first worker to commit a file")
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert store.get(job_id).state == "running" and store.get(job_id).worker == "doomed"
+        proc.send_signal(signal.SIGKILL)  # dies mid-job: no ack, no release, heartbeat left to expire
+        proc.wait(DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert [p["consumer"] for p in pending(redis_client, keys)] == ["doomed"]
+
+    rescuer = Agent(redis_url, name="rescuer", secret_file=secret, keys=keys, claim_idle_ms=300, block_ms=100,
+                    poll_interval=0.2)
+    th = in_thread(rescuer)
+    try:
+        job = store.wait(job_id, 120)
+    finally:
+        rescuer.stop()
+        th.join(DEADLINE)
+    assert job.state == "succeeded", job.error
+    assert job.attempt == 2 and job.worker == "rescuer" and rescuer.counters["reclaimed"] == 1
+    claims = [(e["worker"], e["attempt"]) for _, e in store.events(job_id, count=10000) if e["kind"] == "claimed"]
+    assert claims == [("doomed", 1), ("rescuer", 2)]
+    assert job.result["verified_files"] + job.result["skipped_files"] == 41 and job.result["failed_files"] == 0
+    assert job.result["skipped_files"] >= 1  # what the dead worker committed was not sent again
+    assert pending(redis_client, keys) == []
+    _same_tree(src, dst / "out")
+
+
+def test_agent_cli_exits_cleanly_on_sigterm(tmp_path, redis_url, redis_client, keys):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "agent", "--redis", redis_url,
+                             "--name", "cli-agent", "--namespace", keys.namespace],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        poll(lambda: redis_client.exists(keys.agent("cli-agent")) or proc.poll() is not None,
+             "the agent's heartbeat")
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEADLINE) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert redis_client.exists(keys.agent("cli-agent")) == 0
+    assert "cli-agent" not in redis_client.smembers(keys.agents())
