@@ -56,3 +56,13 @@ class ProfilingStore:
             pipe.ltrim(key, 0, self.keep - 1)
         pipe.execute()
         return len(new)
+
+
+def load_history(client, *, keys: Keys | None = None) -> ProfileHistory:
+    """Shortcut: ``ProfilingStore(client, keys=keys).load()`` (what the sender calls before a transfer)."""
+    return ProfilingStore(client, keys=keys).load()
+
+
+def save_history(client, history: ProfileHistory, *, keys: Keys | None = None) -> int:
+    """Shortcut: persist the records ``history`` gained since it was loaded; returns how many."""
+    return ProfilingStore(client, keys=keys).save(history)

@@ -35,3 +35,21 @@ def test_bad_records_are_skipped_not_fatal(redis_client):
     h.add(ProfileRecord("4MiB", "h5", 3, 1, 1, 2e8, 2.0))
     store.save(h)
     assert [r.cc for r in store.load().records()] == [3]
+
+
+def test_a_later_run_starts_from_the_history_an_earlier_run_saved(redis_client):
+    from fstream_provider.profiling_store import load_history, save_history
+    from fstream_provider.tuning.base import FileInfo, PathInfo
+    from fstream_provider.tuning.fstream import FStreamTuner
+    from fstream_provider.tuning.sim import dtn_storage, simulate
+    from fstream_provider.tuning.workloads import Batch, Workload
+
+    keys = Keys("proftest3")
+    path = PathInfo(1e9, 0.04, tcp_buffer=2**20)
+    big = Workload("big", [Batch(0.0, [FileInfo(f"{i}.h5", 150_000_000, "h5") for i in range(40)])])
+    h1 = load_history(redis_client, keys=keys)
+    simulate(FStreamTuner(path=path, history=h1, start_time=1000.0), big, path, storage=dtn_storage(1e9))
+    assert save_history(redis_client, h1, keys=keys) > 0
+    h2 = load_history(redis_client, keys=keys)
+    second = simulate(FStreamTuner(path=path, history=h2, start_time=2000.0), big, path, storage=dtn_storage(1e9))
+    assert "history by size" in second.intervals[0]["reason"] and second.intervals[0]["cc"] > 2
