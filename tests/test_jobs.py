@@ -192,3 +192,88 @@ def test_trim_never_removes_unacknowledged_or_undelivered_entries(store, spec):
     store.client.xack(k.jobs_stream(), k.jobs_group(), taken[2][0])
     assert store.trim_acked() == 1  # entry 3 was never delivered: kept
     assert [e[1]["job_id"] for e in store.client.xrange(k.jobs_stream())] == ids[3:]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The CLI subcommands (transfer_agent.cli_jobs through transfer_agent.cli.main)
+
+def _cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    from transfer_agent.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_submit_detach_status_cancel(capsys, redis_url, tmp_path):
+    import json
+
+    ns = ("--redis", redis_url, "--namespace", "cli")
+    code, out, err = _cli(capsys, "submit", str(tmp_path), "--to", "fstream://127.0.0.1:9/x", "--tuner", "fixed",
+                          "--detach", "--json", "--idempotency-key", "k1", *ns)
+    assert code == 0 and "no agent is running" in err
+    first = json.loads(out)
+    assert first["created"] is True and first["state"] == "queued"
+    code, out, _ = _cli(capsys, "submit", str(tmp_path), "--to", "fstream://127.0.0.1:9/x", "--detach",
+                        "--idempotency-key", "k1", *ns)
+    assert code == 0 and out.strip() == first["job_id"]  # same key, same job
+
+    code, out, _ = _cli(capsys, "status", first["job_id"], "--json", *ns)
+    job = json.loads(out)
+    assert code == 0 and job["state"] == "queued" and job["spec"]["sources"] == [str(tmp_path)]
+    code, out, _ = _cli(capsys, "status", "--json", *ns)
+    assert [j["job_id"] for j in json.loads(out)["jobs"]] == [first["job_id"]]
+    code, out, _ = _cli(capsys, "status", *ns)
+    assert code == 0 and first["job_id"] in out
+
+    code, out, _ = _cli(capsys, "cancel", first["job_id"], *ns)
+    assert code == 0 and "cancelled" in out
+    code, _, err = _cli(capsys, "cancel", first["job_id"], *ns)
+    assert code == 1 and "already cancelled" in err
+    code, _, err = _cli(capsys, "status", "0000000000000000", *ns)
+    assert code == 2 and "0000000000000000: not found" in err
+
+
+def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_path):
+    import json
+    import os
+
+    from transfer_agent.auth import load_secret
+    from transfer_agent.receiver import Receiver
+    from transfer_agent.worker import Agent
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    for i in range(5):
+        (src / f"f{i}").write_bytes(os.urandom(50_000))
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    rcv = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(str(secret))).start()
+    agent = Agent(redis_url, name="cli-test", keys=Keys("cli2"), block_ms=100)
+    th = threading.Thread(target=agent.run, daemon=True)
+    th.start()
+    try:
+        code, out, err = _cli(capsys, "submit", str(src), "--to", f"fstream://127.0.0.1:{rcv.port}/out",
+                              "--tuner", "fixed", "--secret-file", str(secret), "--json",
+                              "--redis", redis_url, "--namespace", "cli2")
+        assert code == 0, err
+        job = json.loads(out)
+        assert job["state"] == "succeeded" and job["result"]["verified_files"] == 5
+        assert sorted(os.listdir(dst / "out")) == [f"f{i}" for i in range(5)]
+        for i in range(5):
+            assert (dst / "out" / f"f{i}").read_bytes() == (src / f"f{i}").read_bytes()
+        # a wrong secret: the job fails and the exit status says so, with the reason
+        bad = tmp_path / "bad"
+        bad.write_bytes(os.urandom(32))
+        bad.chmod(0o600)
+        code, out, err = _cli(capsys, "submit", str(src), "--to", f"fstream://127.0.0.1:{rcv.port}/out2",
+                              "--tuner", "fixed", "--secret-file", str(bad), "--redis", redis_url,
+                              "--namespace", "cli2")
+        assert code == 1 and "failed" in err and "auth" in err.lower(), err
+        assert not (dst / "out2").exists() or os.listdir(dst / "out2") == []
+    finally:
+        agent.stop()
+        th.join(20)
+        rcv.stop()

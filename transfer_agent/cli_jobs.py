@@ -219,8 +219,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps(job.to_dict(), default=str))
             return EXIT_OK
         t = Table(title=f"job {job.job_id}", show_header=False)
-        t.add_column("field")
-        t.add_column("value")
+        t.add_column("field", no_wrap=True)
+        t.add_column("value", overflow="fold")
         rows = [("state", job.state), ("attempt", str(job.attempt)), ("deliveries", str(job.deliveries)),
                 ("worker", job.worker or "-"), ("created", _when(job.created_at)), ("updated", _when(job.updated_at)),
                 ("sources", " ".join(job.spec.sources)), ("destination", job.spec.destination),
@@ -247,8 +247,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"jobs": [j.to_dict() for j in jobs], "agents": agents}, default=str))
         return EXIT_OK
     t = Table(title="fstream jobs")
-    for col in ("job", "state", "attempt", "worker", "created", "destination", "error"):
-        t.add_column(col)
+    t.add_column("job", no_wrap=True, min_width=16)
+    t.add_column("state", no_wrap=True)
+    for col in ("attempt", "worker", "created", "destination", "error"):
+        t.add_column(col, overflow="fold")
     for j in jobs:
         t.add_row(j.job_id, j.state, str(j.attempt), j.worker or "-", _when(j.created_at), j.spec.destination,
                   (j.error or "")[:60])
