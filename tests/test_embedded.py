@@ -199,3 +199,20 @@ def test_sentinel_url_reaches_the_master(redis_server, tmp_path):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_cli_redis_url_status_stop(tmp_path, capsys):
+    from transfer_agent.cli import main
+
+    state = str(tmp_path / "cli-state")
+    try:
+        assert main(["redis", "status", "--state-dir", state]) == 1
+        assert "not running" in capsys.readouterr().out
+        assert main(["redis", "url", "--state-dir", state]) == 0
+        url = capsys.readouterr().out.strip()
+        assert bus.connect(url).ping() is True
+        assert main(["redis", "status", "--state-dir", state]) == 0
+        assert main(["redis", "stop", "--state-dir", state]) == 0
+        assert not EmbeddedRedis(state).running()
+    finally:
+        EmbeddedRedis(state).stop()

@@ -244,7 +244,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     jobs = store.list(limit=args.limit)
     agents = _live_agents(store)
     if args.json:
-        print(json.dumps({"jobs": [j.to_dict() for j in jobs], "agents": agents}, default=str))
+        print(json.dumps({"jobs": [j.to_dict() for j in jobs], "agents": agents,
+                          "dead_letters": [{"id": i, **f} for i, f in store.dead_letters()]}, default=str))
         return EXIT_OK
     t = Table(title="fstream jobs")
     t.add_column("job", no_wrap=True, min_width=16)
@@ -255,6 +256,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         t.add_row(j.job_id, j.state, str(j.attempt), j.worker or "-", _when(j.created_at), j.spec.destination,
                   (j.error or "")[:60])
     console.print(t)
+    dead = store.client.xlen(store.keys.dead_letter())
+    if dead:
+        console.print(f"dead-lettered jobs: {dead} (stream {store.keys.dead_letter()})")
     if agents:
         console.print("agents: " + ", ".join(f"{a.get('name')} (job {a.get('job_id') or '-'})" for a in agents))
     else:
@@ -286,4 +290,29 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"job {args.job}: cancelled")
     else:
         print(f"job {args.job}: cancel requested; agent {job.worker or '?'} will stop it")
+    return EXIT_OK
+
+
+# -- redis -----------------------------------------------------------------------------------------
+def add_redis_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("redis", help="the embedded Redis: print its URL (starting it if needed), status, stop")
+    p.add_argument("action", choices=("url", "status", "stop"))
+    p.add_argument("--state-dir", metavar="DIR", help="default: $FSTREAM_STATE_DIR or ~/.local/state/fstream")
+    p.set_defaults(func=cmd_redis)
+    return p
+
+
+def cmd_redis(args: argparse.Namespace) -> int:
+    from fstream_provider.embedded import EmbeddedRedis
+
+    emb = EmbeddedRedis(args.state_dir)
+    if args.action == "url":
+        print(emb.start().url)
+    elif args.action == "status":
+        running = emb.running()
+        print(f"embedded Redis in {emb.dir}: {'running' if running else 'not running'}")
+        return EXIT_OK if running else EXIT_FAILED
+    else:
+        emb.stop()
+        print(f"embedded Redis in {emb.dir}: stopped")
     return EXIT_OK
