@@ -234,3 +234,34 @@ def test_cli_up_down_leaves_nothing_behind(state_dir, capsys):
     assert cli.main(["up", "--run-id", run_id]) == 1  # already up: refused, not rebuilt
     assert cli.main(["down", "--run-id", run_id]) == 0
     _assert_nothing_left(run_id, [pid])
+
+
+def _storage_reason() -> str | None:
+    if _REASON is not None:
+        return _REASON
+    from fstream_bench.wan.storage import storage_supported
+
+    return storage_supported()
+
+
+@pytest.mark.wan
+@pytest.mark.skipif(_storage_reason() is not None, reason=f"disk limit: {_storage_reason()}")
+def test_destination_disk_write_cap_is_in_force_and_removed(state_dir):
+    from fstream_bench.wan.path import WanConfig, WanPath
+    from fstream_bench.wan.storage import measure_write_bps
+
+    cap = 80e6 * 8  # 80 MB/s: far below what a RAM-backed loop device does uncapped
+    path = WanPath(WanConfig(rate_bps=1e8, rtt_s=0.01, run_id=_run_id(), disk_rate_bps=cap,
+                             disk_size_bytes=256 << 20))
+    with path:
+        info = dict(path.state.storage)
+        assert os.path.ismount(path.dst_dir)
+        rate = measure_write_bps(path.dst_dir, nbytes=96 << 20)
+        assert rate <= 1.05 * cap, f"wrote {rate / 8e6:.0f} MB/s through an 80 MB/s cap"
+    assert not os.path.ismount(info["mount"]) and not os.path.exists(info["image"])
+    back = netns.run(["losetup", "-nO", "BACK-FILE", info["loop"]], check=False).stdout
+    assert info["image"] not in back, "loop device still attached to our image"
+    from fstream_bench.wan.storage import BLKIO_WRITE
+
+    assert not any(line.startswith(info["majmin"] + " ")
+                   for line in BLKIO_WRITE.read_text().splitlines()), "throttle rule left behind"

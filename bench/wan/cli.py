@@ -29,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--queue", default=None,
                            help="bottleneck queue size (default: one bandwidth-delay product)")
             p.add_argument("--cc", default=None, help="TCP congestion control in both namespaces")
+            p.add_argument("--disk-rate", default=None,
+                           help="cap destination disk writes (e.g. 50MB/s) on a disk mounted "
+                                "at <state dir>/wan/<run id>-dstdisk")
+            p.add_argument("--disk-size", default="4GiB", help="size of that disk (sparse)")
+            p.add_argument("--rt-prio", type=int, default=10,
+                           help="SCHED_FIFO priority of the delay line (0: normal; default 10)")
             p.add_argument("--no-offload", action="store_true",
                            help="no TSO/GSO through the TUNs (one system call per 1500 B packet)")
 
@@ -60,10 +66,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(a: argparse.Namespace):
     from fstream_bench.wan.path import WanConfig
-    from fstream_provider.units import parse_size
+    from fstream_provider.units import parse_rate, parse_size
 
     return WanConfig.from_text(rate=a.rate, rtt=a.rtt, buffer=a.buffer, run_id=a.run_id,
-                               mtu=a.mtu, cc=a.cc, offload=not a.no_offload,
+                               disk_rate_bps=parse_rate(a.disk_rate) if a.disk_rate else None,
+                               disk_size_bytes=parse_size(a.disk_size),
+                               mtu=a.mtu, cc=a.cc, offload=not a.no_offload, rt_priority=a.rt_prio,
                                queue_bytes=parse_size(a.queue) if a.queue else None)
 
 
@@ -99,11 +107,14 @@ def _dispatch(a: argparse.Namespace) -> int:
         if a.json:
             print(json.dumps(res or {"run_id": path.config.run_id, "src_ns": path.src_ns,
                                      "dst_ns": path.dst_ns, "src_ip": path.src_ip,
-                                     "dst_ip": path.dst_ip}, indent=1))
+                                     "dst_ip": path.dst_ip,
+                                     "dst_dir": str(path.dst_dir) if path.dst_dir else None},
+                                    indent=1))
         else:
             print(f"up: {path.config.describe()}; {path.src_ns} ({path.src_ip}) -> "
                   f"{path.dst_ns} ({path.dst_ip}); run commands with "
-                  f"`ip netns exec {path.src_ns} ...`")
+                  f"`ip netns exec {path.src_ns} ...`"
+                  + (f"; destination disk {path.dst_dir}" if path.dst_dir else ""))
         return 0
     if a.cmd == "down":
         removed = cleanup_all() if a.all else {a.run_id: cleanup_run(a.run_id)}

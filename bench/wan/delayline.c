@@ -13,6 +13,8 @@
  *   "stats"              one line of key=value counters
  *   "ping"               "pong"
  *
+ * --rt-prio N runs the loop under SCHED_FIFO so a loaded machine does not add jitter.
+ *
  * Build: cc -O2 -o delayline delayline.c   (Linux only)
  */
 #define _GNU_SOURCE
@@ -195,7 +197,7 @@ static uint64_t flush_side(struct side *s, struct side *to, uint64_t now, uint64
 static void usage(void) {
     fprintf(stderr,
             "usage: delayline --ns-a PATH --dev-a NAME --ns-b PATH --dev-b NAME --delay-us N\n"
-            "                 [--ctl SOCKET_PATH] [--ring-bytes N] [--vnet]\n");
+            "                 [--ctl SOCKET_PATH] [--ring-bytes N] [--vnet] [--rt-prio N]\n");
     exit(2);
 }
 
@@ -206,7 +208,7 @@ int main(int argc, char **argv) {
     const char *ctl_path = NULL;
     uint64_t delay = 0;
     size_t ring_bytes = 64u << 20;
-    int vnet = 0;
+    int vnet = 0, rt_prio = 0;
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -220,12 +222,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--delay-us")) delay = strtoull(v, NULL, 10) * 1000ull;
         else if (!strcmp(k, "--ctl")) ctl_path = v;
         else if (!strcmp(k, "--ring-bytes")) ring_bytes = (size_t)strtoull(v, NULL, 10);
+        else if (!strcmp(k, "--rt-prio")) rt_prio = atoi(v);
         else usage();
     }
     if (!a.ns || !a.dev || !b.ns || !b.dev) usage();
     ring_bytes = align16(ring_bytes < 4 * MAXPKT ? 4 * MAXPKT : ring_bytes);
 
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* 1 ns timer slack: steady delay */
+    if (rt_prio > 0) { /* a busy machine must not add its run-queue wait to the path's delay */
+        struct sched_param sp = {.sched_priority = rt_prio};
+        if (sched_setscheduler(0, SCHED_FIFO, &sp) < 0)
+            fprintf(stderr, "delayline: SCHED_FIFO %d not set (%s); delay may jitter under load\n",
+                    rt_prio, strerror(errno));
+    }
     signal(SIGPIPE, SIG_IGN);
 
     int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);

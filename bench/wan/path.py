@@ -37,6 +37,13 @@ class WanConfig:
     :param cc: TCP congestion control to set in both namespaces; None keeps the host default.
     :param offload: pass TSO/GSO packets through the TUNs (virtio-net header): same wire
         behaviour (tbf counts every segment), far fewer system calls in the delay line.
+    :param rt_priority: SCHED_FIFO priority of the delay line (0: normal scheduling), so a
+        loaded machine does not add its run-queue wait to the path's delay.
+    :param disk_rate_bps: if set, mount a write-rate-capped disk at :attr:`WanPath.dst_dir`
+        for the destination (see :mod:`fstream_bench.wan.storage`).
+    :param disk_size_bytes: size of that disk (a sparse image file).
+    :param disk_backing_dir: where the image lives; default ``/dev/shm`` (RAM) so that the
+        cap, not this machine's own disk, is the limit (written data then uses RAM).
     """
 
     rate_bps: float = 1e9
@@ -47,6 +54,10 @@ class WanConfig:
     queue_bytes: int | None = None
     cc: str | None = None
     offload: bool = True
+    rt_priority: int = 10
+    disk_rate_bps: float | None = None
+    disk_size_bytes: int = 4 << 30
+    disk_backing_dir: str | None = None
 
     @classmethod
     def from_text(cls, *, rate: str | float = "1Gbit", rtt: str | float = "40ms",
@@ -80,6 +91,7 @@ class _State:
     delayline_argv: list[str]
     ctl_path: str
     background: dict[str, Any] = field(default_factory=dict)
+    storage: dict[str, Any] = field(default_factory=dict)
 
 
 class WanPath:
@@ -109,6 +121,16 @@ class WanPath:
     @property
     def ctl_path(self) -> str:
         return str(state_dir() / f"{self.config.run_id}.ctl")
+
+    @property
+    def dst_dir(self) -> Path | None:
+        """Mount point of the write-capped destination disk (None without a disk limit)."""
+        return _disk_paths(self.config.run_id)[1] if self.config.disk_rate_bps else None
+
+    def _disk_image(self) -> Path:
+        base = self.config.disk_backing_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+        return Path(base) / f"fswan-{self.config.run_id}.disk.img" if base else _disk_paths(
+            self.config.run_id)[0]
 
     @property
     def delayline_pid(self) -> int | None:
@@ -154,6 +176,8 @@ class WanPath:
                 "--delay-us", str(owd_us), "--ctl", self.ctl_path, "--ring-bytes", str(ring)]
         if cfg.offload:
             argv.append("--vnet")
+        if cfg.rt_priority > 0:
+            argv += ["--rt-prio", str(cfg.rt_priority)]
         errf = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=errf, start_new_session=True)
@@ -177,6 +201,13 @@ class WanPath:
                        "txqueuelen", "10000", "up"])
             netns.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
                        "rate", f"{int(cfg.rate_bps)}bit", "burst", str(burst), "limit", str(q)])
+        if cfg.disk_rate_bps:
+            from fstream_bench.wan.storage import make_disk
+
+            mnt = _disk_paths(cfg.run_id)[1]
+            self.update_state(storage={"image": str(self._disk_image()), "mount": str(mnt)})
+            info = make_disk(self._disk_image(), mnt, size_bytes=cfg.disk_size_bytes, write_bps=cfg.disk_rate_bps)
+            self.update_state(storage=info)
 
     def _tune_tcp(self, ns: str) -> None:
         buf = self.config.buffer_bytes
@@ -373,6 +404,17 @@ def cleanup_run(run_id: str) -> list[str]:
         if netns.ns_exists(ns):
             netns.run(["ip", "netns", "del", ns])
             removed.append(f"namespace {ns}")
+    st = _load_state(state_dir() / f"{run_id}.json")
+    image, mnt = _disk_paths(run_id)
+    disks = [{"image": str(image), "mount": str(mnt)},
+             {"image": f"/dev/shm/fswan-{run_id}.disk.img", "mount": str(mnt)}]
+    if st and st.storage:
+        disks.insert(0, st.storage)
+    for disk in disks:
+        if os.path.exists(disk["image"]) or os.path.ismount(disk["mount"]):
+            from fstream_bench.wan.storage import remove_disk
+
+            removed += remove_disk(disk)
     sd = state_dir()
     for suffix in (".json", ".ctl", ".tmp"):
         f = sd / f"{run_id}{suffix}"
@@ -380,6 +422,11 @@ def cleanup_run(run_id: str) -> list[str]:
             f.unlink()
             removed.append(str(f))
     return removed
+
+
+def _disk_paths(run_id: str) -> tuple[Path, Path]:
+    """(image file, mount point) of a run's capped destination disk."""
+    return state_dir() / f"{run_id}.disk.img", state_dir() / f"{run_id}-dstdisk"
 
 
 def cleanup_all() -> dict[str, list[str]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,11 +37,18 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
 
     Checks: echo RTT within ``rtt_tolerance_ms`` of the configured RTT; ``iperf3 -P parallel``
     goodput within ``rate_tolerance`` of the rate less TCP/IP headers; one stream no faster
-    than the TCP buffer allows (buffer / RTT, +10 %), i.e. the buffer cap is in force.
+    than the TCP buffer allows (buffer / RTT, +10 %), i.e. the buffer cap is in force; with a
+    destination disk limit, an fsync'ed write within -20 %/+5 % of the cap.
+    Background flows must be off (the check measures the empty path).
     Raises :class:`SelfcheckError` (with ``.result``) when a check fails, unless
     ``raise_on_failure`` is False.
     """
+    from fstream_bench.wan.background import background_flows
+
     cfg = path.config
+    if background_flows(path):
+        raise WanError(f"WAN path {cfg.run_id!r} has {background_flows(path)} background flow(s) "
+                       "running: selfcheck measures the empty path, switch them off first")
     result: dict[str, Any] = {
         "run_id": cfg.run_id, "src_ns": path.src_ns, "dst_ns": path.dst_ns,
         "src_ip": path.src_ip, "dst_ip": path.dst_ip,
@@ -50,6 +59,8 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
         "tcp_wmem": netns.sysctl_get(path.src_ns, "net.ipv4.tcp_wmem").split(),
         "host_rmem_max": int(netns.sysctl_get(None, "net.core.rmem_max")),
         "duration_s": duration,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
     }
     result.update(_rtt(path, rtt_samples))
     result["single_stream_bps"] = _iperf(path, 1, duration)["bps"]
@@ -72,6 +83,15 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
     except WanError:
         pass
 
+    if path.dst_dir and cfg.disk_rate_bps:
+        from fstream_bench.wan.storage import measure_write_bps
+
+        nbytes = int(min(256 << 20, max(16 << 20, cfg.disk_rate_bps / 8 * 3)))  # ~3 s of writing
+        result["disk_dir"] = str(path.dst_dir)
+        result["disk_rate_bps"] = cfg.disk_rate_bps
+        result["disk_write_bps"] = measure_write_bps(path.dst_dir, nbytes=nbytes)
+        result["disk_ratio"] = round(result["disk_write_bps"] / cfg.disk_rate_bps, 4)
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     failures = []
     if abs(result["rtt_error_ms"]) > rtt_tolerance_ms:
         failures.append(f"RTT {result['rtt_ms']:.2f} ms, asked {cfg.rtt_s * 1e3:.2f} ms "
@@ -79,7 +99,12 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
     if abs(result["rate_ratio"] - 1) > rate_tolerance:
         failures.append(f"iperf3 -P {parallel}: {par['bps'] / 1e6:.1f} Mbit/s, expected "
                         f"{cfg.expected_goodput_bps / 1e6:.1f} Mbit/s goodput for a "
-                        f"{cfg.rate_bps / 1e6:.1f} Mbit/s path (tolerance ±{rate_tolerance:.0%})")
+                        f"{cfg.rate_bps / 1e6:.1f} Mbit/s path (tolerance ±{rate_tolerance:.0%})"
+                        + _load_hint(result))
+    if "disk_ratio" in result and not 0.8 <= result["disk_ratio"] <= 1.05:
+        failures.append(f"destination disk wrote {result['disk_write_bps'] / 8e6:.1f} MB/s, cap "
+                        f"{cfg.disk_rate_bps / 8e6:.1f} MB/s (tolerance -20 %/+5 %)"
+                        + _load_hint(result))
     if result["single_stream_bps"] > 1.1 * result["buffer_limit_bps"]:
         failures.append(f"one stream reached {result['single_stream_bps'] / 1e6:.1f} Mbit/s, above "
                         f"the {result['buffer_limit_bps'] / 1e6:.1f} Mbit/s a "
@@ -92,14 +117,30 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
     return result
 
 
+def _load_hint(result: dict[str, Any]) -> str:
+    load = max(result["load_before"][0], result["load_after"][0])
+    if load > (result["cpus"] or 1):
+        return (f"; note: load average {load:.1f} on {result['cpus']} CPUs, the iperf3 "
+                "endpoints were probably starved of CPU (the path may be fine: retry when idle)")
+    return ""
+
+
+def _probe_argv() -> list[str]:
+    """The probe under SCHED_FIFO when possible: measure the path, not this machine's run queue."""
+    base = [sys.executable, "-m", "fstream_bench.wan.probe"]
+    if os.geteuid() == 0 and shutil.which("chrt"):
+        return ["chrt", "-f", "10", *base]
+    return base
+
+
 def _rtt(path: WanPath, samples: int) -> dict[str, Any]:
-    server = path.exec("dst", [sys.executable, "-m", "fstream_bench.wan.probe", "serve",
-                               "--host", path.dst_ip, "--port", str(PROBE_PORT)],
+    server = path.exec("dst", [*_probe_argv(), "serve", "--host", path.dst_ip,
+                               "--port", str(PROBE_PORT)],
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
     try:
         wait_listening(path, "dst", PROBE_PORT)
-        cp = path.run("src", [sys.executable, "-m", "fstream_bench.wan.probe", "rtt",
+        cp = path.run("src", [*_probe_argv(), "rtt",
                               "--host", path.dst_ip, "--port", str(PROBE_PORT),
                               "--count", str(samples)], timeout=60 + samples * 2)
         m = json.loads(cp.stdout)
