@@ -86,3 +86,14 @@ def test_files_arriving_later_wait_for_their_batch():
 def test_gives_up_at_max_time():
     res = simulate(FixedTuner(cc=1, p=1, pp=0), one_batch(1, 10**12), PATH, max_time_s=5.0)
     assert not res.completed and 0 < res.total_bytes < 10**12
+
+
+def test_channels_never_exceed_max_cc_active_plus_the_passive_cap():
+    path = PathInfo(1e9, 0.040, tcp_buffer=2**20, max_cc=6)
+    for name in ("static", "dynamic", "fstream", "adaptivecc"):
+        res = simulate(make_tuner(name, path=path), make_workload("w3", scale=0.1), path,
+                       storage=dtn_storage(1e9), max_passive=2)
+        for iv in res.intervals:
+            assert iv["cc"] <= 6, name
+            assert iv["channels_open"] - iv["passive"] <= 6, name
+            assert iv["passive"] <= 2 + 6, name  # closing ones finish their file first

@@ -100,7 +100,7 @@ class FStreamTuner(ClusteredTuner):
             if not per:
                 s = self._settings.get(c.name)
                 per = self.path.bandwidth_bps / max(1, s.cc if s else 2)
-            out[c.name] = max(c.bytes, 1) / per
+            out[c.name] = max(c.bytes, 1) / max(per, 1e3)
         return out
 
     def _layouts(self) -> tuple[ClusterLayout, ...]:
@@ -214,10 +214,12 @@ class FStreamTuner(ClusteredTuner):
     def _record(self, obs: Observation, cc_now: int, starved: bool) -> None:
         if self.history is None or starved:
             return
-        busy = [n for n, st in obs.clusters.items() if st.bytes > 0]
-        if len(busy) != 1:
+        # a clean measurement: one cluster carried at least 90 % of the bytes
+        if obs.bytes <= 0 or not obs.clusters:
             return
-        name = busy[0]
+        name = max(obs.clusters, key=lambda n: obs.clusters[n].bytes)
+        if obs.clusters[name].bytes < 0.9 * obs.bytes:
+            return
         lay = next((l for l in obs.layouts if l.cluster == name), None)
         c = self._clustering.get(name)
         if lay is None or c is None or getattr(lay, "rate_bps", None):
