@@ -114,6 +114,14 @@ def test_unpaced_alg3_is_limited_by_stream_granularity_but_converges_at_60_perce
     assert statistics.median(errs[3:]) <= 0.10
 
 
+def test_qos_notices_a_sender_that_does_not_pace_and_falls_back_to_plain_alg3():
+    target = 0.6e9
+    res = run(FStreamTuner(path=PATH, target_throughput_bps=target), "w4", honour_rate_caps=False)
+    assert any("not honoured" in iv["reason"] for iv in res.intervals)
+    errs = _errors(res, target, upto=0.7 * res.total_time_s)
+    assert statistics.median(errs[3:]) <= 0.10
+
+
 def test_alg3_ladder_bands():
     assert ladder(4, 10, 100)[0] == 8 and ladder(4, 190, 100)[0] == 2
     assert ladder(4, 70, 100)[0] == 6 and ladder(4, 130, 100)[0] == 2

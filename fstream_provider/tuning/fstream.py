@@ -77,6 +77,7 @@ class FStreamTuner(ClusteredTuner):
         self._history_checked = False
         self._fine: dict[str, tuple[int, int]] = {}  # cluster -> (dp, dpp)
         self._per_channel: dict[str, float] = {}
+        self._over = 0  # intervals above target although paced (sender ignores rate_bps)
 
     # -- helpers ------------------------------------------------------------------------
     def _dominant(self, clusters: list[Cluster]) -> Cluster:
@@ -173,6 +174,13 @@ class FStreamTuner(ClusteredTuner):
         if starved:
             reasons.append(f"only {pending} files pending for {cc_now} channels: not profiling")
         elif self._qos is not None:
+            if self._qos.headroom and obs.throughput_bps > self.target * 1.05:
+                self._over += 1
+                if self._over >= 2:  # the driver does not pace: aim at the target itself
+                    self._qos.headroom = 0.0
+                    reasons.append("rate cap not honoured by the sender: plain Alg. 3")
+            else:
+                self._over = 0
             d = self._qos.step(cc_now, obs.throughput_bps)
             self._apply(d.cc, d.fine, clusters)
             reasons.append(d.reason)

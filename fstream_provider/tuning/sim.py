@@ -136,7 +136,7 @@ def _waterfill(capacity: float, entities: list[tuple[float, float]]) -> list[flo
 def simulate(tuner: Tuner, workload: Workload, path: PathInfo, *, dt: float | None = None,
              profile_interval_s: float = 2.0, background: Sequence[tuple[float, float]] = (),
              storage: StorageModel | None = None, max_passive: int = 8,
-             max_time_s: float = 3600.0) -> SimResult:
+             max_time_s: float = 3600.0, honour_rate_caps: bool = True) -> SimResult:
     """Run ``tuner`` over ``workload`` on ``path``; see the module docstring for the model.
 
     :param tuner: any ``Tuner`` (it may hold its own, possibly wrong, idea of the path).
@@ -148,6 +148,7 @@ def simulate(tuner: Tuner, workload: Workload, path: PathInfo, *, dt: float | No
     :param storage: storage limits (default: none).
     :param max_passive: passive channels kept (``plan_channels``).
     :param max_time_s: give up (``completed=False``) after this much simulated time.
+    :param honour_rate_caps: False plays a sender that ignores ``rate_bps`` (no pacing).
     """
     if profile_interval_s <= 0:
         raise ValueError(f"simulate: profile_interval_s must be > 0, got {profile_interval_s}")
@@ -226,7 +227,7 @@ def simulate(tuner: Tuner, workload: Workload, path: PathInfo, *, dt: float | No
         for l in layouts:
             pp_of[l.cluster] = l.pp
             r = getattr(l, "rate_bps", None)
-            if r:
+            if r and honour_rate_caps:
                 rate_of[l.cluster] = float(r)
         states = [ChannelState(c.cid, c.p, c.cluster, c.file is not None)
                   for c in channels.values() if not c.closing]
