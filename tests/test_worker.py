@@ -561,3 +561,28 @@ def test_agent_cli_exits_cleanly_on_sigterm(tmp_path, redis_url, redis_client, k
         proc.stderr.close()
     assert redis_client.exists(keys.agent("cli-agent")) == 0
     assert "cli-agent" not in redis_client.smembers(keys.agents())
+
+
+def test_agent_keeps_working_across_a_redis_restart(tmp_path, spec, keys):
+    from fstream_provider.bus import connect
+    from fstream_provider.embedded import RedisServer
+
+    server = RedisServer(str(tmp_path / "redis"), appendonly=True).start()
+    calls: list = []
+    agent = Agent(server.url, name="steady", keys=keys, block_ms=50, flush_interval=0.02, poll_interval=0.05,
+                  transfer_factory=factory(succeed, calls), rng=random.Random(3))
+    th = in_thread(agent)
+    client = connect(server.url)
+    try:
+        poll(lambda: client.exists(keys.agent("steady")), "the agent's heartbeat")
+        server.restart()  # same port, same AOF: the consumer group survives
+        store = JobStore(client, keys=keys)
+        job_id, _ = store.submit(spec)
+        job = store.wait(job_id, 60)
+        assert job.state == "succeeded" and len(calls) == 1
+    finally:
+        agent.stop()
+        th.join(DEADLINE)
+        client.close()
+        server.stop()
+    assert not th.is_alive()

@@ -182,9 +182,7 @@ class Agent:
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(hb_stop,), name=f"heartbeat-{self.name}",
                                      daemon=True)
         try:
-            self._store.ensure_group()
-            self._beat()
-            heartbeat.start()
+            heartbeat.start()  # beats at once, then every period; Redis being down is retried there and below
             self.log.info("consuming %s on %s", self.keys.jobs_stream(), describe(self.redis_url))
             failures = 0
             while not self._stop.is_set():
@@ -229,7 +227,7 @@ class Agent:
 
     def _heartbeat_loop(self, hb_stop: threading.Event) -> None:
         period = min(self.heartbeat_ttl / 3.0, self.poll_interval)
-        while not hb_stop.wait(period):
+        while True:
             try:
                 self._beat()
                 run = self._current
@@ -239,6 +237,8 @@ class Agent:
             except Exception:
                 self.counters["heartbeat_errors"] += 1
                 self.log.exception("heartbeat failed; retrying in %.1f s", period)
+            if hb_stop.wait(period):
+                return
 
     def _note_fence(self, run: _JobRun, owner: bool, cancel: bool) -> None:
         if not owner and not run.lost:
@@ -255,6 +255,7 @@ class Agent:
     # ------------------------------------------------------------------ main loop
     def _iteration(self) -> bool:
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
+        self._store.ensure_group()
         # 1. leftovers in our own pending list (a previous incarnation with this name, a failed ack)
         entries = self._read(stream, group, "0", block=None)
         # 2. jobs of dead agents
