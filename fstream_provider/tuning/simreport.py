@@ -96,6 +96,43 @@ def qos_rows(scn: Scenario, *, workloads=("w1", "lcls", "w4"), fractions=(0.3, 0
     return rows
 
 
+def breakdown_rows(scn: Scenario, *, workloads=WORKLOADS, profile_interval_s: float = 2.0) -> list[dict]:
+    """Thesis Fig. 4.5-style breakdown: static -> dynamic -> + online profiling -> + history.
+
+    "+ history" first runs the same workload with another seed to fill a fresh history.
+    """
+    from fstream_provider.tuning.profile_history import ProfileHistory
+
+    rows = []
+    scale = default_scale(scn.path.bandwidth_bps, scn.path.rtt_s)
+    for wname in workloads:
+        w = make_workload(wname, scale=scale)
+        warm = ProfileHistory()
+        simulate(FStreamTuner(path=scn.path, history=warm), make_workload(wname, scale=scale, seed=1),
+                 scn.path, storage=scn.storage, profile_interval_s=profile_interval_s)
+        variants = {
+            "static": make_tuner("static", path=scn.path),
+            "dynamic": make_tuner("dynamic", path=scn.path),
+            "+profiling": FStreamTuner(path=scn.path),
+            "+history": FStreamTuner(path=scn.path, history=warm, start_time=1e6),
+        }
+        for label, tuner in variants.items():
+            r = simulate(tuner, w, scn.path, storage=scn.storage, profile_interval_s=profile_interval_s)
+            rows.append({"path": scn.name, "workload": wname, "variant": label,
+                         "throughput_bps": r.throughput_bps, "seconds": r.total_time_s})
+    return rows
+
+
+def _md_breakdown(rows: list[dict]) -> str:
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    out = [f"| workload | {' | '.join(variants)} |", "|---" * (len(variants) + 1) + "|"]
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        cells = [f"{next(x for x in rows if x['workload'] == w and x['variant'] == v)['throughput_bps'] / 1e9:.2f}"
+                 for v in variants]
+        out.append(f"| {w} | {' | '.join(cells)} |")
+    return "\n".join(out)
+
+
 def _md_throughput(rows: list[dict]) -> str:
     tuners = list(dict.fromkeys(r["tuner"] for r in rows))
     out = [f"| workload | {' | '.join(tuners)} |", "|---" * (len(tuners) + 1) + "|"]
@@ -130,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     for scn in scenarios():
         print(f"\n### {scn.name} (Gbit/s, ratio to oracle in brackets)\n", flush=True)
         print(_md_throughput(throughput_rows(scn, grid=grid)), flush=True)
+        print(f"\n### Breakdown {scn.name} (Gbit/s)\n", flush=True)
+        print(_md_breakdown(breakdown_rows(scn)), flush=True)
         print(f"\n### QoS {scn.name}\n", flush=True)
         print(_md_qos(qos_rows(scn)), flush=True)
 
