@@ -1,0 +1,220 @@
+"""Issue 2 (c): a ``--watch`` stream growing to 100,000 files of 64 KiB; sender/receiver RSS and scan time.
+
+The source grows in steps of ``batch`` files, 1,000 per directory (new files land in new
+directories, as instruments write them). Source files are hard links of one 64 KiB file per
+directory (sizes and names are what scanning and bookkeeping see; the receiver still writes
+and verifies every file). At each checkpoint (10k, 50k, 100k) the benchmark waits until the
+destination holds every file, then records the sender's and the receiver's RSS (psutil) and
+the cost of a scan: the agent's own ``SourceWatcher`` polled in this process on the same tree,
+once with nothing new and once after ``batch`` new files, in both inotify and polling mode.
+If the sender's interval records carry ``scan_seconds`` those are reported too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from fstream_bench.peers import fstream as fs_peer
+from fstream_bench.peers.base import PeerError, Sites, spawn, stop
+from fstream_bench.report import machine_info
+from fstream_bench.workload_gen import content_block
+
+PER_DIR = 1000
+
+
+def _rss(pid: int) -> int:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+    except psutil.NoSuchProcess:
+        return 0
+
+
+def _count_committed(root: Path) -> int:
+    n = 0
+    for d in os.scandir(root):
+        if d.is_dir():
+            n += sum(1 for e in os.scandir(d.path) if not e.name.startswith("."))
+    return n
+
+
+def _add(src: Path, protos: Path, start: int, count: int, size: int, block: bytes) -> None:
+    """Add files ``start .. start+count-1`` (hard links of one seeded file per directory, kept in ``protos``)."""
+    protos.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + count):
+        k = i // PER_DIR
+        first = protos / f"d{k:04d}"
+        if not first.exists():
+            off = (k * 7919) % len(block)
+            data = (block[off:] + block[:off]) * (size // len(block) + 1)
+            tmp = protos / f".d{k:04d}.tmp"
+            tmp.write_bytes(data[:size])
+            os.replace(tmp, first)
+        d = src / f"d{k:04d}"
+        d.mkdir(exist_ok=True)
+        os.link(first, d / f"f{i:06d}.dat")
+
+
+def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dict:
+    """Time a SourceWatcher's polls over ``src``: first (all files), idle, and after new files."""
+    from transfer_agent.scanner import SourceWatcher
+
+    w = SourceWatcher([str(src) + "/"], "scan", use_inotify=inotify)
+    try:
+        t = time.perf_counter()
+        w.poll()
+        first = time.perf_counter() - t
+        w.poll()  # stable-size confirmation round when polling
+        t = time.perf_counter()
+        w.poll()
+        idle = time.perf_counter() - t
+        return {"first_scan_s": first, "idle_scan_s": idle, "listed": getattr(w, "last_scan_listed", None)}
+    finally:
+        w.close()
+
+
+def run(workdir: Path, *, files: int = 100_000, size: int = 64 * 2**10, checkpoints=(10_000, 50_000, 100_000),
+        batch: int = 2000, interval: str = "1s", log=print) -> dict:
+    from transfer_agent.scanner import SourceWatcher
+
+    workdir = Path(workdir)
+    src, dst = workdir / "src", workdir / "dst"
+    for d in (src, dst, workdir / "protos"):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    block = content_block(0)
+    sites = Sites()
+    rows = []
+    # the watcher we time lives alongside the sender and sees the same tree grow
+    probe = SourceWatcher([str(src) + "/"], "probe", use_inotify=False)
+    probe_inotify = SourceWatcher([str(src) + "/"], "probe", use_inotify=True)
+    sender = None
+    t_start = time.monotonic()
+    try:
+        with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=dst) as rx:
+            argv = [*fs_peer.fstream_argv(), "send", str(src) + "/", "--to", rx.url("in"), "--secret-file",
+                    str(rx.secret), "--tuner", "fixed", "--cc", "4", "--p", "1", "--pp", "16", "--watch",
+                    "--interval", interval, "--idle-exit", "60s", "--json"]
+            out_path = workdir / "send.json"
+            with open(out_path, "wb") as out:
+                sender = spawn(sites, "src", argv, log_path=workdir / "send.log", stdout=out,
+                               env={**os.environ, "FSTREAM_STATE_DIR": str(workdir / "state-send")})
+            have = 0
+            peak = {"sender": 0, "receiver": 0}
+            for cp in checkpoints:
+                while have < min(cp, files):
+                    n = min(batch, cp - have)
+                    _add(src, workdir / "protos", have, n, size, block)
+                    have += n
+                    t = time.perf_counter()
+                    new = probe.poll()
+                    poll_s = time.perf_counter() - t
+                    t = time.perf_counter()
+                    new_i = probe_inotify.poll()
+                    poll_i = time.perf_counter() - t
+                    rows.append({"files": have, "step_new": n, "poll_scan_s": poll_s, "poll_found": len(new),
+                                 "inotify_scan_s": poll_i, "inotify_found": len(new_i)})
+                    for k, pid in (("sender", sender.pid), ("receiver", rx.proc.pid)):
+                        peak[k] = max(peak[k], _rss(pid))
+                    if sender.poll() is not None:
+                        raise PeerError(f"fstream send --watch exited early with {sender.returncode}: "
+                                        f"{(workdir / 'send.log').read_text()[-400:]}")
+                # wait until the destination holds every file so far (deadline: 20 files/s at worst)
+                deadline = time.monotonic() + max(120.0, have / 20)
+                done = _count_committed(dst / "in") if (dst / "in").exists() else 0
+                while done < have and time.monotonic() < deadline:
+                    threading.Event().wait(1.0)
+                    done = _count_committed(dst / "in") if (dst / "in").exists() else 0
+                    for k, pid in (("sender", sender.pid), ("receiver", rx.proc.pid)):
+                        peak[k] = max(peak[k], _rss(pid))
+                # idle scans over the whole tree: nothing new, so cost should not grow with files seen
+                t = time.perf_counter()
+                probe.poll()
+                idle_poll = time.perf_counter() - t
+                t = time.perf_counter()
+                probe_inotify.poll()
+                idle_inotify = time.perf_counter() - t
+                step = [r for r in rows if r.get("files") == have][-1]
+                point = {"files": have, "landed": done, "elapsed_s": time.monotonic() - t_start,
+                         "sender_rss": _rss(sender.pid), "receiver_rss": _rss(rx.proc.pid),
+                         "sender_peak_rss": peak["sender"], "receiver_peak_rss": peak["receiver"],
+                         "scan_new_poll_s": step["poll_scan_s"], "scan_new_inotify_s": step["inotify_scan_s"],
+                         "scan_idle_poll_s": idle_poll, "scan_idle_inotify_s": idle_inotify,
+                         "new_per_scan": step["step_new"],
+                         "fresh_watcher_full_scan": _scan_cost(src, None, batch, False)}
+                log(f"scale: {have} files ({done} landed, {point['elapsed_s']:.0f} s): "
+                    f"sender RSS {point['sender_rss'] / 2**20:.0f} MiB, receiver RSS "
+                    f"{point['receiver_rss'] / 2**20:.0f} MiB, scan with {step['step_new']} new "
+                    f"{step['poll_scan_s'] * 1000:.1f} ms (poll) / {step['inotify_scan_s'] * 1000:.1f} ms (inotify), "
+                    f"idle scan {idle_poll * 1000:.1f} ms / {idle_inotify * 1000:.1f} ms")
+                rows.append({"checkpoint": point})
+                if have >= files:
+                    break
+            # let the sender finish by idling out, but do not wait the whole --idle-exit: stop it
+            stop(sender, grace=10)
+    finally:
+        probe.close()
+        probe_inotify.close()
+        stop(sender)
+    doc = {"machine": machine_info(), "files": files, "size": size, "batch": batch, "interval": interval,
+           "checkpoints": [r["checkpoint"] for r in rows if "checkpoint" in r],
+           "steps": [r for r in rows if "checkpoint" not in r]}
+    try:
+        send_doc = json.loads((workdir / "send.json").read_text() or "{}")
+        scans = [iv.get("scan_seconds") for iv in send_doc.get("intervals", []) if "scan_seconds" in iv]
+        doc["sender_scan_seconds"] = scans
+    except (OSError, json.JSONDecodeError):
+        doc["sender_scan_seconds"] = []
+    return doc
+
+
+def markdown(doc: dict, command: str) -> str:
+    m = doc["machine"]
+    lines = [f"Command: `{command}`  ",
+             f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}; load average at start "
+             f"{m.get('loadavg', '?')}; date {m['date']}. {doc['size'] // 1024} KiB files, "
+             f"{doc['batch']} new files per step, sender `--watch --interval {doc['interval']}`.", "",
+             "| files | landed | elapsed (s) | sender RSS (MiB) | receiver RSS (MiB) | sender peak | receiver peak "
+             "| scan with new files, polling (ms) | same, inotify (ms) | idle scan, polling (ms) "
+             "| idle scan, inotify (ms) | fresh full scan (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in doc["checkpoints"]:
+        lines.append(f"| {c['files']:,} | {c['landed']:,} | {c['elapsed_s']:.0f} | {c['sender_rss'] / 2**20:.0f} | "
+                     f"{c['receiver_rss'] / 2**20:.0f} | {c['sender_peak_rss'] / 2**20:.0f} | "
+                     f"{c['receiver_peak_rss'] / 2**20:.0f} | {c['scan_new_poll_s'] * 1000:.1f} | "
+                     f"{c['scan_new_inotify_s'] * 1000:.1f} | {c['scan_idle_poll_s'] * 1000:.1f} | "
+                     f"{c['scan_idle_inotify_s'] * 1000:.1f} | "
+                     f"{c['fresh_watcher_full_scan']['first_scan_s'] * 1000:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(args) -> int:
+    """Entry for ``fstream bench scale``."""
+    from fstream_provider.units import parse_duration  # noqa: F401  (interval is passed through as text)
+
+    workdir = Path(args.workdir or f"/tmp/fstream-bench-scale-{os.getpid()}")
+    cps = tuple(int(x) for x in args.checkpoints.split(",") if x.strip())
+    try:
+        doc = run(workdir, files=args.files, size=args.size, checkpoints=cps, batch=args.batch,
+                  interval=args.interval)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    cmd = "fstream bench scale " + " ".join(args.raw_argv)
+    doc["command"] = cmd
+    out = Path(args.results) / f"scale-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(doc, indent=1))
+    md = markdown(doc, cmd)
+    Path(f"{out}.md").write_text(md)
+    print(md)
+    print(f"results: {out}.json")
+    return 0 if doc["checkpoints"] and all(c["landed"] >= c["files"] for c in doc["checkpoints"]) else 1
