@@ -30,7 +30,6 @@ def _why_not() -> str | None:
 
 
 _REASON = _why_not()
-needs_wan = [pytest.mark.wan, pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")]
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +197,8 @@ def test_down_removes_leftovers_of_a_crashed_run_and_nothing_else(state_dir):
         import os, subprocess
         from fstream_bench.wan.path import WanPath, WanConfig
         p = WanPath(WanConfig(rate_bps=1e8, rtt_s=0.01, run_id={run_id!r})).up()
-        p.exec("dst", ["iperf3", "-s", "-p", "5999"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-               start_new_session=True)
+        p.exec("dst", ["iperf3", "-s", "-p", "5999"], stdout=subprocess.DEVNULL,
+               stderr=subprocess.DEVNULL, start_new_session=True)
         print(p.delayline_pid, flush=True)
         os.kill(os.getpid(), 9)
     """)

@@ -206,7 +206,8 @@ class WanPath:
 
             mnt = _disk_paths(cfg.run_id)[1]
             self.update_state(storage={"image": str(self._disk_image()), "mount": str(mnt)})
-            info = make_disk(self._disk_image(), mnt, size_bytes=cfg.disk_size_bytes, write_bps=cfg.disk_rate_bps)
+            info = make_disk(self._disk_image(), mnt, size_bytes=cfg.disk_size_bytes,
+                             write_bps=cfg.disk_rate_bps)
             self.update_state(storage=info)
 
     def _tune_tcp(self, ns: str) -> None:
