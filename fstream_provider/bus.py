@@ -1,10 +1,4 @@
-"""Redis clients for the bus: timeouts, health checks and retries on every client; standalone, Sentinel, Cluster.
-
-URL forms: ``redis://[:pw@]host:port/db``, ``rediss://...`` (TLS), ``unix:///path.sock?db=N``,
-``redis+sentinel://[:pw@]h1:p1,h2:p2/MASTER?db=N`` and ``redis+cluster://[:pw@]h1:p1,h2:p2``
-(``rediss+sentinel`` / ``rediss+cluster`` for TLS). Blocking reads (``XREAD BLOCK``) must use a
-block time below ``socket_timeout``; FStream's callers block at most 5 s.
-"""
+"""Redis clients for the bus: timeouts, health checks and retries on every client; standalone, Sentinel, Cluster."""
 
 from __future__ import annotations
 
@@ -80,7 +74,13 @@ def _auth(user: str | None, password: str | None) -> dict[str, Any]:
 
 def connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeout: float = CONNECT_TIMEOUT_S,
             retries: int = RETRIES) -> redis.Redis:
-    """A blocking client for ``url`` (``decode_responses=True``, timeouts, health checks, retries with backoff)."""
+    """A blocking client for ``url`` (``decode_responses=True``, timeouts, health checks, retries with backoff).
+
+    URL forms: ``redis://[:pw@]host:port/db``, ``rediss://...`` (TLS), ``unix:///path.sock?db=N``,
+    ``redis+sentinel://[:pw@]h1:p1,h2:p2/MASTER?db=N`` and ``redis+cluster://[:pw@]h1:p1,h2:p2``
+    (``rediss+sentinel`` / ``rediss+cluster`` for TLS). Blocking reads (``XREAD BLOCK``) must
+    block for less than ``socket_timeout``; FStream's callers block at most ``MAX_BLOCK_MS``.
+    """
     if not url:
         raise ValueError("Redis URL: empty (give --redis, FSTREAM_REDIS_URL, or use the embedded default)")
     opts = _options(socket_timeout, connect_timeout, retries)

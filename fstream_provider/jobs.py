@@ -1,11 +1,4 @@
-"""The job model on Redis: submit (idempotent), state, event streams, cancel, wait, and the fenced worker-side writes.
-
-Every state change is one Lua script, so it is atomic with the event it emits. Worker-side
-writes (``publish``, ``touch``, ``finish``, ``release``) carry the attempt number that the
-claim returned and do nothing when the job's current attempt differs: a stale worker (one
-whose job was reclaimed by another agent) can neither write state nor ``XACK``.
-Keys are in ``fstream_provider.keys`` (and ``docs/redis-keys.md``).
-"""
+"""The job model on Redis: idempotent submit, state, event streams, cancel, wait, and writes fenced by attempt."""
 
 from __future__ import annotations
 
@@ -288,6 +281,12 @@ def decode_event(entry_id: str, fields: dict[str, str]) -> tuple[str, dict]:
 
 class JobStore:
     """Jobs on Redis: the client side (submit, get, events, cancel, wait, list) and the worker side.
+
+    Every state change is one Lua script, atomic with the event it emits. Worker-side writes
+    (``publish``, ``touch``, ``finish``, ``release``) carry the attempt number the claim returned
+    and do nothing when the job's current attempt differs: a stale worker (whose job another
+    agent reclaimed) can neither write state nor ``XACK``. Keys: ``fstream_provider.keys``
+    and ``docs/redis-keys.md``.
 
     :param client: a ``redis.Redis`` with ``decode_responses=True`` (``fstream_provider.bus.connect``).
     :param keys: the key schema (default namespace ``fstream``).

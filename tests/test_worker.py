@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,9 +14,7 @@ from fstream_provider.jobs import JobStore
 from fstream_provider.keys import Keys
 from fstream_provider.spec import TransferSpec
 from transfer_agent.errors import AuthError, NetworkError
-from transfer_agent.worker import Agent, backoff_delay
-
-import random
+from transfer_agent.worker import Agent, backoff_delay, is_retryable
 
 DEADLINE = 20.0
 
@@ -81,7 +80,7 @@ def spec(tmp_path: Any) -> TransferSpec:
 
 @pytest.fixture
 def make_agent(redis_url: str, keys: Keys) -> Iterator[Callable[..., Agent]]:
-    started: list[tuple[Agent, threading.Thread | None]] = []
+    started: list[Agent] = []
 
     def make(name: str, behave: Callable = succeed, calls: list | None = None, **kw: Any) -> Agent:
         opts = dict(keys=keys, block_ms=50, flush_interval=0.02, poll_interval=0.05, retry_base_s=0.001,
@@ -89,11 +88,11 @@ def make_agent(redis_url: str, keys: Keys) -> Iterator[Callable[..., Agent]]:
         opts.update(kw)
         agent = Agent(redis_url, name=name, transfer_factory=factory(behave, calls if calls is not None else []),
                       **opts)
-        started.append((agent, None))
+        started.append(agent)
         return agent
 
     yield make
-    for agent, _ in started:
+    for agent in started:
         agent.stop()
 
 
@@ -586,3 +585,9 @@ def test_agent_keeps_working_across_a_redis_restart(tmp_path, spec, keys):
         client.close()
         server.stop()
     assert not th.is_alive()
+
+
+def test_retry_predicate():
+    assert is_retryable(NetworkError("reset")) and not is_retryable(AuthError("bad secret"))
+    assert is_retryable(AuthError("flaky", retryable=True))
+    assert is_retryable(ConnectionResetError()) and not is_retryable(ValueError("bad spec"))

@@ -1,11 +1,4 @@
-"""The ``fstream agent`` daemon: takes jobs from the Redis stream, runs them, fences, reclaims, dead-letters.
-
-Shape of Rucio's daemons: ``run(once=False)`` / ``stop()``, waits on ``threading.Event``,
-SIGTERM sets the stop event, a heartbeat key with a TTL, exceptions counted and logged with
-context while the loop continues. Data-safety rules (DESIGN.md): a job's stream entry is
-acknowledged only after its transfer returned with every file committed, or after a
-terminal state was recorded; the attempt number from the claim fences every write.
-"""
+"""The ``fstream agent`` daemon: takes jobs from the Redis stream, runs them, fences, reclaims, dead-letters."""
 
 from __future__ import annotations
 
@@ -99,6 +92,12 @@ class _JobRun:
 
 class Agent:
     """A transfer agent that consumes FStream jobs from Redis.
+
+    Shape of Rucio's daemons: ``run(once=False)`` / ``stop()``, waits on ``threading.Event``,
+    SIGTERM sets the stop event, a heartbeat key with a TTL, exceptions counted and logged with
+    context while the loop continues. Data safety (DESIGN.md): a job's stream entry is
+    acknowledged only after its transfer returned with every file committed, or after a
+    terminal state was recorded; the attempt number from the claim fences every write.
 
     :param redis_url: where the bus is (``fstream_provider.embedded.resolve_redis_url`` resolves defaults).
     :param name: consumer name in the ``agents`` group and heartbeat key (default ``<host>-<pid>``).
