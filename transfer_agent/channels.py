@@ -85,7 +85,14 @@ class Connector:
                 except (ssl.SSLError, OSError) as exc:
                     from transfer_agent.errors import AuthError
                     raise AuthError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
-            client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None)
+            try:
+                client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None)
+            except NetworkError as exc:
+                if self.ssl_ctx is None:
+                    raise
+                from transfer_agent.errors import AuthError
+                raise AuthError(f"TLS: receiver {self.host}:{self.port} closed the connection during the handshake "
+                                f"(our certificate was probably rejected): {exc}") from None
             sock.settimeout(None)
             return sock
         except BaseException:

@@ -1,0 +1,115 @@
+"""Helpers for data-plane tests: real receivers on loopback, a throttled receiver, tree comparison."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+from fstream_provider.spec import TransferSpec
+from transfer_agent.receiver import Receiver, RecvFile
+from transfer_agent.sender import Transfer, TransferResult
+
+
+def write_secret(path: Path) -> Path:
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def make_files(root: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """Create files with reproducible random content."""
+    import random
+
+    rnd = random.Random(seed)
+    for rel, size in sizes.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(rnd.randbytes(size))
+    return root
+
+
+def trees_identical(a: Path, b: Path) -> bool:
+    """True when both trees hold the same regular files with the same bytes (ignores nothing)."""
+    fa = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    fb = sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    if fa != fb:
+        return False
+    return all(filecmp.cmp(a / r, b / r, shallow=False) for r in fa)
+
+
+def part_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(".part")]
+
+
+def send(src: Any, port: int, secret_file: Path, dest: str = "out", **opts: Any) -> TransferResult:
+    sources = [str(s) for s in (src if isinstance(src, (list, tuple)) else [src])]
+    kw = {k: v for k, v in opts.items() if k in ("job_id", "attempt", "on_event", "cancel", "stall_timeout",
+                                                 "max_session_retries")}
+    if not isinstance(opts.get("tuner", ""), str):
+        kw["tuner"] = opts.pop("tuner")
+    spec_opts = {k: v for k, v in opts.items() if k not in kw}
+    spec_opts.setdefault("tuner", "fixed")
+    spec = TransferSpec.from_options(sources, f"fstream://127.0.0.1:{port}/{dest}", secret_file=str(secret_file),
+                                     **spec_opts)
+    return Transfer(spec, **kw).run()
+
+
+class GatedReceiver(Receiver):
+    """A real receiver whose writes can be held at a gate once ``hold_after`` bytes arrived.
+
+    Tests use it to stop a transfer at a known point (to kill the sender mid-file, or to
+    modify a source while it is in flight) without sleeping or racing the network.
+    """
+
+    def __init__(self, *args: Any, hold_after: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold_after = hold_after
+        self.gate = threading.Event()
+        self.reached = threading.Event()
+        self._seen = 0
+        self._seen_lock = threading.Lock()
+
+    def _write(self, f: RecvFile, view: memoryview, off: int) -> None:
+        with self._seen_lock:
+            self._seen += len(view)
+            hold = self.hold_after is not None and self._seen > self.hold_after
+        if hold:
+            self.reached.set()
+            self.gate.wait(60)
+        super()._write(f, view, off)
+
+
+class PacedReceiver(Receiver):
+    """A real receiver that writes at most ``rate`` bytes/s (a storage-speed limit), so tuning has time to act."""
+
+    def __init__(self, *args: Any, rate: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rate = rate
+        self._t0: float | None = None
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._never = threading.Event()
+
+    def _write(self, f: RecvFile, view: memoryview, off: int) -> None:
+        import time
+
+        with self._lock:
+            if self._t0 is None:
+                self._t0 = time.monotonic()
+            self._bytes += len(view)
+            due = self._t0 + self._bytes / self.rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            self._never.wait(delay)  # a storage throttle, not a wait for an event
+        super()._write(f, view, off)
+
+
+def start_receiver(root: Path, secret_file: Path, cls: type[Receiver] = Receiver, **kw: Any) -> Receiver:
+    from transfer_agent.auth import load_secret
+
+    os.makedirs(root, exist_ok=True)
+    return cls(listen=("127.0.0.1", 0), root=str(root), secret=load_secret(secret_file), **kw).start()

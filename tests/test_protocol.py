@@ -1,0 +1,72 @@
+"""Framing: round trips, and every kind of malformed header is refused with a reason."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from transfer_agent.errors import NetworkError, ProtocolError
+from transfer_agent.protocol import (HEADER, MAX_BLOCK, MAX_CONTROL, VERSION, Frame, pack_control, pack_header,
+                                     parse_header, recv_frame)
+
+
+def test_control_round_trip() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(pack_control(Frame.OPEN, {"path": "x/y", "size": 5}, file_id=7))
+        ftype, fid, off, length, body = recv_frame(b)
+        assert (ftype, fid, body) == (Frame.OPEN, 7, {"path": "x/y", "size": 5})
+
+
+def test_data_header_leaves_payload() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(pack_header(Frame.DATA, 3, 4096, 5) + b"hello")
+        ftype, fid, off, length, body = recv_frame(b)
+        assert (ftype, fid, off, length, body) == (Frame.DATA, 3, 4096, 5, None)
+        assert b.recv(5) == b"hello"
+
+
+@pytest.mark.parametrize("raw,msg", [
+    (HEADER.pack(b"XX", VERSION, Frame.OPEN, 0, 0, 0), "bad magic"),
+    (HEADER.pack(b"FS", VERSION + 1, Frame.OPEN, 0, 0, 0), "unsupported protocol version"),
+    (HEADER.pack(b"FS", VERSION, 99, 0, 0, 0), "unknown frame type"),
+    (HEADER.pack(b"FS", VERSION, Frame.DATA, 1, 0, MAX_BLOCK + 1), "data block"),
+    (HEADER.pack(b"FS", VERSION, Frame.DATA, 1, 0, 0), "data block"),
+    (HEADER.pack(b"FS", VERSION, Frame.OPEN, 1, 0, MAX_CONTROL + 1), "control body"),
+])
+def test_malformed_headers_refused(raw: bytes, msg: str) -> None:
+    with pytest.raises(ProtocolError, match=msg):
+        parse_header(raw)
+
+
+def test_truncated_frame_is_protocol_error() -> None:
+    a, b = socket.socketpair()
+    with b:
+        a.sendall(pack_control(Frame.OPEN, {"path": "p"})[:-2])
+        a.close()
+        with pytest.raises(ProtocolError, match="truncated"):
+            recv_frame(b)
+
+
+def test_clean_close_is_network_error() -> None:
+    a, b = socket.socketpair()
+    a.close()
+    with b, pytest.raises(NetworkError, match="closed"):
+        recv_frame(b)
+
+
+def test_body_must_be_json_object() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(pack_header(Frame.OPEN, 1, 0, 3) + b"[1]")
+        with pytest.raises(ProtocolError, match="not an object"):
+            recv_frame(b)
+
+
+def test_header_is_twenty_bytes_network_order() -> None:
+    raw = pack_header(Frame.DATA, 1, 2, 3)
+    assert len(raw) == 20
+    assert struct.unpack("!2sBBIQI", raw) == (b"FS", VERSION, Frame.DATA, 1, 2, 3)

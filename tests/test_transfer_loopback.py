@@ -1,0 +1,247 @@
+"""Real sender and receiver over loopback: bytes identical, verified, resumable, and refused when they should be."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from agentkit import (GatedReceiver, PacedReceiver, make_files, part_files, send, start_receiver, trees_identical,
+                      write_secret)
+from fstream_provider.tuning.base import ClusterLayout, FileInfo, Observation, Suggestion
+from transfer_agent.receiver import Receiver
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    return write_secret(tmp_path / "secret")
+
+
+@pytest.fixture
+def rx(tmp_path: Path, secret: Path):
+    r = start_receiver(tmp_path / "dst", secret)
+    yield r
+    r.stop()
+
+
+def test_many_small_files(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = make_files(tmp_path / "src", {f"d{i % 7}/f{i}.dat": 4 * KiB + i for i in range(400)})
+    res = send(src, rx.port, secret, cc=4, p=1, pp=8)
+    assert res.ok, res.failures[:3]
+    assert res.verified_files == 400 and res.failed_files == 0
+    assert trees_identical(src, tmp_path / "dst" / "out")
+    assert not part_files(tmp_path / "dst")
+
+
+def test_large_file_striped_over_streams(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = make_files(tmp_path / "src", {"big.bin": 48 * MiB + 123})
+    res = send(src / "big.bin", rx.port, secret, cc=1, p=4, pp=0, block_size=1 * MiB)
+    assert res.ok and res.verified_files == 1
+    assert (tmp_path / "dst" / "out" / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert res.intervals and res.intervals[-1]["p"] == 4
+
+
+def test_mixed_dataset_with_fstream_tuner(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    sizes = {f"small/s{i}.h5": 16 * KiB for i in range(150)} | {f"large/l{i}.h5": 24 * MiB for i in range(3)}
+    src = make_files(tmp_path / "src", sizes)
+    res = send(src, rx.port, secret, tuner="fstream", bandwidth="1Gbit", profile_interval="0.3s")
+    assert res.ok, res.failures[:3]
+    assert res.verified_files == 153
+    assert trees_identical(src, tmp_path / "dst" / "out")
+    assert res.tuning and all(d["reason"] for d in res.tuning)  # every decision says why
+
+
+def test_second_send_skips_identical_files(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = make_files(tmp_path / "src", {f"f{i}": 100 * KiB for i in range(20)})
+    assert send(src, rx.port, secret).ok
+    (src / "f3").write_bytes(os.urandom(100 * KiB))  # one file changed since
+    res = send(src, rx.port, secret)
+    assert res.ok and res.skipped_files == 19 and res.verified_files == 1
+    assert trees_identical(src, tmp_path / "dst" / "out")
+
+
+def test_directory_and_file_placement(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = make_files(tmp_path / "src", {"run1/a.dat": 10, "run1/sub/b.dat": 20, "c.dat": 30})
+    assert send([src / "run1", src / "c.dat"], rx.port, secret, dest="dest/x").ok
+    out = tmp_path / "dst" / "dest" / "x"
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == ["a.dat", "c.dat", "sub/b.dat"]
+
+
+def test_wrong_secret_refused_nothing_written(tmp_path: Path, secret: Path, rx: Receiver, caplog) -> None:
+    src = make_files(tmp_path / "src", {"a": 1000})
+    wrong = write_secret(tmp_path / "wrong")
+    res = send(src, rx.port, wrong, max_session_retries=0)
+    assert not res.ok
+    assert "authentication failed" in (res.error or "") and "terminal" in (res.error or "")
+    assert res.failures and res.failures[0]["path"].endswith("/a")
+    assert not any((tmp_path / "dst").rglob("*"))
+    assert rx.stats["sessions"] == 0
+
+
+def test_receiver_refuses_to_run_unauthenticated(tmp_path: Path) -> None:
+    from transfer_agent.errors import FStreamError
+
+    with pytest.raises(FStreamError, match="unauthenticated"):
+        Receiver(listen=("127.0.0.1", 0), root=str(tmp_path))
+
+
+def test_sender_without_secret_refuses(tmp_path: Path, rx: Receiver) -> None:
+    from fstream_provider.spec import TransferSpec
+    from transfer_agent.errors import AuthError
+    from transfer_agent.sender import Transfer
+
+    make_files(tmp_path / "src", {"a": 10})
+    spec = TransferSpec(sources=[str(tmp_path / "src")], destination=f"fstream://127.0.0.1:{rx.port}/o", tuner="fixed")
+    with pytest.raises(AuthError, match="secret"):
+        Transfer(spec).run()
+
+
+def test_resume_after_sigkill_of_sender(tmp_path: Path, secret: Path) -> None:
+    size = 64 * MiB
+    src = make_files(tmp_path / "src", {"big.bin": size})
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 3)
+    try:
+        cmd = [sys.executable, "-m", "transfer_agent.cli", "send", str(src / "big.bin"), "--to",
+               f"fstream://127.0.0.1:{rx.port}/out", "--secret-file", str(secret), "--tuner", "fixed",
+               "--cc", "1", "--p", "2", "--block-size", "1MiB", "--json"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert rx.reached.wait(60), "sender never got a third of the file across"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stdout.close()
+            proc.stderr.close()
+        rx.hold_after = None
+        rx.gate.set()
+        parts = []
+        for _ in range(200):  # the receiver persists ranges when the dead session closes
+            parts = part_files(tmp_path / "dst")
+            if parts and Path(str(parts[0]) + ".meta").exists() and json.loads(
+                    Path(str(parts[0]) + ".meta").read_text())["ranges"] and not rx._sessions:
+                break
+            threading.Event().wait(0.05)
+        assert len(parts) == 1, "the interrupted file must stay as one resumable part"
+        assert not (tmp_path / "dst" / "out" / "big.bin").exists(), "never visible before it is complete"
+        res = send(src / "big.bin", rx.port, secret, cc=1, p=2, block_size=1 * MiB)
+        assert res.ok and res.verified_files == 1
+        assert res.resumed_bytes >= size // 4
+        assert res.bytes_sent <= size - res.resumed_bytes
+        assert (tmp_path / "dst" / "out" / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+        assert not part_files(tmp_path / "dst")
+    finally:
+        rx.gate.set()
+        rx.stop()
+
+
+def test_source_modified_while_sending_is_not_committed(tmp_path: Path, secret: Path) -> None:
+    size = 16 * MiB
+    src = make_files(tmp_path / "src", {"grow.bin": size})
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 2)
+    result = {}
+    try:
+        t = threading.Thread(target=lambda: result.update(r=send(src / "grow.bin", rx.port, secret, cc=1, p=1,
+                                                                  block_size=1 * MiB)))
+        t.start()
+        assert rx.reached.wait(60)
+        with open(src / "grow.bin", "ab") as f:
+            f.write(b"appended while in flight")
+        rx.gate.set()
+        t.join(60)
+    finally:
+        rx.gate.set()
+        rx.stop()
+    res = result["r"]
+    assert not res.ok and res.failed_files == 1
+    assert "source modified" in res.failures[0]["reason"] or "source shrank" in res.failures[0]["reason"]
+    assert not (tmp_path / "dst" / "out" / "grow.bin").exists()
+
+
+def test_live_retuning_changes_channels_mid_transfer(tmp_path: Path, secret: Path) -> None:
+    class Scripted:
+        """Starts with one channel, then asks for three channels of two streams."""
+
+        name = "scripted"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        def update(self, observation: Observation) -> None:
+            self.n += 1
+
+        def suggest(self) -> Suggestion:
+            if self.n == 1:
+                return Suggestion((ClusterLayout("all", 1, 1, 2),), "start small", True)
+            if self.n == 2:
+                return Suggestion((ClusterLayout("all", 3, 2, 2),), "observed headroom: cc 1->3, p 1->2", True)
+            return Suggestion((ClusterLayout("all", 3, 2, 2),), "", False)
+
+        def cluster_of(self, file: FileInfo) -> str:
+            return "all"
+
+    src = make_files(tmp_path / "src", {f"f{i}.dat": 2 * MiB for i in range(12)})
+    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=40 * MiB)
+    try:
+        res = send(src, rx.port, secret, tuner=Scripted(), profile_interval="0.2s", sample_interval="0.1s")
+    finally:
+        rx.stop()
+    assert res.ok and trees_identical(src, tmp_path / "dst" / "out")
+    layouts = {(iv["cc"], iv["p"]) for iv in res.intervals}
+    assert (1, 1) in layouts and (3, 2) in layouts, layouts
+    assert [d["reason"] for d in res.tuning] == ["start small", "observed headroom: cc 1->3, p 1->2"]
+    assert any(iv["reason"] == "observed headroom: cc 1->3, p 1->2" for iv in res.intervals)
+
+
+def test_watch_mode_ships_files_as_they_land(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    make_files(src, {"early.dat": 50 * KiB})
+    stop = threading.Event()
+
+    def producer() -> None:
+        for i in range(5):
+            if stop.wait(0.15):
+                return
+            tmp = src / f".incoming{i}"
+            tmp.write_bytes(os.urandom(30 * KiB))
+            tmp.rename(src / f"late{i}.dat")
+
+    t = threading.Thread(target=producer)
+    t.start()
+    try:
+        res = send(src, rx.port, secret, watch=True, interval="0.1s", idle_exit="1s")
+    finally:
+        stop.set()
+        t.join()
+    assert res.ok
+    names = sorted(p.name for p in (tmp_path / "dst" / "out").iterdir())
+    assert "early.dat" in names and all(f"late{i}.dat" in names for i in range(5))
+    assert not any(n.startswith(".incoming") for n in names) or res.verified_files >= 6
+    for n in names:
+        assert (tmp_path / "dst" / "out" / n).read_bytes() == (src / n).read_bytes()
+
+
+def test_cli_send_json_and_exit_codes(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = make_files(tmp_path / "src", {"a.dat": 1000, "b.dat": 2000})
+    base = [sys.executable, "-m", "transfer_agent.cli", "send", str(src), "--secret-file", str(secret), "--json",
+            "--tuner", "fixed"]
+    ok = subprocess.run(base + ["--to", f"fstream://127.0.0.1:{rx.port}/o"], capture_output=True, text=True,
+                        timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(ok.stdout)
+    for key in ("files", "bytes", "seconds", "throughput_bps", "verified_files", "failed_files", "intervals"):
+        assert key in out
+    assert out["verified_files"] == 2 and out["bytes"] == 3000
+    assert {"t", "throughput_bps", "cc", "p", "pp", "reason"} <= set(out["intervals"][0])
+    bad = subprocess.run(base + ["--to", "http://nowhere/x"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "scheme must be fstream://" in bad.stderr
