@@ -248,13 +248,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "dead_letters": [{"id": i, **f} for i, f in store.dead_letters()]}, default=str))
         return EXIT_OK
     t = Table(title="fstream jobs")
-    t.add_column("job", no_wrap=True, min_width=16)
-    t.add_column("state", no_wrap=True)
-    for col in ("attempt", "worker", "created", "destination", "error"):
-        t.add_column(col, overflow="fold")
+    show_errors = any(j.error for j in jobs)
+    for col in ("job", "state", "try", "worker", "created (UTC)"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("destination", overflow="fold")
+    if show_errors:
+        t.add_column("error", overflow="fold")
     for j in jobs:
-        t.add_row(j.job_id, j.state, str(j.attempt), j.worker or "-", _when(j.created_at), j.spec.destination,
-                  (j.error or "")[:60])
+        row = [j.job_id, j.state, str(j.attempt), j.worker or "-", _when(j.created_at)[5:], j.spec.destination]
+        t.add_row(*row, *([(j.error or "")[:80]] if show_errors else []))
     console.print(t)
     dead = store.client.xlen(store.keys.dead_letter())
     if dead:
