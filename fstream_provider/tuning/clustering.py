@@ -9,6 +9,7 @@ from fstream_provider.tuning.base import ClusterStats, FileInfo
 
 SMALL = "small"
 LARGE = "large"
+ALL = "all"
 SMALL_SECONDS = 0.4
 
 
@@ -55,20 +56,23 @@ class Clustering:
     """Pending files grouped by cluster; new arrivals merge into an existing cluster or create one.
 
     :param bandwidth_bps: bandwidth used for the 0.4 s rule (kept fixed so a file never changes cluster).
+    :param split: False puts every file in one cluster named ``"all"`` (tuners that do not cluster).
     """
 
-    def __init__(self, *, bandwidth_bps: float) -> None:
+    def __init__(self, *, bandwidth_bps: float, split: bool = True) -> None:
         self.bandwidth_bps = bandwidth_bps
+        self.split = split
         self._clusters: dict[str, Cluster] = {}
 
     def cluster_of(self, file: FileInfo) -> str:
-        return classify(file.size, self.bandwidth_bps)
+        return classify(file.size, self.bandwidth_bps) if self.split else ALL
 
     def merge(self, files: Iterable[FileInfo]) -> set[str]:
         """Add arrivals; return the names of clusters that received files (created if new)."""
         touched: set[str] = set()
         for f in files:
-            c = self._clusters.setdefault(self.cluster_of(f), Cluster(self.cluster_of(f)))
+            name = self.cluster_of(f)
+            c = self._clusters.setdefault(name, Cluster(name))
             c.files += 1
             c.bytes += f.size
             c.seen_files += 1

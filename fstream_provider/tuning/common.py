@@ -57,8 +57,7 @@ class ClusteredTuner:
 
     def __init__(self, *, path: PathInfo, cluster: bool = True) -> None:
         self.path = path
-        self._clustering = Clustering(bandwidth_bps=path.bandwidth_bps)
-        self._cluster = cluster
+        self._clustering = Clustering(bandwidth_bps=path.bandwidth_bps, split=cluster)
         self._settings: dict[str, Settings] = {}
         self._stats: Mapping[str, ClusterStats] = {}
         self._last: tuple[ClusterLayout, ...] | None = None
@@ -67,32 +66,16 @@ class ClusteredTuner:
 
     # -- clustering ---------------------------------------------------------------------
     def cluster_of(self, file: FileInfo) -> str:
-        return self._clustering.cluster_of(file) if self._cluster else "all"
+        return self._clustering.cluster_of(file)
 
     def _ingest(self, obs: Observation) -> set[str]:
         """Merge arrivals and refresh pending counts; return clusters that received files."""
         self._t = obs.t
-        if self._cluster:
-            touched = self._clustering.merge(obs.new_files)
-        else:
-            touched = self._merge_all(obs.new_files)
+        touched = self._clustering.merge(obs.new_files)
         if obs.clusters:
             self._clustering.refresh(obs.clusters)
         self._stats = obs.clusters
         return touched
-
-    def _merge_all(self, files) -> set[str]:
-        files = list(files)
-        if not files:
-            return set()
-        c = self._clustering._clusters.setdefault("all", Cluster("all"))
-        for f in files:
-            c.files += 1
-            c.bytes += f.size
-            c.seen_files += 1
-            c.seen_bytes += f.size
-            c.ftypes[f.ftype] = c.ftypes.get(f.ftype, 0) + 1
-        return {"all"}
 
     def _working(self) -> list[Cluster]:
         return self._clustering.with_work(self._stats)
