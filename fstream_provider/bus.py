@@ -85,6 +85,8 @@ def connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeo
         raise ValueError("Redis URL: empty (give --redis, FSTREAM_REDIS_URL, or use the embedded default)")
     opts = _options(socket_timeout, connect_timeout, retries)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "unix":
+        opts.pop("socket_keepalive")  # not a TCP socket
     if scheme in ("redis", "rediss", "unix"):
         return redis.Redis.from_url(url, **opts)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
@@ -106,6 +108,7 @@ def connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeo
 
         _, hosts, user, password, _, _ = _split_multi(url)
         opts.pop("health_check_interval")  # cluster nodes are health-checked by the cluster client
+        opts.pop("retry_on_timeout")  # the cluster client retries timeouts by default (the option is deprecated)
         if scheme.startswith("rediss"):
             opts["ssl"] = True
         nodes = [ClusterNode(h, p or 6379) for h, p in hosts]
@@ -126,6 +129,8 @@ def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect
     opts = _options(socket_timeout, connect_timeout, retries)
     opts["retry"] = AsyncRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "unix":
+        opts.pop("socket_keepalive")
     if scheme in ("redis", "rediss", "unix"):
         return redis.asyncio.Redis.from_url(url, **opts)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
@@ -147,6 +152,7 @@ def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect
 
         _, hosts, user, password, _, _ = _split_multi(url)
         opts.pop("health_check_interval")
+        opts.pop("retry_on_timeout")
         if scheme.startswith("rediss"):
             opts["ssl"] = True
         nodes = [ClusterNode(h, p or 6379) for h, p in hosts]

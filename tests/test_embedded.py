@@ -216,3 +216,86 @@ def test_cli_redis_url_status_stop(tmp_path, capsys):
         assert not EmbeddedRedis(state).running()
     finally:
         EmbeddedRedis(state).stop()
+
+
+def _start_raw(tmp_path, name: str, extra: str) -> tuple:
+    import subprocess
+
+    from fstream_provider.embedded import find_redis_server, free_port
+
+    port = free_port()
+    d = tmp_path / name
+    d.mkdir()
+    conf = d / "redis.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {d}\nsave \"\"\nappendonly no\n{extra}\n")
+    proc = subprocess.Popen([find_redis_server(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+def test_unix_socket_url(tmp_path):
+    import tempfile
+
+    sockdir = tempfile.mkdtemp(prefix="fsr")  # short path: unix socket names are limited to ~107 bytes
+    sock = os.path.join(sockdir, "r.sock")
+    proc, _ = _start_raw(tmp_path, "unix", f"unixsocket {sock}\nunixsocketperm 700")
+    try:
+        _poll(lambda: os.path.exists(sock), "the unix socket")
+        c = bus.connect(f"unix://{sock}?db=2")
+        _poll(lambda: _safe_ping(c), "redis on the unix socket")
+        c.set("u", "1")
+        assert c.get("u") == "1" and c.connection_pool.connection_kwargs["db"] == 2
+        c.close()
+
+        async def via_async() -> str:
+            a = bus.connect_async(f"unix://{sock}?db=2")
+            try:
+                return await a.get("u")
+            finally:
+                await a.aclose()
+
+        assert asyncio.run(via_async()) == "1"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        import shutil
+
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def _safe_ping(c) -> bool:
+    try:
+        return bool(c.ping())
+    except Exception:
+        return False
+
+
+def test_cluster_url_runs_the_job_scripts(tmp_path):
+    """A one-node Redis Cluster owning all slots: the hash-tagged keys and Lua scripts work through RedisCluster."""
+    from fstream_provider.jobs import JobStore
+    from fstream_provider.spec import TransferSpec
+
+    proc, port = _start_raw(tmp_path, "cluster", "cluster-enabled yes\ncluster-config-file nodes.conf")
+    try:
+        raw = bus.connect(f"redis://127.0.0.1:{port}/0", retries=0)
+        _poll(lambda: _safe_ping(raw), "the cluster node")
+        raw.execute_command("CLUSTER ADDSLOTS", *range(16384))
+        _poll(lambda: "cluster_state:ok" in str(raw.execute_command("CLUSTER INFO"))
+              or raw.cluster("info").get("cluster_state") == "ok", "cluster_state ok")
+        raw.close()
+        c = bus.connect(f"redis+cluster://127.0.0.1:{port}")
+        store = JobStore(c)
+        spec = TransferSpec(sources=["/x"], destination="fstream://127.0.0.1:1/y")
+        job_id, created = store.submit(spec, idempotency_key="k")
+        assert created and store.submit(spec, idempotency_key="k") == (job_id, False)
+        k = store.keys
+        (entry_id, _), = c.xreadgroup(k.jobs_group(), "w", {k.jobs_stream(): ">"}, count=1)[0][1]
+        claim = store.claim(job_id, entry_id, worker="w", max_deliveries=3)
+        assert claim.outcome == "claimed"
+        assert store.publish(job_id, claim.attempt, [("file", 1.0, {"path": "a"})]) == (True, False)
+        assert store.finish(job_id, claim.attempt, entry_id, state="succeeded", result={"files": 1})
+        assert store.get(job_id).state == "succeeded"
+        assert [e["kind"] for _, e in store.events(job_id)] == ["queued", "claimed", "file", "done"]
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(20)
