@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--interval", default=None, help="time between batches (default: scenario's)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--oracle", action="store_true", help="also grid-search the best fixed (cc,p,pp) per batch")
+    r.add_argument("--force-path", action="store_true", help="run even if the WAN selfcheck fails (reported)")
     r.add_argument("--workdir", default=None)
     r.add_argument("--results", default=str(RESULTS_DIR))
     r.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -46,6 +46,15 @@ def _load(run_dir: Path) -> tuple[dict, list[dict]]:
     return summary, rows
 
 
+def _selfcheck_text(c: dict) -> str:
+    if "rtt_ms" not in c:
+        return json.dumps(c)
+    return (f"RTT {c['rtt_ms']:.1f} ms, one stream {c['single_stream_bps'] / 1e6:.0f} Mbit/s, "
+            f"iperf3 -P {c.get('parallel')} {c['parallel_bps'] / 1e6:.0f} Mbit/s "
+            f"({c.get('rate_ratio', 0):.3f} of expected goodput), congestion control {c.get('cc')}, "
+            f"{'ok' if c.get('ok') else 'FAILED: ' + '; '.join(c.get('failures', []))}")
+
+
 def _fmt_ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else "–"
 
@@ -58,8 +67,11 @@ def tables(summary: dict) -> str:
            f"run {m['date']}.  ",
            f"Path: {sc['path']} — told to tuners as {sc['bandwidth_bps'] / 1e9:g} Gbit/s, "
            f"{sc['rtt_s'] * 1000:g} ms RTT, {sc['tcp_buffer'] / 2**20:g} MiB TCP buffer; "
-           f"selfcheck: `{json.dumps(summary.get('selfcheck', {}))}`.  ",
+           f"selfcheck: {_selfcheck_text(summary.get('selfcheck', {}))}.  ",
            f"Workloads: count factor {sc['count_factor']}, {sc['interval_s']:g} s between batches, seed {sc['seed']}."]
+    if summary.get("selfcheck", {}).get("forced"):
+        out.insert(0, f"**WARNING: the WAN selfcheck failed and the run was forced: "
+                      f"{summary['selfcheck'].get('error', '')}**\n")
     ip = summary.get("iperf3")
     ip_bps = ip["throughput_bps"] if ip and ip.get("ok") else None
     if ip_bps:

@@ -70,6 +70,24 @@ def static_heuristic(*, avg_file_size: float, file_count: int, bandwidth_bps: fl
     return GridSettings(s.cc, s.p, s.pp, "static heuristic")
 
 
+def _resolvable(sites: Sites, workdir: Path, argv: list[str]) -> list[str]:
+    """Wrap ``argv`` so the Globus libraries can resolve the namespace addresses.
+
+    Inside a network namespace the host's DNS server is unreachable, and the Globus XIO stack
+    reverse-resolves its own address ("Temporary failure in name resolution"). The wrapper
+    bind-mounts a private hosts file naming both sites over /etc/hosts in a private mount
+    namespace (root only; nothing on the host changes). On loopback it changes nothing.
+    """
+    if not (sites.src_prefix or sites.dst_prefix):
+        return argv
+    hosts = Path(workdir) / "hosts"
+    if not hosts.exists():
+        base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
+        hosts.write_text(base + f"\n{sites.src_host} fstream-bench-src\n{sites.dst_host} fstream-bench-dst\n")
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+            str(hosts), *argv]
+
+
 class GridFTPServer:
     """A private anonymous GridFTP server listening only on the destination address.
 
@@ -96,7 +114,7 @@ class GridFTPServer:
         if os.geteuid() == 0:
             argv.insert(4, "-allow-root")
         self.log = self.workdir / "gridftp-server.log"
-        self.proc = spawn(self.sites, "dst", argv, log_path=self.log)
+        self.proc = spawn(self.sites, "dst", _resolvable(self.sites, self.workdir, argv), log_path=self.log)
         try:
             wait_listening(self.sites, "dst", self.port, self.proc, "globus-gridftp-server")
         except BaseException:
@@ -135,7 +153,8 @@ def copy(server: GridFTPServer, files: Sequence[Path], src_root: Path, dest_dir:
         argv.append("-verify-checksum")
     argv += ["-f", str(listing)]
     log = server.workdir / f"{label}.log"
-    status, wall, _out = run_timed(server.sites.argv("src", argv), timeout, log)
+    status, wall, _out = run_timed(server.sites.argv("src", _resolvable(server.sites, server.workdir, argv)),
+                                   timeout, log)
     result = PeerResult(tool=label, settings={**settings.as_dict(), "verify": verify}, files=len(files),
                         bytes=total, seconds=wall, ok=status == 0, verified=verify)
     if status != 0:
