@@ -258,10 +258,18 @@ def run_tool(tool: str, sc: Scenario, sites: Sites, staged: Staged, workdir: Pat
                         seconds=seconds, ok=ok, verified=tool.startswith(("fstream", "rsync")), error=error,
                         extra={**{k: v for k, v in extra.items() if k != "started"},
                                "avg_file_size": avg})
-    samples = sampler.intervals()
     cc_at = _cc_timeline(own_intervals, active)
-    for s in samples:
-        s["cc"], s["p"], s["pp"] = cc_at(s["t"])
+    if own_intervals:
+        # The agent preallocates its temp files, so bytes on disk jump ahead of the data; its own
+        # interval records (bytes acknowledged per interval) are the honest curve for it.
+        samples = [{"t": round(iv["t"], 3), "throughput_bps": iv["throughput_bps"], "bytes": "",
+                    "cc": iv.get("cc") or 0, "p": iv.get("p") or 0, "pp": iv.get("pp") or 0,
+                    "source": "agent"} for iv in own_intervals]
+    else:
+        samples = sampler.intervals()
+        for s in samples:
+            s["cc"], s["p"], s["pp"] = cc_at(s["t"])
+            s["source"] = "dest"
     return ToolRun(result, samples, active)
 
 
@@ -385,7 +393,7 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
         close()
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         with open(out / "samples.csv", "w", newline="") as f:
-            cols = ["workload", "tool", "t", "throughput_bps", "bytes", "cc", "p", "pp"]
+            cols = ["workload", "tool", "t", "throughput_bps", "bytes", "cc", "p", "pp", "source"]
             wr = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
             wr.writeheader()
             wr.writerows(rows)

@@ -133,6 +133,8 @@ def plots(run_dir: Path, summary: dict, rows: list[dict]) -> list[Path]:
             ax1.axvline(t, color="grey", linestyle=":", linewidth=0.6)
             ax2.axvline(t, color="grey", linestyle=":", linewidth=0.6)
         ax1.set_ylabel("throughput (Mbit/s)")
+        ax1.text(0.01, 0.97, "agent: its interval records; others: bytes landed at the destination",
+                 transform=ax1.transAxes, fontsize=7, va="top")
         ax1.set_title(f"{wl}: throughput and channels over time (dotted: batch arrivals)")
         ax1.legend(fontsize=7, ncol=2)
         ax2.set_ylabel("channels (cc)")
