@@ -27,7 +27,7 @@ from fstream_provider.tuning.distribution import ChannelState, plan_channels
 from transfer_agent.auth import client_handshake
 from transfer_agent.checksum import hash_fd
 from transfer_agent.errors import (ChecksumError, FStreamError, NetworkError, ProtocolError, RefusedError,
-                                   SourceModifiedError)
+                                   SourceModifiedError, SourceVanishedError)
 from transfer_agent.protocol import MSG_MORE, ControlWriter, Frame, error_from_body, pack_header, recv_frame
 from transfer_agent.scanner import SrcFile
 
@@ -143,6 +143,8 @@ class ControlSession:
         """Open the source, send OPEN, start its checksum; the reply arrives asynchronously."""
         try:
             fd = os.open(sf.src, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SourceVanishedError(f"{sf.src}: source vanished before it was sent (renamed or deleted)") from None
         except OSError as exc:
             raise SourceModifiedError(f"{sf.src}: cannot open source ({exc.strerror})") from None
         st = os.fstat(fd)
@@ -320,7 +322,10 @@ class Channel:
                     sf = pool.next_file(cluster)
                     if sf is None:
                         break
-                    pipeline.append(pool.control.open(sf))
+                    try:
+                        pipeline.append(pool.control.open(sf))
+                    except SourceModifiedError as exc:
+                        pool.unopenable(sf, exc)  # that file only; the channel goes on
                 if not pipeline:
                     self.busy = False
                     pool.wait_for_work(0.25)
@@ -462,6 +467,7 @@ class ChannelPool:
         self._cluster_bytes: dict[str, int] = collections.defaultdict(int)
         self._count_lock = threading.Lock()
         self.layouts: dict[str, tuple[int, int, int]] = {}
+        self.on_unopenable: Callable[[SrcFile, FStreamError], None] | None = None
 
     # -- files ---------------------------------------------------------------------------------
     def add_files(self, files: list[SrcFile]) -> None:
@@ -483,6 +489,11 @@ class ChannelPool:
             except FStreamError:
                 pass
             self.control._finish(f, "retry", None)  # noqa: SLF001 - same module family
+
+    def unopenable(self, sf: SrcFile, exc: FStreamError) -> None:
+        """A queued source could not be opened (vanished, unreadable): report it, keep the session."""
+        if self.on_unopenable is not None:
+            self.on_unopenable(sf, exc)
 
     def next_file(self, cluster: str) -> SrcFile | None:
         with self.cond:

@@ -61,6 +61,12 @@ class SourceModifiedError(FStreamError):
     kind = "source modified"
 
 
+class SourceVanishedError(SourceModifiedError):
+    """A source file disappeared (renamed or deleted) before it could be opened."""
+
+    kind = "source vanished"
+
+
 class ChecksumError(FStreamError):
     """The destination content did not match the source checksum."""
 

@@ -575,7 +575,7 @@ class Receiver:
 
     def _flush(self, f: RecvFile) -> None:
         with f.lock:
-            if not f.dirty or f.done:
+            if not f.dirty or f.done or f.queued:
                 return
             f.dirty = False
             meta = f.meta()
@@ -585,7 +585,10 @@ class Receiver:
         try:
             if self.fsync:
                 os.fdatasync(fd)  # ranges on disk never claim bytes that are not
-            write_meta(f.dir_fd, f.tmp + ".meta", meta)
+            with f.lock:
+                if f.queued or f.done:
+                    return  # complete and being committed: the committer removes the sidecar
+                write_meta(f.dir_fd, f.tmp + ".meta", meta)
         except OSError as exc:
             self.log.warning("could not persist ranges of %s: %s", f.relpath, exc)
         finally:

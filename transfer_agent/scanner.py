@@ -109,10 +109,15 @@ class SourceWatcher:
     :param sources: files, directories or globs.
     :param dest_prefix: destination path relative to the receiver root.
     :param use_inotify: use inotify for local directories when available.
+    :param include_hidden: also ship dot-files; off by default because producers that write a
+        hidden temp name and rename it into place (rsync, most DAQ writers, our own ``.part``
+        files) would otherwise have their half-finished temp files shipped.
     """
 
-    def __init__(self, sources: list[str], dest_prefix: str, *, use_inotify: bool = True) -> None:
+    def __init__(self, sources: list[str], dest_prefix: str, *, use_inotify: bool = True,
+                 include_hidden: bool = False) -> None:
         self.sources = list(sources)
+        self.include_hidden = include_hidden
         self.dest_prefix = dest_prefix
         self._shipped: dict[str, tuple[int, int]] = {}
         self._candidates: dict[str, tuple[int, int, str]] = {}  # src -> (size, mtime, rel)
@@ -230,6 +235,8 @@ class SourceWatcher:
         ready: list[SrcFile] = []
         for p, (size, mtime, rel) in seen_now.items():
             if self._shipped.get(p) == (size, mtime):
+                continue
+            if not self.include_hidden and os.path.basename(p).startswith("."):
                 continue
             prev = self._candidates.get(p)
             if p in closed or (prev is not None and prev[0] == size and prev[1] == mtime):

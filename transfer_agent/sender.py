@@ -25,7 +25,7 @@ from fstream_provider.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterStats, FileInfo, Observation, PathInfo, Suggestion, Tuner
 from transfer_agent.auth import TLSConfig, load_secret
 from transfer_agent.channels import ChannelPool, Connector, ControlSession, InFlight
-from transfer_agent.errors import CancelledError, FStreamError, StallError
+from transfer_agent.errors import CancelledError, FStreamError, SourceVanishedError, StallError
 from transfer_agent.scanner import SourceWatcher, SrcFile, expand_sources
 
 log = logging.getLogger("fstream.sender")
@@ -195,6 +195,7 @@ class Transfer:
 
         control = ControlSession(connector, finished, hasher)
         pool = ChannelPool(control, connector, self.spec.block_size)
+        pool.on_unopenable = lambda sf, exc: self._on_unopenable(sf, exc, watching=watcher is not None)
         try:
             rtt = self.spec.rtt_s or control.rtt()
             self.result.rtt_s = rtt
@@ -330,6 +331,19 @@ class Transfer:
                                    "reason": "already at destination with the same size and checksum"})
         else:
             self._fail_file(sf, f.error or FStreamError("failed"))
+        self._wake.set()
+
+    def _on_unopenable(self, sf: SrcFile, err: FStreamError, watching: bool) -> None:
+        with self._lock:
+            self._outstanding -= 1
+        if watching and isinstance(err, SourceVanishedError):
+            # write-then-rename producers: the temp name vanished; its final name is picked up by a scan
+            self.log.info("%s", err)
+            self.on_event("log", {"level": "info", "message": str(err)})
+            with self._lock:
+                self._files_total -= 1
+        else:
+            self._fail_file(sf, err)
         self._wake.set()
 
     def _fail_file(self, sf: SrcFile, err: FStreamError) -> None:
