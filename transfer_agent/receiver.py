@@ -17,6 +17,7 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +146,7 @@ class Receiver:
         self._busy_parts: set[tuple[int, str]] = set()
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
+        self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
         self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0}
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -189,6 +191,7 @@ class Receiver:
         self._commit_q.put(None)
         for t in self._threads:
             t.join(timeout=10)
+        self._sync_pool.shutdown(wait=True)
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
@@ -543,11 +546,7 @@ class Receiver:
         if not good:
             return
         if self.fsync:
-            if len(good) > 8 and storage.syncfs(self._root_fd):
-                pass
-            else:
-                for f in good:
-                    os.fsync(f.fd)
+            storage.sync_files([f.fd for f in good], self._sync_pool)
         dirs: dict[tuple[int, int], int] = {}
         for f in good:
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
