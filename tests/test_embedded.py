@@ -218,12 +218,31 @@ def test_cli_redis_url_status_stop(tmp_path, capsys):
         EmbeddedRedis(state).stop()
 
 
-def _start_raw(tmp_path, name: str, extra: str) -> tuple:
+def _cluster_port() -> int:
+    """A free port whose cluster-bus port (port + 10000) is valid and free too."""
+    import socket
+
+    from fstream_provider.embedded import free_port
+
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no free port pair for a cluster node")
+
+
+def _start_raw(tmp_path, name: str, extra: str, port: int | None = None) -> tuple:
     import subprocess
 
     from fstream_provider.embedded import find_redis_server, free_port
 
-    port = free_port()
+    port = port or free_port()
     d = tmp_path / name
     d.mkdir()
     conf = d / "redis.conf"
@@ -274,7 +293,8 @@ def test_cluster_url_runs_the_job_scripts(tmp_path):
     from fstream_provider.jobs import JobStore
     from fstream_provider.spec import TransferSpec
 
-    proc, port = _start_raw(tmp_path, "cluster", "cluster-enabled yes\ncluster-config-file nodes.conf")
+    proc, port = _start_raw(tmp_path, "cluster", "cluster-enabled yes\ncluster-config-file nodes.conf",
+                            port=_cluster_port())
     try:
         raw = bus.connect(f"redis://127.0.0.1:{port}/0", retries=0)
         _poll(lambda: _safe_ping(raw), "the cluster node")

@@ -468,7 +468,8 @@ def _same_tree(a: Any, b: Any) -> None:
 
     names_a = sorted(os.path.relpath(os.path.join(d, f), a) for d, _, fs in os.walk(a) for f in fs)
     names_b = sorted(os.path.relpath(os.path.join(d, f), b) for d, _, fs in os.walk(b) for f in fs)
-    assert names_a == names_b, "destination has missing or extra files (e.g. leftover .part files)"
+    assert names_a == names_b, (f"destination differs: missing {sorted(set(names_a) - set(names_b))}, "
+                                f"extra {sorted(set(names_b) - set(names_a))}")
     for n in names_a:
         assert filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False), f"{n} differs"
 
