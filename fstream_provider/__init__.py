@@ -7,14 +7,6 @@ __version__ = "0.1.0"
 
 def get_provider_info() -> dict:
     """Describe this provider to Airflow (entry point ``apache_airflow_provider``)."""
-    return {
-        "package-name": "fstream",
-        "name": "FStream",
-        "description": "Stream files over tuned parallel TCP channels with the FStream transfer agent.",
-        "versions": [__version__],
-        "hooks": [],
-        "operators": [],
-        "sensors": [],
-        "triggers": [],
-        "connection-types": [],
-    }
+    from fstream_provider.provider_info import provider_info
+
+    return provider_info(__version__)

@@ -37,7 +37,8 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true", help="keep scanning the sources and ship new files")
     p.add_argument("--interval", metavar="DURATION", default="2s", help="scan interval with --watch (default 2s)")
     p.add_argument("--idle-exit", metavar="DURATION", help="with --watch: stop after this long with nothing new")
-    p.add_argument("--no-verify", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the end-to-end checksum (sizes and byte ranges are still checked)")
     p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret)")
     p.add_argument("--tls-cert", metavar="C")
     p.add_argument("--tls-key", metavar="K")

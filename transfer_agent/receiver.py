@@ -50,6 +50,7 @@ class RecvFile:
     session: "Session"
     lock: threading.Lock = field(default_factory=threading.Lock)
     expected_hash: str | None = None
+    commit_requested: bool = False
     part_key: tuple[int, str] = (0, "")
     queued: bool = False
     done: bool = False
@@ -424,7 +425,9 @@ class Receiver:
         if f is None:
             raise ProtocolError(f"COMMIT for file id {fid} that is not open in this session")
         with f.lock:
-            f.expected_hash = str(body.get("hash", ""))
+            digest = body.get("hash")
+            f.expected_hash = str(digest) if digest is not None else None  # None: sender ran without --verify
+            f.commit_requested = True
             ready = f.ranges.covers(f.size) and not f.queued and not f.failed
             if ready:
                 f.queued = True
@@ -490,7 +493,7 @@ class Receiver:
         with f.lock:
             f.ranges.add(off, off + n)
             f.dirty = True
-            ready = f.expected_hash is not None and not f.queued and f.ranges.covers(f.size)
+            ready = f.commit_requested and not f.queued and f.ranges.covers(f.size)
             if ready:
                 f.queued = True
         if ready:
@@ -532,7 +535,7 @@ class Receiver:
                                                            f"attempt {current} is current"}, f.file_id)
                 self._discard(f, remove=False)
                 continue
-            actual = hash_fd(f.fd, f.size, f.algo)
+            actual = hash_fd(f.fd, f.size, f.algo) if f.expected_hash is not None else None
             if actual != f.expected_hash:
                 self.log.warning("checksum mismatch for %s: expected %s, got %s", f.relpath, f.expected_hash, actual)
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True, "kind": "checksum",

@@ -54,6 +54,7 @@ class TransferResult:
     intervals: list[dict] = field(default_factory=list)
     tuning: list[dict] = field(default_factory=list)
     tuner: str = ""
+    checksum: str = "xxh3_128"
     rtt_s: float = 0.0
     error: str | None = None
 
@@ -119,7 +120,8 @@ class Transfer:
         self._tuner = tuner
         self.stall_timeout = stall_timeout
         self.max_session_retries = max_session_retries
-        self.result = TransferResult(job_id=self.job_id, tuner=tuner.name if tuner else spec.tuner)
+        self.result = TransferResult(job_id=self.job_id, tuner=tuner.name if tuner else spec.tuner,
+                                     checksum="xxh3_128" if spec.verify else "off (sizes only)")
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._outstanding = 0
@@ -193,7 +195,7 @@ class Transfer:
         def finished(f: InFlight) -> None:
             self._on_finished(f, pool, retry_files)
 
-        control = ControlSession(connector, finished, hasher)
+        control = ControlSession(connector, finished, hasher, verify=self.spec.verify)
         pool = ChannelPool(control, connector, self.spec.block_size)
         pool.on_unopenable = lambda sf, exc: self._on_unopenable(sf, exc, watching=watcher is not None)
         try:
