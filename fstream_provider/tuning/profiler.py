@@ -8,6 +8,16 @@ from dataclasses import dataclass
 from fstream_provider.tuning.common import fmt_bps
 
 
+def recommended_interval(rtt_s: float, *, floor_s: float = 2.0, rtts: float = 50.0) -> float:
+    """Profiling interval long enough that new channels' slow start is a small part of it: max(2 s, 50 RTT).
+
+    A channel needs about two RTTs to connect and ~10 RTTs of slow start to reach a large
+    window; judged over a shorter interval, added channels look useless (the thesis uses
+    10 s at 38 ms).
+    """
+    return max(floor_s, rtts * rtt_s)
+
+
 @dataclass(frozen=True)
 class Decision:
     """A controller's answer for the total channel count.

@@ -2,7 +2,8 @@
 
 Run: ``python -m fstream_provider.tuning.simreport`` (prints Markdown; ``--quick`` uses a
 smaller oracle grid). The oracle is the best fixed (cc, p, pp) found by grid search in
-the same simulator, per workload and path.
+the same simulator, per workload and path. Profiling interval: ``recommended_interval(rtt)``
+(2 s at 40 ms, 5 s at 100 ms); storage: ``dtn_storage`` (one thread moves 30 % of the link).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from fstream_provider.tuning.base import PathInfo
 from fstream_provider.tuning.factory import make_tuner
 from fstream_provider.tuning.fixed import FixedTuner
 from fstream_provider.tuning.fstream import FStreamTuner
+from fstream_provider.tuning.profile_history import ProfileHistory
+from fstream_provider.tuning.profiler import recommended_interval
 from fstream_provider.tuning.sim import StorageModel, dtn_storage, simulate
 from fstream_provider.tuning.workloads import WORKLOADS, default_scale, make_workload
 
@@ -49,9 +52,10 @@ QUICK_GRID = (tuple([2, 4, 8, 16, 32]), tuple([1, 4, 16]), tuple([0, 8]))
 
 
 def throughput_rows(scn: Scenario, *, workloads=WORKLOADS, tuners=TUNER_NAMES, grid=QUICK_GRID,
-                    profile_interval_s: float = 2.0) -> list[dict]:
+                    profile_interval_s: float | None = None) -> list[dict]:
     """One row per (workload, tuner incl. oracle): average throughput and its ratio to the oracle."""
     rows = []
+    profile_interval_s = profile_interval_s or recommended_interval(scn.path.rtt_s)
     scale = default_scale(scn.path.bandwidth_bps, scn.path.rtt_s)
     for wname in workloads:
         w = make_workload(wname, scale=scale)
@@ -77,9 +81,10 @@ def throughput_rows(scn: Scenario, *, workloads=WORKLOADS, tuners=TUNER_NAMES, g
 
 
 def qos_rows(scn: Scenario, *, workloads=("w1", "lcls", "w4"), fractions=(0.3, 0.6, 0.9),
-             pacing=(True, False), profile_interval_s: float = 2.0) -> list[dict]:
+             pacing=(True, False), profile_interval_s: float | None = None) -> list[dict]:
     """QoS error per (workload, target, pacing): median/p90 |error| after interval 3, first interval within 5 %."""
     rows = []
+    profile_interval_s = profile_interval_s or recommended_interval(scn.path.rtt_s)
     scale = default_scale(scn.path.bandwidth_bps, scn.path.rtt_s)
     for wname, frac, paced in itertools.product(workloads, fractions, pacing):
         target = frac * scn.path.bandwidth_bps
@@ -96,14 +101,13 @@ def qos_rows(scn: Scenario, *, workloads=("w1", "lcls", "w4"), fractions=(0.3, 0
     return rows
 
 
-def breakdown_rows(scn: Scenario, *, workloads=WORKLOADS, profile_interval_s: float = 2.0) -> list[dict]:
+def breakdown_rows(scn: Scenario, *, workloads=WORKLOADS, profile_interval_s: float | None = None) -> list[dict]:
     """Thesis Fig. 4.5-style breakdown: static -> dynamic -> + online profiling -> + history.
 
     "+ history" first runs the same workload with another seed to fill a fresh history.
     """
-    from fstream_provider.tuning.profile_history import ProfileHistory
-
     rows = []
+    profile_interval_s = profile_interval_s or recommended_interval(scn.path.rtt_s)
     scale = default_scale(scn.path.bandwidth_bps, scn.path.rtt_s)
     for wname in workloads:
         w = make_workload(wname, scale=scale)
