@@ -32,7 +32,7 @@ from fstream_bench.workload_gen import Staged, build, materialize, release
 
 FSTREAM_TUNERS = ("fixed", "static", "dynamic", "fstream", "harp", "globus", "adaptivecc")
 DEFAULT_TOOLS = ("iperf3", "gridftp-globus", "gridftp-static", "rsync", "sftp", "fstream-static",
-                 "fstream-dynamic", "fstream-fstream")
+                 "fstream-dynamic", "fstream-fstream", "fstream-globus", "fstream-adaptivecc")
 
 
 @dataclass
@@ -53,6 +53,7 @@ class Scenario:
     :param fstream_watch: ``--interval`` and ``--idle-exit`` for the agent's watch mode.
     :param oracle: also run the oracle grid search.
     :param timeout_s: per tool and workload.
+    :param oracle_grid: ``{"cc": [...], "p": [...], "pp": [...]}`` for the oracle (default ``oracle.DEFAULT_GRID``).
     :param force_path: run even if the WAN selfcheck fails (the report says so at the top).
     """
 
@@ -71,13 +72,14 @@ class Scenario:
     oracle: bool = False
     timeout_s: float = 600.0
     force_path: bool = False
+    oracle_grid: dict | None = None
 
 
 BUILTIN: dict[str, Scenario] = {
     "loopback-smoke": Scenario("loopback-smoke", "loopback", ["w4"], ["gridftp-globus", "rsync", "fstream-static"],
                                bandwidth_bps=10e9, rtt_s=0.0001, count_factor=0.02, interval_s=0.5),
     "loopback": Scenario("loopback", "loopback", bandwidth_bps=10e9, rtt_s=0.0001, count_factor=0.1),
-    "wan": Scenario("wan", "wan"),
+    "wan": Scenario("wan", "wan", oracle=True, oracle_grid={"cc": [2, 8], "p": [1, 4], "pp": [8]}),
 }
 
 
@@ -386,7 +388,8 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
                 rows += [{"workload": name, "tool": tool, **s} for s in tr.samples]
             if sc.oracle:
                 from fstream_bench.oracle import search
-                summary["oracle"][name] = search(w, staged, sites, workdir / "oracle", sc, log=log)
+                summary["oracle"][name] = search(w, staged, sites, workdir / "oracle", sc, grid=sc.oracle_grid,
+                                               log=log)
             if not keep:
                 shutil.rmtree(workdir / "staging" / name, ignore_errors=True)
     finally:
