@@ -407,6 +407,11 @@ def main(args) -> int:
     """Entry for ``fstream bench run``."""
     from fstream_provider.units import parse_duration
 
+    import signal
+    import sys
+
+    # SIGTERM runs the same clean-up as Ctrl-C: tool processes stopped, the WAN path taken down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sc = load_scenario(args.scenario)
     if args.tools:
         sc.tools = [t.strip() for t in args.tools.split(",") if t.strip()]

@@ -81,21 +81,27 @@ def release(staged: Staged, src_dir: Path, *, stop: threading.Event | None = Non
             on_batch: Callable[[int, Batch, float], None] | None = None) -> float:
     """Hard-link each batch from staging into ``src_dir`` at its arrival time; return the start time.
 
-    Links appear atomically under their final names. Waits use ``stop.wait`` so a caller can
+    Files appear atomically under their final names (link beside ``src_dir``, then rename). Waits use ``stop.wait`` so a caller can
     abort; falls back to copying when staging and sources are on different filesystems.
     """
     stop = stop or threading.Event()
     start = clock() if t0 is None else t0
+    # Link into a sibling directory first, then rename into place: a watcher sees the move
+    # (inotify IN_MOVED_TO) exactly as when an instrument writes elsewhere and renames.
+    incoming = Path(src_dir).parent / f".incoming-{Path(src_dir).name}"
+    incoming.mkdir(parents=True, exist_ok=True)
     for k, batch in enumerate(staged.workload.batches):
         delay = start + batch.t - clock()
         if delay > 0 and stop.wait(delay):
             break
-        for f in batch.files:
+        for j, f in enumerate(batch.files):
             dst = Path(src_dir) / f.path
             dst.parent.mkdir(parents=True, exist_ok=True)
             src = staged.staging / f.path
             try:
-                os.link(src, dst)
+                tmp = incoming / f"{k}-{j}"
+                os.link(src, tmp)
+                os.replace(tmp, dst)
             except OSError:
                 tmp = dst.with_name(f".{dst.name}.tmp")
                 with open(src, "rb") as fi, open(tmp, "wb") as fo:
