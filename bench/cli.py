@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     rep = sub.add_parser("report", help="markdown table and PNG plots from a run's results")
-    rep.add_argument("run_dir", nargs="?", default=None, help="a run directory (default: the latest)")
+    rep.add_argument("run_dir", nargs="*", default=None,
+                     help="run directories (default: the latest); several are merged, later runs win per workload")
     rep.add_argument("--results", default=str(RESULTS_DIR))
 
     lb = sub.add_parser("loopback", help="issue 2: fstream vs GridFTP vs iperf3 on loopback, same run")

@@ -68,6 +68,9 @@ def tables(summary: dict) -> str:
            f"Path: {sc['path']} — told to tuners as {sc['bandwidth_bps'] / 1e9:g} Gbit/s, "
            f"{sc['rtt_s'] * 1000:g} ms RTT, {sc['tcp_buffer'] / 2**20:g} MiB TCP buffer; "
            f"selfcheck: {_selfcheck_text(summary.get('selfcheck', {}))}.  ",
+           *([f"Merged from runs: " + ", ".join(f"{wl}: {v['run']} ({v['machine']['date']})"
+                                                 for wl, v in summary["sources"].items()) + ".  "]
+             if summary.get("sources") else []),
            f"Workloads: count factor {sc['count_factor']}, {sc['interval_s']:g} s between batches, seed {sc['seed']}."]
     if summary.get("selfcheck", {}).get("forced"):
         out.insert(0, f"**WARNING: the WAN selfcheck failed and the run was forced: "
@@ -169,9 +172,51 @@ def latest_run(results: Path) -> Path:
     return runs[-1]
 
 
+def merge(run_dirs: list[Path], out: Path) -> Path:
+    """Combine runs into ``out``: a later run's results for a workload replace an earlier run's.
+
+    For re-running one workload that a disturbance spoiled without re-running everything; the
+    merged summary lists its sources so the report says which numbers came from which run.
+    """
+    merged: dict | None = None
+    rows: list[dict] = []
+    header: list[str] = []
+    for d in run_dirs:
+        summary = json.loads((Path(d) / "summary.json").read_text())
+        wls = {r["workload"] for r in summary["runs"]}
+        with open(Path(d) / "samples.csv", newline="") as f:
+            rd = csv.DictReader(f)
+            header = list(rd.fieldnames or header)
+            new_rows = list(rd)
+        if merged is None:
+            merged = {**summary, "sources": {}}
+            rows = new_rows
+        else:
+            merged["runs"] = [r for r in merged["runs"] if r["workload"] not in wls] + summary["runs"]
+            merged["oracle"] = {**merged.get("oracle", {}), **summary.get("oracle", {})}
+            rows = [r for r in rows if r["workload"] not in wls] + new_rows
+        for wl in wls:
+            merged["sources"][wl] = {"run": Path(d).name, "machine": summary["machine"],
+                                     "selfcheck": summary.get("selfcheck", {})}
+    assert merged is not None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(merged, indent=1, default=str))
+    with open(out / "samples.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
+        wr.writeheader()
+        wr.writerows(rows)
+    return out
+
+
 def main(args) -> int:
-    """Entry for ``fstream bench report``."""
-    run_dir = Path(args.run_dir) if args.run_dir else latest_run(Path(args.results))
+    """Entry for ``fstream bench report [RUN_DIR ...]`` (several: merged, later runs win per workload)."""
+    dirs = [Path(d) for d in (args.run_dir or [])]
+    if not dirs:
+        run_dir = latest_run(Path(args.results))
+    elif len(dirs) == 1:
+        run_dir = dirs[0]
+    else:
+        run_dir = merge(dirs, Path(args.results) / f"combined-{time.strftime('%Y%m%d-%H%M%S')}")
     print(render(run_dir))
     print(f"report: {run_dir / 'report.md'}")
     return 0
