@@ -1,51 +1,62 @@
-"""SRA-style nightly batch: many genomics files of mixed sizes to the compute site, tuned by FStream/HARP.
+"""SRA-style nightly batch: wait for the day's new runs, move them with FStream tuning, report the totals.
 
-The ``harp`` tuner predicts the best cc/p/pp from the transfer history kept in Redis (sample transfers
-first when history is thin), then hands over to online tuning; the job is ``batch`` priority, so
-interactive streams are served first by the multi-transfer scheduler. Two transfers (small and large
-runs) are mapped over the file groups; each task's XCom is the report.
+``FStreamNewFilesSensor`` (deferrable) waits in the triggerer until at least ``min_files`` new, complete
+``*.sra`` files sit in the outgoing directory (local, or ``sftp://USER@HOST/DIR``), claims them in a Redis
+seen-set so no later run ships them again, and hands the list to ``FStreamTransferOperator``. The default
+tuner is ``fstream`` (heuristic + online profiling + profiling history); set the ``tuner`` param to ``harp``
+to predict the settings from transfer history. The job is ``batch`` priority, so interactive streams go
+first in the multi-transfer scheduler.
 
-Connection: ``fstream_default``, e.g.
+Connection: ``fstream_default`` (Redis of the agents, also holding the seen-set), e.g.
 ``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.ncbi.example:6379/1?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Param, task
 
 from fstream_provider.operators.transfer import FStreamTransferOperator
+from fstream_provider.sensors.new_files import FStreamNewFilesSensor
 
 with DAG(
     dag_id="fstream_sra_batch",
-    description="Nightly SRA batch transfer with history-based tuning",
+    description="Nightly SRA batch: new-file sensor, tuned FStream transfer, totals",
     schedule="0 2 * * *",
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["fstream", "example", "sra"],
+    params={
+        "outgoing": Param("/srv/sra/outgoing", type="string", description="directory or sftp://USER@HOST/DIR"),
+        "destination": Param("fstream://compute-dtn.example:9000/sra", type="string"),
+        "min_files": Param(1, type="integer", minimum=1),
+        "tuner": Param("fstream", enum=["fstream", "harp", "dynamic", "static"]),
+    },
 ):
+    new_runs = FStreamNewFilesSensor(
+        task_id="new_runs",
+        path="{{ params.outgoing }}",
+        pattern="*.sra",
+        min_files="{{ params.min_files }}",
+        min_age=5.0,
+        poke_interval=2.0,
+        timeout=timedelta(hours=6).total_seconds(),
+    )
 
-    @task
-    def file_groups() -> list[list[str]]:
-        """One group per size class, by glob (the agent expands globs on the source host)."""
-        return [["/srv/sra/outgoing/small/*.sra"], ["/srv/sra/outgoing/large/*.sra"]]
-
-    transfers = FStreamTransferOperator.partial(
+    transfer = FStreamTransferOperator(
         task_id="transfer",
-        destination="fstream://compute-dtn.example:9000/sra/{{ ds_nodash }}",
-        tuner="harp",
+        sources=new_runs.output,
+        destination="{{ params.destination }}/{{ ds_nodash }}",
+        tuner="{{ params.tuner }}",
         max_cc=16,
-        bandwidth="10Gbit",
-        rtt="40ms",
         priority_class="batch",
-    ).expand(sources=file_groups())
+    )
 
     @task
-    def total(reports: list[dict]) -> dict:
-        files = sum(r["files"] for r in reports)
-        nbytes = sum(r["bytes"] for r in reports)
-        print(f"SRA batch: {files} files, {nbytes} bytes in {len(reports)} transfers")
-        return {"files": files, "bytes": nbytes}
+    def totals(report: dict) -> dict:
+        print(f"SRA batch: {report['files']} files, {report['bytes']} bytes, "
+              f"{report['throughput_bps'] / 1e6:.0f} Mbit/s, {report['failed_files']} failed")
+        return {"files": report["files"], "bytes": report["bytes"]}
 
-    total(transfers.output)
+    totals(transfer.output)

@@ -20,6 +20,7 @@ pytest.importorskip("airflow")
 
 from airflow.sdk.exceptions import AirflowException, TaskDeferred  # noqa: E402
 
+from fstream_provider.bus import connect  # noqa: E402
 from fstream_provider.jobs import JobStore  # noqa: E402
 from fstream_provider.keys import Keys  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator  # noqa: E402
@@ -200,3 +201,71 @@ def test_on_kill_cancels_a_running_stream(monkeypatch, redis_url, redis_client, 
     st = store.get(ti.xcom["job_id"])
     assert st.state == "cancelled" and "killed" in (st.error or "")
     assert errors and isinstance(errors[0], AirflowException) and "cancelled" in str(errors[0])
+
+
+def _conn_env(airflow_env: dict, redis_url: str, secret_file: str) -> dict:
+    return dict(airflow_env, AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
+                + f"?secret_file={secret_file}")
+
+
+def test_dag_test_sra_batch_ships_each_new_file_once(airflow_env, redis_url, secret_file, receiver, agent, tmp_path):
+    out_dir = tmp_path / "outgoing"
+    out_dir.mkdir()
+    old = time.time() - 60  # closed a minute ago: complete on the first look (min_age=5 s in the DAG)
+    first = {}
+    for i in range(3):
+        p = out_dir / f"SRR{i:04d}.sra"
+        p.write_bytes(os.urandom(30_000 + i))
+        os.utime(p, (old, old))
+        first[p.name] = _sha(p)
+    (out_dir / "README.txt").write_text("not an SRA run")
+    env = _conn_env(airflow_env, redis_url, secret_file)
+    conf = {"outgoing": str(out_dir), "destination": f"fstream://127.0.0.1:{receiver.port}/sra", "min_files": 1}
+    out, log = _run_dag(env, "fstream_sra_batch", conf)
+    assert out["state"] == "success", log[-4000:]
+    assert sorted(out["xcom"]["new_runs:return_value"]) == sorted(str(out_dir / n) for n in first)
+    (day,) = (tmp_path / "dst" / "sra").iterdir()
+    assert {p.name: _sha(p) for p in day.iterdir()} == first
+    assert out["xcom"]["totals:return_value"]["files"] == 3
+
+    # The next night: only the new run is shipped, never the three already reported.
+    p = out_dir / "SRR0099.sra"
+    p.write_bytes(os.urandom(1234))
+    os.utime(p, (old, old))
+    out2, log2 = _run_dag(env, "fstream_sra_batch", conf)
+    assert out2["state"] == "success", log2[-4000:]
+    assert out2["xcom"]["new_runs:return_value"] == [str(p)]
+    assert out2["xcom"]["transfer:return_value"]["files"] == 1
+
+
+def test_dag_test_lcls_stream_ships_files_written_while_it_runs(airflow_env, redis_url, secret_file, receiver, agent,
+                                                               tmp_path):
+    run_dir = tmp_path / "xtc"
+    src = _dataset(run_dir, n=4)
+    late = run_dir / "late.xtc"
+    env = _conn_env(airflow_env, redis_url, secret_file)
+    conf = {"run_dir": str(run_dir), "destination": f"fstream://127.0.0.1:{receiver.port}/lcls",
+            "target_throughput": "200Mbps", "idle_exit": "3s"}
+    client_store = JobStore(connect(redis_url), keys=Keys())
+
+    def write_late_file():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until the stream job runs, then write one more file
+            if any(j.state == "running" for j in client_store.list()):
+                tmp = run_dir / ".late.xtc.tmp"
+                tmp.write_bytes(os.urandom(77_777))
+                tmp.rename(late)
+                return
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write_late_file, daemon=True)
+    writer.start()
+    out, log = _run_dag(env, "fstream_lcls_stream", conf)
+    writer.join(timeout=10)
+    client_store.client.close()
+    assert out["state"] == "success", log[-4000:]
+    src["late.xtc"] = _sha(late)
+    assert {p.name: _sha(p) for p in (tmp_path / "dst" / "lcls").iterdir()} == src
+    rep = out["xcom"]["stream_run:return_value"]
+    assert rep["files"] == rep["verified_files"] == 5 and rep["target_throughput_bps"] == 200e6
+    assert out["xcom"]["report:return_value"].startswith("run streamed: 5 files")

@@ -235,6 +235,17 @@ def test_transfer_trigger_on_kill_cancels_the_job(fstream_conn, redis_client):
     assert st.state == "cancelled" and "killed" in st.error
 
 
+def test_sensor_poke_mode_reports_complete_files_once(fstream_conn, tmp_path):
+    _write(tmp_path / "r1.sra", b"1" * 100)
+    sensor = FStreamNewFilesSensor(task_id="s", path=str(tmp_path), pattern="*.sra", deferrable=False,
+                                   min_files="1")
+    assert not sensor.poke({})  # first look: completeness unknown
+    done = sensor.poke({})
+    assert done and done.xcom_value == [str(tmp_path / "r1.sra")]
+    again = FStreamNewFilesSensor(task_id="s", path=str(tmp_path), pattern="*.sra", deferrable=False, min_age=1e-9)
+    assert not again.poke({})  # a retry or a rerun: already reported
+
+
 # --------------------------------------------------------------------------- task-log text
 def test_interval_line_and_summary_are_readable(tmp_path):
     rec = {"t": 12.0, "throughput_bps": 812.4e6, "cc": 4, "p": 2, "pp": 8, "files_done": 120, "files_pending": 30,

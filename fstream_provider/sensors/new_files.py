@@ -48,7 +48,7 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     :param deferrable: wait in the triggerer (default) instead of poking from a worker.
     """
 
-    template_fields: Sequence[str] = ("path", "pattern", "scope")
+    template_fields: Sequence[str] = ("path", "pattern", "scope", "min_files", "max_files")
     ui_color = "#e3f2e1"
 
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
@@ -85,15 +85,26 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     def effective_scope(self) -> str:
         return self.scope or default_scope(self.path, self.pattern, self.recursive)
 
+    def _counts(self) -> tuple[int, int | None]:
+        """``min_files``/``max_files`` as integers (they may arrive as rendered template strings)."""
+        try:
+            low = int(self.min_files)
+            high = int(self.max_files) if self.max_files not in (None, "", "None") else None
+        except (TypeError, ValueError):
+            raise AirflowException(f"{self.task_id}: min_files {self.min_files!r} / max_files {self.max_files!r} "
+                                   "must be integers") from None
+        return low, high
+
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
         from fstream_provider.triggers.new_files import FStreamNewFilesTrigger
 
+        min_files, max_files = self._counts()
         self.defer(
             trigger=FStreamNewFilesTrigger(
                 path=self.path, pattern=self.pattern, recursive=self.recursive, scope=self.scope,
-                min_files=self.min_files, max_files=self.max_files, poll_interval=float(self.poke_interval),
+                min_files=min_files, max_files=max_files, poll_interval=float(self.poke_interval),
                 min_age=self.min_age, fstream_conn_id=self.fstream_conn_id, ssh_key_file=self.ssh_key_file,
                 known_hosts=self.known_hosts),
             method_name="execute_complete",
@@ -101,16 +112,18 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         )
 
     def poke(self, context: Context) -> PokeReturnValue:
+        min_files, max_files = self._counts()
         key = self.hook.keys.seen(self.effective_scope())
         stable = self.tracker.observe(unseen(self.hook.client, key, self.scanner.scan()))
-        if len(stable) < self.min_files:
-            self.log.info("%d new complete file(s) in %s, waiting for %d", len(stable), self.path, self.min_files)
+        if len(stable) < min_files:
+            self.log.info("%d new complete file(s) in %s, waiting for %d", len(stable), self.path, min_files)
             return PokeReturnValue(is_done=False)
-        won = claim(self.hook.client, key, select_batch(stable, self.max_files))
+        won = claim(self.hook.client, key, select_batch(stable, max_files))
         self.tracker.forget(f.path for f in won)
         if not won:
             return PokeReturnValue(is_done=False)
         payload = batch_payload(won, scope=self.effective_scope(), location=self.scanner.location.url())
+        self.scanner.close()
         self.log.info("%s: %s", payload["message"], ", ".join(payload["files"][:10]))
         return PokeReturnValue(is_done=True, xcom_value=payload["files"])
 
