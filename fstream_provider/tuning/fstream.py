@@ -90,8 +90,8 @@ class FStreamTuner(ClusteredTuner):
         if rec is None:
             return None, "", None
         cc = rec.cc
-        if rec.throughput_bps < desired * 0.85 and rec.throughput_bps > 0:
-            cc = min(self.path.max_cc, math.ceil(rec.cc * desired / rec.throughput_bps))
+        if 0 < rec.throughput_bps < desired:  # extrapolate like Alg. 2, at most doubling
+            cc = min(self.path.max_cc, math.ceil(rec.cc * desired / rec.throughput_bps), 2 * rec.cc)
         return cc, f"by {how} {rec.size_class}/{rec.ftype or '-'}: cc={rec.cc} gave {fmt_bps(rec.throughput_bps)}", rec
 
     def _weights(self, clusters: list[Cluster]) -> dict[str, float]:

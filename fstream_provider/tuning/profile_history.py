@@ -88,22 +88,22 @@ class ProfileHistory:
                 if (size_cls is None or sc == size_cls) and (ftype is None or ft == ftype)]
         return sorted(rows, key=lambda r: -r.t)
 
-    def lookup(self, size_cls: str, ftype: str, desired_bps: float, *, band: float = 0.15,
-               newest: int = 50) -> tuple[ProfileRecord | None, str]:
+    def lookup(self, size_cls: str, ftype: str, desired_bps: float, *, newest: int = 50) -> tuple[ProfileRecord | None, str]:
         """Best past settings for ``desired_bps``: by size class first, then by file type.
 
         Among the ``newest`` matching records, the one with the fewest channels that reached
-        ``desired * (1 - band)`` wins (newest on ties); else the fastest one. Returns the
-        record (None if no match) and how it was found ("size", "type" or "").
+        ``desired`` wins (newest on ties); else the fastest one (the caller scales its cc; a
+        record that only reached the band's lower edge would park profiling there). Returns
+        the record (None if no match) and how it was found ("size", "type" or "").
         """
         for how, rows in (("size", self.records(size_cls=size_cls)),
                           ("type", self.records(ftype=ftype) if ftype else [])):
             rows = rows[:newest]
             if not rows:
                 continue
-            good = [r for r in rows if r.throughput_bps >= desired_bps * (1 - band)]
-            if good:
-                best = min(good, key=lambda r: (r.cc, -r.t))
+            full = [r for r in rows if r.throughput_bps >= desired_bps]
+            if full:
+                best = min(full, key=lambda r: (r.cc, -r.t))
             else:
                 best = max(rows, key=lambda r: (r.throughput_bps, r.t))
             return best, how
