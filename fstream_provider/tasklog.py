@@ -95,24 +95,33 @@ def other_event_lines(events: Iterable[tuple[str, dict[str, Any]]]) -> list[str]
 
 
 def target_warnings(result: dict[str, Any], intervals: list[dict[str, Any]], target_bps: float | None) -> list[str]:
-    """Warnings when a throughput target was missed, with the likely reason."""
+    """Warnings when a throughput target was missed, with the likely reason.
+
+    Intervals below target with no file waiting are *source-limited* (the instrument or the directory
+    produced data slower than the target), which is not something the tuner or the network can fix.
+    """
     if not target_bps:
         return []
     achieved = _num(result.get("throughput_bps"))
     if achieved >= 0.95 * target_bps:
         return []
     below = [r for r in intervals if _num(r.get("throughput_bps")) < 0.95 * target_bps]
+    starved = [r for r in below if r.get("files_pending") is not None and int(_num(r.get("files_pending"))) == 0]
     msg = (f"throughput target missed: {format_rate(achieved)} achieved vs {format_rate(target_bps)} asked "
            f"({100.0 * achieved / target_bps:.0f}%); {len(below)} of {len(intervals)} interval(s) below target")
     why = []
-    reasons = [str(r.get("reason")) for r in intervals if r.get("reason")]
-    if reasons:
-        why.append(f"last tuner reason: {reasons[-1]}")
-    if intervals and max(int(_num(r.get("cc"), 0)) for r in intervals) and any(
-            "max" in str(r.get("reason", "")).lower() for r in intervals):
-        why.append("the tuner hit its channel limit (raise max_cc or check the path)")
+    if starved:
+        why.append(f"{len(starved)} of them had no file waiting (source-limited: data arrived slower than the "
+                   "target, not a network or tuning problem)")
+    if len(below) > len(starved):
+        reasons = [str(r.get("reason")) for r in intervals if r.get("reason")]
+        if reasons:
+            why.append(f"last tuner reason: {reasons[-1]}")
+        if any("max" in str(r.get("reason", "")).lower() for r in intervals):
+            why.append("the tuner hit its channel limit (raise max_cc or check the path)")
     secs = _num(result.get("seconds"))
-    if secs and secs < 3 * max(1.0, _num(intervals[0].get("t"), 1.0) if intervals else 1.0):
+    first_t = _num(intervals[0].get("t"), 1.0) if intervals else 1.0
+    if secs and secs < 3 * max(1.0, first_t):
         why.append("the transfer was too short for the tuner to converge")
     if _num(result.get("failed_files")):
         why.append(f"{int(_num(result.get('failed_files')))} file(s) failed")
