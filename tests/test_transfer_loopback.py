@@ -65,7 +65,9 @@ def test_second_send_skips_identical_files(tmp_path: Path, secret: Path, rx: Rec
     (src / "f3").write_bytes(os.urandom(100 * KiB))  # one file changed since
     res = send(src, rx.port, secret)
     assert res.ok and res.skipped_files == 19 and res.verified_files == 1
-    assert trees_identical(src, tmp_path / "dst" / "out")
+    assert res.bytes_sent == 100 * KiB  # only the changed file moved
+    assert trees_identical(src, tmp_path / "dst" / "out")  # and no temp part is left beside the skipped ones
+    assert not part_files(tmp_path / "dst")
 
 
 def test_directory_and_file_placement(tmp_path: Path, secret: Path, rx: Receiver) -> None:

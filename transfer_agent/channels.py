@@ -126,6 +126,7 @@ class ControlSession:
         self._pongs: dict[int, threading.Event] = {}
         self.error: FStreamError | None = None
         self.failed = threading.Event()
+        self.bye = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, name="fstream-control-reader", daemon=True)
         self._reader.start()
 
@@ -164,6 +165,13 @@ class ControlSession:
         self.writer.send(Frame.OPEN, {"path": sf.rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                                       "algo": self.algo}, fid)
         return f
+
+    def reopen(self, f: InFlight) -> None:
+        """Ask again to open a file whose destination copy differs: this time it is replaced."""
+        f.reply = None
+        f.opened.clear()
+        self.writer.send(Frame.OPEN, {"path": f.sf.rel, "size": f.st_size, "mtime_ns": f.st_mtime_ns,
+                                      "algo": self.algo, "replace": True}, f.file_id)
 
     def all_sent(self, f: InFlight) -> None:
         """Every block of ``f`` is on the wire: when its checksum is ready, check the source and COMMIT."""
@@ -219,6 +227,9 @@ class ControlSession:
             while True:
                 ftype, fid, _o, _l, body = recv_frame(self.sock)
                 body = body or {}
+                if ftype == Frame.BYE:
+                    self.bye.set()
+                    return
                 if ftype == Frame.PONG:
                     ev = self._pongs.pop(int(body.get("n", -1)), None)
                     if ev:
@@ -266,6 +277,7 @@ class ControlSession:
         if graceful and not self.failed.is_set():
             try:
                 self.writer.send(Frame.BYE, {})
+                self.bye.wait(10)  # the receiver answers BYE once it handled every earlier frame
             except FStreamError:
                 pass
         try:
@@ -362,11 +374,17 @@ class Channel:
     def _send_file(self, f: InFlight) -> None:
         reply = f.reply or {}
         existing = reply.get("existing_hash")
-        if existing and self.pool.control.verify:
-            digest = f.hash_future.result()
-            if digest == existing:
+        if existing:
+            if self.pool.control.verify and f.hash_future.result() == existing:
                 self.pool.control.skip(f)
                 return
+            self.pool.control.reopen(f)  # our copy differs: now the receiver makes room for it
+            while not f.opened.wait(0.25):
+                if self.pool.stopping.is_set():
+                    return
+            if f.finished.is_set() or f.reply is None:
+                return
+            reply = f.reply
         missing = [(int(a), int(b)) for a, b in reply.get("missing", [])]
         bs = self.pool.block_size
         blocks = [(f, off, min(bs, end - off)) for a, end in missing for off in range(a, end, bs)]

@@ -100,6 +100,7 @@ class Session:
     def __init__(self, sid: str, job: str, attempt: int, control: ControlWriter, peer: str) -> None:
         self.id, self.job, self.attempt, self.control, self.peer = sid, job, attempt, control, peer
         self.files: dict[int, RecvFile] = {}
+        self.deferred: set[int] = set()  # opened, final already present: waiting for SKIP or a replacing OPEN
         self.data_socks: set[socket.socket] = set()
         self.data_threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
@@ -270,13 +271,13 @@ class Receiver:
                     session.data_socks.add(conn)
                     session.data_threads.add(threading.current_thread())
                 writer.send(Frame.WELCOME, {"session": sid})
+                data_session, session = session, None  # only the control connection closes a session
                 try:
-                    self._data_loop(session, conn)
+                    self._data_loop(data_session, conn)
                 finally:
-                    with session.lock:
-                        session.data_socks.discard(conn)
-                        session.data_threads.discard(threading.current_thread())
-                session = None  # only the control connection closes a session
+                    with data_session.lock:
+                        data_session.data_socks.discard(conn)
+                        data_session.data_threads.discard(threading.current_thread())
             else:
                 raise ProtocolError(f"malformed HELLO: unknown role {role!r}")
         except NetworkError as exc:
@@ -314,18 +315,20 @@ class Receiver:
             elif ftype == Frame.COMMIT:
                 self._request_commit(session, fid, body)
             elif ftype in (Frame.ABORT, Frame.SKIP):
+                session.deferred.discard(fid)
                 f = session.files.pop(fid, None)
                 if f is not None:
                     self._discard(f, remove=True)
             elif ftype == Frame.PING:
                 session.reply(Frame.PONG, body)
             elif ftype == Frame.BYE:
+                session.reply(Frame.BYE, {})  # everything before it was handled: the sender may go
                 return
             else:
                 raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
 
     def _open(self, session: Session, fid: int, body: dict[str, Any]) -> None:
-        if fid in session.files:
+        if fid in session.files or (fid in session.deferred and not body.get("replace")):
             raise ProtocolError(f"file id {fid} opened twice")
         rel = safe_relpath(str(body.get("path", "")))
         size, mtime_ns = body.get("size"), body.get("mtime_ns", 0)
@@ -342,7 +345,17 @@ class Receiver:
                 raise FStreamError(f"{rel!r}: busy: another session is receiving this file", retryable=True)
             self._busy_parts.add(key)
         try:
-            existing_hash = self._existing_hash(dir_fd, base, rel, size, algo)
+            existing_hash = None if body.get("replace") else self._existing_hash(dir_fd, base, rel, size, algo)
+            if existing_hash is not None:
+                # nothing is created or reserved until the sender says whether its copy differs
+                os.close(dir_fd)
+                with self._lock:
+                    self._busy_parts.discard(key)
+                session.deferred.add(fid)
+                session.reply(Frame.OPEN_OK, {"missing": [[0, size]], "resumed": 0, "existing_hash": existing_hash},
+                              fid)
+                return
+            session.deferred.discard(fid)
             ranges, tmp = self._take_over_part(session, dir_fd, base, rel, size, mtime_ns, algo)
             need = size - ranges.total()
             free = storage.free_bytes(dir_fd)
