@@ -12,7 +12,7 @@ from fstream_provider.tuning.factory import TUNERS, make_tuner
 from fstream_provider.tuning.fstream import FStreamTuner
 from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord, size_class
 from fstream_provider.tuning.qos import ladder
-from fstream_provider.tuning.sim import dtn_storage, simulate
+from fstream_provider.tuning.sim import StorageModel, dtn_storage, simulate
 from fstream_provider.tuning.workloads import Batch, Workload, make_workload
 
 PATH = PathInfo(1e9, 0.040, tcp_buffer=2**20, max_cc=32)
@@ -205,3 +205,32 @@ def test_settings_always_within_bounds(name, files, thr, max_cc, target):
             if name != "fixed":
                 assert 0 <= l.cc and 1 <= l.p <= 8 and 0 <= l.pp <= 50
             assert l.cc >= 1 or len(layouts) > max_cc
+
+
+def test_short_observations_are_accumulated_into_one_measurement_window():
+    t = FStreamTuner(path=PATH, min_window_s=2.0)
+    files = [FileInfo(f"{i}.h5", 150_000_000, "h5") for i in range(40)]
+    from fstream_provider.tuning.base import ClusterStats
+    stats = {"large": ClusterStats(0, 0.0, 2, 38, 38 * 150_000_000)}
+    t.update(Observation(0.0, 0.0, 0, 0.0, files, stats))
+    layouts = t.suggest().layouts
+    assert sum(l.cc for l in layouts) == 2
+    for i in range(1, 5):  # 0.4 s observations (e.g. a driver called on every file arrival)
+        st = {"large": ClusterStats(10_000_000, 2e8, 2, 38, 38 * 150_000_000)}
+        t.update(Observation(0.4 * i, 0.4, 10_000_000, 2e8, (), st, layouts))
+        sug = t.suggest()
+        assert sug.total_cc() == 2 and "measuring" in sug.reason
+    t.update(Observation(2.0, 0.4, 10_000_000, 2e8, (), st, layouts))
+    sug = t.suggest()
+    assert sug.total_cc() == 4 and "per channel needs" in sug.reason
+
+
+def test_cpu_bound_agent_more_channels_do_not_stick():
+    # a 2-core machine running the Python agent: aggregate falls with more than 3 channels
+    cpu = StorageModel(max_bps=0.65e9, knee_threads=3, degrade=0.5)
+    w = make_workload("w4", scale=0.1, count_factor=0.1, interval_s=2.0)
+    fs = simulate(make_tuner("fstream", path=PATH), w, PATH, storage=cpu, profile_interval_s=1.0)
+    st = simulate(make_tuner("static", path=PATH), w, PATH, storage=cpu, profile_interval_s=1.0)
+    assert any("plateau" in iv["reason"] for iv in fs.intervals)
+    assert fs.intervals[-1]["cc"] <= 4
+    assert fs.throughput_bps >= 0.85 * st.throughput_bps

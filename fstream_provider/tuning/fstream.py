@@ -15,7 +15,7 @@ from fstream_provider.tuning.clustering import SMALL, Cluster
 from fstream_provider.tuning.common import ClusteredTuner, describe, fmt_bps
 from fstream_provider.tuning.heuristic import Settings, clamp
 from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord, size_class
-from fstream_provider.tuning.profiler import OnlineProfiler
+from fstream_provider.tuning.profiler import OnlineProfiler, recommended_interval
 from fstream_provider.tuning.qos import PacedLayout, QosController
 
 
@@ -53,6 +53,8 @@ class FStreamTuner(ClusteredTuner):
     :param jump: QoS jumps by the per-channel rate before the Alg. 3 ladder.
     :param profiling: False turns the tuner into ``dynamic`` (for breakdowns).
     :param start_time: wall-clock seconds of the start, for history timestamps.
+    :param min_window_s: decide only on measurements at least this long (observations that
+        come sooner, e.g. on file arrivals, are accumulated); default ``recommended_interval(rtt)``.
     """
 
     name = "fstream"
@@ -60,7 +62,7 @@ class FStreamTuner(ClusteredTuner):
     def __init__(self, *, path: PathInfo, target_throughput_bps: float | None = None,
                  history: ProfileHistory | None = None, utilisation: float = 0.9, band: float = 0.15,
                  pacing: bool = True, jump: bool = True, profiling: bool = True,
-                 start_time: float = 0.0) -> None:
+                 start_time: float = 0.0, min_window_s: float | None = None) -> None:
         super().__init__(path=path)
         self.target = target_throughput_bps
         self.history = history
@@ -78,6 +80,8 @@ class FStreamTuner(ClusteredTuner):
         self._fine: dict[str, tuple[int, int]] = {}  # cluster -> (dp, dpp)
         self._per_channel: dict[str, float] = {}
         self._over = 0  # intervals above target although paced (sender ignores rate_bps)
+        self.min_window_s = min_window_s if min_window_s is not None else recommended_interval(path.rtt_s)
+        self._acc_bytes, self._acc_dt, self._acc_starved = 0, 0.0, False
 
     # -- helpers ------------------------------------------------------------------------
     def _dominant(self, clusters: list[Cluster]) -> Cluster:
@@ -169,30 +173,40 @@ class FStreamTuner(ClusteredTuner):
             return
         cc_now = sum(l.cc for l in obs.layouts) or self._total
         pending = sum(st.pending_files for st in obs.clusters.values())
-        starved = pending < cc_now or obs.throughput_bps <= 0
-        self._record(obs, cc_now, starved)
+        # measure over a window of at least min_window_s (drivers also call on every arrival)
+        self._acc_bytes += obs.bytes
+        self._acc_dt += obs.dt
+        self._acc_starved = self._acc_starved or pending < cc_now or obs.bytes <= 0
+        if self._acc_dt < 0.95 * self.min_window_s:
+            reasons.append(f"measuring ({self._acc_dt:.1f} of {self.min_window_s:.1f} s)")
+            self._reason = "fstream: " + "; ".join(reasons)
+            return
+        thr = self._acc_bytes * 8 / self._acc_dt
+        starved = self._acc_starved
+        self._acc_bytes, self._acc_dt, self._acc_starved = 0, 0.0, False
+        self._record(obs, thr, starved)
         if starved:
-            reasons.append(f"only {pending} files pending for {cc_now} channels: not profiling")
+            reasons.append(f"channels ran out of files ({pending} pending for {cc_now}): not profiling")
         elif self._qos is not None:
-            if self._qos.headroom and obs.throughput_bps > self.target * 1.05:
+            if self._qos.headroom and thr > self.target * 1.05:
                 self._over += 1
                 if self._over >= 2:  # the driver does not pace: aim at the target itself
                     self._qos.headroom = 0.0
                     reasons.append("rate cap not honoured by the sender: plain Alg. 3")
             else:
                 self._over = 0
-            d = self._qos.step(cc_now, obs.throughput_bps)
+            d = self._qos.step(cc_now, thr)
             self._apply(d.cc, d.fine, clusters)
             reasons.append(d.reason)
         elif self.profiling:
             hcc, note = None, ""
-            if not self._history_checked and obs.throughput_bps < self._profiler.desired_bps * (1 - self._profiler.band):
+            if not self._history_checked and thr < self._profiler.desired_bps * (1 - self._profiler.band):
                 self._history_checked = True
                 dom = self._dominant(clusters)
                 hcc, note, _ = self._history_cc(dom, self._profiler.desired_bps)
                 if hcc is not None:
                     hcc += sum(l.cc for l in obs.layouts if l.cluster != dom.name)
-            d = self._profiler.step(cc_now, obs.throughput_bps, hcc, note)
+            d = self._profiler.step(cc_now, thr, hcc, note)
             self._apply(d.cc, 0, clusters)
             reasons.append(d.reason)
         else:
@@ -219,7 +233,7 @@ class FStreamTuner(ClusteredTuner):
                 dp += fine
             self._fine[c.name] = (dp, dpp)
 
-    def _record(self, obs: Observation, cc_now: int, starved: bool) -> None:
+    def _record(self, obs: Observation, thr: float, starved: bool) -> None:
         if self.history is None or starved:
             return
         # a clean measurement: one cluster carried at least 90 % of the bytes
@@ -233,4 +247,4 @@ class FStreamTuner(ClusteredTuner):
         if lay is None or c is None or getattr(lay, "rate_bps", None):
             return  # paced intervals say nothing about what the settings can do
         self.history.add(ProfileRecord(size_class(c.avg_size), c.ftype, lay.cc, lay.p, lay.pp,
-                                       obs.clusters[name].throughput_bps, self.start_time + obs.t))
+                                       thr * obs.clusters[name].bytes / obs.bytes, self.start_time + obs.t))
