@@ -29,7 +29,7 @@ new_files = Asset(
     watchers=[
         AssetWatcher(
             name="fstream_new_files_watcher",
-            trigger=FStreamNewFilesTrigger(path=WATCH_DIR, pattern="*.h5", poll_interval=0.5, max_files=500),
+            trigger=FStreamNewFilesTrigger(path=WATCH_DIR, pattern="*.h5", poll_interval=0.25, max_files=500),
         )
     ],
 )

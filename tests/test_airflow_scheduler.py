@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -99,11 +100,36 @@ def _failed_task_logs(work: Path, db: Path) -> str:
     return "\n".join(out)
 
 
-def _drop(watch: Path, names: list[str]) -> None:
+def _drop(watch: Path, names: list[str]) -> float:
+    """Write files under a hidden name, then rename (how instruments close files); returns the close time."""
     for n in names:
-        tmp = watch / f".{n}.writing"  # written under a hidden name, then renamed: how instruments close files
+        tmp = watch / f".{n}.writing"
         tmp.write_bytes(os.urandom(64_000))
-        tmp.rename(watch / n)
+    closed = time.time()
+    for n in names:
+        (watch / f".{n}.writing").rename(watch / n)
+    return closed
+
+
+def _latencies(redis_url: str, db: Path, closed: list[float]) -> str:
+    """File closed -> asset event, and -> the agent claiming the transfer job (the transfer starting)."""
+    from fstream_provider.bus import connect
+    from fstream_provider.jobs import JobStore
+
+    with sqlite3.connect(db, timeout=5) as c:
+        events = [r[0] for r in c.execute("select timestamp from asset_event order by id")]
+    to_event = [datetime.fromisoformat(ts).replace(tzinfo=timezone.utc).timestamp() - t  # stored as naive UTC
+                for ts, t in zip(events, closed)]
+    client = connect(redis_url)
+    try:
+        store = JobStore(client)
+        claims = sorted(e["ts"] for j in store.list() for _, e in store.events(j.job_id, count=1000)
+                        if e["kind"] == "claimed")
+    finally:
+        client.close()
+    to_claim = [c - t for c, t in zip(claims, closed)]
+    return ("file closed -> asset event: " + ", ".join(f"{x:.2f} s" for x in to_event)
+            + "; file closed -> transfer claimed by the agent: " + ", ".join(f"{x:.2f} s" for x in to_claim))
 
 
 def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, redis_url):
@@ -149,7 +175,7 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
         _wait(lambda: af.log("triggerer").count("watching " + str(watch)) >= 1, 180, "the watcher to start", diag)
 
         batch1 = ["a0.h5", "a1.h5", "a2.h5"]
-        _drop(watch, batch1)
+        closed = [_drop(watch, batch1)]
         (watch / "ignored.txt").write_text("not matching *.h5")
         _wait(lambda: len(_runs(db)) == 1 and _runs(db)[0][1] in ("success", "failed"), 180, "run 1", diag)
 
@@ -160,7 +186,7 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
         _wait(lambda: af.log("triggerer").count("watching " + str(watch)) > starts, 120, "the watcher to restart", diag)
 
         batch2 = ["b0.h5", "b1.h5"]
-        _drop(watch, batch2)
+        closed.append(_drop(watch, batch2))
         _wait(lambda: len(_runs(db)) >= 2 and all(s in ("success", "failed") for _, s in _runs(db)), 180, "run 2",
               diag)
 
@@ -179,6 +205,7 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
                                                          sorted(str(watch / n) for n in batch2)]
         assert sorted(p.name for p in (tmp_path / "dst" / "landed").iterdir()) == sorted(batch1 + batch2)
         assert fired() == 2  # one watcher event per batch, none for files already reported
+        print("LATENCY " + _latencies(redis_url, db, closed))
     finally:
         af.stop_all()
         agent.stop()
