@@ -62,14 +62,18 @@ def wan_path(state_dir):
 
     path = WanPath(_config(_run_id()))
     with path:
+        pid = path.delayline_pid
         yield path
-    _assert_nothing_left(path.config.run_id, [])
+    _assert_nothing_left(path.config.run_id, [pid])
 
 
 def _assert_nothing_left(run_id: str, pids: list[int]) -> None:
     src, dst = netns.ns_names(run_id)
     assert src not in netns.list_namespaces() and dst not in netns.list_namespaces()
     assert not [p for p in pids if netns.pid_alive(p)], "processes of the run survived down"
+    devs = netns.dev_names(run_id)
+    links = netns.run(["ip", "-o", "link", "show"]).stdout
+    assert not any(d in links for d in devs), "a TUN device of the run is still there"
     from fstream_bench.wan.path import _delaylines_of
     from fstream_bench.wan.build import state_dir
 

@@ -139,11 +139,17 @@ def pid_cmdline(pid: int) -> list[str]:
         return []
 
 
-def pid_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds used so far by ``pid``."""
+def pid_cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds used so far by ``pid``."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
+
+
+def pid_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by ``pid``."""
+    return sum(pid_cpu_times(pid))
 
 
 def kill_and_wait(pids: list[int], *, timeout: float = 5.0) -> list[int]:
