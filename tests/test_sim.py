@@ -97,3 +97,11 @@ def test_channels_never_exceed_max_cc_active_plus_the_passive_cap():
             assert iv["cc"] <= 6, name
             assert iv["channels_open"] - iv["passive"] <= 6, name
             assert iv["passive"] <= 2 + 6, name  # closing ones finish their file first
+
+
+def test_window_efficiency_and_startup_calibrate_to_the_emulated_wan():
+    w = one_batch(1, 200_000_000)
+    res = simulate(FixedTuner(cc=1, p=1, pp=0), w, PATH, window_efficiency=0.65)
+    assert res.throughput_bps == pytest.approx(0.65 * STREAM, rel=0.05)  # ~137 Mbit/s measured
+    late = simulate(FixedTuner(cc=1, p=1, pp=0), w, PATH, window_efficiency=0.65, startup_s=1.2)
+    assert late.total_time_s == pytest.approx(res.total_time_s + 1.2, abs=0.05)
