@@ -137,6 +137,40 @@ def _md_breakdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def calibration_rows(summary: dict, *, window_efficiency: float = 0.65, startup_s: float = 1.2,
+                     storage: StorageModel | None = None, profile_interval_s: float = 1.0) -> list[dict]:
+    """Simulate every run of a bench ``summary.json`` (already parsed) and compare with what was measured.
+
+    Tools map to tuners: ``fstream-<tuner>`` to that tuner (``fixed`` and GridFTP/rsync/SFTP
+    to their recorded cc/p/pp); iperf3 and failed runs are skipped.
+    """
+    sc = summary["scenario"]
+    path = PathInfo(float(sc["bandwidth_bps"]), float(sc["rtt_s"]), tcp_buffer=int(sc["tcp_buffer"]))
+    scale = default_scale(path.bandwidth_bps, path.rtt_s)
+    rows = []
+    for run in summary.get("runs", []):
+        tool, st = run.get("tool", ""), run.get("settings", {}) or {}
+        if not run.get("ok") or tool == "iperf3" or not run.get("throughput_bps"):
+            continue
+        if tool.startswith("fstream-") and tool != "fstream-fixed":
+            try:
+                tuner = make_tuner(tool.split("-", 1)[1], path=path)
+            except ValueError:
+                continue
+        elif all(k in st for k in ("cc", "p", "pp")):
+            tuner = FixedTuner(cc=int(st["cc"]), p=max(1, int(st["p"])), pp=int(st["pp"]))
+        else:
+            continue
+        w = make_workload(run["workload"], scale=scale, seed=int(sc.get("seed", 0)),
+                          interval_s=float(sc.get("interval_s", 5.0)),
+                          count_factor=float(sc.get("count_factor", 1.0)))
+        r = simulate(tuner, w, path, storage=storage, profile_interval_s=profile_interval_s,
+                     window_efficiency=window_efficiency, startup_s=startup_s)
+        rows.append({"workload": run["workload"], "tool": tool, "measured_bps": run["throughput_bps"],
+                     "simulated_bps": r.throughput_bps, "sim_over_measured": r.throughput_bps / run["throughput_bps"]})
+    return rows
+
+
 def _md_throughput(rows: list[dict]) -> str:
     tuners = list(dict.fromkeys(r["tuner"] for r in rows))
     out = [f"| workload | {' | '.join(tuners)} |", "|---" * (len(tuners) + 1) + "|"]
@@ -166,7 +200,19 @@ def _md_qos(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small oracle grid")
+    ap.add_argument("--calibrate", metavar="SUMMARY_JSON",
+                    help="instead: simulate the runs of a bench summary.json and compare")
     args = ap.parse_args(argv)
+    if args.calibrate:
+        import json
+        from pathlib import Path
+
+        rows = calibration_rows(json.loads(Path(args.calibrate).read_text()))
+        print("| workload | tool | measured Mbit/s | simulated Mbit/s | sim / measured |\n|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['workload']} | {r['tool']} | {r['measured_bps'] / 1e6:.0f} | "
+                  f"{r['simulated_bps'] / 1e6:.0f} | {r['sim_over_measured']:.2f} |")
+        return
     grid = QUICK_GRID if args.quick else FULL_GRID
     for scn in scenarios():
         print(f"\n### {scn.name} (Gbit/s, ratio to oracle in brackets)\n", flush=True)
