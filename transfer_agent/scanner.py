@@ -224,7 +224,7 @@ class SourceWatcher:
                 except FileNotFoundError:
                     continue
         # files not re-listed this time but still candidates: look at them again
-        for p, (size, mtime, rel) in list(self._candidates.items()):
+        for p, (_size, _mtime, rel) in list(self._candidates.items()):
             if p not in seen_now:
                 try:
                     st = os.stat(p)

@@ -11,7 +11,6 @@ resumes: the receiver's recorded ranges mean only missing bytes are sent again.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import resource
 import threading
@@ -22,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from fstream_provider.spec import TransferSpec
-from fstream_provider.tuning.base import ClusterStats, FileInfo, Observation, PathInfo, Suggestion, Tuner
+from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from transfer_agent.auth import TLSConfig, load_secret
 from transfer_agent.channels import ChannelPool, Connector, ControlSession, InFlight
 from transfer_agent.errors import CancelledError, FStreamError, SourceVanishedError, StallError
@@ -367,7 +366,6 @@ class Transfer:
             clusters[c] = ClusterStats(bytes=b, throughput_bps=b * 8 / dt if dt > 0 else 0.0,
                                        active_channels=active.get(c, (0, 0, 0))[0],
                                        pending_files=pend.get(c, (0, 0))[0], pending_bytes=pend.get(c, (0, 0))[1])
-        from fstream_provider.tuning.base import ClusterLayout
         with self._lock:
             done = self._outstanding == 0
         return Observation(t=now - self._t0, dt=dt, bytes=nbytes, throughput_bps=nbytes * 8 / dt if dt > 0 else 0.0,
