@@ -214,13 +214,24 @@ def test_down_removes_leftovers_of_a_crashed_run_and_nothing_else(state_dir):
     inside = netns.ns_pids(dst)
     assert netns.pid_alive(delayline) and src in netns.list_namespaces() and inside
 
-    foreign = f"fswtest{run_id}"  # not ours by name: must survive `down --all`
+    from fstream_bench.wan.path import find_runs
+
+    # `down --all` would also stop other people's paths on a shared machine, so the test
+    # checks what it would find, then removes only its own run.
+    foreign, other = f"fswtest{run_id}", netns.ns_names(run_id + "x")[0]
     netns.run(["ip", "netns", "add", foreign])
+    netns.run(["ip", "netns", "add", other])
     try:
-        assert cli.main(["down", "--all"]) == 0
-        assert foreign in netns.list_namespaces()
+        found = find_runs()
+        assert run_id in found and run_id + "x" in found
+        assert not any("fswtest" in r for r in found)
+        # Recognised by its names alone, even with the state file lost in the crash.
+        (Path(state_dir) / "wan" / f"{run_id}.json").unlink()
+        assert cli.main(["down", "--run-id", run_id]) == 0
+        assert foreign in netns.list_namespaces() and other in netns.list_namespaces()
     finally:
         netns.run(["ip", "netns", "del", foreign])
+        netns.run(["ip", "netns", "del", other])
     _assert_nothing_left(run_id, [delayline, *inside])
 
 

@@ -430,8 +430,8 @@ def _disk_paths(run_id: str) -> tuple[Path, Path]:
     return state_dir() / f"{run_id}.disk.img", state_dir() / f"{run_id}-dstdisk"
 
 
-def cleanup_all() -> dict[str, list[str]]:
-    """:func:`cleanup_run` for every run id found in namespace names or state files."""
+def find_runs() -> set[str]:
+    """Run ids with anything left on this machine: namespaces, state files, delay lines."""
     run_ids = set(netns.our_namespaces())
     for f in state_dir().glob("*.json"):
         if netns.RUN_ID_RE.match(f.stem):
@@ -443,7 +443,12 @@ def cleanup_all() -> dict[str, list[str]]:
                 m = netns.NS_RE.match(Path(argv[argv.index("--ns-a") + 1]).name)
                 if m:
                     run_ids.add(m.group(1))
-    return {rid: cleanup_run(rid) for rid in sorted(run_ids)}
+    return run_ids
+
+
+def cleanup_all() -> dict[str, list[str]]:
+    """:func:`cleanup_run` for every run id :func:`find_runs` finds (other users' runs too)."""
+    return {rid: cleanup_run(rid) for rid in sorted(find_runs())}
 
 
 def wait_listening(path: WanPath, ns: str, port: int, *, timeout: float = 10.0) -> None:
