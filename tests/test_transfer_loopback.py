@@ -247,3 +247,20 @@ def test_cli_send_json_and_exit_codes(tmp_path: Path, secret: Path, rx: Receiver
     assert {"t", "throughput_bps", "cc", "p", "pp", "reason"} <= set(out["intervals"][0])
     bad = subprocess.run(base + ["--to", "http://nowhere/x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "scheme must be fstream://" in bad.stderr
+
+
+def test_qos_target_is_held_by_the_agent(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    """The fstream tuner's QoS controller, applied by the real sender (channels and pacing), holds a target."""
+    import statistics
+
+    src = make_files(tmp_path / "src", {f"f{i}.bin": 8 * MiB for i in range(12)})  # ~4 s at the target
+    target = 200e6
+    res = send(src, rx.port, secret, tuner="fstream", target_throughput=target, bandwidth="2Gbit",
+               profile_interval="0.5s", sample_interval="0.5s")
+    assert res.ok and trees_identical(src, tmp_path / "dst" / "out")
+    steady = [iv["throughput_bps"] for iv in res.intervals[2:-1]]  # after convergence, before the tail
+    assert len(steady) >= 3
+    err = statistics.median(abs(x - target) / target for x in steady)
+    assert err < 0.2, (err, [round(x / 1e6) for x in steady])
+    assert any(l.get("rate_bps") for d in res.tuning for l in d["layouts"].values())
+    assert all(iv["target_bps"] == target for iv in res.intervals)

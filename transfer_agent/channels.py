@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from fstream_provider.tuning.base import ClusterLayout
 from fstream_provider.tuning.distribution import ChannelState, plan_channels
+from fstream_provider.tuning.pacing import TokenBucket
 from transfer_agent.auth import client_handshake
 from transfer_agent.checksum import hash_fd
 from transfer_agent.errors import (ChecksumError, FStreamError, NetworkError, ProtocolError, RefusedError,
@@ -413,6 +414,9 @@ class Channel:
                     return
                 f, off, length = item
                 if not f.aborted and not f.finished.is_set():
+                    delay = pool.pace(f.sf.cluster, length)
+                    if delay > 0 and pool.stopping.wait(delay):  # QoS pacing; stopping cuts it short
+                        return
                     sock.sendall(pack_header(Frame.DATA, f.file_id, off, length), 0 if tls else MSG_MORE)
                     sent = 0
                     while sent < length:
@@ -493,6 +497,7 @@ class ChannelPool:
         self._count_lock = threading.Lock()
         self.layouts: dict[str, tuple[int, int, int]] = {}
         self.on_unopenable: Callable[[SrcFile, FStreamError], None] | None = None
+        self.buckets: dict[str, TokenBucket] = {}
 
     # -- files ---------------------------------------------------------------------------------
     def add_files(self, files: list[SrcFile]) -> None:
@@ -547,6 +552,26 @@ class ChannelPool:
     def counters(self) -> tuple[int, dict[str, int]]:
         with self._count_lock:
             return self._bytes, dict(self._cluster_bytes)
+
+    def set_rates(self, rates: dict[str, float | None]) -> None:
+        """Cap each cluster's total rate (bits/s; None = unpaced), shared by its channels."""
+        now = time.monotonic()
+        with self._count_lock:
+            for cluster, rate in rates.items():
+                bucket = self.buckets.get(cluster)
+                if bucket is None:
+                    if rate:
+                        self.buckets[cluster] = TokenBucket(rate, now=now)
+                else:
+                    bucket.set_rate(rate, now)
+
+    def pace(self, cluster: str, nbytes: int) -> float:
+        """Seconds to wait before sending ``nbytes`` of ``cluster`` (0 when unpaced)."""
+        bucket = self.buckets.get(cluster)
+        if bucket is None:
+            return 0.0
+        with self._count_lock:
+            return bucket.reserve(nbytes, time.monotonic())
 
     # -- layout --------------------------------------------------------------------------------
     def apply(self, layouts: dict[str, tuple[int, int, int]]) -> dict[str, int]:

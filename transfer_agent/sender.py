@@ -387,8 +387,11 @@ class Transfer:
         if not layouts:
             return ""
         done = pool.apply(layouts)
+        rates = {l.cluster: getattr(l, "rate_bps", None) for l in s.layouts if l.cluster in layouts}
+        pool.set_rates(rates)
         decision = {"t": round(obs.t, 3), "reason": s.reason,
-                    "layouts": {c: {"cc": v[0], "p": v[1], "pp": v[2]} for c, v in layouts.items()}, **done}
+                    "layouts": {c: {"cc": v[0], "p": v[1], "pp": v[2], "rate_bps": rates.get(c)}
+                                for c, v in layouts.items()}, **done}
         self.result.tuning.append(decision)
         self.log.info("tuning at %.1f s: %s -> %s", obs.t, s.reason,
                       ", ".join(f"{c}: cc={v[0]} p={v[1]} pp={v[2]}" for c, v in layouts.items()))
