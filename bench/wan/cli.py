@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--json", action="store_true")
     down = sub.add_parser("down", help="remove the path (and leftovers of crashed runs)")
     path_opts(down, shape=False)
-    down.add_argument("--all", action="store_true", help="every fswan-* run, not just --run-id")
+    down.add_argument("--all", action="store_true", help="every fswan-* run on this machine (other users' too), "
+                                               "not just --run-id")
     sc = sub.add_parser("selfcheck", help="measure RTT and throughput; fail if off")
     path_opts(sc, shape=True)
     sc.add_argument("--json", action="store_true")

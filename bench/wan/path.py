@@ -148,9 +148,12 @@ class WanPath:
         missing = netns.missing_tools()
         if missing:
             raise WanError("the emulated WAN needs: " + ", ".join(missing))
-        if self.is_up():
+        live = _delaylines_of(self.config.run_id)
+        if self.is_up() or live:
             raise WanError(f"WAN path {self.config.run_id!r} is already up "
-                           f"(namespaces {self.src_ns}, {self.dst_ns}); run `down` first")
+                           f"(namespaces {self.src_ns}, {self.dst_ns}, delay line pid "
+                           f"{','.join(map(str, live)) or '?'}); pick another --run-id or run "
+                           "`down` first")
         cleanup_run(self.config.run_id)  # leftovers of a crashed run with this id
         binary = delayline_binary()
         if not self._atexit_registered:
