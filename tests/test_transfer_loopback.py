@@ -264,3 +264,17 @@ def test_qos_target_is_held_by_the_agent(tmp_path: Path, secret: Path, rx: Recei
     assert err < 0.2, (err, [round(x / 1e6) for x in steady])
     assert any(l.get("rate_bps") for d in res.tuning for l in d["layouts"].values())
     assert all(iv["target_bps"] == target for iv in res.intervals)
+
+
+def test_stall_is_detected_by_the_progress_floor(tmp_path: Path, secret: Path) -> None:
+    """A receiver that stops writing (held at a gate) is reported as a retryable stall, not waited on forever."""
+    src = make_files(tmp_path / "src", {"big.bin": 64 * MiB})
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=2 * MiB)
+    try:
+        res = send(src, rx.port, secret, cc=1, p=1, block_size=1 * MiB, stall_timeout=1.5, max_session_retries=0)
+    finally:
+        rx.gate.set()
+        rx.stop()
+    assert not res.ok
+    assert "stalled" in (res.error or "") and "progress floor" in res.error and "retryable" in res.error
+    assert not (tmp_path / "dst" / "out" / "big.bin").exists()

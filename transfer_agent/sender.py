@@ -10,6 +10,7 @@ resumes: the receiver's recorded ranges mean only missing bytes are sent again.
 
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import resource
@@ -100,15 +101,18 @@ class Transfer:
     :param cancel: set to stop the transfer (files in flight stay resumable).
     :param redis: optional Redis client for profiling history.
     :param tuner: a tuner object to use instead of the one the spec names (tests, simulator).
-    :param stall_timeout: seconds without any progress (bytes sent or files committed) while work
-        is outstanding before the session is declared stalled (retryable).
+    :param stall_timeout: length of the progress window: if, with work outstanding, fewer than
+        ``progress_floor_bps`` were moved over the last ``stall_timeout`` seconds and no file was
+        committed, the session is declared stalled (retryable) — a trickle does not hide a stall.
+    :param progress_floor_bps: the progress floor in bits/s (default 64 kbit/s).
     :param max_session_retries: reconnect-and-resume attempts for retryable session failures.
     """
 
     def __init__(self, spec: TransferSpec, *, job_id: str | None = None, attempt: int = 1,
                  on_event: EventCallback | None = None, cancel: threading.Event | None = None,
                  redis: Any = None, log: logging.Logger | None = None, tuner: Tuner | None = None,
-                 stall_timeout: float = 60.0, max_session_retries: int = 4) -> None:
+                 stall_timeout: float = 60.0, progress_floor_bps: float = 64e3,
+                 max_session_retries: int = 4) -> None:
         self.spec = spec
         self.job_id = job_id or uuid.uuid4().hex
         self.attempt = attempt
@@ -118,6 +122,7 @@ class Transfer:
         self.log = log or logging.getLogger("fstream.sender")
         self._tuner = tuner
         self.stall_timeout = stall_timeout
+        self.progress_floor_bps = progress_floor_bps
         self.max_session_retries = max_session_retries
         self.result = TransferResult(job_id=self.job_id, tuner=tuner.name if tuner else spec.tuner,
                                      checksum="xxh3_128" if spec.verify else "off (sizes only)")
@@ -230,6 +235,7 @@ class Transfer:
         spec = self.spec
         start = time.monotonic()
         self._last_progress = start
+        window: collections.deque[tuple[float, int]] = collections.deque()
         last_sample = last_profile = start
         last_bytes, last_cluster = pool.counters()
         prof_bytes, prof_cluster = last_bytes, dict(last_cluster)
@@ -259,8 +265,14 @@ class Transfer:
                     self._files_total += len(new)
                     self._add_files(tuner, pool, new, obs_t=now - self._t0)
             total, per_cluster = pool.counters()
-            if total != last_bytes:
-                self._last_progress = now
+            window.append((now, total))
+            while len(window) > 2 and window[1][0] <= now - self.stall_timeout:
+                window.popleft()
+            if (window[0][0] <= now - self.stall_timeout
+                    and (total - window[0][1]) * 8 < self.progress_floor_bps * self.stall_timeout):
+                stalled_since = max(self._last_progress, window[0][0])  # commits also count as progress
+            else:
+                stalled_since = now
             if now - last_sample >= spec.sample_interval_s:
                 self._record(now, now - last_sample, total - last_bytes, per_cluster, last_cluster, pool,
                              pending_reason)
@@ -281,9 +293,11 @@ class Transfer:
                     break
                 if spec.until is not None and time.time() >= spec.until:
                     break
-            elif now - self._last_progress > self.stall_timeout:
-                raise StallError(f"no progress for {self.stall_timeout:.0f} s with files outstanding "
-                                 f"(progress floor); the path or the receiver is stalled")
+            elif now - stalled_since >= self.stall_timeout:
+                moved = (total - window[0][1]) * 8 / self.stall_timeout
+                raise StallError(f"stalled: {moved / 1e3:.1f} kbit/s over the last {self.stall_timeout:.0f} s with "
+                                 f"files outstanding, below the progress floor of "
+                                 f"{self.progress_floor_bps / 1e3:.0f} kbit/s; the path or the receiver is stuck")
             deadline = min(last_sample + spec.sample_interval_s, last_profile + spec.profile_interval_s,
                            next_scan if watcher else float("inf"))
             self._wake.wait(max(0.01, min(0.5, deadline - time.monotonic())))
