@@ -1,8 +1,9 @@
-"""Shared fixtures: a real ``redis-server`` on a free port per test (``redis_server``, ``redis_url``, ``redis_client``)."""
+"""Shared fixtures: a real ``redis-server`` on a free port per test, a shared secret and a loopback receiver."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,23 @@ def redis_client(redis_url: str) -> Iterator:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    """A fresh shared-secret file (mode 0600)."""
+    from agentkit import write_secret
+
+    return write_secret(tmp_path / "secret")
+
+
+@pytest.fixture
+def rx(tmp_path: Path, secret: Path) -> Iterator:
+    """A real receiver on 127.0.0.1 (free port) writing under ``tmp_path/dst``; stopped after the test."""
+    from agentkit import start_receiver
+
+    r = start_receiver(tmp_path / "dst", secret)
+    try:
+        yield r
+    finally:
+        r.stop()

@@ -14,22 +14,10 @@ from agentkit import make_files, part_files, send, start_receiver, write_secret
 from transfer_agent.auth import TLSConfig, load_secret
 from transfer_agent.channels import Connector
 from transfer_agent.errors import AuthError, FStreamError, RefusedError
-from transfer_agent.protocol import HEADER, VERSION, Frame, expect, pack_control, pack_header, recv_frame
+from transfer_agent.protocol import HEADER, VERSION, Frame, pack_control, pack_header, recv_frame
 from transfer_agent.receiver import Receiver
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def secret(tmp_path: Path) -> Path:
-    return write_secret(tmp_path / "secret")
-
-
-@pytest.fixture
-def rx(tmp_path: Path, secret: Path):
-    r = start_receiver(tmp_path / "dst", secret)
-    yield r
-    r.stop()
 
 
 def control(port: int, secret: Path, job: str = "job", attempt: int = 1) -> tuple[socket.socket, Connector]:

@@ -20,18 +20,6 @@ from transfer_agent.receiver import Receiver
 KiB, MiB = 1024, 1024 * 1024
 
 
-@pytest.fixture
-def secret(tmp_path: Path) -> Path:
-    return write_secret(tmp_path / "secret")
-
-
-@pytest.fixture
-def rx(tmp_path: Path, secret: Path):
-    r = start_receiver(tmp_path / "dst", secret)
-    yield r
-    r.stop()
-
-
 def test_many_small_files(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     src = make_files(tmp_path / "src", {f"d{i % 7}/f{i}.dat": 4 * KiB + i for i in range(400)})
     res = send(src, rx.port, secret, cc=4, p=1, pp=8)

@@ -58,6 +58,16 @@ class InFlight:
     resumed: int = 0
 
 
+def _settle(f: InFlight) -> None:
+    """Close the source and wake whoever waits on the file; its outcome is decided."""
+    try:
+        os.close(f.fd)
+    except OSError:
+        pass
+    f.opened.set()
+    f.finished.set()
+
+
 class Connector:
     """Opens authenticated connections to one receiver.
 
@@ -210,12 +220,7 @@ class ControlSession:
             if self._files.pop(f.file_id, None) is None:
                 return
         f.outcome, f.error = outcome, err
-        try:
-            os.close(f.fd)
-        except OSError:
-            pass
-        f.opened.set()
-        f.finished.set()
+        _settle(f)
         self.on_finished(f)
 
     def outstanding(self) -> list[InFlight]:
@@ -291,12 +296,7 @@ class ControlSession:
             unfinished = list(self._files.values())
             self._files.clear()
         for f in unfinished:
-            try:
-                os.close(f.fd)
-            except OSError:
-                pass
-            f.opened.set()
-            f.finished.set()
+            _settle(f)
         return unfinished
 
 
