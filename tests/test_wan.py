@@ -95,9 +95,14 @@ def test_bad_run_id_is_refused():
 @pytest.mark.wan
 @pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")
 def test_selfcheck_measures_the_configured_path(wan_path):
-    from fstream_bench.wan.selfcheck import selfcheck
+    from fstream_bench.wan.selfcheck import SelfcheckError, selfcheck
 
-    res = selfcheck(wan_path, duration=3.0)
+    try:
+        res = selfcheck(wan_path, duration=3.0)
+    except SelfcheckError as exc:
+        if "load average" not in str(exc):
+            raise
+        res = selfcheck(wan_path, duration=3.0)  # CPU-starved endpoints on a busy machine: once more
     assert res["ok"], res["failures"]
     assert abs(res["rtt_ms"] - 20.0) <= 2.0
     assert abs(res["parallel_bps"] / wan_path.config.expected_goodput_bps - 1) <= 0.05
