@@ -266,3 +266,21 @@ def test_stall_is_detected_by_the_progress_floor(tmp_path: Path, secret: Path) -
     assert not res.ok
     assert "stalled" in (res.error or "") and "progress floor" in res.error and "retryable" in res.error
     assert not (tmp_path / "dst" / "out" / "big.bin").exists()
+
+
+def test_profiling_history_is_saved_for_later_streams(tmp_path: Path, secret: Path, redis_client) -> None:
+    from fstream_provider.profiling_store import load_history
+    from fstream_provider.spec import TransferSpec
+    from transfer_agent.sender import Transfer
+
+    src = make_files(tmp_path / "src", {f"f{i}.h5": 4 * MiB for i in range(24)})
+    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=24 * MiB)  # ~4 s: two profiling windows
+    try:
+        assert len(load_history(redis_client)) == 0
+        spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rx.port}/o", tuner="fstream",
+                                         bandwidth="1Gbit", profile_interval="0.5s", secret_file=str(secret))
+        assert Transfer(spec, redis=redis_client).run().ok
+    finally:
+        rx.stop()
+    saved = load_history(redis_client)
+    assert len(saved) > 0 and all(r.ftype == "h5" and r.cc >= 1 for r in saved.records())

@@ -88,7 +88,7 @@ def make_tuner(spec: TransferSpec, path: PathInfo, redis: Any = None) -> Tuner:
         except Exception as exc:  # noqa: BLE001 - history is an optimisation, never a reason to fail
             log.warning("profiling history not loaded: %s", exc)
     return factory(spec.tuner, path=path, cc=spec.cc, p=spec.p, pp=spec.pp,
-                   target_throughput_bps=spec.target_throughput_bps, history=history)
+                   target_throughput_bps=spec.target_throughput_bps, history=history, start_time=time.time())
 
 
 class Transfer:
@@ -133,6 +133,7 @@ class Transfer:
         self._done_bytes = 0
         self._last_progress = 0.0
         self._files_total = 0
+        self._history_saved_at = time.monotonic()
 
     # -- public --------------------------------------------------------------------------------
     def run(self) -> TransferResult:
@@ -177,6 +178,7 @@ class Transfer:
             for sf in pending:
                 self._fail_file(sf, exc)
         finally:
+            self._save_history()
             hasher.shutdown(wait=False, cancel_futures=True)
             if watcher:
                 watcher.close()
@@ -410,7 +412,23 @@ class Transfer:
         self.log.info("tuning at %.1f s: %s -> %s", obs.t, s.reason,
                       ", ".join(f"{c}: cc={v[0]} p={v[1]} pp={v[2]}" for c, v in layouts.items()))
         self.on_event("tuning", decision)
+        if time.monotonic() - self._history_saved_at > 10.0:  # long streams persist as they learn
+            self._history_saved_at = time.monotonic()
+            self._save_history()
         return s.reason
+
+    def _save_history(self) -> None:
+        """Persist what the tuner learned (profiling history) so a later stream starts near it."""
+        history = getattr(self._tuner, "history", None)
+        if self.redis is None or history is None:
+            return
+        try:
+            from fstream_provider.profiling_store import save_history
+            n = save_history(self.redis, history)
+            if n:
+                self.log.info("saved %d profiling record(s) to Redis", n)
+        except Exception as exc:  # noqa: BLE001 - losing history only costs a slower start next time
+            self.log.warning("profiling history not saved: %s", exc)
 
     def _record(self, now: float, dt: float, nbytes: int, per_cluster: dict[str, int], last_cluster: dict[str, int],
                 pool: ChannelPool, reason: str) -> None:
