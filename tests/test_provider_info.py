@@ -66,3 +66,15 @@ def test_importing_the_package_does_not_import_airflow():
            "fstream_provider.tasklog; print('airflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_airflow_discovers_the_provider_and_connection_type():
+    """Airflow's own ProvidersManager finds the entry point and maps conn type ``fstream`` to the hook."""
+    import subprocess
+    import sys
+
+    code = ("from airflow.providers_manager import ProvidersManager as P; p = P(); "
+            "print('fstream' in p.providers, p.hooks['fstream'].hook_class_name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False"))
+    assert out.stdout.strip().splitlines()[-1] == "True fstream_provider.hooks.fstream.FStreamHook"
