@@ -7,6 +7,6 @@ if [ "$(id -u)" != "0" ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq iperf3 rsync openssh-server openssh-client iproute2 gcc \
+apt-get install -y -qq iperf3 rsync openssh-server openssh-client iproute2 gcc libc6-dev e2fsprogs util-linux \
   globus-gass-copy-progs globus-gridftp-server-progs redis-server >/dev/null
 echo "bench-deps: installed"

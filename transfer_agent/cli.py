@@ -221,8 +221,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # everything after "bench" (options too) belongs to the bench CLI
+        argv = ["bench", "--", *argv[1:]]
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "bench" and args.bench_args[:1] == ["--"]:
+        args.bench_args = args.bench_args[1:]
     _setup_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
