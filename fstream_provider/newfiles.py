@@ -306,11 +306,11 @@ class Scanner:
                                               known_hosts=self.known_hosts)
         try:
             return list_sftp(self._sftp, self.location.directory, self.pattern, self.recursive)
-        except (OSError, EOFError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
-            self.close()  # broken session: reconnect on the next scan
-            raise ConnectionError(f"SFTP {self.location.url()}: listing failed ({exc})") from exc
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # OSError, EOFError, paramiko.SSHException: the session is broken
+            self.close()  # reconnect on the next scan
+            raise ConnectionError(f"SFTP {self.location.url()}: listing failed ({type(exc).__name__}: {exc})") from exc
 
     def close(self) -> None:
         if self._ssh is not None:

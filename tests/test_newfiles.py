@@ -239,3 +239,30 @@ def test_sftp_unknown_host_key_is_refused(tmp_path, sftp_server):
     sc = Scanner(Location.parse(url), key_file=sftp_server["key_file"], known_hosts=str(other))
     with pytest.raises(ConnectionError, match="127.0.0.1"):
         sc.scan()
+
+
+def test_new_files_trigger_over_sftp(tmp_path, sftp_server, redis_url, monkeypatch):
+    """The Airflow event trigger on an ``sftp://`` location: reports the complete file once, over real SSH."""
+    import asyncio
+    import tempfile
+
+    os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
+    pytest.importorskip("airflow")
+    from fstream_provider.triggers.new_files import FStreamNewFilesTrigger
+
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    data = tmp_path / "remote"
+    _write(data / "shot1.xtc", b"q" * 4096)
+    url = f"sftp://{sftp_server['user']}@127.0.0.1:{sftp_server['port']}{data}"
+    kw = dict(path=url, pattern="*.xtc", poll_interval=0.05, ssh_key_file=sftp_server["key_file"],
+              known_hosts=sftp_server["known_hosts"])
+
+    async def first(trigger):
+        async for ev in trigger.run():
+            return ev.payload
+
+    ev = asyncio.run(asyncio.wait_for(first(FStreamNewFilesTrigger(**kw)), 20))
+    assert ev["files"] == [str(data / "shot1.xtc")] and ev["location"] == url and ev["bytes"] == 4096
+    _write(data / "shot2.xtc", b"r")
+    ev2 = asyncio.run(asyncio.wait_for(first(FStreamNewFilesTrigger(**kw)), 20))
+    assert ev2["files"] == [str(data / "shot2.xtc")]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -15,6 +15,7 @@ from fstream_provider.hooks.fstream import (
     settings_from_connection,
     settings_without_connection,
 )
+
 
 class FStreamAsyncHook(BaseHook):
     """Read job state and follow job events without blocking the triggerer's event loop.
@@ -32,13 +33,15 @@ class FStreamAsyncHook(BaseHook):
         self.fstream_conn_id = fstream_conn_id
         self._settings: FStreamSettings | None = None
         self._client: Any = None
+        self._keys: Any = None
 
     async def get_settings(self) -> FStreamSettings:
         if self._settings is None:
             try:
                 conn = await self.aget_connection(self.fstream_conn_id)
             except AirflowNotFoundException:
-                self._settings = settings_without_connection(self.fstream_conn_id)
+                # may start the embedded redis-server (a subprocess): keep it off the event loop
+                self._settings = await asyncio.to_thread(settings_without_connection, self.fstream_conn_id)
             else:
                 self._settings = settings_from_connection(conn)
         return self._settings
@@ -52,18 +55,12 @@ class FStreamAsyncHook(BaseHook):
         return self._client
 
     async def get_keys(self) -> Any:
-        return self._keys_for((await self.get_settings()).namespace)
+        """The key schema of the connection's namespace."""
+        if self._keys is None:
+            from fstream_provider.keys import Keys
 
-    @cached_property
-    def _keys_cache(self) -> dict[str, Any]:
-        return {}
-
-    def _keys_for(self, namespace: str) -> Any:
-        from fstream_provider.keys import Keys
-
-        if namespace not in self._keys_cache:
-            self._keys_cache[namespace] = Keys(namespace)
-        return self._keys_cache[namespace]
+            self._keys = Keys((await self.get_settings()).namespace)
+        return self._keys
 
     async def get_state(self, job_id: str) -> Any:
         """The job's ``JobState``, or ``None`` if the job does not exist (or expired)."""

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from redis.exceptions import RedisError
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.newfiles import (
@@ -116,7 +117,7 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
                             self.log.info("%s", payload["message"])
                             yield TriggerEvent(payload)
                             return
-                except (OSError, EOFError) as exc:  # missing directory, SFTP or Redis hiccup: keep watching
+                except (OSError, EOFError, RedisError) as exc:  # missing directory, SFTP or Redis hiccup: keep watching
                     if time.monotonic() - last_warning > 60:
                         self.log.warning("watching %s: %s (will keep retrying)", location.url(), exc)
                         last_warning = time.monotonic()
