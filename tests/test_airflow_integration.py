@@ -148,6 +148,9 @@ class _TI:
     def xcom_push(self, key, value):
         self.xcom[key] = value
 
+    def xcom_pull(self, task_ids, key, map_indexes=None):
+        return self.xcom.get(key)
+
 
 def _deferred_job_id(op, ti) -> str:
     with pytest.raises(TaskDeferred) as exc:
@@ -269,3 +272,18 @@ def test_dag_test_lcls_stream_ships_files_written_while_it_runs(airflow_env, red
     rep = out["xcom"]["stream_run:return_value"]
     assert rep["files"] == rep["verified_files"] == 5 and rep["target_throughput_bps"] == 200e6
     assert out["xcom"]["report:return_value"].startswith("run streamed: 5 files")
+
+
+def test_deferral_timeout_cancels_the_job(monkeypatch, redis_url, redis_client):
+    from airflow.sdk.bases.operator import TriggerFailureReason
+    from airflow.sdk.exceptions import TaskDeferralTimeout
+
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    ti = _TI(1)
+    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x")
+    job_id = _deferred_job_id(op, ti)
+    resumed = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x")
+    with pytest.raises(TaskDeferralTimeout):
+        resumed.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, {"ti": ti})
+    st = JobStore(redis_client, keys=Keys()).get(job_id)
+    assert st.state == "cancelled" and "timed out" in st.error

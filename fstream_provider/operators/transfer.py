@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferralTimeout
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.tasklog import (
@@ -307,6 +307,18 @@ class FStreamTransferOperator(BaseOperator):
         ti = context["ti"]
         safe = lambda s: re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))  # noqa: E731
         return os.path.join(base, safe(ti.dag_id), safe(ti.run_id), f"{safe(ti.task_id)}-{safe(job_id)}.png")
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        """As Airflow's, plus: a deferral that timed out (``execution_timeout``) cancels the job it waited for."""
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except TaskDeferralTimeout:
+            ti = context["ti"]
+            job_id = ti.xcom_pull(task_ids=self.task_id, key="job_id", map_indexes=getattr(ti, "map_index", None))
+            if job_id:
+                self.log.warning("Timed out waiting for FStream job %s: cancelling it", job_id)
+                self.hook.cancel(job_id, f"Airflow task {self.task_id} timed out (execution_timeout)")
+            raise
 
     def on_kill(self) -> None:
         """Cancel the job when the task is killed while polling (deferred tasks: the trigger's ``on_kill``)."""
