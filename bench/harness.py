@@ -297,10 +297,49 @@ def _cc_timeline(own: list[dict], active: list[tuple[float, float, int]]) -> Cal
     return at_batch
 
 
-def open_path(sc: Scenario):
-    """Return (sites, selfcheck dict, closer) for the scenario's path."""
+class PathHandle:
+    """The path a scenario runs on: its sites, its selfcheck, and how to revive or close it.
+
+    Another process may tear the emulated WAN down mid-run (``fstream bench wan down --all``);
+    ``alive()`` notices and ``revive()`` rebuilds the same path (same names and addresses) and
+    checks it again, so a run loses one measurement, not the rest of the scenario.
+
+    :param sites: where each end runs.
+    :param check: the selfcheck of the path as first built.
+    :param path: the ``WanPath`` (None on loopback).
+    :param force: keep going when a selfcheck fails (recorded).
+    """
+
+    def __init__(self, *, sites: Sites, check: dict, path=None, force: bool = False) -> None:
+        self.sites = sites
+        self.check = check
+        self.path = path
+        self.force = force
+        self.revived: list[dict] = []
+
+    def alive(self) -> bool:
+        return self.path is None or self.path.is_up()
+
+    def revive(self, log: Callable[[str], None]) -> None:
+        assert self.path is not None
+        log("bench run: the WAN path was torn down by someone else; rebuilding it")
+        try:
+            self.path.down()
+        except Exception as e:  # leftovers: report and build anyway
+            log(f"bench run: clean-up before rebuilding: {e}")
+        self.path.up()
+        check = _selfcheck(self.path, force=self.force)
+        self.revived.append({"at": time.strftime("%H:%M:%S"), "selfcheck": check})
+
+    def close(self) -> None:
+        if self.path is not None:
+            self.path.down()
+
+
+def open_path(sc: Scenario) -> PathHandle:
+    """Build (or, on loopback, describe) the scenario's path."""
     if sc.path == "loopback":
-        return Sites(), {"path": "loopback"}, lambda: None
+        return PathHandle(sites=Sites(), check={"path": "loopback"})
     if sc.path != "wan":
         raise ValueError(f"scenario {sc.name}: path {sc.path!r} is not 'loopback' or 'wan'")
     import os
@@ -318,7 +357,7 @@ def open_path(sc: Scenario):
     except BaseException:
         path.down()
         raise
-    return sites, check, path.down
+    return PathHandle(sites=sites, check=check, path=path, force=sc.force_path)
 
 
 def _selfcheck(path, force: bool = False, attempts: int = 3) -> dict:
@@ -352,7 +391,8 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(results) / f"{sc.name}-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
-    sites, check, close = open_path(sc)
+    handle = open_path(sc)
+    sites, check = handle.sites, handle.check
     summary: dict = {"scenario": sc.__dict__, "machine": machine_info(), "selfcheck": check, "runs": [],
                      "skipped": {}, "iperf3": None, "oracle": {}}
     log(f"bench run {sc.name}: path {sc.path}, selfcheck {json.dumps(check)}")
@@ -378,7 +418,13 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
             staged = materialize(w, workdir / "staging" / name, seed=sc.seed)
             log(f"bench run: {name}: {len(w.files)} files, {w.total_bytes / 1e9:.2f} GB in {len(w.batches)} batches")
             for tool in tools:
-                tr = run_tool(tool, sc, sites, staged, workdir / "run" / name / tool)
+                for attempt in range(3):
+                    if not handle.alive():
+                        handle.revive(log)
+                    tr = run_tool(tool, sc, sites, staged, workdir / "run" / name / tool)
+                    if tr.result.ok or handle.alive():
+                        break
+                    log(f"bench run:   {tool}: lost the path mid-run ({tr.result.error[:120]}); again")
                 if not keep:
                     shutil.rmtree(workdir / "run" / name / tool, ignore_errors=True)
                 r = tr.result
@@ -388,12 +434,18 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
                 rows += [{"workload": name, "tool": tool, **s} for s in tr.samples]
             if sc.oracle:
                 from fstream_bench.oracle import search
-                summary["oracle"][name] = search(w, staged, sites, workdir / "oracle", sc, grid=sc.oracle_grid,
-                                               log=log)
+                for attempt in range(3):
+                    if not handle.alive():
+                        handle.revive(log)
+                    summary["oracle"][name] = search(w, staged, sites, workdir / "oracle", sc,
+                                                   grid=sc.oracle_grid, log=log)
+                    if "error" not in summary["oracle"][name] or handle.alive():
+                        break
             if not keep:
                 shutil.rmtree(workdir / "staging" / name, ignore_errors=True)
     finally:
-        close()
+        handle.close()
+        summary["path_rebuilt"] = handle.revived
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         with open(out / "samples.csv", "w", newline="") as f:
             cols = ["workload", "tool", "t", "throughput_bps", "bytes", "cc", "p", "pp", "source"]

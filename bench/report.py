@@ -75,6 +75,9 @@ def tables(summary: dict) -> str:
     if summary.get("selfcheck", {}).get("forced"):
         out.insert(0, f"**WARNING: the WAN selfcheck failed and the run was forced: "
                       f"{summary['selfcheck'].get('error', '')}**\n")
+    for rb in summary.get("path_rebuilt", []):
+        out.append(f"- the WAN path was torn down by another process and rebuilt at {rb['at']}; "
+                   f"selfcheck then: {_selfcheck_text(rb['selfcheck'])}")
     ip = summary.get("iperf3")
     ip_bps = ip["throughput_bps"] if ip and ip.get("ok") else None
     if ip_bps:
