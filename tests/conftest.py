@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fstream_provider.bus import connect
-from fstream_provider.embedded import RedisServer
+# no test may touch ~/airflow: every Airflow import in this session sees a private home
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
+
+from fstream_provider.bus import connect  # noqa: E402
+from fstream_provider.embedded import RedisServer  # noqa: E402
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from transfer_agent.errors import RefusedError
-from transfer_agent.paths import open_parent, safe_relpath, temp_name, temp_prefix
+from transfer_agent.parts import part_stem
+from transfer_agent.paths import open_parent, safe_relpath, stem_of, temp_name
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
 
 SIZE = 200
@@ -82,4 +83,5 @@ def test_temp_names_share_prefix_and_fit() -> None:
     long = "n" * 250
     for base in ("file.h5", long):
         t = temp_name(base, "job" * 30, 3)
-        assert t.startswith(temp_prefix(base)) and t.endswith(".3.part") and len(t.encode()) <= 255
+        assert part_stem(t) == stem_of(base) and t.endswith(".3.part") and len(t.encode()) <= 255
+    assert part_stem("a.part") is None and part_stem(".x.job.notanumber.part") is None

@@ -7,12 +7,14 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fstream_provider.jobs import JobState, JobStore
 from fstream_provider.keys import Keys
 from fstream_provider.units import parse_duration
 from transfer_agent.errors import FStreamError
+
+if TYPE_CHECKING:  # redis (imported by the job model) costs half a second: only commands that use it load it
+    from fstream_provider.jobs import JobState, JobStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -24,6 +26,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _store(args: argparse.Namespace) -> JobStore:
+    from fstream_provider.jobs import JobStore
     from fstream_provider.bus import connect
     from fstream_provider.embedded import resolve_redis_url
 

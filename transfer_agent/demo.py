@@ -129,17 +129,23 @@ def run_demo(files: int = 0, airflow: bool = True) -> int:
         receiver.stop()
         client.close()
     if rc == 0 and airflow:
-        rc = _airflow_part(con, url, secret_file)
+        rc = _airflow_part(con, url)
     con.print(f"\nstate directory: {base} (embedded Redis keeps running for the next command; "
               f"history and profiles persist there)")
     return rc
 
 
-def _airflow_part(con: Console, url: str, secret_file: Path) -> int:
+def _airflow_part(con: Console, url: str) -> int:
     try:
-        from fstream_provider.demo_airflow import run_demo as airflow_demo
-    except ImportError as exc:
-        con.print(f"[yellow]Airflow part skipped: {exc}[/]")
+        import airflow  # noqa: F401
+    except ImportError:
+        con.print("[yellow]Airflow is not installed: skipping the Airflow part (pip install '.[airflow]')[/]")
         return 0
-    con.rule("[bold]The same, from Airflow")
-    return int(airflow_demo(redis_url=url, secret_file=str(secret_file)) or 0)
+    from fstream_provider.demo_airflow import run_demo as airflow_demo
+
+    con.rule("[bold]The same stream, as an Airflow task (fstream_lcls_stream under dag.test())")
+    report = airflow_demo(redis_url=url, workdir=str(state_dir() / "demo" / "airflow"))
+    ok = bool(report) and not report.get("failed_files") and report.get("verified_files", 0) > 0
+    con.print(f"Airflow task report: {report.get('verified_files', 0)} files verified, "
+              f"{report.get('failed_files', 0)} failed" if report else "[red]the Airflow task returned no report[/]")
+    return 0 if ok else 1

@@ -70,7 +70,8 @@ def open_parent(root_fd: int, relpath: str, create: bool = True) -> tuple[int, s
         raise
 
 
-def _stem(base: str) -> str:
+def stem_of(base: str) -> str:
+    """The part of a temp name that stands for the final name (long names shortened with a hash)."""
     if len(base.encode()) <= 150:
         return base
     digest = hashlib.sha256(base.encode()).hexdigest()[:12]
@@ -79,9 +80,4 @@ def _stem(base: str) -> str:
 
 def temp_name(base: str, job: str, attempt: int) -> str:
     """``.NAME.<job>.<attempt>.part`` (long names are shortened with a hash to fit the name limit)."""
-    return f".{_stem(base)}.{job[:64]}.{attempt}.part"
-
-
-def temp_prefix(base: str) -> str:
-    """The prefix every temp name of ``base`` starts with (used to find resumable parts)."""
-    return f".{_stem(base)}."
+    return f".{stem_of(base)}.{job[:64]}.{attempt}.part"

@@ -16,7 +16,6 @@ import queue
 import socket
 import ssl
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +24,13 @@ from transfer_agent import storage
 from transfer_agent.auth import TLSConfig, server_handshake
 from transfer_agent.checksum import ALGORITHMS, hash_fd
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError, RefusedError
-from transfer_agent.paths import open_parent, safe_relpath, temp_name, temp_prefix
+from transfer_agent.parts import PartIndex
+from transfer_agent.paths import open_parent, safe_relpath, temp_name
 from transfer_agent.protocol import MAX_BLOCK, ControlWriter, Frame, recv_frame
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
 
 MAX_FILE_SIZE = 1 << 50
+RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a syscall each is not worth it
 HANDSHAKE_TIMEOUT = 15.0
 
 
@@ -58,6 +59,7 @@ class RecvFile:
     dirty: bool = False
     users: int = 0
     closing: bool = False
+    meta_written: bool = False
 
     def acquire(self) -> int:
         """Borrow the fd for one I/O; -1 once the file is closing. Pair with ``unuse``."""
@@ -146,6 +148,7 @@ class Receiver:
         self._sessions: dict[str, Session] = {}
         self._attempts: dict[str, int] = {}
         self._busy_parts: set[tuple[int, str]] = set()
+        self._parts = PartIndex()
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
@@ -361,20 +364,26 @@ class Receiver:
             free = storage.free_bytes(dir_fd)
             if tmp is None and need > free:
                 raise RefusedError(f"{rel!r}: no space left: file needs {need} bytes, {free} free")
+            resumed_part = tmp is not None
             if tmp is None:
                 tmp = temp_name(base, session.job, session.attempt)
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                              dir_fd=dir_fd)
+                self._parts.add(dir_fd, base, tmp)
                 try:
-                    storage.reserve(fd, size)
+                    if size >= RESERVE_MIN:
+                        storage.reserve(fd, size)
                 except OSError:
                     os.close(fd)
-                    os.unlink(tmp, dir_fd=dir_fd)
+                    self._remove_part(dir_fd, base, tmp)
                     raise
             else:
                 fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            # the ranges sidecar is written by the first flush (or when the session ends): a small file
+            # that commits within the flush interval never costs an extra file
             f = RecvFile(fid, rel, dir_fd, base, tmp, size, int(mtime_ns), algo, fd, ranges, session, part_key=key)
-            write_meta(dir_fd, tmp + ".meta", f.meta())
+            f.dirty = True
+            f.meta_written = ranges.total() > 0 or resumed_part
         except BaseException:
             os.close(dir_fd)
             with self._lock:
@@ -403,22 +412,25 @@ class Receiver:
     def _take_over_part(self, session: Session, dir_fd: int, base: str, rel: str, size: int, mtime_ns: int,
                         algo: str) -> tuple[RangeSet, str | None]:
         """Find a part file of an earlier attempt with the same source identity; rename it to ours."""
-        prefix = temp_prefix(base)
-        for name in os.listdir(dir_fd):
-            if not (name.startswith(prefix) and name.endswith(".part")):
-                continue
+        for name in self._parts.candidates(dir_fd, base):
             meta = read_meta(dir_fd, name + ".meta")
-            if meta is None or meta.get("path") != rel:
+            if meta is None:
+                self._remove_part(dir_fd, base, name)  # no record of what it holds (not busy: checked above)
+                continue
+            if meta.get("path") != rel:
                 continue
             if meta.get("job") == session.job and int(meta.get("attempt", 0)) > session.attempt:
                 raise RefusedError(f"{rel!r}: stale attempt {session.attempt} of job {session.job}: "
                                    f"attempt {meta.get('attempt')} already wrote it")
             if meta.get("size") != size or meta.get("mtime_ns") != mtime_ns or meta.get("algo") != algo:
-                self._unlink_quiet(dir_fd, name)  # source changed since: the old part is useless
+                self._remove_part(dir_fd, base, name)  # source changed since: the old part is useless
                 continue
             new = temp_name(base, session.job, session.attempt)
             if name != new:
                 os.rename(name, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                self._parts.remove(dir_fd, base, name)
+                self._parts.add(dir_fd, base, new)
+                write_meta(dir_fd, new + ".meta", {**meta, "job": session.job, "attempt": session.attempt})
                 self._unlink_quiet(dir_fd, name + ".meta", part=False)
             ranges = RangeSet(tuple(r) for r in meta.get("ranges", []))
             self.log.info("resuming %s: %d of %d bytes already here", rel, ranges.total(), size)
@@ -566,7 +578,9 @@ class Receiver:
         dirs: dict[tuple[int, int], int] = {}
         for f in good:
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
-            self._unlink_quiet(f.dir_fd, f.tmp + ".meta", part=False)
+            self._parts.remove(f.dir_fd, f.base, f.tmp)
+            if f.meta_written:
+                self._unlink_quiet(f.dir_fd, f.tmp + ".meta", part=False)
             st = os.fstat(f.dir_fd)
             dirs.setdefault((st.st_dev, st.st_ino), f.dir_fd)
         if self.fsync:
@@ -604,6 +618,7 @@ class Receiver:
                 if f.queued or f.done:
                     return  # complete and being committed: the committer removes the sidecar
                 write_meta(f.dir_fd, f.tmp + ".meta", meta)
+                f.meta_written = True
         except OSError as exc:
             self.log.warning("could not persist ranges of %s: %s", f.relpath, exc)
         finally:
@@ -611,8 +626,12 @@ class Receiver:
 
     def _discard(self, f: RecvFile, remove: bool) -> None:
         if remove:
-            self._unlink_quiet(f.dir_fd, f.tmp)
+            self._remove_part(f.dir_fd, f.base, f.tmp)
         self._release(f)
+
+    def _remove_part(self, dir_fd: int, base: str, name: str) -> None:
+        self._unlink_quiet(dir_fd, name)
+        self._parts.remove(dir_fd, base, name)
 
     def _release(self, f: RecvFile) -> None:
         if f.close():
