@@ -73,14 +73,14 @@ class GatedReceiver(Receiver):
         self._seen = 0
         self._seen_lock = threading.Lock()
 
-    def _write(self, f: RecvFile, view: memoryview, off: int) -> None:
+    def _claim(self, f: RecvFile, off: int, length: int) -> None:  # runs before every data block is taken in
         with self._seen_lock:
-            self._seen += len(view)
+            self._seen += length
             hold = self.hold_after is not None and self._seen > self.hold_after
         if hold:
             self.reached.set()
             self.gate.wait(60)
-        super()._write(f, view, off)
+        super()._claim(f, off, length)
 
 
 class PacedReceiver(Receiver):
@@ -94,18 +94,18 @@ class PacedReceiver(Receiver):
         self._lock = threading.Lock()
         self._never = threading.Event()
 
-    def _write(self, f: RecvFile, view: memoryview, off: int) -> None:
+    def _claim(self, f: RecvFile, off: int, length: int) -> None:
         import time
 
         with self._lock:
             if self._t0 is None:
                 self._t0 = time.monotonic()
-            self._bytes += len(view)
+            self._bytes += length
             due = self._t0 + self._bytes / self.rate
         delay = due - time.monotonic()
         if delay > 0:
             self._never.wait(delay)  # a storage throttle, not a wait for an event
-        super()._write(f, view, off)
+        super()._claim(f, off, length)
 
 
 def start_receiver(root: Path, secret_file: Path, cls: type[Receiver] = Receiver, **kw: Any) -> Receiver:

@@ -27,6 +27,10 @@ def test_rangeset_matches_model(ops: list[tuple[int, int]]) -> None:
     missing = {i for a, b in r.missing(SIZE) for i in range(a, b)}
     assert missing == set(range(SIZE)) - model
     assert r.covers(SIZE) == (len(model) == SIZE)
+    assert r.prefix() == next((i for i in range(SIZE + 1) if i not in model), SIZE)
+    for start, n in ops[:5]:
+        end = min(SIZE, start + n)
+        assert r.overlaps(start, end) == any(i in model for i in range(start, end))
     spans = r.ranges()
     assert all(spans[i][1] < spans[i + 1][0] for i in range(len(spans) - 1))  # merged, sorted, disjoint
 

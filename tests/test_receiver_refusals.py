@@ -123,6 +123,21 @@ def test_truncated_block_leaves_resumable_part(tmp_path: Path, secret: Path, rx:
     assert not part_files(tmp_path / "dst")
 
 
+def test_block_overlapping_received_bytes_refused(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    """Every byte is written once: a second copy of a block (which could change bytes already hashed) is refused."""
+    sock, conn = control(rx.port, secret)
+    with sock:
+        ftype, _ = open_file(sock, 1, "o.bin", 8192)
+        assert ftype == Frame.OPEN_OK
+        data = conn.connect(role="data", channel=1, stream=0)
+        with data:
+            data.sendall(pack_header(Frame.DATA, 1, 0, 4096) + b"a" * 4096)
+            data.sendall(pack_header(Frame.DATA, 1, 2048, 4096) + b"b" * 4096)
+            assert closed_by_peer(data)
+    wait_until(lambda: rx.stats["errors"] >= 1)
+    assert not (tmp_path / "dst" / "o.bin").exists()
+
+
 def test_data_for_unopened_file_refused(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     sock, conn = control(rx.port, secret)
     data = conn.connect(role="data", channel=1, stream=0)

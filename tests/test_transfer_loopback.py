@@ -135,9 +135,9 @@ def test_resume_after_sigkill_of_sender(tmp_path: Path, secret: Path) -> None:
 
 
 def test_source_modified_while_sending_is_not_committed(tmp_path: Path, secret: Path) -> None:
-    size = 16 * MiB
+    size = 64 * MiB  # far more than socket buffers hold: the sender is still sending when the file changes
     src = make_files(tmp_path / "src", {"grow.bin": size})
-    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 2)
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=2 * MiB)
     result = {}
     try:
         t = threading.Thread(target=lambda: result.update(r=send(src / "grow.bin", rx.port, secret, cc=1, p=1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import xxhash
 
@@ -33,6 +34,39 @@ def hash_fd(fd: int, size: int, algo: str = "xxh3_128") -> str:
         h.update(chunk)
         off += len(chunk)
     return h.hexdigest()
+
+
+class PrefixHasher:
+    """Hashes a file's bytes in order while the rest is still arriving, so the commit only reads the tail.
+
+    Whoever extends the contiguous prefix calls ``advance``; if another thread is already hashing,
+    it returns at once. ``finish`` hashes what is left and returns the digest.
+    """
+
+    def __init__(self, algo: str = "xxh3_128") -> None:
+        self._h = new_hasher(algo)
+        self.done_upto = 0
+        self._lock = threading.Lock()
+
+    def _run(self, fd: int, upto: int) -> None:
+        while self.done_upto < upto:
+            chunk = os.pread(fd, min(CHUNK, upto - self.done_upto), self.done_upto)
+            if not chunk:
+                raise EOFError(f"file shorter than expected ({self.done_upto} of {upto} bytes)")
+            self._h.update(chunk)
+            self.done_upto += len(chunk)
+
+    def advance(self, fd: int, upto: int) -> None:
+        if self._lock.acquire(blocking=False):
+            try:
+                self._run(fd, upto)
+            finally:
+                self._lock.release()
+
+    def finish(self, fd: int, size: int) -> str:
+        with self._lock:
+            self._run(fd, size)
+            return self._h.hexdigest()
 
 
 def hash_path(path: str, algo: str = "xxh3_128") -> str:

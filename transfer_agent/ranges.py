@@ -35,6 +35,15 @@ class RangeSet:
     def total(self) -> int:
         return sum(e - s for s, e in zip(self._starts, self._ends))
 
+    def overlaps(self, start: int, end: int) -> bool:
+        """True if any byte of ``[start, end)`` is already present."""
+        i = bisect.bisect_right(self._ends, start)  # first range ending after start
+        return i < len(self._starts) and self._starts[i] < end
+
+    def prefix(self) -> int:
+        """Length of the contiguous run of bytes from offset 0."""
+        return self._ends[0] if self._starts and self._starts[0] == 0 else 0
+
     def covers(self, size: int) -> bool:
         if size == 0:
             return True

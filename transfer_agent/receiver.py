@@ -10,6 +10,7 @@ groups), the renames, then one ``fsync`` per directory.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import queue
@@ -22,15 +23,18 @@ from typing import Any
 
 from transfer_agent import storage
 from transfer_agent.auth import TLSConfig, server_handshake
-from transfer_agent.checksum import ALGORITHMS, hash_fd
+from transfer_agent.checksum import ALGORITHMS, PrefixHasher, hash_fd
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError, RefusedError
 from transfer_agent.parts import PartIndex
 from transfer_agent.paths import open_parent, safe_relpath, temp_name
-from transfer_agent.protocol import MAX_BLOCK, ControlWriter, Frame, recv_frame
+from transfer_agent.protocol import ControlWriter, Frame, recv_frame
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
 
 MAX_FILE_SIZE = 1 << 50
-RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a syscall each is not worth it
+RESERVE_MIN = 8 << 20
+PIPE_SIZE = 1 << 20
+HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
+HASH_AHEAD_STEP = 16 << 20  # smaller files rely on the free-space check; a syscall each is not worth it
 HANDSHAKE_TIMEOUT = 15.0
 
 
@@ -60,6 +64,8 @@ class RecvFile:
     users: int = 0
     closing: bool = False
     meta_written: bool = False
+    inflight: list[tuple[int, int]] = field(default_factory=list)
+    hasher: PrefixHasher | None = None
 
     def acquire(self) -> int:
         """Borrow the fd for one I/O; -1 once the file is closing. Pair with ``unuse``."""
@@ -94,6 +100,16 @@ class RecvFile:
     def meta(self) -> dict[str, Any]:
         return {"path": self.relpath, "size": self.size, "mtime_ns": self.mtime_ns, "algo": self.algo,
                 "job": self.session.job, "attempt": self.session.attempt, "ranges": self.ranges.ranges()}
+
+
+def _pipe() -> tuple[int, int]:
+    """A pipe for splice(2), enlarged so one call moves up to ``PIPE_SIZE`` bytes."""
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (OSError, AttributeError):
+        pass  # the default 64 KiB pipe still works, in more calls
+    return r, w
 
 
 class Session:
@@ -383,6 +399,8 @@ class Receiver:
             # that commits within the flush interval never costs an extra file
             f = RecvFile(fid, rel, dir_fd, base, tmp, size, int(mtime_ns), algo, fd, ranges, session, part_key=key)
             f.dirty = True
+            if size >= HASH_AHEAD_MIN:
+                f.hasher = PrefixHasher(algo)
             f.meta_written = ranges.total() > 0 or resumed_part
         except BaseException:
             os.close(dir_fd)
@@ -461,39 +479,120 @@ class Receiver:
 
     # -- data ----------------------------------------------------------------------------------
     def _data_loop(self, session: Session, conn: socket.socket) -> None:
-        buf = bytearray(1 << 20)
-        tls = isinstance(conn, ssl.SSLSocket)
-        flags = 0 if tls else socket.MSG_WAITALL
-        while True:
-            ftype, fid, off, length, _ = recv_frame(conn)
-            if ftype == Frame.BYE:
-                return
-            if ftype != Frame.DATA:
-                raise ProtocolError(f"unexpected {ftype.name} frame on a data connection")
-            f = session.files.get(fid)
-            if f is None:
-                raise ProtocolError(f"data for file id {fid}, which is not open in this session")
-            if off + length > f.size:
-                raise ProtocolError(f"{f.relpath!r}: data block [{off}, {off + length}) beyond declared size {f.size}")
-            if len(buf) < length:
-                buf = bytearray(min(MAX_BLOCK, max(length, 2 * len(buf))))
-            view = memoryview(buf)[:length]
-            got = 0
+        zero_copy = not isinstance(conn, ssl.SSLSocket) and hasattr(os, "splice")
+        pipe = _pipe() if zero_copy else None
+        try:
+            while True:
+                ftype, fid, off, length, _ = recv_frame(conn)
+                if ftype == Frame.BYE:
+                    return
+                if ftype != Frame.DATA:
+                    raise ProtocolError(f"unexpected {ftype.name} frame on a data connection")
+                f = session.files.get(fid)
+                if f is None:
+                    raise ProtocolError(f"data for file id {fid}, which is not open in this session")
+                if off + length > f.size:
+                    raise ProtocolError(f"{f.relpath!r}: data block [{off}, {off + length}) beyond declared "
+                                        f"size {f.size}")
+                self._claim(f, off, length)
+                try:
+                    if pipe is not None:
+                        self._splice_block(f, conn, pipe, off, length)
+                    else:
+                        self._recv_block(f, conn, off, length)
+                finally:
+                    with f.lock:
+                        f.inflight.remove((off, off + length))
+                self._hash_ahead(f)
+        finally:
+            if pipe is not None:
+                os.close(pipe[0])
+                os.close(pipe[1])
+
+    def _claim(self, f: RecvFile, off: int, length: int) -> None:
+        """Refuse a block that overlaps bytes already received or in flight: every byte is written once,
+        so what the checksum read can never change afterwards."""
+        end = off + length
+        with f.lock:
+            if f.ranges.overlaps(off, end) or any(a < end and off < b for a, b in f.inflight):
+                raise ProtocolError(f"{f.relpath!r}: data block [{off}, {end}) overlaps bytes already received")
+            f.inflight.append((off, end))
+
+    def _hash_ahead(self, f: RecvFile) -> None:
+        """Hash the contiguous prefix of a large file while the rest arrives."""
+        if f.hasher is None or f.expected_hash is None and f.commit_requested:
+            return
+        with f.lock:
+            upto = f.ranges.prefix()
+        if upto - f.hasher.done_upto < HASH_AHEAD_STEP:
+            return
+        fd = f.acquire()
+        if fd < 0:
+            return
+        try:
+            f.hasher.advance(fd, upto)
+        except (OSError, EOFError):
+            pass  # the commit hashes from scratch if it must
+        finally:
+            f.unuse()
+
+    def _splice_block(self, f: RecvFile, conn: socket.socket, pipe: tuple[int, int], off: int, length: int) -> None:
+        """Move one block socket → pipe → file inside the kernel (no copy through Python)."""
+        r, w = pipe
+        fd = f.acquire()
+        if fd < 0 or f.failed or f.done:
+            if fd >= 0:
+                f.unuse()
+            self._recv_block(f, conn, off, length)  # nothing to write into: consume and drop it
+            return
+        got, err = 0, None
+        try:
             while got < length:
                 try:
-                    k = conn.recv_into(view[got:], length - got, flags)
+                    n = os.splice(conn.fileno(), w, min(PIPE_SIZE, length - got))
                 except OSError as exc:
-                    k, err = 0, exc
-                else:
-                    err = None
-                if k == 0:
-                    self._write(f, view[:got], off)  # keep what arrived: the file stays resumable
-                    if err is not None:
-                        raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
-                    raise ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after {got} of "
-                                        f"{length} bytes")
-                got += k
-            self._write(f, view, off)
+                    n, err = 0, exc
+                if n == 0:
+                    break
+                m = 0
+                try:
+                    while m < n:
+                        m += os.splice(r, fd, n - m, offset_dst=off + got + m)
+                except OSError as exc:
+                    f.failed = True
+                    reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
+                    f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
+                                                  "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+                    raise ProtocolError(f"{f.relpath!r}: write failed ({reason}); data connection closed") from None
+                self._written(f, off + got, n)
+                got += n
+        finally:
+            f.unuse()
+        if got < length:
+            if err is not None:
+                raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
+            raise ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after {got} of {length} bytes")
+
+    def _recv_block(self, f: RecvFile, conn: socket.socket, off: int, length: int) -> None:
+        """Receive one block into memory, then pwrite it (TLS, or where splice is missing)."""
+        flags = 0 if isinstance(conn, ssl.SSLSocket) else socket.MSG_WAITALL
+        view = memoryview(bytearray(length))
+        got = 0
+        while got < length:
+            try:
+                k = conn.recv_into(view[got:], length - got, flags)
+            except OSError as exc:
+                k, err = 0, exc
+            else:
+                err = None
+            if k == 0:
+                self._write(f, view[:got], off)  # keep what arrived: the file stays resumable
+                if err is not None:
+                    raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
+                raise ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after {got} of "
+                                    f"{length} bytes")
+            got += k
+        self._write(f, view, off)
 
     def _write(self, f: RecvFile, view: memoryview, off: int) -> None:
         n = len(view)
@@ -508,12 +607,16 @@ class Receiver:
                 pos += os.pwrite(fd, view[pos:], off + pos)
         except OSError as exc:
             f.failed = True
-            f.unuse()
             reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
             f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
                                           "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
             return
-        f.unuse()
+        finally:
+            f.unuse()
+        self._written(f, off, n)
+
+    def _written(self, f: RecvFile, off: int, n: int) -> None:
+        """Record ``n`` bytes at ``off`` as present; queue the commit when the file is whole."""
         self.stats["bytes_received"] += n
         with f.lock:
             f.ranges.add(off, off + n)
@@ -560,7 +663,12 @@ class Receiver:
                                                            f"attempt {current} is current"}, f.file_id)
                 self._discard(f, remove=False)
                 continue
-            actual = hash_fd(f.fd, f.size, f.algo) if f.expected_hash is not None else None
+            if f.expected_hash is None:
+                actual = None
+            elif f.hasher is not None:
+                actual = f.hasher.finish(f.fd, f.size)
+            else:
+                actual = hash_fd(f.fd, f.size, f.algo)
             if actual != f.expected_hash:
                 self.log.warning("checksum mismatch for %s: expected %s, got %s", f.relpath, f.expected_hash, actual)
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True, "kind": "checksum",
