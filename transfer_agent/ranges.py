@@ -37,6 +37,8 @@ class RangeSet:
 
     def overlaps(self, start: int, end: int) -> bool:
         """True if any byte of ``[start, end)`` is already present."""
+        if start >= end:
+            return False
         i = bisect.bisect_right(self._ends, start)  # first range ending after start
         return i < len(self._starts) and self._starts[i] < end
 
