@@ -46,14 +46,14 @@ class PartIndex:
         with self._lock:
             return self._dirs.setdefault(key, idx)
 
-    def candidates(self, dir_fd: int, base: str) -> list[str]:
+    def candidates(self, dir_fd: int, base: str, key: tuple[int, int] | None = None) -> list[str]:
         """Existing part names for final name ``base`` in this directory."""
-        idx = self._index(dir_fd, self.dir_key(dir_fd))
+        idx = self._index(dir_fd, key or self.dir_key(dir_fd))
         with self._lock:
             return sorted(idx.get(stem_of(base), ()))
 
-    def add(self, dir_fd: int, base: str, name: str) -> None:
-        idx = self._index(dir_fd, self.dir_key(dir_fd))
+    def add(self, dir_fd: int, base: str, name: str, key: tuple[int, int] | None = None) -> None:
+        idx = self._index(dir_fd, key or self.dir_key(dir_fd))
         with self._lock:
             idx.setdefault(stem_of(base), set()).add(name)
 

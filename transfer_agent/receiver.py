@@ -33,6 +33,7 @@ from transfer_agent.ranges import RangeSet, read_meta, write_meta
 MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20
 PIPE_SIZE = 1 << 20
+FREE_CHECK_MIN = 1 << 20  # larger files always re-read free space; smaller ones use the running estimate
 HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
 HASH_AHEAD_STEP = 16 << 20  # smaller files rely on the free-space check; a syscall each is not worth it
 HANDSHAKE_TIMEOUT = 15.0
@@ -56,7 +57,7 @@ class RecvFile:
     lock: threading.Lock = field(default_factory=threading.Lock)
     expected_hash: str | None = None
     commit_requested: bool = False
-    part_key: tuple[int, str] = (0, "")
+    part_key: tuple[tuple[int, int], str] = ((0, 0), "")
     queued: bool = False
     done: bool = False
     failed: bool = False
@@ -119,6 +120,8 @@ class Session:
         self.id, self.job, self.attempt, self.control, self.peer = sid, job, attempt, control, peer
         self.files: dict[int, RecvFile] = {}
         self.deferred: set[int] = set()  # opened, final already present: waiting for SKIP or a replacing OPEN
+        self.dirs: dict[str, tuple[int, tuple[int, int]]] = {}  # parent dirs walked (O_NOFOLLOW) this session
+        self.free_estimate = 0
         self.data_socks: set[socket.socket] = set()
         self.data_threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
@@ -163,7 +166,7 @@ class Receiver:
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._attempts: dict[str, int] = {}
-        self._busy_parts: set[tuple[int, str]] = set()
+        self._busy_parts: set[tuple[tuple[int, int], str]] = set()
         self._parts = PartIndex()
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -356,8 +359,8 @@ class Receiver:
             raise RefusedError(f"{rel!r}: declared size {size!r} is not a valid file size")
         if algo not in ALGORITHMS:
             raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} not supported")
-        dir_fd, base = open_parent(self._root_fd, rel)
-        key = (os.fstat(dir_fd).st_ino, base)
+        dir_fd, dkey, base = self._parent(session, rel)
+        key = (dkey, base)
         with self._lock:
             if key in self._busy_parts:
                 os.close(dir_fd)
@@ -375,17 +378,20 @@ class Receiver:
                               fid)
                 return
             session.deferred.discard(fid)
-            ranges, tmp = self._take_over_part(session, dir_fd, base, rel, size, mtime_ns, algo)
+            ranges, tmp = self._take_over_part(session, dir_fd, dkey, base, rel, size, mtime_ns, algo)
             need = size - ranges.total()
-            free = storage.free_bytes(dir_fd)
-            if tmp is None and need > free:
-                raise RefusedError(f"{rel!r}: no space left: file needs {need} bytes, {free} free")
+            if tmp is None and need > FREE_CHECK_MIN or need > session.free_estimate:
+                session.free_estimate = storage.free_bytes(dir_fd)  # small files use the estimate
+                if tmp is None and need > session.free_estimate:
+                    raise RefusedError(f"{rel!r}: no space left: file needs {need} bytes, "
+                                       f"{session.free_estimate} free")
+            session.free_estimate -= need
             resumed_part = tmp is not None
             if tmp is None:
                 tmp = temp_name(base, session.job, session.attempt)
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                              dir_fd=dir_fd)
-                self._parts.add(dir_fd, base, tmp)
+                self._parts.add(dir_fd, base, tmp, key=dkey)
                 try:
                     if size >= RESERVE_MIN:
                         storage.reserve(fd, size)
@@ -411,6 +417,16 @@ class Receiver:
         session.reply(Frame.OPEN_OK, {"missing": f.ranges.missing(size), "resumed": ranges.total(),
                                       "existing_hash": existing_hash}, fid)
 
+    def _parent(self, session: Session, rel: str) -> tuple[int, tuple[int, int], str]:
+        """(own fd of the parent directory, its (dev, ino), basename), walking each directory once per session."""
+        reldir, _, base = rel.rpartition("/")
+        cached = session.dirs.get(reldir)
+        if cached is None:
+            dfd, _base = open_parent(self._root_fd, rel)
+            st = os.fstat(dfd)
+            cached = session.dirs[reldir] = (dfd, (st.st_dev, st.st_ino))
+        return os.dup(cached[0]), cached[1], base
+
     def _existing_hash(self, dir_fd: int, base: str, rel: str, size: int, algo: str) -> str | None:
         try:
             st = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
@@ -427,10 +443,10 @@ class Receiver:
         finally:
             os.close(fd)
 
-    def _take_over_part(self, session: Session, dir_fd: int, base: str, rel: str, size: int, mtime_ns: int,
-                        algo: str) -> tuple[RangeSet, str | None]:
+    def _take_over_part(self, session: Session, dir_fd: int, dkey: tuple[int, int], base: str, rel: str,
+                        size: int, mtime_ns: int, algo: str) -> tuple[RangeSet, str | None]:
         """Find a part file of an earlier attempt with the same source identity; rename it to ours."""
-        for name in self._parts.candidates(dir_fd, base):
+        for name in self._parts.candidates(dir_fd, base, key=dkey):
             meta = read_meta(dir_fd, name + ".meta")
             if meta is None:
                 self._remove_part(dir_fd, base, name)  # no record of what it holds (not busy: checked above)
@@ -767,6 +783,9 @@ class Receiver:
             self._flush(f)
             session.files.pop(f.file_id, None)
             self._release(f)
+        for dfd, _key in session.dirs.values():
+            os.close(dfd)
+        session.dirs.clear()
         with self._lock:
             self._sessions.pop(session.id, None)
         self.log.info("session %s closed", session.id[:8])
