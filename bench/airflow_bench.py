@@ -211,15 +211,13 @@ class Rig:
                        timeout=600)
         self.timings["airflow_db_migrate_s"] = time.monotonic() - t0
 
-        from transfer_agent.auth import load_secret
-        from transfer_agent.receiver import Receiver
         from transfer_agent.worker import Agent
 
         self.dst = w / "dst"
         self.dst.mkdir(exist_ok=True)
-        self.receiver = Receiver(listen=("127.0.0.1", 0), root=str(self.dst),
-                                 secret=load_secret(self.secret_file)).start()
-        self._stack.callback(self.receiver.stop)
+        # The receiver runs in its own process (as in production) so it never shares this process's GIL with
+        # the in-process sender or the agent thread, and all three methods see the same receiver.
+        self.port = self._start_receiver()
         self.agent = Agent(self.redis.url, name="bench-agent", secret_file=str(self.secret_file))  # CLI defaults
         thread = threading.Thread(target=self.agent.run, name="bench-agent", daemon=True)
         thread.start()
@@ -238,8 +236,39 @@ class Rig:
         if self.bag.import_errors:
             raise RuntimeError(f"bench DAG file does not import: {self.bag.import_errors}")
 
+    def _start_receiver(self) -> int:
+        import socket
+
+        from fstream_provider.embedded import free_port
+
+        port = free_port()
+        log = open(self.workdir / "receiver.log", "ab")
+        self._stack.callback(log.close)
+        proc = subprocess.Popen([fstream_bin(), "receive", "--listen", f"127.0.0.1:{port}", "--root", str(self.dst),
+                                 "--secret-file", str(self.secret_file)], stdout=log, stderr=log)
+
+        def stop() -> None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+        self._stack.callback(stop)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"fstream receive exited {proc.returncode}; see {self.workdir / 'receiver.log'}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return port
+            except OSError:
+                time.sleep(0.05)  # polling a subprocess's listening socket, with a deadline
+        raise RuntimeError(f"fstream receive did not listen on 127.0.0.1:{port} within 60 s")
+
     def url(self, path: str) -> str:
-        return f"fstream://127.0.0.1:{self.receiver.port}/{path}"
+        return f"fstream://127.0.0.1:{self.port}/{path}"
 
     def dag_test(self, dag_id: str, conf: dict[str, Any], log_path: Path) -> tuple[str, dict[str, float], float]:
         """``dag.test(run_conf=conf)`` in this process with Airflow's output sent to ``log_path``.
@@ -281,6 +310,11 @@ def _stdout_to(f):
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
+
+
+def fstream_bin() -> str:
+    """The ``fstream`` console script of this interpreter's environment."""
+    return shutil.which("fstream", path=str(Path(sys.executable).parent)) or "fstream"
 
 
 def _write_closed(path: Path, size: int) -> float:
@@ -476,7 +510,6 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         datasets.append((item, int(n), int(parse_size(sz))))
     workdir = Path(tempfile.mkdtemp(prefix="fstream-bench-airflow-", dir=args.workdir))
     load_before = os.getloadavg()
-    fstream_bin = shutil.which("fstream", path=str(Path(sys.executable).parent)) or "fstream"
     results: dict[str, Any] = {}
     try:
         kw = f'tuner="{args.tuner}", cc={args.cc}, plot_dir="{workdir}/plots"'
@@ -515,7 +548,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
                     return {"seconds": dt}
 
                 def cli(dest_rel: str) -> dict[str, float]:
-                    cmd = [fstream_bin, "send", str(src), "--to", rig.url(dest_rel), "--secret-file",
+                    cmd = [fstream_bin(), "send", str(src), "--to", rig.url(dest_rel), "--secret-file",
                            str(rig.secret_file), "--tuner", args.tuner, "--cc", str(args.cc)]
                     t0 = time.monotonic()
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
@@ -529,24 +562,42 @@ def cmd_overhead(args: argparse.Namespace) -> int:
                     "operator": operator, "send_inprocess": in_process, "send_cli": cli}
                 order = list(methods)
                 runs: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
-                for rep in range(args.reps):
+                warmup: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
+                for rep in range(-args.warmup, args.reps):
                     for mname in order[rep % 3:] + order[:rep % 3]:  # rotate: ABC, BCA, CAB, ...
                         dest_rel = f"ovh/{name}/{mname}-{rep}"
                         subprocess.run(["sync"], check=False)
                         r = methods[mname](dest_rel)
                         _check_landed(rig.dst / dest_rel, count, size)
                         shutil.rmtree(rig.dst / dest_rel, ignore_errors=True)
-                        runs[mname].append(r)
-                        _say(f"{name} rep {rep + 1}/{args.reps} {mname}: {r['seconds']:.2f}s")
+                        (runs if rep >= 0 else warmup)[mname].append(r)
+                        _say(f"{name} {'rep ' + str(rep + 1) if rep >= 0 else 'warm-up'}/{args.reps} {mname}: "
+                             f"{r['seconds']:.2f}s")
                 results[name] = _overhead_summary(runs, count, size)
+                results[name]["warmup"] = warmup
             timings = dict(rig.timings)
+            timings["save_plot_warm_s"] = _time_save_plot(workdir / "plot-probe.png")
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     res = {"bench": "airflow-overhead", "machine": machine_line(), "load_before": load_before,
-           "load_after": os.getloadavg(), "tuner": args.tuner, "cc": args.cc, "reps": args.reps,
+           "load_after": os.getloadavg(), "tuner": args.tuner, "cc": args.cc, "reps": args.reps, "warmup": args.warmup,
            "timings": timings, "datasets": results, "argv": args.raw_argv}
     return _write("overhead", res, overhead_markdown(res), args)
+
+
+def _time_save_plot(path: Path, runs: int = 5) -> float:
+    """Median wall time of the task log's PNG plot alone (warm, 10 intervals): part of ``execute_complete``."""
+    from fstream_provider.tasklog import save_plot
+
+    intervals = [{"t": float(i), "throughput_bps": 5e9, "cc": 4, "p": 1} for i in range(10)]
+    save_plot(intervals, str(path), 1e9)  # imports matplotlib
+    times = []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        save_plot(intervals, str(path), 1e9)
+        times.append(time.monotonic() - t0)
+    return statistics.median(times)
 
 
 def _overhead_summary(runs: dict[str, list[dict[str, float]]], count: int, size: int) -> dict[str, Any]:
@@ -560,6 +611,7 @@ def _overhead_summary(runs: dict[str, list[dict[str, float]]], count: int, size:
         "ratio_median_of_medians": {ref: statistics.median(sec["operator"]) / statistics.median(sec[ref])
                                     for ref in ratios},
         "ratio_per_rep": ratios,
+        "extra_s_per_rep": {ref: [a - b for a, b in zip(sec["operator"], sec[ref])] for ref in ratios},
         "operator_parts_median": {k: statistics.median(r[k] for r in runs["operator"])
                                   for k in ("execute_to_claimed", "claimed_to_done", "agent_transfer_s",
                                             "done_to_resume", "execute_complete", "dag_test_wall")},
@@ -568,13 +620,14 @@ def _overhead_summary(runs: dict[str, list[dict[str, float]]], count: int, size:
 
 def overhead_markdown(res: dict[str, Any]) -> str:
     lines = [f"### Overhead: `FStreamTransferOperator` vs `fstream send` ({res['machine']})", "",
-             f"Same receiver, same source files (page-cached), tuner `{res['tuner']}` cc={res['cc']}, checksums on, "
-             f"{res['reps']} runs per method in rotated order (ABC, BCA, CAB…), `sync` before each. "
+             f"Same receiver (an `fstream receive` process), same source files (page-cached), tuner `{res['tuner']}` cc={res['cc']}, checksums on, "
+             f"{res['reps']} runs per method in rotated order (ABC, BCA, CAB…) after {res['warmup']} unmeasured "
+             "warm-up round(s), `sync` before each. "
              "Operator = `execute()` start → `execute_complete` end under `dag.test()` (job submitted to a real "
              "agent thread, in-line trigger); in-process = `Transfer(spec).run()` wall; CLI = `fstream send` "
              "subprocess wall.", "",
              "| Dataset | operator p50 (s) | in-process p50 (s) | CLI p50 (s) | operator / in-process (per-rep range) "
-             "| operator / CLI (per-rep range) |", "|---|---:|---:|---:|---:|---:|"]
+             "| operator / CLI (per-rep range) | operator − in-process, p50 (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, d in res["datasets"].items():
         med, rr = d["median_s"], d["ratio_per_rep"]
         mm = d["ratio_median_of_medians"]
@@ -582,16 +635,22 @@ def overhead_markdown(res: dict[str, Any]) -> str:
             f"| {d['count']} × {_size(d['size'])} | {med['operator']:.2f} | {med['send_inprocess']:.2f} | "
             f"{med['send_cli']:.2f} | {mm['send_inprocess']:.3f} ({min(rr['send_inprocess']):.2f}–"
             f"{max(rr['send_inprocess']):.2f}) | {mm['send_cli']:.3f} ({min(rr['send_cli']):.2f}–"
-            f"{max(rr['send_cli']):.2f}) |")
+            f"{max(rr['send_cli']):.2f}) | {statistics.median(d['extra_s_per_rep']['send_inprocess']):.3f} |")
     lines += ["", "Where the operator's time goes (medians, s; the first four add up to the operator's time):", "",
               "| Dataset | `execute()` → claimed | claimed → job done (agent; its own report) "
               "| job done → `execute_complete` starts (trigger + Airflow resume) | `execute_complete` (events, "
               "table, PNG) | whole `dag.test()` |", "|---|---:|---:|---:|---:|---:|"]
     for name, d in res["datasets"].items():
         p = d["operator_parts_median"]
+        for w in d.get("warmup", {}).get("operator", [])[:1]:  # the first (cold) operator run
+            lines.append(f"| {d['count']} × {_size(d['size'])}, cold warm-up run | {w['execute_to_claimed']:.3f} | "
+                         f"{w['claimed_to_done']:.3f} ({w['agent_transfer_s']:.3f}) | {w['done_to_resume']:.3f} | "
+                         f"{w['execute_complete']:.3f} | {w['dag_test_wall']:.2f} |")
         lines.append(f"| {d['count']} × {_size(d['size'])} | {p['execute_to_claimed']:.3f} | "
                      f"{p['claimed_to_done']:.3f} ({p['agent_transfer_s']:.3f}) | {p['done_to_resume']:.3f} | "
                      f"{p['execute_complete']:.3f} | {p['dag_test_wall']:.2f} |")
+    lines += ["", f"The PNG plot alone (warm, isolated) takes {res['timings']['save_plot_warm_s']:.3f} s of "
+              "`execute_complete`."]
     return "\n".join(lines) + "\n"
 
 
@@ -630,6 +689,8 @@ def _parser() -> argparse.ArgumentParser:
     ov.add_argument("--reps", type=int, default=5, help="runs per method and dataset (default 5)")
     ov.add_argument("--tuner", default="fixed")
     ov.add_argument("--cc", type=int, default=4)
+    ov.add_argument("--warmup", type=int, default=1,
+                    help="unmeasured rounds of every method first (cold imports; kept in the JSON; default 1)")
     for p in (lat, ov):
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--workdir", default=None, help="parent of the scratch directory (default: $TMPDIR)")
