@@ -336,12 +336,19 @@ async def _trigger_sample(watch: Path, poll: float, offset: float, size: int) ->
     gen = trig.run()
     started = time.time()
     first = asyncio.ensure_future(gen.__anext__())
-    await asyncio.sleep(offset)
-    closed = await asyncio.to_thread(_write_closed, watch / f"f{uuid.uuid4().hex[:8]}.dat", size)
-    event = await asyncio.wait_for(first, timeout=30 + 4 * poll)
-    got = time.time()
-    await gen.aclose()
-    assert len(event.payload["files"]) == 1, event.payload
+    try:
+        await asyncio.sleep(offset)
+        closed = await asyncio.to_thread(_write_closed, watch / f"f{uuid.uuid4().hex[:8]}.dat", size)
+        event = await asyncio.wait_for(first, timeout=30 + 4 * poll)
+        got = time.time()
+    finally:
+        if not first.done():  # a failure before the event: stop the pending step, then close the generator
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+        await gen.aclose()
+    if len(event.payload["files"]) != 1:
+        raise RuntimeError(f"trigger on {watch}: expected one new file, got {event.payload['files']}")
     return {"offset": closed - started, "latency": got - closed}
 
 
