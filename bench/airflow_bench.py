@@ -344,7 +344,7 @@ async def _trigger_sample(watch: Path, poll: float, offset: float, size: int) ->
     finally:
         if not first.done():  # a failure before the event: stop the pending step, then close the generator
             first.cancel()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await first
         await gen.aclose()
     if len(event.payload["files"]) != 1:
