@@ -54,7 +54,7 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
                  min_files: int = 1, max_files: int | None = None, min_age: float = 0.0,
                  fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
-                 known_hosts: str | None = None, deferrable: bool = True, poke_interval: float = 1.0,
+                 known_hosts: str | None = None, deferrable: bool = True, poke_interval: float = 0.25,
                  **kwargs: Any) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.path = path

@@ -54,7 +54,7 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
     """
 
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
-                 min_files: int = 1, max_files: int | None = None, poll_interval: float = 0.5,
+                 min_files: int = 1, max_files: int | None = None, poll_interval: float = 0.25,
                  min_age: float = 0.0, fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
                  known_hosts: str | None = None) -> None:
         super().__init__()
