@@ -173,10 +173,13 @@ class Transfer:
                     self.on_event("log", {"level": "warning", "message": f"session failed: {exc}; retry {tries}"})
                     if self.cancel.wait(delay):
                         raise CancelledError("transfer cancelled") from None
-        except FStreamError as exc:
-            self.result.error = exc.describe()
+        except Exception as exc:  # noqa: BLE001 - the result must say what happened, whatever it was
+            err = exc if isinstance(exc, FStreamError) else FStreamError(f"internal error: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, FStreamError):
+                self.log.exception("transfer failed unexpectedly")
+            self.result.error = err.describe()
             for sf in pending:
-                self._fail_file(sf, exc)
+                self._fail_file(sf, err)
         finally:
             self._save_history()
             hasher.shutdown(wait=False, cancel_futures=True)
