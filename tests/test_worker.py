@@ -463,12 +463,8 @@ def _dataset(root: Any) -> Any:
 
 
 def _same_tree(a: Any, b: Any) -> None:
-    """Every source file is at the destination with identical bytes, and nothing else is visible there.
-
-    Hidden ``.NAME.<job>.<attempt>.part`` files are allowed only beside a committed, identical
-    file: the receiver sometimes leaves one when the sender skips a file that already exists
-    (reported to the data-plane owner); a part beside a missing or different file fails.
-    """
+    """Every source file is at the destination with identical bytes, and nothing else is there
+    (no temp part or sidecar is left behind, hidden or not)."""
     import filecmp
     import os
 
@@ -477,16 +473,10 @@ def _same_tree(a: Any, b: Any) -> None:
 
     names_a = walk(a)
     names_b = walk(b)
-    parts = [n for n in names_b if os.path.basename(n).startswith(".") and
-             (n.endswith(".part") or n.endswith(".part.meta"))]
-    visible = [n for n in names_b if n not in parts]
-    assert names_a == visible, (f"destination differs: missing {sorted(set(names_a) - set(visible))}, "
-                                f"extra {sorted(set(visible) - set(names_a))}")
+    assert names_a == names_b, (f"destination differs: missing {sorted(set(names_a) - set(names_b))}, "
+                                f"extra {sorted(set(names_b) - set(names_a))}")
     for n in names_a:
         assert filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False), f"{n} differs"
-    for p in parts:
-        final = os.path.join(os.path.dirname(p), os.path.basename(p)[1:].split(".")[0])
-        assert any(x == final or x.startswith(final + ".") for x in names_a), f"leftover part {p} of a missing file"
 
 
 @pytest.fixture
