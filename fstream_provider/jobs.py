@@ -368,10 +368,8 @@ class JobStore:
 
         Returns False if the job is unknown or already finished.
         """
-        keys = [self.keys.job(job_id), self.keys.job_events(job_id)]
         idem = self.client.hget(self.keys.job(job_id), "idempotency_key")
-        if idem:
-            keys.append(self.keys.idempotency(idem))
+        keys = _cancel_keys(self.keys, job_id, idem)
         out = self._cancel(keys=keys, args=[reason, _now(), self.retention_s, self.events_maxlen])
         if out == "requested":
             self.client.publish(self.keys.cancel_channel(job_id), "cancel")
@@ -502,3 +500,22 @@ class JobStore:
         if bound is None or bound <= (0, 1):
             return 0
         return int(self.client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))
+
+
+def _cancel_keys(keys: Keys, job_id: str, idempotency_key: str | None) -> list[str]:
+    out = [keys.job(job_id), keys.job_events(job_id)]
+    if idempotency_key:
+        out.append(keys.idempotency(idempotency_key))
+    return out
+
+
+async def acancel(client: Any, job_id: str, reason: str = "cancelled by user", *, keys: Keys | None = None,
+                  retention_s: int = JOB_RETENTION_S, events_maxlen: int = EVENTS_MAXLEN) -> bool:
+    """``JobStore.cancel`` on a ``redis.asyncio`` client (triggers and async hooks); same script, same result."""
+    keys = keys or Keys()
+    idem = await client.hget(keys.job(job_id), "idempotency_key")
+    redis_keys = _cancel_keys(keys, job_id, idem)
+    out = await client.register_script(_CANCEL)(keys=redis_keys, args=[reason, _now(), retention_s, events_maxlen])
+    if out == "requested":
+        await client.publish(keys.cancel_channel(job_id), "cancel")
+    return out in ("cancelled", "requested")

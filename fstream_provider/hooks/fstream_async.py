@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -86,17 +85,10 @@ class FStreamAsyncHook(BaseHook):
 
         Returns False if the job is unknown or already finished.
         """
-        from fstream_provider import jobs
+        from fstream_provider.jobs import acancel
 
         client, keys = await self.get_client(), await self.get_keys()
-        script = client.register_script(jobs._CANCEL)
-        idem = await client.hget(keys.job(job_id), "idempotency_key")
-        redis_keys = [keys.job(job_id), keys.job_events(job_id)] + ([keys.idempotency(idem)] if idem else [])
-        out = await script(keys=redis_keys, args=[reason, repr(time.time()), jobs.JOB_RETENTION_S,
-                                                  jobs.EVENTS_MAXLEN])
-        if out == "requested":
-            await client.publish(keys.cancel_channel(job_id), "cancel")
-        return out in ("cancelled", "requested")
+        return await acancel(client, job_id, reason, keys=keys)
 
     async def close(self) -> None:
         if self._client is not None:
