@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from fstream_provider.tuning.workloads import Workload
+from fstream_provider.units import parse_duration
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers import gridftp, iperf, rsync, sftp
 from fstream_bench.peers.base import DestSampler, PeerError, PeerResult, Sites, free_port
@@ -236,7 +237,11 @@ def run_tool(tool: str, sc: Scenario, sites: Sites, staged: Staged, workdir: Pat
             # the receiver's root is dst's parent and the destination path is "in" (``dst``).
             with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=dst.parent) as rx:
                 go()
-                r = fs_peer.send(rx, [src], dst.name, tuner=tuner, options=opts, watch=sc.fstream_watch, label=tool,
+                # --idle-exit must outlast the gap between batches, or the agent leaves before the next one
+            watch = dict(sc.fstream_watch)
+            gap = max((b.t - a.t for a, b in zip(w.batches, w.batches[1:])), default=0.0)
+            watch["idle_exit"] = f"{max(parse_duration(watch.get('idle_exit', '0s')), gap + 3.0):g}s"
+            r = fs_peer.send(rx, [src], dst.name, tuner=tuner, options=opts, watch=watch, label=tool,
                                  timeout=sc.timeout_s)
             ok, error = r.ok, r.error
             extra = r.extra
