@@ -81,61 +81,36 @@ def connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeo
     (``rediss+sentinel`` / ``rediss+cluster`` for TLS). Blocking reads (``XREAD BLOCK``) must
     block for less than ``socket_timeout``; FStream's callers block at most ``MAX_BLOCK_MS``.
     """
-    if not url:
-        raise ValueError("Redis URL: empty (give --redis, FSTREAM_REDIS_URL, or use the embedded default)")
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.sentinel import Sentinel
+
     opts = _options(socket_timeout, connect_timeout, retries)
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme == "unix":
-        opts.pop("socket_keepalive")  # not a TCP socket
-    if scheme in ("redis", "rediss", "unix"):
-        return redis.Redis.from_url(url, **opts)
-    if scheme in ("redis+sentinel", "rediss+sentinel"):
-        from redis.sentinel import Sentinel
-
-        _, hosts, user, password, master, query = _split_multi(url)
-        if not master:
-            raise ValueError(f"Redis URL {url!r}: missing master name (redis+sentinel://h1:p1,h2:p2/MASTER)")
-        hosts = [(h, p or 26379) for h, p in hosts]
-        db = int(query.get("db", ["0"])[0])
-        if scheme.startswith("rediss"):
-            opts["ssl"] = True
-        sentinel_kwargs = {k: opts[k] for k in ("socket_timeout", "socket_connect_timeout", "socket_keepalive")}
-        sentinel_kwargs.update(_auth(None, query.get("sentinel_password", [None])[0]))
-        sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)
-        return sentinel.master_for(master, db=db, **_auth(user, password))
-    if scheme in ("redis+cluster", "rediss+cluster"):
-        from redis.cluster import ClusterNode, RedisCluster
-
-        _, hosts, user, password, _, _ = _split_multi(url)
-        opts.pop("health_check_interval")  # cluster nodes are health-checked by the cluster client
-        opts.pop("retry_on_timeout")  # the cluster client retries timeouts by default (the option is deprecated)
-        if scheme.startswith("rediss"):
-            opts["ssl"] = True
-        nodes = [ClusterNode(h, p or 6379) for h, p in hosts]
-        return RedisCluster(startup_nodes=nodes, **opts, **_auth(user, password))
-    raise ValueError(
-        f"Redis URL {url!r}: unsupported scheme {scheme or 'none'!r} "
-        "(use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)"
-    )
+    return _client(url, opts, redis.Redis, Sentinel, RedisCluster, ClusterNode)
 
 
 def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeout: float = CONNECT_TIMEOUT_S,
                   retries: int = RETRIES) -> redis.asyncio.Redis:
     """A ``redis.asyncio`` client with the same options (for Airflow triggers). Close it with ``await c.aclose()``."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.asyncio.sentinel import Sentinel
 
-    if not url:
-        raise ValueError("Redis URL: empty (give --redis, FSTREAM_REDIS_URL, or use the embedded default)")
     opts = _options(socket_timeout, connect_timeout, retries)
     opts["retry"] = AsyncRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
+    return _client(url, opts, redis.asyncio.Redis, Sentinel, RedisCluster, ClusterNode)
+
+
+def _client(url: str, opts: dict[str, Any], redis_cls: Any, sentinel_cls: Any, cluster_cls: Any,
+            node_cls: Any) -> Any:
+    """Build a standalone, Sentinel or Cluster client from the blocking or the asyncio family of classes."""
+    if not url:
+        raise ValueError("Redis URL: empty (give --redis, FSTREAM_REDIS_URL, or use the embedded default)")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme == "unix":
-        opts.pop("socket_keepalive")
+        opts.pop("socket_keepalive")  # not a TCP socket
     if scheme in ("redis", "rediss", "unix"):
-        return redis.asyncio.Redis.from_url(url, **opts)
+        return redis_cls.from_url(url, **opts)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
-        from redis.asyncio.sentinel import Sentinel
-
         _, hosts, user, password, master, query = _split_multi(url)
         if not master:
             raise ValueError(f"Redis URL {url!r}: missing master name (redis+sentinel://h1:p1,h2:p2/MASTER)")
@@ -145,18 +120,16 @@ def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect
             opts["ssl"] = True
         sentinel_kwargs = {k: opts[k] for k in ("socket_timeout", "socket_connect_timeout", "socket_keepalive")}
         sentinel_kwargs.update(_auth(None, query.get("sentinel_password", [None])[0]))
-        sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **opts)
+        sentinel = sentinel_cls(hosts, sentinel_kwargs=sentinel_kwargs, **opts)
         return sentinel.master_for(master, db=db, **_auth(user, password))
     if scheme in ("redis+cluster", "rediss+cluster"):
-        from redis.asyncio.cluster import ClusterNode, RedisCluster
-
         _, hosts, user, password, _, _ = _split_multi(url)
-        opts.pop("health_check_interval")
-        opts.pop("retry_on_timeout")
+        opts.pop("health_check_interval")  # cluster nodes are health-checked by the cluster client
+        opts.pop("retry_on_timeout")  # the cluster client retries timeouts by default (the option is deprecated)
         if scheme.startswith("rediss"):
             opts["ssl"] = True
-        nodes = [ClusterNode(h, p or 6379) for h, p in hosts]
-        return RedisCluster(startup_nodes=nodes, **opts, **_auth(user, password))
+        nodes = [node_cls(h, p or 6379) for h, p in hosts]
+        return cluster_cls(startup_nodes=nodes, **opts, **_auth(user, password))
     raise ValueError(
         f"Redis URL {url!r}: unsupported scheme {scheme or 'none'!r} "
         "(use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)"
