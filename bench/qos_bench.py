@@ -1,0 +1,461 @@
+"""QoS benchmark (issue 4): ``fstream send --tuner fstream --target-throughput`` held on the emulated WAN.
+
+For each file mix (small, large, mixed) and each target (a fraction of the link) the agent
+sends a dataset sized to last about ``--duration`` seconds at the target, ``fstream receive``
+in the destination namespace, ``fstream send --json`` in the source namespace (both through
+the path's ``ip netns exec`` prefix, as ``WanPath.exec`` runs them). From the agent's own
+interval records the error against the target is computed per profiling window (the
+controller's granularity: ``--profile-interval`` / ``--sample-interval`` one-second samples
+summed) and per one-second sample; see :func:`qos_metrics` for the exact definitions.
+
+Run: ``python -m fstream_bench.qos_bench`` (root; ``--loopback`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fstream_bench.peers.base import Sites
+from fstream_bench.report import machine_info
+from fstream_provider.units import parse_duration, parse_rate, parse_size
+
+MiB = 2**20
+KINDS = ("small", "large", "mixed")
+#: (low, high) bytes of the unique files each dataset hard-links to (at 1 Gbit/s a file is
+#: "small" below ~50 MB: it would take < 0.4 s at the path's bandwidth).
+SIZES = {"small": (1 * MiB, 4 * MiB), "large": (96 * MiB, 256 * MiB)}
+
+
+# -- the path ---------------------------------------------------------------------------------------
+@dataclass
+class Bench:
+    """An open test path: where each end runs, its selfcheck, and the ``WanPath`` (None on loopback).
+
+    :param sites: how to run a command at each end.
+    :param selfcheck: the testbed's selfcheck of the path (or ``{"path": "loopback"}``).
+    :param path: the ``WanPath`` this benchmark built (torn down by :meth:`close`).
+    :param bandwidth_bps: what the tuners are told the link is.
+    :param rtt_s: what the tuners are told the RTT is.
+    """
+
+    sites: Sites
+    selfcheck: dict
+    path: object | None
+    bandwidth_bps: float
+    rtt_s: float
+
+    def close(self) -> None:
+        if self.path is not None:
+            self.path.down()  # only our own run id: never ``down --all``
+
+
+def add_path_args(ap: argparse.ArgumentParser, run_id: str) -> None:
+    """The options every benchmark here shares (path shape, own run id, results directory)."""
+    ap.add_argument("--rate", default="1Gbit", help="bottleneck rate (default 1Gbit)")
+    ap.add_argument("--rtt", default="40ms", help="round-trip time (default 40ms)")
+    ap.add_argument("--buffer", default="1MiB", help="TCP buffer cap (default 1MiB)")
+    ap.add_argument("--run-id", default=run_id, help=f"own WAN run id (default {run_id}; never shared)")
+    ap.add_argument("--loopback", action="store_true", help="smoke run on 127.0.0.1 (no WAN, no root)")
+    ap.add_argument("--force-path", action="store_true", help="measure even if the selfcheck fails (noted)")
+    ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"),
+                    help="where the result directory goes")
+    ap.add_argument("--workdir", default=None, help="scratch directory (default under /dev/shm)")
+
+
+def open_bench(args, log=print) -> Bench:
+    """Build our own WAN path (``--run-id``) and selfcheck it, or describe loopback."""
+    bw, rtt = parse_rate(args.rate), parse_duration(args.rtt)
+    if args.loopback:
+        return Bench(Sites(), {"path": "loopback"}, None, bw, rtt)
+    if os.geteuid() != 0:
+        raise SystemExit("the emulated WAN needs root (network namespaces); use --loopback for a smoke run")
+    from fstream_bench.wan import netns
+    from fstream_bench.wan.path import WanConfig, WanPath
+    from fstream_bench.wan.selfcheck import selfcheck
+
+    path = WanPath(WanConfig.from_text(rate=args.rate, rtt=args.rtt, buffer=args.buffer, run_id=args.run_id))
+    path.up()
+    try:
+        check: dict = {}
+        for attempt in range(3):
+            check = selfcheck(path, duration=3.0, raise_on_failure=False)
+            if check.get("ok", True) and not check.get("failures"):
+                break
+            log(f"selfcheck attempt {attempt + 1} failed: {json.dumps(check.get('failures', check))[:300]}")
+        else:
+            if not args.force_path:
+                raise SystemExit(f"WAN selfcheck failed 3 times: {json.dumps(check)[:600]} (use --force-path)")
+            check = {**check, "forced": True}
+        sites = Sites(src_host=path.src_ip, dst_host=path.dst_ip,
+                      src_prefix=tuple(netns.ns_exec_argv(path.src_ns, [])),
+                      dst_prefix=tuple(netns.ns_exec_argv(path.dst_ns, [])), name="wan")
+    except BaseException:
+        path.down()
+        raise
+    return Bench(sites, check, path, bw, rtt)
+
+
+def selfcheck_line(check: dict) -> str:
+    """One line for the top of a report."""
+    if check.get("path") == "loopback":
+        return "selfcheck: loopback smoke run (no WAN path, numbers are not WAN measurements)"
+    keep = {k: check.get(k) for k in ("ok", "failures", "rtt_ms", "parallel", "parallel_bps", "expected_goodput_bps",
+                                       "rate_ratio", "single_stream_bps", "cc", "load_before", "load_after",
+                                       "forced") if k in check}
+    if not keep:
+        keep = check
+    return "selfcheck: " + json.dumps(keep, default=str)
+
+
+def machine_line() -> str:
+    m = machine_info()
+    return (f"machine: nproc {m['nproc']}, {m['cpu']}, kernel {m['kernel']}, load average {m['loadavg']}, "
+            f"{m['date']}")
+
+
+def concurrent_benchmarks() -> list[str]:
+    """Other benchmark processes running now (``fstream_bench.cli run`` etc.), for the report."""
+    out = []
+    me = os.getpid()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = " ".join(a.decode(errors="replace") for a in argv if a)
+        if "fstream_bench.cli run" in text or ("fstream_bench." in text and "_bench" in text and
+                                                "qos_bench" not in text and "breakdown_bench" not in text):
+            out.append(f"{d.name}: {text[:160]}")
+    return out
+
+
+# -- datasets ---------------------------------------------------------------------------------------
+def _unique_files(kind: str, base: Path, n: int, seed: int) -> list[Path]:
+    """``n`` distinct files of one size class (log-uniform sizes), written once."""
+    import math
+    import random
+
+    from fstream_bench.workload_gen import content_block, write_file
+
+    lo, hi = SIZES[kind]
+    rng = random.Random(f"qos:{kind}:{seed}")
+    block = content_block(seed)
+    out = []
+    for j in range(n):
+        p = base / f"{kind}-{j:03d}.dat"
+        size = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+        if not (p.is_file() and p.stat().st_size == size):
+            write_file(p, size, block, key=f"qos:{kind}:{j}")
+        out.append(p)
+    return out
+
+
+def build_dataset(kind: str, total_bytes: int, root: Path, uniq: Path, *, seed: int = 0) -> tuple[int, int]:
+    """Fill ``root`` with hard links to unique files until ``total_bytes``; return (files, bytes).
+
+    ``mixed`` alternates small and large by bytes (half each). Names differ, so every link is a
+    separate file to the agent; content repeats, which costs nothing on the wire or the disk.
+    """
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    pools = {k: _unique_files(k, uniq, 48 if k == "small" else 8, seed) for k in ("small", "large")}
+    kinds = ["small", "large"] if kind == "mixed" else [kind]
+    got = {k: 0 for k in kinds}
+    idx = {k: 0 for k in kinds}
+    share = total_bytes / len(kinds)
+    n = 0
+    for k in kinds:
+        while got[k] < share:
+            src = pools[k][idx[k] % len(pools[k])]
+            idx[k] += 1
+            os.link(src, root / f"{k}-{n:05d}.dat")
+            got[k] += src.stat().st_size
+            n += 1
+    return n, sum(got.values())
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def windows(intervals: list[dict], width_s: float) -> list[dict]:
+    """Sum the agent's interval records into consecutive windows of ``width_s`` seconds (from t=0)."""
+    out: list[dict] = []
+    for iv in intervals:
+        dt = float(iv.get("dt") or 0.0)
+        if dt <= 0:
+            continue
+        k = int(max(0.0, float(iv["t"]) - 1e-6) // width_s)
+        while len(out) <= k:
+            out.append({"t": (len(out) + 1) * width_s, "bytes": 0.0, "dt": 0.0, "cc": 0})
+        w = out[k]
+        w["bytes"] += float(iv.get("bytes", iv.get("throughput_bps", 0.0) * dt / 8))
+        w["dt"] += dt
+        w["cc"] = iv.get("cc") or w["cc"]
+    for w in out:
+        w["throughput_bps"] = w["bytes"] * 8 / w["dt"] if w["dt"] > 0 else 0.0
+    return [w for w in out if w["dt"] > 0]
+
+
+def qos_metrics(intervals: list[dict], target_bps: float, *, window_s: float, tail_s: float | None = None,
+                stay: int = 3) -> dict:
+    """Error vs target, after convergence.
+
+    - Records after the data ran out are dropped: the last ``tail_s`` seconds (default two
+      windows) before the final record, when the remaining files no longer fill the channels.
+    - Windows: the one-second records summed per ``window_s`` (the profiling interval).
+    - Convergence: the 1-based index of the first window from which ``stay`` consecutive
+      windows are all within 5 % of the target (None if that never happens).
+    - Median / p90 of |throughput - target| / target over the windows from convergence on
+      (from window 4 on if it never converged), and the same over one-second records.
+    """
+    ivs = [iv for iv in intervals if float(iv.get("dt") or 0) > 0]
+    if not ivs:
+        return {"error": "no interval records"}
+    t_end = max(float(iv["t"]) for iv in ivs)
+    tail_s = 2 * window_s if tail_s is None else tail_s
+    body = [iv for iv in ivs if float(iv["t"]) <= t_end - tail_s]
+    ws = [w for w in windows(body, window_s) if w["dt"] >= 0.8 * window_s]
+    errs = [abs(w["throughput_bps"] - target_bps) / target_bps for w in ws]
+    conv = None
+    for i in range(len(errs)):
+        run = errs[i:i + stay]
+        if len(run) == stay and all(e <= 0.05 for e in run):
+            conv = i + 1
+            break
+    start = (conv - 1) if conv else min(3, len(errs))
+    after = errs[start:]
+    t_from = ws[start]["t"] - window_s if start < len(ws) else t_end
+    sec_errs = [abs(float(iv["throughput_bps"]) - target_bps) / target_bps for iv in body
+                if float(iv["t"]) > t_from and float(iv["dt"]) >= 0.5]
+    mean_thr = statistics.fmean(w["throughput_bps"] for w in ws[start:]) if ws[start:] else float("nan")
+    return {"windows": len(errs), "converged_at": conv, "first_within_5pct": next(
+                (i + 1 for i, e in enumerate(errs) if e <= 0.05), None),
+            "median_err": statistics.median(after) if after else float("nan"), "p90_err": _pct(after, 0.9),
+            "median_err_1s": statistics.median(sec_errs) if sec_errs else float("nan"),
+            "p90_err_1s": _pct(sec_errs, 0.9), "mean_bps_after": mean_thr, "window_errs": [round(e, 4) for e in errs]}
+
+
+def goals_met(m: dict) -> dict:
+    """The issue's goals for one case: median <= 5 %, p90 <= 10 %, convergence within 3 intervals."""
+    return {"median": m.get("median_err", 1) <= 0.05, "p90": m.get("p90_err", 1) <= 0.10,
+            "convergence": bool(m.get("converged_at")) and m["converged_at"] <= 3}
+
+
+# -- plot -------------------------------------------------------------------------------------------
+def plot_case(png: Path, title: str, intervals: list[dict], target_bps: float, window_s: float) -> None:
+    """Throughput (1 s and per window) vs the target over time, channel count on a second axis."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ivs = [iv for iv in intervals if float(iv.get("dt") or 0) > 0]
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.plot([iv["t"] for iv in ivs], [iv["throughput_bps"] / 1e6 for iv in ivs], lw=0.8, alpha=0.5,
+            label="throughput (1 s records)")
+    ws = windows(ivs, window_s)
+    ax.step([w["t"] for w in ws], [w["throughput_bps"] / 1e6 for w in ws], where="pre", lw=1.6,
+            label=f"throughput ({window_s:g} s windows)")
+    ax.axhline(target_bps / 1e6, color="k", ls="--", lw=1, label="target")
+    ax.axhspan(target_bps * 0.95 / 1e6, target_bps * 1.05 / 1e6, color="k", alpha=0.08, label="±5 %")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("Mbit/s")
+    ax2 = ax.twinx()
+    ax2.step([iv["t"] for iv in ivs], [iv.get("cc") or 0 for iv in ivs], where="post", color="tab:red",
+             lw=1, label="cc")
+    ax2.set_ylabel("channels (cc)", color="tab:red")
+    ax2.set_ylim(bottom=0)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+def _md(summary: dict) -> str:
+    lines = [f"# QoS on the emulated WAN ({summary['path']})", "", summary["machine_line"],
+             summary["selfcheck_line"], "", f"reproduce: `{summary['command']}`", ""]
+    if summary.get("concurrent"):
+        lines += ["**Concurrent load**: other benchmark processes were running during this measurement:", ""]
+        lines += [f"- `{c}`" for c in summary["concurrent"]] + [""]
+    lines += [f"Profiling interval {summary['profile_interval']}, sample interval {summary['sample_interval']}; "
+              f"errors per {summary['window_s']:g} s window after convergence (1 s records in the last two columns).",
+              "", "| files | target | data | time s | mean after conv. Mbit/s | converged at (window) | "
+              "median err | p90 err | goals (median/p90/conv) | median 1 s | p90 1 s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in summary["cases"]:
+        m = c["metrics"]
+        if "error" in m or not c["ok"]:
+            lines.append(f"| {c['kind']} | {c['fraction']:.0%} | | | | | FAILED: {c.get('error', m.get('error'))[:120]} "
+                         "| | | | |")
+            continue
+        g = goals_met(m)
+        lines.append(
+            f"| {c['kind']} | {c['fraction']:.0%} ({c['target_bps'] / 1e6:.0f} Mbit/s) | "
+            f"{c['files']} files, {c['bytes'] / 1e9:.2f} GB | {c['seconds']:.1f} | {m['mean_bps_after'] / 1e6:.0f} | "
+            f"{m['converged_at'] or 'never'} | {m['median_err']:.1%} | {m['p90_err']:.1%} | "
+            f"{'/'.join('yes' if g[k] else 'NO' for k in ('median', 'p90', 'convergence'))} | "
+            f"{m['median_err_1s']:.1%} | {m['p90_err_1s']:.1%} |")
+    lines += ["", "Plots: " + ", ".join(f"`{c['png']}`" for c in summary["cases"] if c.get("png"))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fstream bench qos``: run the QoS cases and write ``qos-<stamp>/`` under ``--results``."""
+    ap = argparse.ArgumentParser(prog="fstream bench qos", description=__doc__.splitlines()[0])
+    add_path_args(ap, "tb4q")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="small,large,mixed")
+    ap.add_argument("--fractions", default="0.3,0.6,0.9", help="targets as fractions of --rate")
+    ap.add_argument("--duration", default="45s", help="each dataset is sized to last this long at the target")
+    ap.add_argument("--profile-interval", default="2s")
+    ap.add_argument("--sample-interval", default="1s")
+    ap.add_argument("--timeout", default="240s", help="per case")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    from fstream_bench.peers import fstream as fs_peer
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = Path(args.results) / f"qos-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.workdir or f"/dev/shm/fstream-qos-{stamp}")
+    window_s = parse_duration(args.profile_interval)
+    duration = parse_duration(args.duration)
+    bench = open_bench(args)
+    summary = {"path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
+               "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
+               "selfcheck_line": selfcheck_line(bench.selfcheck),
+               "command": "python -m fstream_bench.qos_bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+               "profile_interval": args.profile_interval, "sample_interval": args.sample_interval,
+               "window_s": window_s, "concurrent": concurrent_benchmarks(), "cases": []}
+    print(summary["machine_line"], flush=True)
+    print(summary["selfcheck_line"], flush=True)
+    try:
+        dst_root = work / "dst"
+        with fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=dst_root) as rx:
+            for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
+                for frac in [float(f) for f in args.fractions.split(",") if f.strip()]:
+                    target = frac * bench.bandwidth_bps
+                    src = work / "src" / f"{kind}-{int(frac * 100)}"
+                    nfiles, nbytes = build_dataset(kind, int(target * duration / 8), src, work / "uniq",
+                                                   seed=args.seed)
+                    label = f"{kind}-{int(frac * 100)}"
+                    shutil.rmtree(dst_root / label, ignore_errors=True)
+                    opts = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
+                            "target_throughput": f"{target:.0f}bps", "profile_interval": args.profile_interval,
+                            "sample_interval": args.sample_interval}
+                    print(f"qos {label}: {nfiles} files, {nbytes / 1e9:.2f} GB, target {target / 1e6:.0f} Mbit/s",
+                          flush=True)
+                    r = send_json(bench.sites, rx, [src], label, tuner="fstream", options=opts,
+                                  label=f"qos-{label}", timeout=parse_duration(args.timeout))
+                    ivs = r.intervals
+                    m = qos_metrics(ivs, target, window_s=window_s)
+                    case = {"kind": kind, "fraction": frac, "target_bps": target, "files": nfiles, "bytes": nbytes,
+                            "ok": r.ok, "error": r.error, "seconds": r.seconds, "self_seconds": r.self_seconds,
+                            "self_throughput_bps": r.self_throughput_bps, "tuning": r.tuning,
+                            "metrics": m, "intervals": ivs, "loadavg": os.getloadavg()}
+                    if ivs:
+                        png = out / f"{label}.png"
+                        plot_case(png, f"QoS {kind} files, target {frac:.0%} of {args.rate} ({target / 1e6:.0f} Mbit/s)",
+                                  ivs, target, window_s)
+                        case["png"] = png.name
+                    summary["cases"].append(case)
+                    print(f"qos {label}: ok={r.ok} {r.seconds:.1f} s; conv {m.get('converged_at')}, median "
+                          f"{m.get('median_err', float('nan')):.1%}, p90 {m.get('p90_err', float('nan')):.1%}"
+                          f" {r.error[:200]}", flush=True)
+                    shutil.rmtree(dst_root / label, ignore_errors=True)
+                    shutil.rmtree(src, ignore_errors=True)
+                    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    finally:
+        bench.close()
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        summary["machine_line_end"] = machine_line()
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        (out / "report.md").write_text(_md(summary))
+    print(_md(summary))
+    print(f"results: {out}")
+    return 0 if all(c["ok"] for c in summary["cases"]) else 1
+
+
+@dataclass
+class SendRun:
+    """One ``fstream send --json``: status, wall time and the agent's full JSON records.
+
+    :param ok: exit status 0, JSON printed, no failed files.
+    :param error: why not (with the log tail).
+    :param seconds: wall time of the process.
+    :param self_seconds: the agent's own ``seconds``.
+    :param self_throughput_bps: the agent's own ``throughput_bps``.
+    :param intervals: the agent's interval records, unabridged.
+    :param tuning: the agent's tuning decisions.
+    :param doc: the whole JSON object.
+    """
+
+    ok: bool
+    error: str
+    seconds: float
+    self_seconds: float | None
+    self_throughput_bps: float | None
+    intervals: list
+    tuning: list
+    doc: dict
+
+
+def send_json(sites: Sites, rx, sources: list[Path], dest: str, *, tuner: str, options: dict,
+              watch: dict | None = None, label: str, timeout: float) -> SendRun:
+    """``fstream send SOURCES --to URL --tuner T [options] --json`` at the source site; keep the full JSON.
+
+    (``fstream_bench.peers.fstream.send`` keeps only a few fields of each interval record; the
+    QoS error needs ``dt`` and ``bytes``.)
+    """
+    from fstream_bench.peers.base import PeerError, log_tail, run_timed
+    from fstream_bench.peers.fstream import _last_json, fstream_argv
+
+    argv = [*fstream_argv(), "send", *map(str, sources), "--to", rx.url(dest), "--secret-file", str(rx.secret),
+            "--tuner", tuner, "--json"]
+    for k, v in options.items():
+        if v is not None:
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    if watch is not None:
+        argv.append("--watch")
+        for k, v in watch.items():
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    log = rx.workdir / f"{label}.log"
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(rx.workdir / "state-send")}
+    try:
+        status, wall, out = run_timed(sites.argv("src", argv), timeout, log, env=env)
+    except PeerError as e:
+        return SendRun(False, str(e), timeout, None, None, [], [], {})
+    doc = _last_json(out) or {}
+    failed = doc.get("failed_files", 0)
+    nfailed = len(failed) if isinstance(failed, list) else int(failed or 0)
+    ok = status == 0 and bool(doc) and nfailed == 0
+    err = "" if ok else f"status {status}, failed files {nfailed}, error {doc.get('error')!r}: {log_tail(log, 400)}"
+    return SendRun(ok, err, wall, doc.get("seconds"), doc.get("throughput_bps"), list(doc.get("intervals", [])),
+                   list(doc.get("tuning", [])), doc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
