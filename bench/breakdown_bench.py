@@ -151,7 +151,7 @@ def plot_breakdown(png: Path, workload: str, runs: dict[str, dict]) -> None:
     a1.set_title(f"{workload}: throughput over time", fontsize=9)
     names = list(runs)
     a2.bar(range(len(names)), [runs[n]["throughput_bps"] / 1e6 for n in names],
-           color=["tab:gray", "tab:blue", "tab:orange", "tab:green"][:len(names)])
+           color=[f"C{i}" for i in range(len(names))])
     a2.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
     a2.set_ylabel("Mbit/s (bytes / makespan)")
     a2.set_title("average", fontsize=9)

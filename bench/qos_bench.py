@@ -161,8 +161,8 @@ def _unique_files(kind: str, base: Path, n: int, seed: int) -> list[Path]:
     return out
 
 
-def build_dataset(kind: str, total_bytes: int, root: Path, uniq: Path, *, seed: int = 0) -> tuple[int, int]:
-    """Fill ``root`` with hard links to unique files until ``total_bytes``; return (files, bytes).
+def build_dataset(kind: str, total_bytes: int, root: Path, uniq: Path, *, seed: int = 0) -> list[tuple[str, int]]:
+    """Fill ``root`` with hard links to unique files until ``total_bytes``; return [(name, size)].
 
     ``mixed`` alternates small and large by bytes (half each). Names differ, so every link is a
     separate file to the agent; content repeats, which costs nothing on the wire or the disk.
@@ -175,15 +175,38 @@ def build_dataset(kind: str, total_bytes: int, root: Path, uniq: Path, *, seed: 
     got = {k: 0 for k in kinds}
     idx = {k: 0 for k in kinds}
     share = total_bytes / len(kinds)
-    n = 0
+    made: list[tuple[str, int]] = []
     for k in kinds:
         while got[k] < share:
             src = pools[k][idx[k] % len(pools[k])]
             idx[k] += 1
-            os.link(src, root / f"{k}-{n:05d}.dat")
-            got[k] += src.stat().st_size
-            n += 1
-    return n, sum(got.values())
+            name = f"{k}-{len(made):05d}.dat"
+            os.link(src, root / name)
+            size = src.stat().st_size
+            got[k] += size
+            made.append((name, size))
+    return made
+
+
+def simulate_case(files: list[tuple[str, int]], target_bps: float, bench, *, buffer_bytes: int,
+                  window_s: float) -> dict:
+    """The simulator's view of one case (same files at t=0, same path and target; ``calibration_rows``' defaults)."""
+    from fstream_provider.tuning.base import FileInfo, PathInfo
+    from fstream_provider.tuning.fstream import FStreamTuner
+    from fstream_provider.tuning.sim import simulate
+    from fstream_provider.tuning.workloads import Batch, Workload
+
+    path = PathInfo(bench.bandwidth_bps, bench.rtt_s, tcp_buffer=buffer_bytes)
+    w = Workload("qos", [Batch(0.0, [FileInfo(n, s, "dat") for n, s in files])])
+    r = simulate(FStreamTuner(path=path, target_throughput_bps=target_bps), w, path,
+                 profile_interval_s=window_s, window_efficiency=0.65, startup_s=1.2)
+    ivs, prev = [], 0.0
+    for iv in r.intervals:
+        ivs.append({"t": iv["t"], "dt": iv["t"] - prev, "bytes": iv["bytes"], "throughput_bps": iv["throughput_bps"],
+                    "cc": iv["cc"]})
+        prev = iv["t"]
+    m = qos_metrics(ivs, target_bps, window_s=window_s)
+    return {"seconds": r.total_time_s, "throughput_bps": r.throughput_bps, "metrics": m}
 
 
 # -- metrics ----------------------------------------------------------------------------------------
@@ -318,6 +341,18 @@ def _md(summary: dict) -> str:
             f"{m['converged_at'] or 'never'} | {m['median_err']:.1%} | {m['p90_err']:.1%} | "
             f"{'/'.join('yes' if g[k] else 'NO' for k in ('median', 'p90', 'convergence'))} | "
             f"{m['median_err_1s']:.1%} | {m['p90_err_1s']:.1%} |")
+    lines += ["", "Simulator vs measured for the same cases (`simulate_case`: files at t=0, same path and target, "
+              "window efficiency 0.65, start-up 1.2 s as in `simreport.calibration_rows`):", "",
+              "| files | target | measured time s | simulated time s | sim / measured throughput | "
+              "measured median err | simulated median err | simulated conv. |", "|---|---|---|---|---|---|---|---|"]
+    for c in summary["cases"]:
+        sim = c.get("sim") or {}
+        if "error" in sim or not c["ok"] or "metrics" not in sim:
+            continue
+        meas_bps = c["bytes"] * 8 / c["self_seconds"] if c.get("self_seconds") else float("nan")
+        lines.append(f"| {c['kind']} | {c['fraction']:.0%} | {c['self_seconds']:.1f} | {sim['seconds']:.1f} | "
+                     f"{sim['throughput_bps'] / meas_bps:.2f} | {c['metrics'].get('median_err', float('nan')):.1%} | "
+                     f"{sim['metrics'].get('median_err', float('nan')):.1%} | {sim['metrics'].get('converged_at')} |")
     lines += ["", "Plots: " + ", ".join(f"`{c['png']}`" for c in summary["cases"] if c.get("png"))]
     return "\n".join(lines) + "\n"
 
@@ -358,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                 for frac in [float(f) for f in args.fractions.split(",") if f.strip()]:
                     target = frac * bench.bandwidth_bps
                     src = work / "src" / f"{kind}-{int(frac * 100)}"
-                    nfiles, nbytes = build_dataset(kind, int(target * duration / 8), src, work / "uniq",
-                                                   seed=args.seed)
+                    made = build_dataset(kind, int(target * duration / 8), src, work / "uniq", seed=args.seed)
+                    nfiles, nbytes = len(made), sum(sz for _, sz in made)
                     label = f"{kind}-{int(frac * 100)}"
                     shutil.rmtree(dst_root / label, ignore_errors=True)
                     opts = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
@@ -375,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
                             "ok": r.ok, "error": r.error, "seconds": r.seconds, "self_seconds": r.self_seconds,
                             "self_throughput_bps": r.self_throughput_bps, "tuning": r.tuning,
                             "metrics": m, "intervals": ivs, "loadavg": os.getloadavg()}
+                    try:
+                        case["sim"] = simulate_case(made, target, bench, buffer_bytes=parse_size(args.buffer),
+                                                    window_s=window_s)
+                    except Exception as e:  # noqa: BLE001 - the measurement stands without the simulator's view
+                        case["sim"] = {"error": f"{type(e).__name__}: {e}"}
                     if ivs:
                         png = out / f"{label}.png"
                         plot_case(png, f"QoS {kind} files, target {frac:.0%} of {args.rate} ({target / 1e6:.0f} Mbit/s)",
