@@ -238,10 +238,10 @@ def run_tool(tool: str, sc: Scenario, sites: Sites, staged: Staged, workdir: Pat
             with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=dst.parent) as rx:
                 go()
                 # --idle-exit must outlast the gap between batches, or the agent leaves before the next one
-            watch = dict(sc.fstream_watch)
-            gap = max((b.t - a.t for a, b in zip(w.batches, w.batches[1:])), default=0.0)
-            watch["idle_exit"] = f"{max(parse_duration(watch.get('idle_exit', '0s')), gap + 3.0):g}s"
-            r = fs_peer.send(rx, [src], dst.name, tuner=tuner, options=opts, watch=watch, label=tool,
+                watch = dict(sc.fstream_watch)
+                gap = max((b.t - a.t for a, b in zip(w.batches, w.batches[1:])), default=0.0)
+                watch["idle_exit"] = f"{max(parse_duration(watch.get('idle_exit', '0s')), gap + 3.0):g}s"
+                r = fs_peer.send(rx, [src], dst.name, tuner=tuner, options=opts, watch=watch, label=tool,
                                  timeout=sc.timeout_s)
             ok, error = r.ok, r.error
             extra = r.extra
