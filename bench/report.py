@@ -92,7 +92,8 @@ def tables(summary: dict) -> str:
         orc = summary.get("oracle", {}).get(wl) or {}
         orc_bps = orc.get("throughput_bps")
         peers = [p for p in PEERS if any(r["tool"] == p for r in runs)]
-        out += ["", f"**{wl}** (oracle: {_oracle_text(orc)})", "",
+        bound = _arrival_bound(sc, wl, ip_bps)
+        out += ["", f"**{wl}** (oracle: {_oracle_text(orc)}){bound}", "",
                 "| tool | settings | time (s) | Mbit/s | / iperf3 | / oracle | " +
                 " | ".join(f"/ {p}" for p in peers) + " |",
                 "|---|---|---|---|---|---|" + "---|" * len(peers)]
@@ -105,6 +106,24 @@ def tables(summary: dict) -> str:
             out[-1] += (f" {_fmt_ratio(me, ip_bps)} | {_fmt_ratio(me, orc_bps)} | " +
                         " | ".join(_fmt_ratio(me, tp.get(p)) for p in peers) + " |")
     return "\n".join(out) + "\n"
+
+
+def _arrival_bound(sc: dict, wl: str, limit_bps: float | None) -> str:
+    """What no tool can beat: the last batch arrives at t_last and still has to cross the path."""
+    if not limit_bps:
+        return ""
+    try:
+        from fstream_bench.workload_gen import build
+
+        w = build(wl, bandwidth_bps=sc["bandwidth_bps"], rtt_s=sc["rtt_s"], seed=sc["seed"],
+                  interval_s=sc["interval_s"], count_factor=sc["count_factor"])
+    except Exception:  # an unknown workload name: no bound to show
+        return ""
+    last = w.batches[-1]
+    t = last.t + last.bytes * 8 / limit_bps
+    return (f"; {len(w.files)} files, {w.total_bytes / 1e9:.2f} GB; arrival bound "
+            f"{w.total_bytes * 8 / t / 1e6:.0f} Mbit/s ({t:.1f} s: last batch at {last.t:g} s, then "
+            f"{last.bytes / 1e6:.0f} MB at the iperf3 rate)")
 
 
 def _oracle_text(orc: dict) -> str:
