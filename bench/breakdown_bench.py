@@ -27,10 +27,18 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
-from fstream_bench.qos_bench import (add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line,
-                                     send_json)
+from fstream_bench.qos_bench import (
+    add_path_args,
+    concurrent_benchmarks,
+    machine_line,
+    open_bench,
+    selfcheck_line,
+    send_json,
+)
 from fstream_bench.report import machine_info
+
 from fstream_provider.units import parse_duration
 
 VARIANTS = ("static", "dynamic", "fstream", "fstream-warmup", "fstream+history")
@@ -51,7 +59,7 @@ class UnixRedis:
     def url(self) -> str:
         return f"unix://{self.sock}"
 
-    def __enter__(self) -> "UnixRedis":
+    def __enter__(self) -> Self:
         self.directory.mkdir(parents=True, exist_ok=True)
         exe = shutil.which("redis-server")
         if exe is None:
@@ -111,7 +119,7 @@ def run_variant(bench, rx, staged, src: Path, dst_root: Path, label: str, *, tun
     def rel() -> None:
         try:
             release(staged, src, stop=stop, t0=t0)
-        except BaseException as e:  # reported below
+        except Exception as e:  # noqa: BLE001 - reported with the run's result below
             err.append(e)
 
     th = threading.Thread(target=rel, name="breakdown-release", daemon=True)
@@ -179,18 +187,18 @@ def _md(summary: dict) -> str:
         lines += ["**Concurrent load**: other benchmark processes were running during this measurement:", ""]
         lines += [f"- `{c}`" for c in summary["concurrent"]] + [""]
     sc = summary["scenario"]
-    lines += [f"Workloads at scale {sc['scale']:g}, count factor {sc['count_factor']:g}, a batch every "
-              f"{sc['interval_s']:g} s; agent `--watch --interval {summary['watch']['interval']} --idle-exit "
-              f"{summary['watch']['idle_exit']}`, profiling interval {summary['profile_interval']}. "
-              "Throughput = bytes / time from the first release to the last byte landed. "
-              "'+ history': after a warm-up `--redis` run on the same workload with seed+1 (not scored), "
-              "a second `--redis` run, scored.", "",
+    lines += [(f"Workloads at scale {sc['scale']:g}, count factor {sc['count_factor']:g}, a batch every "
+               f"{sc['interval_s']:g} s; agent `--watch --interval {summary['watch']['interval']} --idle-exit "
+               f"{summary['watch']['idle_exit']}`, profiling interval {summary['profile_interval']}. "
+               "Throughput = bytes / time from the first release to the last byte landed. "
+               "'+ history': after a warm-up `--redis` run on the same workload with seed+1 (not scored), "
+               "a second `--redis` run, scored."), "",
               "| workload | data | static | dynamic | fstream (no history) | fstream + history | fstream / static |",
               "|---|---|---|---|---|---|---|"]
     for wname in summary["workloads"]:
         rs = {r["variant"]: r for r in summary["runs"] if r["workload"] == wname}
 
-        def cell(v: str) -> str:
+        def cell(v: str, rs: dict = rs) -> str:
             r = rs.get(v)
             if r is None:
                 return "—"
@@ -212,8 +220,8 @@ def _md(summary: dict) -> str:
             f"{r['workload']}: {r['throughput_bps'] / 1e6:.0f} Mbit/s, {r.get('history_keys_after', '?')} Redis keys after"
             for r in warm)]
     if summary.get("calibration"):
-        lines += ["", "Simulator vs this run (`simreport.calibration_rows`, same workloads and path, "
-                  f"profiling interval {summary['profile_interval']}):", "",
+        lines += ["", ("Simulator vs this run (`simreport.calibration_rows`, same workloads and path, "
+                       f"profiling interval {summary['profile_interval']}):"), "",
                   "| workload | tool | measured Mbit/s | simulated Mbit/s | sim / measured |", "|---|---|---|---|---|"]
         for r in summary["calibration"]:
             lines.append(f"| {r['workload']} | {r['tool']} | {r['measured_bps'] / 1e6:.0f} | "
@@ -257,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
         "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
         "selfcheck_line": selfcheck_line(bench.selfcheck),
-        "command": "python -m fstream_bench.breakdown_bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "command": "python -m fstream_bench.breakdown_bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "scenario": {"bandwidth_bps": bench.bandwidth_bps, "rtt_s": bench.rtt_s, "tcp_buffer": 2**20,
                      "seed": args.seed, "interval_s": interval_s, "count_factor": args.count_factor,
                      "scale": default_scale(bench.bandwidth_bps, bench.rtt_s)},
@@ -273,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         with UnixRedis(work / "redis") as redis_srv, \
                 fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
             for wname in workloads:
-                def staged_for(seed: int):
+                def staged_for(seed: int, wname: str = wname):
                     w = build(wname, bandwidth_bps=bench.bandwidth_bps, rtt_s=bench.rtt_s, seed=seed,
                               interval_s=interval_s, count_factor=args.count_factor)
                     return materialize(w, work / "staging" / f"{wname}-{seed}", seed=seed)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from fstream_bench.peers.base import Sites
 from fstream_bench.report import machine_info
+
 from fstream_provider.units import parse_duration, parse_rate, parse_size
 
 MiB = 2**20
@@ -323,10 +324,10 @@ def _md(summary: dict) -> str:
     if summary.get("concurrent"):
         lines += ["**Concurrent load**: other benchmark processes were running during this measurement:", ""]
         lines += [f"- `{c}`" for c in summary["concurrent"]] + [""]
-    lines += [f"Profiling interval {summary['profile_interval']}, sample interval {summary['sample_interval']}; "
-              f"errors per {summary['window_s']:g} s window after convergence (1 s records in the last two columns).",
-              "", "| files | target | data | time s | mean after conv. Mbit/s | converged at (window) | "
-              "median err | p90 err | goals (median/p90/conv) | median 1 s | p90 1 s |",
+    lines += [(f"Profiling interval {summary['profile_interval']}, sample interval {summary['sample_interval']}; "
+               f"errors per {summary['window_s']:g} s window after convergence (1 s records in the last two columns)."),
+              "", ("| files | target | data | time s | mean after conv. Mbit/s | converged at (window) | "
+                   "median err | p90 err | goals (median/p90/conv) | median 1 s | p90 1 s |"),
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in summary["cases"]:
         m = c["metrics"]
@@ -341,10 +342,10 @@ def _md(summary: dict) -> str:
             f"{m['converged_at'] or 'never'} | {m['median_err']:.1%} | {m['p90_err']:.1%} | "
             f"{'/'.join('yes' if g[k] else 'NO' for k in ('median', 'p90', 'convergence'))} | "
             f"{m['median_err_1s']:.1%} | {m['p90_err_1s']:.1%} |")
-    lines += ["", "Simulator vs measured for the same cases (`simulate_case`: files at t=0, same path and target, "
-              "window efficiency 0.65, start-up 1.2 s as in `simreport.calibration_rows`):", "",
-              "| files | target | measured time s | simulated time s | sim / measured throughput | "
-              "measured median err | simulated median err | simulated conv. |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", ("Simulator vs measured for the same cases (`simulate_case`: files at t=0, same path and target, "
+                   "window efficiency 0.65, start-up 1.2 s as in `simreport.calibration_rows`):"), "",
+              ("| files | target | measured time s | simulated time s | sim / measured throughput | "
+               "measured median err | simulated median err | simulated conv. |"), "|---|---|---|---|---|---|---|---|"]
     for c in summary["cases"]:
         sim = c.get("sim") or {}
         if "error" in sim or not c["ok"] or "metrics" not in sim:
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
                "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
                "selfcheck_line": selfcheck_line(bench.selfcheck),
-               "command": "python -m fstream_bench.qos_bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+               "command": "python -m fstream_bench.qos_bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
                "profile_interval": args.profile_interval, "sample_interval": args.sample_interval,
                "window_s": window_s, "concurrent": concurrent_benchmarks(), "cases": []}
     print(summary["machine_line"], flush=True)
