@@ -284,3 +284,26 @@ def test_profiling_history_is_saved_for_later_streams(tmp_path: Path, secret: Pa
         rx.stop()
     saved = load_history(redis_client)
     assert len(saved) > 0 and all(r.ftype == "h5" and r.cc >= 1 for r in saved.records())
+
+
+def test_a_file_smaller_than_a_block_is_striped_over_all_streams(tmp_path: Path, secret: Path) -> None:
+    """With p streams a 3 MiB file still uses every stream of its channel (blocks are cut to its share)."""
+    import threading
+
+    class Recording(Receiver):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            self.streams: set[str] = set()
+
+        def _claim(self, f, off, length) -> None:
+            self.streams.add(threading.current_thread().name)
+            super()._claim(f, off, length)
+
+    src = make_files(tmp_path / "src", {"mid.bin": 3 * MiB})
+    rx = start_receiver(tmp_path / "dst", secret, cls=Recording)
+    try:
+        res = send(src, rx.port, secret, cc=1, p=4, pp=0)
+    finally:
+        rx.stop()
+    assert res.ok and (tmp_path / "dst" / "out" / "mid.bin").read_bytes() == (src / "mid.bin").read_bytes()
+    assert len(rx.streams) == 4

@@ -34,6 +34,7 @@ from transfer_agent.protocol import MSG_MORE, ControlWriter, Frame, error_from_b
 from transfer_agent.scanner import SrcFile
 
 log = logging.getLogger("fstream.sender")
+MIN_STRIPE = 256 << 10  # smallest block a file is cut into when striped over a channel's streams
 
 
 @dataclass(eq=False)
@@ -387,7 +388,9 @@ class Channel:
                 return
             reply = f.reply
         missing = [(int(a), int(b)) for a, b in reply.get("missing", [])]
-        bs = self.pool.block_size
+        # stripe a file over all p streams: blocks no larger than its share, but not tiny
+        todo = sum(b - a for a, b in missing)
+        bs = min(self.pool.block_size, max(MIN_STRIPE, -(-todo // self.p)))
         blocks = [(f, off, min(bs, end - off)) for a, end in missing for off in range(a, end, bs)]
         if not blocks:
             self.pool.control.all_sent(f)
