@@ -286,24 +286,16 @@ def test_profiling_history_is_saved_for_later_streams(tmp_path: Path, secret: Pa
     assert len(saved) > 0 and all(r.ftype == "h5" and r.cc >= 1 for r in saved.records())
 
 
-def test_a_file_smaller_than_a_block_is_striped_over_all_streams(tmp_path: Path, secret: Path) -> None:
-    """With p streams a 3 MiB file still uses every stream of its channel (blocks are cut to its share)."""
-    import threading
+def test_blocks_are_cut_so_every_stream_gets_a_share() -> None:
+    from transfer_agent.channels import MIN_STRIPE, cut_blocks
 
-    class Recording(Receiver):
-        def __init__(self, *a, **kw) -> None:
-            super().__init__(*a, **kw)
-            self.streams: set[str] = set()
-
-        def _claim(self, f, off, length) -> None:
-            self.streams.add(threading.current_thread().name)
-            super()._claim(f, off, length)
-
-    src = make_files(tmp_path / "src", {"mid.bin": 3 * MiB})
-    rx = start_receiver(tmp_path / "dst", secret, cls=Recording)
-    try:
-        res = send(src, rx.port, secret, cc=1, p=4, pp=0)
-    finally:
-        rx.stop()
-    assert res.ok and (tmp_path / "dst" / "out" / "mid.bin").read_bytes() == (src / "mid.bin").read_bytes()
-    assert len(rx.streams) == 4
+    # a 3 MiB file on 4 streams with 4 MiB blocks: four 768 KiB blocks, not one 3 MiB block
+    assert cut_blocks([(0, 3 * MiB)], 4, 4 * MiB) == [(i * 768 * KiB, 768 * KiB) for i in range(4)]
+    # large files keep the configured block size; tiny files are not cut below MIN_STRIPE
+    assert {n for _o, n in cut_blocks([(0, 64 * MiB)], 4, 4 * MiB)} == {4 * MiB}
+    assert cut_blocks([(0, 100 * KiB)], 8, 4 * MiB) == [(0, 100 * KiB)]
+    assert all(n <= MIN_STRIPE for _o, n in cut_blocks([(0, MIN_STRIPE * 2)], 8, 4 * MiB))
+    # resumed files: only the missing ranges, covered exactly once
+    blocks = cut_blocks([(0, MiB), (5 * MiB, 9 * MiB)], 2, 4 * MiB)
+    covered = sorted(blocks)
+    assert sum(n for _o, n in covered) == 5 * MiB and covered[0][0] == 0 and covered[-1][0] + covered[-1][1] == 9 * MiB

@@ -59,6 +59,17 @@ class InFlight:
     resumed: int = 0
 
 
+def cut_blocks(missing: list[tuple[int, int]], p: int, block_size: int) -> list[tuple[int, int]]:
+    """Cut a file's missing ranges into (offset, length) blocks for a channel of ``p`` streams.
+
+    Blocks are at most ``block_size`` and at most the file's share per stream (but not under
+    ``MIN_STRIPE``), so a file smaller than a block is still striped over every stream.
+    """
+    todo = sum(b - a for a, b in missing)
+    bs = min(block_size, max(MIN_STRIPE, -(-todo // max(1, p))))
+    return [(off, min(bs, end - off)) for a, end in missing for off in range(a, end, bs)]
+
+
 def _settle(f: InFlight) -> None:
     """Close the source and wake whoever waits on the file; its outcome is decided."""
     try:
@@ -388,10 +399,7 @@ class Channel:
                 return
             reply = f.reply
         missing = [(int(a), int(b)) for a, b in reply.get("missing", [])]
-        # stripe a file over all p streams: blocks no larger than its share, but not tiny
-        todo = sum(b - a for a, b in missing)
-        bs = min(self.pool.block_size, max(MIN_STRIPE, -(-todo // self.p)))
-        blocks = [(f, off, min(bs, end - off)) for a, end in missing for off in range(a, end, bs)]
+        blocks = [(f, off, n) for off, n in cut_blocks(missing, self.p, self.pool.block_size)]
         if not blocks:
             self.pool.control.all_sent(f)
             return
