@@ -299,3 +299,22 @@ def test_blocks_are_cut_so_every_stream_gets_a_share() -> None:
     blocks = cut_blocks([(0, MiB), (5 * MiB, 9 * MiB)], 2, 4 * MiB)
     covered = sorted(blocks)
     assert sum(n for _o, n in covered) == 5 * MiB and covered[0][0] == 0 and covered[-1][0] + covered[-1][1] == 9 * MiB
+
+
+def test_a_cluster_that_ran_out_of_files_gives_its_channels_back(tmp_path: Path, secret: Path) -> None:
+    # the few small files are done within the first second; the large ones take ~4 s more
+    sizes = {f"s{i}.dat": 64 * KiB for i in range(5)} | {f"l{i}.dat": 12 * MiB for i in range(8)}
+    src = make_files(tmp_path / "src", sizes)
+    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=24 * MiB)
+    try:
+        # told 100 Mbit/s, the 12 MiB files are "large" (> 0.4 s each) and the 64 KiB ones "small"
+        res = send(src, rx.port, secret, tuner="fstream", bandwidth="100Mbit", profile_interval="0.3s",
+                   sample_interval="0.3s")
+    finally:
+        rx.stop()
+    assert res.ok and trees_identical(src, tmp_path / "dst" / "out")
+    first = res.intervals[0]["clusters"]
+    assert "small" in first or any("small" in d["layouts"] for d in res.tuning)
+    late = [iv for iv in res.intervals if iv["t"] > res.intervals[-1]["t"] - 1.0]
+    assert late and all("small" not in iv["clusters"] for iv in late), [iv["clusters"] for iv in late]
+    assert all("large" in iv["clusters"] for iv in late[:-1])

@@ -330,6 +330,7 @@ class Channel:
         self.closing = False
         self.busy = False
         self.active_files = 0
+        self.moved = 0  # bytes this channel put on the wire
 
     def start(self) -> None:
         for i in range(self.p):
@@ -440,6 +441,7 @@ class Channel:
                             raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
                         sent += n
                         pool.count(f, n)
+                        self.moved += n
                     with f.lock:
                         f.bytes_sent += length
                         f.blocks_left -= 1
@@ -509,6 +511,7 @@ class ChannelPool:
         self.layouts: dict[str, tuple[int, int, int]] = {}
         self.on_unopenable: Callable[[SrcFile, FStreamError], None] | None = None
         self.buckets: dict[str, TokenBucket] = {}
+        self._moved_seen: dict[int, int] = {}
 
     # -- files ---------------------------------------------------------------------------------
     def add_files(self, files: list[SrcFile]) -> None:
@@ -628,6 +631,17 @@ class ChannelPool:
                     continue
                 cc, p, pp = out.get(ch.cluster, (0, 0, 0))
                 out[ch.cluster] = (cc + 1, max(p, ch.p), max(pp, ch.pp))
+        return out
+
+    def working_channels(self) -> dict[str, int]:
+        """Per cluster, channels that moved data since the last call or are busy now (not merely assigned)."""
+        out: dict[str, int] = {}
+        with self.cond:
+            for ch in self.channels.values():
+                moved, ch_last = ch.moved, self._moved_seen.get(ch.id, 0)
+                self._moved_seen[ch.id] = moved
+                if ch.cluster is not None and (ch.busy or moved > ch_last):
+                    out[ch.cluster] = out.get(ch.cluster, 0) + 1
         return out
 
     def passive_count(self) -> int:

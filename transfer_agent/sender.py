@@ -379,11 +379,12 @@ class Transfer:
                  cluster_bytes: dict[str, int], new: list[SrcFile]) -> Observation:
         pend = pool.pending()
         active = pool.active_layout()
+        working = pool.working_channels()  # a cluster whose channels sit idle must not look busy
         clusters = {}
         for c in set(pend) | set(cluster_bytes) | set(active):
             b = cluster_bytes.get(c, 0)
             clusters[c] = ClusterStats(bytes=b, throughput_bps=b * 8 / dt if dt > 0 else 0.0,
-                                       active_channels=active.get(c, (0, 0, 0))[0],
+                                       active_channels=working.get(c, 0),
                                        pending_files=pend.get(c, (0, 0))[0], pending_bytes=pend.get(c, (0, 0))[1])
         with self._lock:
             done = self._outstanding == 0
