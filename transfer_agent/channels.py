@@ -510,7 +510,7 @@ class ChannelPool:
         self._count_lock = threading.Lock()
         self.layouts: dict[str, tuple[int, int, int]] = {}
         self.on_unopenable: Callable[[SrcFile, FStreamError], None] | None = None
-        self.buckets: dict[str, TokenBucket] = {}
+        self.bucket: TokenBucket | None = None
         self._moved_seen: dict[int, int] = {}
 
     # -- files ---------------------------------------------------------------------------------
@@ -568,24 +568,26 @@ class ChannelPool:
             return self._bytes, dict(self._cluster_bytes)
 
     def set_rates(self, rates: dict[str, float | None]) -> None:
-        """Cap each cluster's total rate (bits/s; None = unpaced), shared by its channels."""
-        now = time.monotonic()
+        """Cap the session's total rate at the sum of the clusters' caps (bits/s; no cap when none is given).
+
+        One bucket for the whole session, not one per cluster: when a cluster runs out of files
+        mid-interval, the others may use its share at once, so the total stays at the target.
+        """
+        caps = [r for r in rates.values() if r]
+        total = sum(caps) if caps else None
         with self._count_lock:
-            for cluster, rate in rates.items():
-                bucket = self.buckets.get(cluster)
-                if bucket is None:
-                    if rate:
-                        self.buckets[cluster] = TokenBucket(rate, now=now)
-                else:
-                    bucket.set_rate(rate, now)
+            if self.bucket is None:
+                if total:
+                    self.bucket = TokenBucket(total, now=time.monotonic())
+            else:
+                self.bucket.set_rate(total, time.monotonic())
 
     def pace(self, cluster: str, nbytes: int) -> float:
-        """Seconds to wait before sending ``nbytes`` of ``cluster`` (0 when unpaced)."""
-        bucket = self.buckets.get(cluster)
-        if bucket is None:
+        """Seconds to wait before sending ``nbytes`` (0 when unpaced)."""
+        if self.bucket is None:
             return 0.0
         with self._count_lock:
-            return bucket.reserve(nbytes, time.monotonic())
+            return self.bucket.reserve(nbytes, time.monotonic())
 
     # -- layout --------------------------------------------------------------------------------
     def apply(self, layouts: dict[str, tuple[int, int, int]]) -> dict[str, int]:

@@ -406,9 +406,9 @@ class Transfer:
                 layouts[c] = (1, 1, 4)
         if not layouts:
             return ""
-        done = pool.apply(layouts)
         rates = {l.cluster: getattr(l, "rate_bps", None) for l in s.layouts if l.cluster in layouts}
-        pool.set_rates(rates)
+        pool.set_rates(rates)  # before channels open, so their first blocks are paced too
+        done = pool.apply(layouts)
         decision = {"t": round(obs.t, 3), "reason": s.reason,
                     "layouts": {c: {"cc": v[0], "p": v[1], "pp": v[2], "rate_bps": rates.get(c)}
                                 for c, v in layouts.items()}, **done}
