@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    extra = {"airflow": "fstream_bench.airflow_bench", "qos": "fstream_bench.qos_bench",
+             "breakdown": "fstream_bench.breakdown_bench"}
+    if argv and argv[0] in extra:  # benchmarks with their own parsers
+        import importlib
+
+        return int(importlib.import_module(extra[argv[0]]).main(argv[1:]) or 0)
     if argv and argv[0] == "wan":
         try:
             from fstream_bench.wan.cli import main as wan_main

@@ -219,6 +219,7 @@ def test_watch_mode_ships_files_as_they_land(tmp_path: Path, secret: Path, rx: R
     assert not any(n.startswith(".") for n in names), "a producer's hidden temp files are never shipped"
     for n in names:
         assert (tmp_path / "dst" / "out" / n).read_bytes() == (src / n).read_bytes()
+    assert all(iv["scan_seconds"] >= 0 and iv["scan_listed"] >= 0 for iv in res.intervals)
 
 
 def test_cli_send_json_and_exit_codes(tmp_path: Path, secret: Path, rx: Receiver) -> None:

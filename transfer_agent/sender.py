@@ -134,6 +134,7 @@ class Transfer:
         self._last_progress = 0.0
         self._files_total = 0
         self._history_saved_at = time.monotonic()
+        self._watcher: SourceWatcher | None = None
 
     # -- public --------------------------------------------------------------------------------
     def run(self) -> TransferResult:
@@ -151,6 +152,7 @@ class Transfer:
             from transfer_agent.errors import AuthError
             raise AuthError("no shared secret and no TLS certificates: pass --secret-file (or --tls-*)")
         watcher = SourceWatcher(spec.sources, dest.path) if spec.watch else None
+        self._watcher = watcher
         initial = [] if watcher else expand_sources(spec.sources, dest.path)
         if watcher:
             initial = watcher.poll()
@@ -463,6 +465,9 @@ class Transfer:
             "target_bps": self.spec.target_throughput_bps,
             "reason": reason,
         }
+        if self._watcher is not None:  # streaming: what the last scan of the sources cost
+            rec["scan_seconds"] = round(self._watcher.last_scan_seconds, 6)
+            rec["scan_listed"] = self._watcher.last_scan_listed
         r.intervals.append(rec)
         self.on_event("interval", rec)
 
