@@ -1,0 +1,126 @@
+"""Issue 4's path-filling checks on the emulated WAN: large files vs ``iperf3 -P 16``; 1000 × 1 MiB vs the link and GridFTP.
+
+``fstream bench pathfill`` builds its own path (run id ``pf``), measures in one run:
+``iperf3 -P 16`` (the path's limit), ``fstream send --tuner fstream`` on a path-filling set of
+large files, ``fstream send --tuner fstream`` on 1000 × 1 MiB files, and ``globus-url-copy``
+with Globus-like presets on the same 1000 files; it prints a markdown table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from fstream_provider.units import parse_duration, parse_rate, parse_size
+
+
+def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:
+    """``count`` files of ``size`` bytes: one random block, hard-linked copies cost no disk or CPU."""
+    root.mkdir(parents=True, exist_ok=True)
+    proto = root.parent / f".proto-{size}-{seed}"
+    if not proto.exists():
+        rnd = os.urandom(min(size, 8 << 20))
+        with open(proto, "wb") as f:
+            left = size
+            while left > 0:
+                f.write(rnd[: min(left, len(rnd))])
+                left -= min(left, len(rnd))
+    out = []
+    for i in range(count):
+        p = root / f"f{i:05d}.dat"
+        if not p.exists():
+            os.link(proto, p)
+        out.append(p)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fstream bench pathfill", description=__doc__)
+    ap.add_argument("--rate", default="1Gbit")
+    ap.add_argument("--rtt", default="40ms")
+    ap.add_argument("--buffer", default="1MiB")
+    ap.add_argument("--large-count", type=int, default=8)
+    ap.add_argument("--large-size", default="512MiB")
+    ap.add_argument("--small-count", type=int, default=1000)
+    ap.add_argument("--small-size", default="1MiB")
+    ap.add_argument("--profile-interval", default="2s")
+    ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("fstream bench pathfill: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    from fstream_bench.peers.base import Sites
+    from fstream_bench.peers.fstream import FStreamReceiver, send
+    from fstream_bench.peers.gridftp import GridFTPServer, copy, globus_preset
+    from fstream_bench.peers.iperf import Iperf3
+    from fstream_bench.report import machine_info
+    from fstream_bench.wan import netns
+    from fstream_bench.wan.path import WanConfig, WanPath
+    from fstream_bench.wan.selfcheck import selfcheck
+
+    rate, rtt, buf = parse_rate(args.rate), parse_duration(args.rtt), parse_size(args.buffer)
+    work = Path("/dev/shm") / f"fstream-pathfill-{os.getpid()}"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out_dir = Path(args.results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()
+    path = WanPath(WanConfig(rate_bps=rate, rtt_s=rtt, buffer_bytes=buf, run_id="pf"))
+    path.up()
+    rows: list[dict] = []
+    try:
+        check = selfcheck(path, duration=3.0)
+        sites = Sites(src_host=path.src_ip, dst_host=path.dst_ip, src_prefix=tuple(netns.ns_exec_argv(path.src_ns, [])),
+                      dst_prefix=tuple(netns.ns_exec_argv(path.dst_ns, [])), name="wan")
+        large = _dataset(work / "src" / "large", args.large_count, parse_size(args.large_size), 1)
+        small = _dataset(work / "src" / "small", args.small_count, parse_size(args.small_size), 2)
+        ip = Iperf3(sites=sites, workdir=work / "iperf").measure(streams=16, seconds=10, label="iperf3-P16")
+        rows.append({"case": "path limit", **ip.to_dict()})
+        opts = {"bandwidth": args.rate, "rtt": args.rtt, "profile_interval": args.profile_interval}
+        with FStreamReceiver(sites=sites, workdir=work / "rx", root=work / "dst") as rx:
+            for case, files in (("large files", large), ("1000 x 1 MiB", small)):
+                r = send(rx, [files[0].parent], case.replace(" ", "_"), tuner="fstream", options=opts,
+                         label=f"fstream ({case})")
+                rows.append({"case": case, **r.to_dict()})
+                shutil.rmtree(work / "dst" / case.replace(" ", "_"), ignore_errors=True)
+        preset = globus_preset(parse_size(args.small_size))
+        with GridFTPServer(sites=sites, workdir=work / "gridftp") as gs:
+            (work / "gdst").mkdir(parents=True, exist_ok=True)
+            g = copy(gs, small, small[0].parent, work / "gdst", preset, label="gridftp-globus (1000 x 1 MiB)")
+            rows.append({"case": "1000 x 1 MiB", **g.to_dict()})
+    finally:
+        path.down()
+        shutil.rmtree(work, ignore_errors=True)
+    link = rate * 1448 / 1500
+    by = {r["tool"]: r for r in rows}
+    ipbps = by["iperf3-P16"]["throughput_bps"]
+    lines = [f"# Path filling on the emulated WAN ({args.rate}, {args.rtt}, {args.buffer} TCP buffer)", "",
+             "machine: nproc {nproc}, {cpu}, kernel {kernel}; ".format(**machine_info())
+             + f"load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+             f"selfcheck: rtt {check.get('rtt_ms')} ms, iperf3 -P 16 {check.get('parallel_bps', 0) / 1e6:.0f} Mbit/s, "
+             f"one stream {check.get('single_stream_bps', 0) / 1e6:.0f} Mbit/s, cc {check.get('cc')}", "",
+             f"reproduce: `fstream bench pathfill {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+             "| case | tool | ok | files | GB | s | Mbit/s | / iperf3 -P 16 | / link payload |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        bps = r["throughput_bps"]
+        lines.append(f"| {r['case']} | {r['tool']} | {r['ok']} | {r['files']} | {r['bytes'] / 1e9:.2f} | "
+                     f"{r['seconds']:.1f} | {bps / 1e6:.0f} | {bps / ipbps:.2f} | {bps / link:.2f} |")
+    g, s_ = by.get("gridftp-globus (1000 x 1 MiB)"), by.get("fstream (1000 x 1 MiB)")
+    if g and s_ and g["throughput_bps"]:
+        lines += ["", f"fstream / gridftp-globus on 1000 x 1 MiB: {s_['throughput_bps'] / g['throughput_bps']:.2f}x"]
+    md = "\n".join(lines) + "\n"
+    (out_dir / f"pathfill-{stamp}.md").write_text(md)
+    (out_dir / f"pathfill-{stamp}.json").write_text(json.dumps({"selfcheck": check, "rows": rows}, indent=1,
+                                                                 default=str))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
