@@ -472,17 +472,9 @@ def send_json(sites: Sites, rx, sources: list[Path], dest: str, *, tuner: str, o
     QoS error needs ``dt`` and ``bytes``.)
     """
     from fstream_bench.peers.base import PeerError, log_tail, run_timed
-    from fstream_bench.peers.fstream import _last_json, fstream_argv
+    from fstream_bench.peers.fstream import _last_json, send_argv
 
-    argv = [*fstream_argv(), "send", *map(str, sources), "--to", rx.url(dest), "--secret-file", str(rx.secret),
-            "--tuner", tuner, "--json"]
-    for k, v in options.items():
-        if v is not None:
-            argv += [f"--{k.replace('_', '-')}", str(v)]
-    if watch is not None:
-        argv.append("--watch")
-        for k, v in watch.items():
-            argv += [f"--{k.replace('_', '-')}", str(v)]
+    argv = send_argv(rx.url(dest), rx.secret, sources, tuner, options, watch)
     log = rx.workdir / f"{label}.log"
     env = {**os.environ, "FSTREAM_STATE_DIR": str(rx.workdir / "state-send")}
     try:

@@ -68,7 +68,7 @@ def tables(summary: dict) -> str:
            f"Path: {sc['path']} — told to tuners as {sc['bandwidth_bps'] / 1e9:g} Gbit/s, "
            f"{sc['rtt_s'] * 1000:g} ms RTT, {sc['tcp_buffer'] / 2**20:g} MiB TCP buffer; "
            f"selfcheck: {_selfcheck_text(summary.get('selfcheck', {}))}.  ",
-           *([f"Merged from runs: " + ", ".join(f"{wl}: {v['run']} ({v['machine']['date']})"
+           *(["Merged from runs: " + ", ".join(f"{wl}: {v['run']} ({v['machine']['date']})"
                                                  for wl, v in summary["sources"].items()) + ".  "]
              if summary.get("sources") else []),
            f"Workloads: count factor {sc['count_factor']}, {sc['interval_s']:g} s between batches, seed {sc['seed']}."]

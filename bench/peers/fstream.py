@@ -109,6 +109,21 @@ class FStreamReceiver:
         return f"fstream://{self.sites.dst_host}:{self.port}/{dest.strip('/')}"
 
 
+def send_argv(url: str, secret: Path, sources: Sequence[Path], tuner: str, options: dict,
+              watch: dict | None) -> list[str]:
+    """``fstream send SOURCES --to URL --json`` with ``--key value`` per option (and ``--watch`` options)."""
+    argv = [*fstream_argv(), "send", *map(str, sources), "--to", url, "--secret-file", str(secret),
+            "--tuner", tuner, "--json"]
+    for k, v in options.items():
+        if v is not None:
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    if watch is not None:
+        argv.append("--watch")
+        for k, v in watch.items():
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    return argv
+
+
 def send(receiver: FStreamReceiver, sources: Sequence[Path], dest: str, *, tuner: str = "fixed",
          options: dict | None = None, watch: dict | None = None, label: str | None = None,
          timeout: float = 1800.0) -> PeerResult:
@@ -120,15 +135,7 @@ def send(receiver: FStreamReceiver, sources: Sequence[Path], dest: str, *, tuner
     """
     options = dict(options or {})
     label = label or f"fstream-{tuner}"
-    argv = [*fstream_argv(), "send", *map(str, sources), "--to", receiver.url(dest), "--secret-file",
-            str(receiver.secret), "--tuner", tuner, "--json"]
-    for k, v in options.items():
-        if v is not None:
-            argv += [f"--{k.replace('_', '-')}", str(v)]
-    if watch is not None:
-        argv.append("--watch")
-        for k, v in watch.items():
-            argv += [f"--{k.replace('_', '-')}", str(v)]
+    argv = send_argv(receiver.url(dest), receiver.secret, sources, tuner, options, watch)
     log = receiver.workdir / f"{label}.log"
     env = {**os.environ, "FSTREAM_STATE_DIR": str(receiver.workdir / "state-send")}
     t0 = time.monotonic()

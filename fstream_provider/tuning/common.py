@@ -88,13 +88,18 @@ class ClusteredTuner:
     def _weights(self, clusters: list[Cluster]) -> dict[str, float]:
         return {c.name: float(max(c.bytes, 1)) for c in clusters}
 
-    def _layouts(self) -> tuple[ClusterLayout, ...]:
+    def _clusters_with_settings(self) -> list[Cluster]:
+        """Clusters with work, each with heuristic settings (computed the first time it is seen)."""
         clusters = self._working()
-        if not clusters:
-            return ()
         for c in clusters:
             if c.name not in self._settings:
                 self._settings[c.name] = self._heuristic(c)
+        return clusters
+
+    def _layouts(self) -> tuple[ClusterLayout, ...]:
+        clusters = self._clusters_with_settings()
+        if not clusters:
+            return ()
         cc = fit_cc({c.name: self._settings[c.name].cc for c in clusters}, self.path.max_cc,
                     self._weights(clusters))
         out = []

@@ -109,12 +109,9 @@ class FStreamTuner(ClusteredTuner):
         return out
 
     def _layouts(self) -> tuple[ClusterLayout, ...]:
-        clusters = self._working()
+        clusters = self._clusters_with_settings()
         if not clusters:
             return ()
-        for c in clusters:
-            if c.name not in self._settings:
-                self._settings[c.name] = self._heuristic(c)
         total = self._total or sum(self._settings[c.name].cc for c in clusters)
         cc = split_cc(total, self._weights(clusters), self.path.max_cc)
         total_cc = sum(cc.values())
