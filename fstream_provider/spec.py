@@ -7,7 +7,7 @@ its input with errors that name the field and the reason.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 from urllib.parse import unquote, urlparse
 

@@ -59,7 +59,7 @@ def parse_size(text: str | int) -> int:
     m = re.match(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$", str(text))
     if not m:
         raise ValueError(f"size {text!r}: expected a number with a unit such as 64KiB or 1MiB")
-    value, p, i = float(m.group(1)), m.group(2).lower(), m.group(3)
+    value, p = float(m.group(1)), m.group(2).lower()
     if not p:
         return int(value)
     mult = _BIN_PREFIX[p + "i"]  # sizes are binary: 4M == 4MiB
