@@ -178,8 +178,8 @@ def test_mutual_tls(tmp_path: Path) -> None:
     rx = Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"),
                   tls=TLSConfig(c["server.pem"], c["server.key"], c["ca.pem"])).start()
     try:
-        src = make_files(tmp_path / "src", {"a.dat": 3 * MiB, "b.dat": 1000})
-        spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rx.port}/o", tuner="fixed", cc=2, p=2,
+        src = make_files(tmp_path / "src", {"a.dat": 24 * MiB, "b.dat": 1000})  # several blocks per stream
+        spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rx.port}/o", tuner="fixed", cc=2, p=4,
                                          tls_cert=c["client.pem"], tls_key=c["client.key"], tls_ca=c["ca.pem"])
         res = Transfer(spec).run()
         assert res.ok and res.verified_files == 2

@@ -34,7 +34,8 @@ from transfer_agent.protocol import MSG_MORE, ControlWriter, Frame, error_from_b
 from transfer_agent.scanner import SrcFile
 
 log = logging.getLogger("fstream.sender")
-MIN_STRIPE = 256 << 10  # smallest block a file is cut into when striped over a channel's streams
+MIN_STRIPE = 256 << 10
+TLS_CHUNK = 1 << 20  # bytes read and encrypted per call when the channel is TLS (no zero-copy there)  # smallest block a file is cut into when striped over a channel's streams
 
 
 @dataclass(eq=False)
@@ -433,8 +434,11 @@ class Channel:
                     sent = 0
                     while sent < length:
                         if tls:
-                            with open(f.fd, "rb", closefd=False) as fo:
-                                n = sock.sendfile(fo, off + sent, length - sent)
+                            # pread, never a file object: streams share the fd, and a shared seek
+                            # offset would interleave two blocks' bytes (caught by the checksum)
+                            chunk = os.pread(f.fd, min(TLS_CHUNK, length - sent), off + sent)
+                            sock.sendall(chunk)
+                            n = len(chunk)
                         else:
                             n = os.sendfile(fileno, f.fd, off + sent, length - sent)
                         if n == 0:
