@@ -76,20 +76,19 @@ class TLSConfig:
     ca: str
 
     def server_context(self) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert, self.key)
-        ctx.load_verify_locations(self.ca)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+        return self._context(server=True)
 
     def client_context(self) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        return self._context(server=False)
+
+    def _context(self, *, server: bool) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.cert, self.key)
         ctx.load_verify_locations(self.ca)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        ctx.check_hostname = False  # peers are identified by the CA, not by DNS names
+        if not server:
+            ctx.check_hostname = False  # peers are identified by the CA, not by DNS names
+        ctx.verify_mode = ssl.CERT_REQUIRED  # both sides present and check certificates
         return ctx
 
 

@@ -330,7 +330,6 @@ class Channel:
         self.threads: list[threading.Thread] = []
         self.closing = False
         self.busy = False
-        self.active_files = 0
         self.moved = 0  # bytes this channel put on the wire
 
     def start(self) -> None:
@@ -427,7 +426,7 @@ class Channel:
                     return
                 f, off, length = item
                 if not f.aborted and not f.finished.is_set():
-                    delay = pool.pace(f.sf.cluster, length)
+                    delay = pool.pace(length)
                     if delay > 0 and pool.stopping.wait(delay):  # QoS pacing; stopping cuts it short
                         return
                     sock.sendall(pack_header(Frame.DATA, f.file_id, off, length), 0 if tls else MSG_MORE)
@@ -512,7 +511,7 @@ class ChannelPool:
         self._bytes = 0
         self._cluster_bytes: dict[str, int] = collections.defaultdict(int)
         self._count_lock = threading.Lock()
-        self.layouts: dict[str, tuple[int, int, int]] = {}
+        self._pending: dict[str, list[int]] = {}  # cluster -> [files, bytes] queued
         self.on_unopenable: Callable[[SrcFile, FStreamError], None] | None = None
         self.bucket: TokenBucket | None = None
         self._moved_seen: dict[int, int] = {}
@@ -522,12 +521,18 @@ class ChannelPool:
         with self.cond:
             for sf in files:
                 self.queues[sf.cluster].append(sf)
+                tally = self._pending.setdefault(sf.cluster, [0, 0])
+                tally[0] += 1
+                tally[1] += sf.size
             self.cond.notify_all()
 
-    def requeue(self, sf: SrcFile, front: bool = True) -> None:
+    def drain(self) -> list[SrcFile]:
+        """Take every queued file out (the session is ending)."""
         with self.cond:
-            (self.queues[sf.cluster].appendleft if front else self.queues[sf.cluster].append)(sf)
-            self.cond.notify_all()
+            out = [sf for q in self.queues.values() for sf in q]
+            self.queues.clear()
+            self._pending.clear()
+        return out
 
     def requeue_unstarted(self, f: InFlight) -> None:
         """A file opened ahead but never sent (channel closing): abort it quietly and queue it again."""
@@ -546,17 +551,18 @@ class ChannelPool:
     def next_file(self, cluster: str) -> SrcFile | None:
         with self.cond:
             q = self.queues.get(cluster)
-            if q:
-                return q.popleft()
-            return None
+            if not q:
+                return None
+            sf = q.popleft()
+            tally = self._pending[cluster]
+            tally[0] -= 1
+            tally[1] -= sf.size
+            return sf
 
     def pending(self) -> dict[str, tuple[int, int]]:
+        """Per cluster, (files, bytes) queued and not yet opened (kept as files come and go, not recounted)."""
         with self.cond:
-            return {c: (len(q), sum(f.size for f in q)) for c, q in self.queues.items()}
-
-    def pending_files(self) -> int:
-        with self.cond:
-            return sum(len(q) for q in self.queues.values())
+            return {c: (n, b) for c, (n, b) in self._pending.items()}
 
     def wait_for_work(self, timeout: float) -> None:
         with self.cond:
@@ -586,7 +592,7 @@ class ChannelPool:
             else:
                 self.bucket.set_rate(total, time.monotonic())
 
-    def pace(self, cluster: str, nbytes: int) -> float:
+    def pace(self, nbytes: int) -> float:
         """Seconds to wait before sending ``nbytes`` (0 when unpaced)."""
         if self.bucket is None:
             return 0.0
@@ -608,7 +614,6 @@ class ChannelPool:
             for ch in closed:
                 ch.cluster = None
                 ch.stop()
-            self.layouts = dict(layouts)
             for ch in self.channels.values():
                 if ch.cluster is not None and ch.cluster in layouts:
                     ch.pp = layouts[ch.cluster][2]

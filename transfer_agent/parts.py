@@ -57,8 +57,8 @@ class PartIndex:
         with self._lock:
             idx.setdefault(stem_of(base), set()).add(name)
 
-    def remove(self, dir_fd: int, base: str, name: str) -> None:
-        key = self.dir_key(dir_fd)
+    def remove(self, key: tuple[int, int], base: str, name: str) -> None:
+        """Forget a part of the directory ``key`` = (dev, ino) (renamed into place, or deleted)."""
         with self._lock:
             names = self._dirs.get(key, {}).get(stem_of(base))
             if names is not None:

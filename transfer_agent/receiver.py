@@ -3,8 +3,8 @@
 Data-safety rules (DESIGN.md "Rules for never losing data"): a file appears under its final
 name only after every byte arrived and the end-to-end checksum matched; until then it is
 ``.NAME.<job>.<attempt>.part`` beside it with a ``.meta`` sidecar holding the received byte
-ranges. Commits are grouped: verify each file, one ``syncfs`` (or per-file ``fsync`` for small
-groups), the renames, then one ``fsync`` per directory.
+ranges. Commits are grouped: verify each file, flush the group's files together (concurrent
+``fdatasync``), the renames, then one ``fsync`` per directory.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import queue
 import socket
 import ssl
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,11 +32,11 @@ from transfer_agent.protocol import ControlWriter, Frame, recv_frame
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
 
 MAX_FILE_SIZE = 1 << 50
-RESERVE_MIN = 8 << 20
+RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it
 PIPE_SIZE = 1 << 20
 FREE_CHECK_MIN = 1 << 20  # larger files always re-read free space; smaller ones use the running estimate
 HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
-HASH_AHEAD_STEP = 16 << 20  # smaller files rely on the free-space check; a syscall each is not worth it
+HASH_AHEAD_STEP = 16 << 20
 HANDSHAKE_TIMEOUT = 15.0
 
 
@@ -397,7 +398,7 @@ class Receiver:
                         storage.reserve(fd, size)
                 except OSError:
                     os.close(fd)
-                    self._remove_part(dir_fd, base, tmp)
+                    self._remove_part(dir_fd, dkey, base, tmp)
                     raise
             else:
                 fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -407,7 +408,7 @@ class Receiver:
             f.dirty = True
             if size >= HASH_AHEAD_MIN:
                 f.hasher = PrefixHasher(algo)
-            f.meta_written = ranges.total() > 0 or resumed_part
+            f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:
             os.close(dir_fd)
             with self._lock:
@@ -432,10 +433,9 @@ class Receiver:
             st = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
-        import stat as _stat
-        if _stat.S_ISDIR(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
             raise RefusedError(f"{rel!r}: a directory of that name exists at the destination")
-        if not _stat.S_ISREG(st.st_mode) or st.st_size != size:
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return None
         fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
         try:
@@ -449,7 +449,7 @@ class Receiver:
         for name in self._parts.candidates(dir_fd, base, key=dkey):
             meta = read_meta(dir_fd, name + ".meta")
             if meta is None:
-                self._remove_part(dir_fd, base, name)  # no record of what it holds (not busy: checked above)
+                self._remove_part(dir_fd, dkey, base, name)  # no record of what it holds (not busy: checked above)
                 continue
             if meta.get("path") != rel:
                 continue
@@ -457,13 +457,13 @@ class Receiver:
                 raise RefusedError(f"{rel!r}: stale attempt {session.attempt} of job {session.job}: "
                                    f"attempt {meta.get('attempt')} already wrote it")
             if meta.get("size") != size or meta.get("mtime_ns") != mtime_ns or meta.get("algo") != algo:
-                self._remove_part(dir_fd, base, name)  # source changed since: the old part is useless
+                self._remove_part(dir_fd, dkey, base, name)  # source changed since: the old part is useless
                 continue
             new = temp_name(base, session.job, session.attempt)
             if name != new:
                 os.rename(name, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                self._parts.remove(dir_fd, base, name)
-                self._parts.add(dir_fd, base, new)
+                self._parts.remove(dkey, base, name)
+                self._parts.add(dir_fd, base, new, key=dkey)
                 write_meta(dir_fd, new + ".meta", {**meta, "job": session.job, "attempt": session.attempt})
                 self._unlink_quiet(dir_fd, name + ".meta", part=False)
             ranges = RangeSet(tuple(r) for r in meta.get("ranges", []))
@@ -701,12 +701,12 @@ class Receiver:
             storage.sync_files([f.fd for f in good], self._sync_pool)
         dirs: dict[tuple[int, int], int] = {}
         for f in good:
+            dkey = f.part_key[0]
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
-            self._parts.remove(f.dir_fd, f.base, f.tmp)
+            self._parts.remove(dkey, f.base, f.tmp)
             if f.meta_written:
                 self._unlink_quiet(f.dir_fd, f.tmp + ".meta", part=False)
-            st = os.fstat(f.dir_fd)
-            dirs.setdefault((st.st_dev, st.st_ino), f.dir_fd)
+            dirs.setdefault(dkey, f.dir_fd)
         if self.fsync:
             for dfd in dirs.values():
                 os.fsync(dfd)
@@ -750,12 +750,12 @@ class Receiver:
 
     def _discard(self, f: RecvFile, remove: bool) -> None:
         if remove:
-            self._remove_part(f.dir_fd, f.base, f.tmp)
+            self._remove_part(f.dir_fd, f.part_key[0], f.base, f.tmp)
         self._release(f)
 
-    def _remove_part(self, dir_fd: int, base: str, name: str) -> None:
+    def _remove_part(self, dir_fd: int, dkey: tuple[int, int], base: str, name: str) -> None:
         self._unlink_quiet(dir_fd, name)
-        self._parts.remove(dir_fd, base, name)
+        self._parts.remove(dkey, base, name)
 
     def _release(self, f: RecvFile) -> None:
         if f.close():

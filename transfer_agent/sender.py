@@ -129,8 +129,6 @@ class Transfer:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._outstanding = 0
-        self._done_files = 0
-        self._done_bytes = 0
         self._last_progress = 0.0
         self._files_total = 0
         self._history_saved_at = time.monotonic()
@@ -221,11 +219,7 @@ class Transfer:
         except BaseException:
             pool.shutdown(graceful=False)
             unfinished = control.close(graceful=False)
-            left = [f.sf for f in unfinished] + list(retry_files)
-            with pool.cond:
-                for q in pool.queues.values():
-                    left.extend(q)
-                    q.clear()
+            left = [f.sf for f in unfinished] + list(retry_files) + pool.drain()
             files[:] = []
             for sf in left:
                 if sf not in files:
@@ -249,7 +243,7 @@ class Transfer:
         next_scan = start + spec.interval_s
         last_new = start
         pending_reason = ""
-        self._add_files(tuner, pool, files, obs_t=start - self._t0)
+        self._add_files(tuner, pool, files)
         pending_reason = self._retune(tuner, pool, self._observe(tuner, pool, start, 0.0, 0, {}, files))
         files.clear()
         while True:
@@ -270,7 +264,7 @@ class Transfer:
                 if new:
                     last_new = now
                     self._files_total += len(new)
-                    self._add_files(tuner, pool, new, obs_t=now - self._t0)
+                    self._add_files(tuner, pool, new)
             total, per_cluster = pool.counters()
             window.append((now, total))
             while len(window) > 2 and window[1][0] <= now - self.stall_timeout:
@@ -316,7 +310,7 @@ class Transfer:
                          pending_reason)
 
     # -- files ---------------------------------------------------------------------------------
-    def _add_files(self, tuner: Tuner, pool: ChannelPool, files: list[SrcFile], obs_t: float) -> None:
+    def _add_files(self, tuner: Tuner, pool: ChannelPool, files: list[SrcFile]) -> None:
         for sf in files:
             sf.cluster = tuner.cluster_of(sf.info)
         with self._lock:

@@ -1,31 +1,9 @@
-"""Durable commits on the destination: group fsync (syncfs when many), rename, one directory fsync."""
+"""Durable commits on the destination: a group of files flushed together, free space, preallocation."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 from typing import Any
-
-_libc = None
-
-
-def _syncfs_fn():
-    global _libc  # cached handle to libc, not state: safe to share between receivers
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    return getattr(_libc, "syncfs", None)
-
-
-def syncfs(fd: int) -> bool:
-    """Flush the whole filesystem holding ``fd`` in one call; False if unsupported."""
-    fn = _syncfs_fn()
-    if fn is None:
-        return False
-    if fn(fd) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return True
 
 
 def sync_files(fds: list[int], pool: Any) -> None:
