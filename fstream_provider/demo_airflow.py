@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -96,16 +95,15 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
     run_dir, dst, home = work / "lcls" / "xpp" / "r0042", work / "received", work / "airflow-home"
     for d in (run_dir, dst, home):
         d.mkdir(parents=True, exist_ok=True)
-    secret = secrets.token_bytes(32)
-    secret_file = work / "secret"
-    secret_file.write_bytes(secret)
-    secret_file.chmod(0o600)
+    from transfer_agent.auth import create_secret_file, load_secret
+
+    secret_file = create_secret_file(work / "secret")  # both sides read it through load_secret
     server = None
     if redis_url is None:
         server = RedisServer(str(work / "redis"))
         server.start()
         redis_url = server.url
-    receiver = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=secret).start()
+    receiver = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(secret_file)).start()
     agent = Agent(redis_url, name="demo-agent", secret_file=str(secret_file), block_ms=200, poll_interval=0.2)
     agent_thread = threading.Thread(target=agent.run, name="demo-agent", daemon=True)
     stop = threading.Event()
