@@ -674,7 +674,13 @@ class ChannelPool:
                 self._next_cid += 1
                 ch.cluster = req.cluster
                 ch.pp = layouts[req.cluster][2]
-                ch.start()
+                try:
+                    ch.start()
+                except ProtocolError as exc:
+                    # the receiver ended the session (its reason arrives on the control connection): report that
+                    if "unknown session" in str(exc) and self.control.failed.wait(2.0) and self.control.error:
+                        raise self.control.error from exc
+                    raise
                 with self.cond:
                     self.channels[ch.id] = ch
                     self.cond.notify_all()

@@ -360,7 +360,11 @@ class Receiver:
     # -- control -------------------------------------------------------------------------------
     def _control_loop(self, session: Session, link: ControlLink) -> None:
         while not self._stop.is_set():
-            ftype, fid, body = link.recv()
+            try:
+                ftype, fid, body = link.recv()
+            except ProtocolError as exc:  # tell the sender why its session ends (authenticated), then close
+                session.reply(Frame.ERROR, {"kind": exc.kind, "message": str(exc), "retryable": False})
+                raise
             if ftype == Frame.OPEN:
                 try:
                     self._open(session, fid, body)
