@@ -164,7 +164,7 @@ class ControlLink:
         if self.keys is None:
             return ftype, fid, body
         seq = self._recv_seq
-        if self._open is not None and "sealed" in body:
+        if self._open is not None and set(body) == {"sealed"}:
             try:
                 raw = base64.b64decode(str(body["sealed"]), validate=True)
             except ValueError:
