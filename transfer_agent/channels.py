@@ -364,7 +364,7 @@ class Channel:
         for i in range(self.p):
             hs = self.pool.connector.connect_link(role="data", channel=self.id, stream=i)
             self.socks.append(hs.link.sock)
-            sealers.append(DataSealer(hs.keys, client=True) if hs.keys is not None and hs.keys.encrypt else None)
+            sealers.append(DataSealer(hs.keys) if hs.keys is not None and hs.keys.encrypt else None)
         for i, s in enumerate(self.socks):
             t = threading.Thread(target=self._stream_loop, args=(s, sealers[i]), name=f"fstream-ch{self.id}-s{i}",
                                  daemon=True)

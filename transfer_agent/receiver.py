@@ -511,7 +511,8 @@ class Receiver:
             if meta.get("job") == session.job and int(meta.get("attempt", 0)) > session.attempt:
                 raise RefusedError(f"{rel!r}: stale attempt {session.attempt} of job {session.job}: "
                                    f"attempt {meta.get('attempt')} already wrote it")
-            if meta.get("size") != size or meta.get("mtime_ns") != mtime_ns or meta.get("algo") != algo:
+            # (another digest algorithm or key does not matter: the commit hashes the bytes on disk afresh)
+            if meta.get("size") != size or meta.get("mtime_ns") != mtime_ns:
                 self._remove_part(dir_fd, dkey, base, name)  # source changed since: the old part is useless
                 continue
             new = temp_name(base, session.job, session.attempt)
@@ -519,7 +520,8 @@ class Receiver:
                 os.rename(name, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
                 self._parts.remove(dkey, base, name)
                 self._parts.add(dir_fd, base, new, key=dkey)
-                write_meta(dir_fd, new + ".meta", {**meta, "job": session.job, "attempt": session.attempt})
+                write_meta(dir_fd, new + ".meta", {**meta, "job": session.job, "attempt": session.attempt,
+                                                   "algo": algo})
                 self._unlink_quiet(dir_fd, name + ".meta", part=False)
             ranges = RangeSet(tuple(r) for r in meta.get("ranges", []))
             self.log.info("resuming %s: %d of %d bytes already here", rel, ranges.total(), size)
@@ -550,7 +552,7 @@ class Receiver:
 
     # -- data ----------------------------------------------------------------------------------
     def _data_loop(self, session: Session, conn: socket.socket, keys: SessionKeys | None = None) -> None:
-        sealer = DataSealer(keys, client=False) if keys is not None and keys.encrypt else None
+        sealer = DataSealer(keys) if keys is not None and keys.encrypt else None
         zero_copy = sealer is None and not isinstance(conn, ssl.SSLSocket) and hasattr(os, "splice")
         pipe = _pipe() if zero_copy else None
         try:

@@ -188,9 +188,8 @@ class ControlLink:
 class DataSealer:
     """Seals (sender) or opens (receiver) the DATA payloads of one data connection; AAD = the frame header."""
 
-    def __init__(self, keys: SessionKeys, *, client: bool) -> None:
+    def __init__(self, keys: SessionKeys) -> None:
         self._s = Sealer(keys.aead_c2s)  # data only flows client → server
-        self.client = client
 
     def seal(self, header: bytes, data: bytes) -> bytes:
         return self._s.seal(data, header)

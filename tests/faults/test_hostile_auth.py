@@ -24,8 +24,8 @@ import pytest
 
 from agentkit import make_files, part_files, send, start_receiver, write_secret
 from transfer_agent.auth import NONCE_BYTES, client_handshake, load_secret
-from transfer_agent.errors import AuthError, ProtocolError
-from transfer_agent.protocol import (HEADER, HEADER_SIZE, VERSION, Frame, ControlWriter, pack_control, pack_header,
+from transfer_agent.errors import AuthError
+from transfer_agent.protocol import (HEADER, HEADER_SIZE, VERSION, ControlWriter, Frame, pack_control, pack_header,
                                      recv_exact, recv_frame)
 from transfer_agent.receiver import Receiver
 
