@@ -37,8 +37,8 @@ from transfer_agent.checksum import hash_fd
 from transfer_agent.errors import (AuthError, ChecksumError, FStreamError, NetworkError, ProtocolError,
                                    RefusedError, SourceModifiedError, SourceVanishedError)
 from transfer_agent.protocol import MAX_BLOCK, MSG_MORE, Frame, error_from_body, pack_header
-from transfer_agent.secure import TAG_BYTES, DataSealer
 from transfer_agent.scanner import SrcFile
+from transfer_agent.secure import TAG_BYTES, DataSealer
 
 log = logging.getLogger("fstream.sender")
 MIN_STRIPE = 256 << 10  # smallest block a file is cut into when striped over a channel's streams

@@ -37,8 +37,8 @@ from transfer_agent.parts import PartIndex
 from transfer_agent.paths import open_parent, safe_relpath, temp_name
 from transfer_agent.protocol import (MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, pack_header, recv_exact,
                                      recv_frame)
-from transfer_agent.secure import TAG_BYTES, ControlLink, DataSealer, SessionKeys
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
+from transfer_agent.secure import TAG_BYTES, ControlLink, DataSealer, SessionKeys
 
 MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it
@@ -576,10 +576,7 @@ class Receiver:
                 self._claim(f, off, length)
                 try:
                     if sealer is not None:
-                        sealed = recv_exact(conn, wire)
-                        plain = sealer.open(pack_header(Frame.DATA, fid, off, wire), sealed,
-                                            f"data block [{off}, {off + length}) of {f.relpath!r}")
-                        self._write(f, memoryview(plain), off)
+                        self._open_sealed(f, conn, sealer, off, length, wire)
                     elif pipe is not None:
                         self._splice_block(f, conn, pipe, off, length)
                     else:
@@ -592,6 +589,21 @@ class Receiver:
             if pipe is not None:
                 os.close(pipe[0])
                 os.close(pipe[1])
+
+    def _open_sealed(self, f: RecvFile, conn: socket.socket, sealer: DataSealer, off: int, length: int,
+                     wire: int) -> None:
+        """Receive a sealed block, open it (AAD = its header) and only then write it. A block that fails
+        authentication is never written; the sender is told on the control connection (its session restarts
+        and resumes from the ranges received) and this data connection closes."""
+        sealed = recv_exact(conn, wire)
+        try:
+            plain = sealer.open(pack_header(Frame.DATA, f.file_id, off, wire), sealed,
+                                f"data block [{off}, {off + length}) of {f.relpath!r}")
+        except ProtocolError as exc:
+            f.session.reply(Frame.ERROR, {"kind": "checksum", "retryable": True,
+                                          "message": f"{exc}; nothing of it was written, the session resumes"})
+            raise
+        self._write(f, memoryview(plain), off)
 
     def _claim(self, f: RecvFile, off: int, length: int) -> None:
         """Refuse a block that overlaps bytes already received or in flight: every byte is written once,

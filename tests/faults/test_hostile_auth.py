@@ -472,8 +472,12 @@ def test_encrypted_payload_tampering_detected(tmp_path: Path, secret: Path, prox
             payload = payload[:100] + bytes([payload[100] ^ 1]) + payload[101:]
         return pack_header(ftype, fid, off, length), payload
 
-    res = send(src, make(c2s=flip).port, secret, encrypt=True, cc=1, p=2, block_size=MiB, stall_timeout=2.0)
+    events: list[tuple[str, dict]] = []
+    res = send(src, make(c2s=flip).port, secret, encrypt=True, cc=1, p=2, block_size=MiB,
+               on_event=lambda kind, data: events.append((kind, data)))
     assert seen and res.ok, res.error
+    logs = [d.get("message", "") for k, d in events if k == "log"]
+    assert any("failed authentication" in m for m in logs), logs  # told at once, not found by the stall timer
     assert (tmp_path / "dst" / "out" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
     assert rx.stats["errors"] >= 1  # the tampered block was refused (connection closed), then re-sent
 
