@@ -595,7 +595,10 @@ class Receiver:
         """Receive a sealed block, open it (AAD = its header) and only then write it. A block that fails
         authentication is never written; the sender is told on the control connection (its session restarts
         and resumes from the ranges received) and this data connection closes."""
-        sealed = recv_exact(conn, wire)
+        try:
+            sealed = recv_exact(conn, wire)
+        except (NetworkError, ProtocolError) as exc:
+            raise self._lost_mid_block(f, exc) from None
         try:
             plain = sealer.open(pack_header(Frame.DATA, f.file_id, off, wire), sealed,
                                 f"data block [{off}, {off + length}) of {f.relpath!r}")
@@ -604,6 +607,15 @@ class Receiver:
                                           "message": f"{exc}; nothing of it was written, the session resumes"})
             raise
         self._write(f, memoryview(plain), off)
+
+    @staticmethod
+    def _lost_mid_block(f: RecvFile, exc: FStreamError) -> FStreamError:
+        """A data connection ended inside a block (cut in the path, or the sender died): tell the sender on the
+        control connection, so its session restarts and resumes now rather than when its stall timer fires
+        (its blocks may all sit in socket buffers, so its streams see nothing). Returns ``exc`` to raise."""
+        f.session.reply(Frame.ERROR, {"kind": "network", "retryable": True,
+                                      "message": f"{exc}; the bytes received are kept, the session resumes"})
+        return exc
 
     def _claim(self, f: RecvFile, off: int, length: int) -> None:
         """Refuse a block that overlaps bytes already received or in flight: every byte is written once,
@@ -666,8 +678,9 @@ class Receiver:
             f.unuse()
         if got < length:
             if err is not None:
-                raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
-            raise ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after {got} of {length} bytes")
+                raise self._lost_mid_block(f, NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}"))
+            raise self._lost_mid_block(f, ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after "
+                                                        f"{got} of {length} bytes"))
 
     def _recv_block(self, f: RecvFile, conn: socket.socket, off: int, length: int) -> None:
         """Receive one block into memory, then pwrite it (TLS, or where splice is missing)."""
@@ -684,9 +697,10 @@ class Receiver:
             if k == 0:
                 self._write(f, view[:got], off)  # keep what arrived: the file stays resumable
                 if err is not None:
-                    raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
-                raise ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after {got} of "
-                                    f"{length} bytes")
+                    raise self._lost_mid_block(f, NetworkError(f"connection lost in a data block of {f.relpath!r}: "
+                                                               f"{err}"))
+                raise self._lost_mid_block(f, ProtocolError(f"truncated frame: data block of {f.relpath!r} ended "
+                                                            f"after {got} of {length} bytes"))
             got += k
         self._write(f, view, off)
 
