@@ -23,7 +23,7 @@ from typing import Any
 from transfer_agent.errors import NetworkError, ProtocolError
 
 MAGIC = b"FS"
-VERSION = 1
+VERSION = 2  # 2: transcript-bound proofs, MAC'd/sealed control frames, keyed digests (issue 8)
 HEADER = struct.Struct("!2sBBIQI")  # magic, version, type, file_id, offset, length
 HEADER_SIZE = HEADER.size
 MAX_CONTROL = 1 << 20
