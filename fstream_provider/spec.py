@@ -70,6 +70,7 @@ class TransferSpec:
     :param tls_cert: client certificate (mutual TLS).
     :param tls_key: client key.
     :param tls_ca: CA bundle that signed the receiver's certificate.
+    :param encrypt: seal data blocks and control bodies with ChaCha20-Poly1305 (shared-secret mode).
     :param priority_class: ``interactive`` or ``batch`` (for the multi-transfer scheduler).
     :param block_size: bytes per data block on a stream.
     :param label: free text shown in logs.
@@ -96,6 +97,7 @@ class TransferSpec:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    encrypt: bool = False
     priority_class: str = "batch"
     block_size: int = 4 * 2**20
     label: str = ""
@@ -133,6 +135,8 @@ class TransferSpec:
                 raise ValueError(f"{name} {v!r}: must be a positive number of seconds")
         if self.priority_class not in PRIORITY_CLASSES:
             raise ValueError(f"priority_class {self.priority_class!r}: must be interactive or batch")
+        if not isinstance(self.encrypt, bool):
+            raise ValueError(f"encrypt {self.encrypt!r}: must be true or false")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key must be given together")
         if self.block_size < 4096 or self.block_size > 64 * 2**20:

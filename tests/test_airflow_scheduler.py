@@ -139,6 +139,7 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
     shutil.copy(REPO / "example_dags" / "fstream_asset_pipeline.py", dags)
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
+    secret.chmod(0o600)  # load_secret refuses a secret others can read
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=SECRET).start()
     agent = Agent(redis_url, name="sched-test-agent", secret_file=str(secret), block_ms=200, poll_interval=0.1)
     agent_thread = threading.Thread(target=agent.run, daemon=True)

@@ -70,3 +70,23 @@ def test_header_is_twenty_bytes_network_order() -> None:
     raw = pack_header(Frame.DATA, 1, 2, 3)
     assert len(raw) == 20
     assert struct.unpack("!2sBBIQI", raw) == (b"FS", VERSION, Frame.DATA, 1, 2, 3)
+
+
+def test_nested_json_refused_before_decoding() -> None:
+    """Deep nesting is a ProtocolError naming the cause, never a RecursionError (issue 8, defect 7)."""
+    from transfer_agent.protocol import MAX_JSON_DEPTH, decode_body, json_depth_exceeds
+
+    for deep in (b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}", b"{" * 5000):
+        with pytest.raises(ProtocolError, match="nested too deeply"):
+            decode_body(Frame.HELLO, deep)
+    ok = b'{"a":' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    assert decode_body(Frame.HELLO, ok)
+    assert not json_depth_exceeds(b'{"s":"' + b"[" * 1000 + b'\\"{{{"}')  # brackets in strings do not count
+
+
+def test_max_control_parameter() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(pack_control(Frame.HELLO, {"x": "y" * 5000}))
+        with pytest.raises(ProtocolError, match="control body of .* bytes \\(limit 4096\\)"):
+            recv_frame(b, 4096)

@@ -14,16 +14,18 @@ from agentkit import make_files, part_files, send, start_receiver, write_secret
 from transfer_agent.auth import TLSConfig, load_secret
 from transfer_agent.channels import Connector
 from transfer_agent.errors import AuthError, FStreamError, RefusedError
-from transfer_agent.protocol import HEADER, VERSION, Frame, pack_control, pack_header, recv_frame
+from transfer_agent.protocol import HEADER, VERSION, Frame, pack_header
 from transfer_agent.receiver import Receiver
+from transfer_agent.secure import ControlLink
 
 MiB = 1024 * 1024
 
 
-def control(port: int, secret: Path, job: str = "job", attempt: int = 1) -> tuple[socket.socket, Connector]:
+def control(port: int, secret: Path, job: str = "job", attempt: int = 1) -> tuple[ControlLink, Connector]:
+    """An authenticated control connection; frames go through its link (MAC'd: raw frames are refused)."""
     conn = Connector("127.0.0.1", port, load_secret(secret), None,
                      {"session": uuid.uuid4().hex, "job": job, "attempt": attempt})
-    return conn.connect(role="control"), conn
+    return conn.connect_link(role="control").link, conn
 
 
 def wait_until(cond, timeout: float = 10.0) -> None:
@@ -45,12 +47,11 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
-def open_file(sock: socket.socket, fid: int, path: str, size: int, mtime_ns: int = 1) -> tuple[Frame, dict]:
-    sock.sendall(pack_control(Frame.OPEN, {"path": path, "size": size, "mtime_ns": mtime_ns, "algo": "xxh3_128"},
-                              fid))
-    ftype, rfid, _o, _l, body = recv_frame(sock)
+def open_file(link: ControlLink, fid: int, path: str, size: int, mtime_ns: int = 1) -> tuple[Frame, dict]:
+    link.send(Frame.OPEN, {"path": path, "size": size, "mtime_ns": mtime_ns, "algo": "blake3-keyed"}, fid)
+    ftype, rfid, body = link.recv()
     assert rfid == fid
-    return ftype, body or {}
+    return ftype, body
 
 
 @pytest.mark.parametrize("path,why", [
@@ -59,7 +60,7 @@ def open_file(sock: socket.socket, fid: int, path: str, size: int, mtime_ns: int
 ])
 def test_escaping_names_refused(tmp_path: Path, secret: Path, rx: Receiver, path: str, why: str) -> None:
     sock, _ = control(rx.port, secret)
-    with sock:
+    with sock.sock:
         ftype, body = open_file(sock, 1, path, 10)
     assert ftype == Frame.ERROR and body["kind"] == "refused" and why in body["message"]
     assert not any((tmp_path / "dst").rglob("*"))
@@ -71,7 +72,7 @@ def test_symlink_in_destination_refused(tmp_path: Path, secret: Path, rx: Receiv
     outside.mkdir()
     (tmp_path / "dst" / "link").symlink_to(outside)
     sock, _ = control(rx.port, secret)
-    with sock:
+    with sock.sock:
         ftype, body = open_file(sock, 1, "link/file.dat", 10)
     assert ftype == Frame.ERROR and "symlink" in body["message"]
     assert not any(outside.iterdir())
@@ -80,7 +81,7 @@ def test_symlink_in_destination_refused(tmp_path: Path, secret: Path, rx: Receiv
 def test_size_beyond_free_space_refused_before_writing(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
     sock, _ = control(rx.port, secret)
-    with sock:
+    with sock.sock:
         ftype, body = open_file(sock, 1, "huge.bin", free + 1024**3)
         assert ftype == Frame.ERROR and "no space left" in body["message"] and body["retryable"] is False
         ftype, body = open_file(sock, 2, "absurd.bin", 1 << 60)
@@ -94,7 +95,7 @@ def test_size_beyond_free_space_refused_before_writing(tmp_path: Path, secret: P
 def test_malformed_frame_closes_only_that_connection(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     sock, conn = control(rx.port, secret)
     data = conn.connect(role="data", channel=1, stream=0)
-    with sock, data:
+    with sock.sock, data:
         data.sendall(HEADER.pack(b"ZZ", VERSION, Frame.DATA, 1, 0, 10))
         assert closed_by_peer(data)  # closed by the receiver
         ftype, _ = open_file(sock, 1, "still.bin", 5)  # control of the same session still served
@@ -109,7 +110,7 @@ def test_truncated_block_leaves_resumable_part(tmp_path: Path, secret: Path, rx:
     st = os.stat(src / "t.bin")
     sock, conn = control(rx.port, secret, job="j1")
     payload = (src / "t.bin").read_bytes()
-    with sock:
+    with sock.sock:
         ftype, body = open_file(sock, 1, "out/t.bin", size, st.st_mtime_ns)
         assert ftype == Frame.OPEN_OK and body["missing"] == [[0, size]]
         data = conn.connect(role="data", channel=1, stream=0)
@@ -126,7 +127,7 @@ def test_truncated_block_leaves_resumable_part(tmp_path: Path, secret: Path, rx:
 def test_block_overlapping_received_bytes_refused(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     """Every byte is written once: a second copy of a block (which could change bytes already hashed) is refused."""
     sock, conn = control(rx.port, secret)
-    with sock:
+    with sock.sock:
         ftype, _ = open_file(sock, 1, "o.bin", 8192)
         assert ftype == Frame.OPEN_OK
         data = conn.connect(role="data", channel=1, stream=0)
@@ -141,7 +142,7 @@ def test_block_overlapping_received_bytes_refused(tmp_path: Path, secret: Path, 
 def test_data_for_unopened_file_refused(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     sock, conn = control(rx.port, secret)
     data = conn.connect(role="data", channel=1, stream=0)
-    with sock, data:
+    with sock.sock, data:
         data.sendall(pack_header(Frame.DATA, 42, 0, 4) + b"evil")
         assert closed_by_peer(data)
     assert not any(p.is_file() for p in (tmp_path / "dst").rglob("*"))
@@ -149,7 +150,7 @@ def test_data_for_unopened_file_refused(tmp_path: Path, secret: Path, rx: Receiv
 
 def test_stale_attempt_is_fenced(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     new, _ = control(rx.port, secret, job="J", attempt=2)
-    with new:
+    with new.sock:
         with pytest.raises(RefusedError, match="stale attempt 1 of job J"):
             control(rx.port, secret, job="J", attempt=1)
 

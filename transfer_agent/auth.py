@@ -1,16 +1,25 @@
-"""Authentication that fails closed: an HMAC challenge on a shared secret, or mutual TLS.
+"""Authentication that fails closed: an HMAC challenge on a shared secret, or mutual TLS (issue 8, defect 1).
 
 Handshake (every connection, control or data):
 
-1. client → ``HELLO`` {version, caps, role, session, nonce, ...}
-2. server → ``CHALLENGE`` {version, caps, nonce, proof = HMAC(secret, "server" | c_nonce | s_nonce)}
-3. client checks the server's proof, then → ``AUTH`` {proof = HMAC(secret, "client" | s_nonce | c_nonce)}
-4. server checks it → ``WELCOME`` or ``ERROR`` {kind: auth}
+1. client → ``HELLO`` {version, caps, role, session, nonce, auth, encrypt, ...}
+2. server → ``CHALLENGE`` {version, caps, nonce, auth, encrypt, proof = HMAC(secret, "server" | T)}
+3. client checks the server's proof, then → ``AUTH`` {proof = HMAC(secret, "client" | T)}
+4. server checks it → ``WELCOME`` (authenticated with the new session keys) or ``ERROR`` {kind: auth}
 
-Both sides prove knowledge of the secret without sending it; fresh nonces on both sides make
-a recorded handshake useless. With TLS, both sides present certificates checked against the
-given CA (``CERT_REQUIRED``) before any frame is exchanged; a shared secret, if also given, is
-checked on top. There is no unauthenticated mode.
+``T`` = c_nonce | s_nonce | sha256(canonical HELLO) | sha256(canonical CHALLENGE without proof), so
+both proofs bind every field either side sent: stripping ``encrypt`` from HELLO or altering any
+field in transit breaks authentication, and fresh nonces on both sides make a recorded
+handshake useless. Each side decides its mode from its OWN configuration, never from the
+peer's claim: with a shared secret configured, the peer's proof is mandatory whatever its
+``auth`` field says (a missing or wrong proof is a terminal ``AuthError`` naming the peer).
+Before authentication, control frames are limited to ``PRE_AUTH_MAX_CONTROL`` bytes.
+
+With TLS, both sides present certificates checked against the given CA (``CERT_REQUIRED``)
+before any frame is exchanged; a shared secret, if also given, is checked on top. There is no
+unauthenticated mode. After the handshake, ``transfer_agent.secure`` derives the connection's
+keys (control-frame MACs, the keyed file digest, AEAD keys); see its docstring for what each
+mode protects against.
 """
 
 from __future__ import annotations
@@ -25,23 +34,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transfer_agent.errors import AuthError, ProtocolError
-from transfer_agent.protocol import CAPABILITIES, VERSION, ControlWriter, Frame, expect
+from transfer_agent.errors import AuthError, FStreamError, ProtocolError
+from transfer_agent.protocol import (CAPABILITIES, PRE_AUTH_MAX_CONTROL, VERSION, ControlWriter, Frame,
+                                     error_from_body, expect)
+from transfer_agent.secure import ControlLink, SessionKeys, derive_keys, transcript_hash
 
 NONCE_BYTES = 32
 
 
 def load_secret(path: str | os.PathLike[str] | None) -> bytes | None:
-    """Read a shared secret file; refuse empty or world-readable-by-mistake secrets loudly."""
+    """Read a shared secret file; refuse short secrets and files readable or writable by group or others."""
     if path is None:
         return None
     p = Path(path)
     try:
-        data = p.read_bytes().strip()
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise AuthError(f"secret file {p}: does not exist") from None
     except OSError as exc:
         raise AuthError(f"secret file {p}: cannot read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & 0o077:
+            raise AuthError(f"secret file {p}: readable or writable by others (mode {mode & 0o777:03o}); "
+                            f"refusing to use it: run chmod 600 {p}")
+        try:
+            data = f.read().strip()
+        except OSError as exc:
+            raise AuthError(f"secret file {p}: cannot read ({exc.strerror})") from None
     if len(data) < 16:
         raise AuthError(f"secret file {p}: too short ({len(data)} bytes; need at least 16)")
     return data
@@ -58,8 +78,33 @@ def create_secret_file(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def _proof(secret: bytes, label: bytes, a: bytes, b: bytes) -> str:
-    return hmac.new(secret, label + b"|" + a + b"|" + b, hashlib.sha256).hexdigest()
+def _proof(secret: bytes, label: bytes, c_nonce: bytes, s_nonce: bytes, transcript: bytes) -> str:
+    """HMAC(secret, label | c_nonce | s_nonce | transcript hash): binds both nonces and every handshake field."""
+    return hmac.new(secret, b"|".join((label, c_nonce, s_nonce, transcript)), hashlib.sha256).hexdigest()
+
+
+@dataclass
+class Handshake:
+    """What a completed handshake gives: the peer's body, the connection's keys and its control link.
+
+    :param peer: the server's WELCOME body (client side) or the client's HELLO body (server side).
+    :param keys: session keys (None when no shared secret is configured: TLS only).
+    :param link: control frames after the handshake (MAC'd or sealed with ``keys``).
+    """
+
+    peer: dict[str, Any]
+    keys: SessionKeys | None
+    link: ControlLink
+
+
+def _nonce_of(body: dict[str, Any], what: str) -> bytes:
+    try:
+        nonce = bytes.fromhex(str(body.get("nonce", "")))
+    except ValueError:
+        raise ProtocolError(f"malformed {what}: nonce is not hex") from None
+    if len(nonce) != NONCE_BYTES:
+        raise ProtocolError(f"malformed {what}: nonce has the wrong length")
+    return nonce
 
 
 @dataclass(frozen=True)
@@ -93,68 +138,104 @@ class TLSConfig:
 
 
 def client_handshake(sock: socket.socket, secret: bytes | None, hello: dict[str, Any],
-                     tls: bool = False) -> dict[str, Any]:
-    """Run the client side; return the server's WELCOME body. Raises ``AuthError`` on failure."""
+                     tls: bool = False, *, encrypt: bool = False, peer: str = "the receiver") -> Handshake:
+    """Run the client side; return the WELCOME body, keys and link. Raises ``AuthError`` on failure.
+
+    The mode comes from our configuration only: with ``secret``, the receiver's proof is mandatory
+    whatever its CHALLENGE claims; without it, TLS must be configured (``tls``).
+    """
     if secret is None and not tls:
         raise AuthError("no shared secret and no TLS certificates: refusing to connect unauthenticated "
                         "(pass --secret-file, or --tls-cert/--tls-key/--tls-ca)")
+    if encrypt and secret is None:
+        raise AuthError("--encrypt needs a shared secret (--secret-file); with TLS alone the channel is "
+                        "already encrypted")
     writer = ControlWriter(sock)
     c_nonce = secrets.token_bytes(NONCE_BYTES)
-    writer.send(Frame.HELLO, {**hello, "version": VERSION, "caps": list(CAPABILITIES), "nonce": c_nonce.hex(),
-                              "auth": "hmac" if secret is not None else "tls"})
-    _t, chal = expect(sock, Frame.CHALLENGE)
+    sent = {**hello, "version": VERSION, "caps": list(CAPABILITIES), "nonce": c_nonce.hex(),
+            "auth": "hmac" if secret is not None else "tls", "encrypt": bool(encrypt)}
+    writer.send(Frame.HELLO, sent)
+    _t, chal = expect(sock, Frame.CHALLENGE, max_control=PRE_AUTH_MAX_CONTROL)
     if chal.get("version") != VERSION:
-        raise ProtocolError(f"receiver speaks protocol version {chal.get('version')}, we speak {VERSION}")
-    try:
-        s_nonce = bytes.fromhex(str(chal.get("nonce", "")))
-    except ValueError:
-        raise ProtocolError("malformed CHALLENGE: nonce is not hex") from None
-    if len(s_nonce) != NONCE_BYTES:
-        raise ProtocolError("malformed CHALLENGE: nonce has the wrong length")
-    server_ok = True
-    if chal.get("auth") == "hmac":
-        if secret is None:
-            raise AuthError("receiver requires a shared secret (pass --secret-file)")
-        server_ok = hmac.compare_digest(str(chal.get("proof", "")), _proof(secret, b"server", c_nonce, s_nonce))
-        writer.send(Frame.AUTH, {"proof": _proof(secret, b"client", s_nonce, c_nonce)})
+        raise ProtocolError(f"receiver {peer} speaks protocol version {chal.get('version')}, we speak {VERSION}")
+    s_nonce = _nonce_of(chal, "CHALLENGE")
+    keys: SessionKeys | None = None
+    if secret is not None:
+        transcript = transcript_hash(sent, chal)
+        proof = chal.get("proof")
+        if not isinstance(proof, str) or not proof:
+            raise AuthError(f"authentication failed: receiver {peer} sent no proof of our shared secret "
+                            f"(it claims auth {chal.get('auth')!r}); not the receiver we meant? nothing was sent")
+        if not hmac.compare_digest(proof, _proof(secret, b"server", c_nonce, s_nonce, transcript)):
+            raise AuthError(f"authentication failed: receiver {peer} does not know our shared secret "
+                            "(wrong --secret-file on one side, or a handshake altered in transit); nothing was sent")
+        if encrypt and chal.get("encrypt") is not True:
+            raise AuthError(f"receiver {peer} did not agree to encrypt (it does not support --encrypt)")
+        writer.send(Frame.AUTH, {"proof": _proof(secret, b"client", c_nonce, s_nonce, transcript)})
+        keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt)
     else:
+        if chal.get("auth") == "hmac" or chal.get("proof"):
+            raise AuthError(f"receiver {peer} requires a shared secret (pass --secret-file)")
         writer.send(Frame.AUTH, {})
-    if not server_ok:
-        raise AuthError("authentication failed: the receiver does not know our shared secret "
-                        "(wrong --secret-file on one side?)")
-    _t, welcome = expect(sock, Frame.WELCOME)
-    return welcome
+    link = ControlLink(sock, keys, client=True, peer=f"receiver {peer}")
+    ftype, _fid, welcome = link.recv(plain_error=True)
+    if ftype == Frame.ERROR:
+        raise error_from_body(welcome)
+    if ftype != Frame.WELCOME:
+        raise ProtocolError(f"receiver {peer}: unexpected {ftype.name} frame (expected WELCOME)")
+    return Handshake(welcome, keys, link)
 
 
-def server_handshake(sock: socket.socket, secret: bytes | None, tls: bool = False) -> dict[str, Any]:
-    """Run the server side; return the client's HELLO body. On failure sends ERROR and raises ``AuthError``."""
+def _refuse(writer: ControlWriter, kind: str, msg: str) -> None:
+    try:
+        writer.send(Frame.ERROR, {"kind": kind, "message": msg})
+    except FStreamError:  # the peer may already be gone; the refusal stands
+        pass
+
+
+def server_handshake(sock: socket.socket, secret: bytes | None, tls: bool = False, *,
+                     require_encryption: bool = False, peer: str = "the sender") -> Handshake:
+    """Run the server side; return the HELLO body, keys and link (the caller sends WELCOME on the link).
+
+    With ``secret`` the client's proof is mandatory whatever its HELLO claims. On failure sends ERROR
+    and raises ``AuthError``/``ProtocolError``.
+    """
     if secret is None and not tls:
         raise AuthError("receiver has neither a shared secret nor TLS certificates")
     writer = ControlWriter(sock)
-    _t, hello = expect(sock, Frame.HELLO)
+    _t, hello = expect(sock, Frame.HELLO, max_control=PRE_AUTH_MAX_CONTROL)
     if hello.get("version") != VERSION:
         msg = f"unsupported protocol version {hello.get('version')} (receiver speaks {VERSION})"
-        writer.send(Frame.ERROR, {"kind": "protocol", "message": msg})
+        _refuse(writer, "protocol", msg)
         raise ProtocolError(msg)
-    try:
-        c_nonce = bytes.fromhex(str(hello.get("nonce", "")))
-    except ValueError:
-        raise ProtocolError("malformed HELLO: nonce is not hex") from None
-    if len(c_nonce) != NONCE_BYTES:
-        raise ProtocolError("malformed HELLO: nonce has the wrong length")
+    c_nonce = _nonce_of(hello, "HELLO")
+    encrypt = hello.get("encrypt", False)
+    if not isinstance(encrypt, bool):
+        raise ProtocolError("malformed HELLO: encrypt is not a boolean")
+    if encrypt and secret is None:
+        msg = "encryption (--encrypt) needs a shared secret on the receiver; this one uses TLS, which already encrypts"
+        _refuse(writer, "auth", msg)
+        raise AuthError(msg)
+    if require_encryption and not encrypt and not tls:
+        msg = "this receiver requires encryption: send with --encrypt"
+        _refuse(writer, "auth", msg)
+        raise AuthError(f"{peer}: refused: {msg}")
     s_nonce = secrets.token_bytes(NONCE_BYTES)
     body: dict[str, Any] = {"version": VERSION, "caps": list(CAPABILITIES), "nonce": s_nonce.hex(),
-                            "auth": "hmac" if secret is not None else "tls"}
+                            "auth": "hmac" if secret is not None else "tls", "encrypt": encrypt}
+    keys: SessionKeys | None = None
     if secret is not None:
-        body["proof"] = _proof(secret, b"server", c_nonce, s_nonce)
+        transcript = transcript_hash(hello, body)
+        body["proof"] = _proof(secret, b"server", c_nonce, s_nonce, transcript)
     writer.send(Frame.CHALLENGE, body)
-    _t, auth = expect(sock, Frame.AUTH)
+    _t, auth = expect(sock, Frame.AUTH, max_control=PRE_AUTH_MAX_CONTROL)
     if secret is not None:
-        if not hmac.compare_digest(str(auth.get("proof", "")), _proof(secret, b"client", s_nonce, c_nonce)):
-            msg = "authentication failed: wrong shared secret"
-            try:
-                writer.send(Frame.ERROR, {"kind": "auth", "message": msg})
-            except Exception:  # noqa: BLE001 - peer may already be gone; the refusal stands
-                pass
-            raise AuthError(msg)
-    return hello
+        proof = auth.get("proof")
+        if not isinstance(proof, str) or not hmac.compare_digest(
+                proof, _proof(secret, b"client", c_nonce, s_nonce, transcript)):
+            msg = ("authentication failed: wrong shared secret" if proof else
+                   "authentication failed: no proof of the shared secret (this receiver requires one)")
+            _refuse(writer, "auth", msg)
+            raise AuthError(f"{peer}: {msg}")
+        keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt)
+    return Handshake(hello, keys, ControlLink(sock, keys, client=False, peer=f"sender {peer}"))

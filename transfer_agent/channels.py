@@ -7,6 +7,12 @@ driver keeps up to ``pp`` files opened ahead of the one whose blocks it is queue
 channel never waits a round trip between files. Channels are kept by their ``p``: a tuner
 change reassigns channels whose ``p`` fits, parks the rest as passive, and opens new ones only
 when no passive channel fits (smart channel distribution, thesis ch. 3).
+
+Security (issue 8; modes and what they protect against: ``transfer_agent.secure``): every
+connection authenticates the receiver by our own configuration (``auth.client_handshake``); the
+control connection's frames go through its ``ControlLink`` (MAC'd or sealed with a shared
+secret), its digest key keys the file digest (``blake3-keyed``), and with ``encrypt`` each data
+stream seals its blocks (pread + seal + sendall, like the TLS path; never sendfile).
 """
 
 from __future__ import annotations
@@ -26,16 +32,18 @@ from typing import Any, Callable
 from fstream_provider.tuning.base import ClusterLayout
 from fstream_provider.tuning.distribution import ChannelState, plan_channels
 from fstream_provider.tuning.pacing import TokenBucket
-from transfer_agent.auth import client_handshake
+from transfer_agent.auth import Handshake, client_handshake
 from transfer_agent.checksum import hash_fd
-from transfer_agent.errors import (ChecksumError, FStreamError, NetworkError, ProtocolError, RefusedError,
-                                   SourceModifiedError, SourceVanishedError)
-from transfer_agent.protocol import MSG_MORE, ControlWriter, Frame, error_from_body, pack_header, recv_frame
+from transfer_agent.errors import (AuthError, ChecksumError, FStreamError, NetworkError, ProtocolError,
+                                   RefusedError, SourceModifiedError, SourceVanishedError)
+from transfer_agent.protocol import MAX_BLOCK, MSG_MORE, Frame, error_from_body, pack_header
 from transfer_agent.scanner import SrcFile
+from transfer_agent.secure import TAG_BYTES, DataSealer
 
 log = logging.getLogger("fstream.sender")
-MIN_STRIPE = 256 << 10
-TLS_CHUNK = 1 << 20  # bytes read and encrypted per call when the channel is TLS (no zero-copy there)  # smallest block a file is cut into when striped over a channel's streams
+MIN_STRIPE = 256 << 10  # smallest block a file is cut into when striped over a channel's streams
+TLS_CHUNK = 1 << 20  # bytes read and encrypted per call when the channel is TLS (no zero-copy there)
+MAX_SEALED_BLOCK = MAX_BLOCK - TAG_BYTES  # a sealed block and its tag must fit the frame limit
 
 
 @dataclass(eq=False)
@@ -89,14 +97,25 @@ class Connector:
     :param secret: shared secret (HMAC) or None with TLS.
     :param ssl_ctx: client TLS context for mutual TLS, or None.
     :param hello: fields every HELLO carries (job, attempt, session).
+    :param encrypt: seal data blocks and control bodies (needs ``secret``).
     """
 
     def __init__(self, host: str, port: int, secret: bytes | None, ssl_ctx: ssl.SSLContext | None,
-                 hello: dict[str, Any], timeout: float = 15.0) -> None:
+                 hello: dict[str, Any], timeout: float = 15.0, encrypt: bool = False) -> None:
         self.host, self.port, self.secret, self.ssl_ctx, self.hello, self.timeout = (
             host, port, secret, ssl_ctx, hello, timeout)
+        self.encrypt = encrypt
+
+    @property
+    def peer(self) -> str:
+        return f"{self.host}:{self.port}"
 
     def connect(self, **extra: Any) -> socket.socket:
+        """An authenticated connection (its keys and control link: ``connect_link``)."""
+        return self.connect_link(**extra).link.sock
+
+    def connect_link(self, **extra: Any) -> Handshake:
+        """Connect and authenticate; the result carries the socket (``.link.sock``), keys and control link."""
         try:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         except OSError as exc:
@@ -108,18 +127,21 @@ class Connector:
                 try:
                     sock = self.ssl_ctx.wrap_socket(sock, server_hostname=self.host)
                 except (ssl.SSLError, OSError) as exc:
-                    from transfer_agent.errors import AuthError
                     raise AuthError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
             try:
-                client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None)
+                hs = client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None,
+                                      encrypt=self.encrypt, peer=self.peer)
             except NetworkError as exc:
                 if self.ssl_ctx is None:
                     raise
-                from transfer_agent.errors import AuthError
                 raise AuthError(f"TLS: receiver {self.host}:{self.port} closed the connection during the handshake "
                                 f"(our certificate was probably rejected): {exc}") from None
+            except AuthError as exc:
+                if self.peer in str(exc):
+                    raise
+                raise AuthError(f"receiver {self.peer}: {exc}") from None
             sock.settimeout(None)
-            return sock
+            return hs
         except BaseException:
             sock.close()
             raise
@@ -131,19 +153,25 @@ class ControlSession:
     :param connector: opens the connection.
     :param on_finished: called with each InFlight once its outcome is known.
     :param hasher: executor used to checksum source files.
-    :param algo: checksum algorithm.
+    :param algo: checksum algorithm; default ``blake3-keyed`` (keyed with this connection's digest key)
+        with a shared secret, ``xxh3_128`` with TLS only.
     :param verify: end-to-end checksums (off: the receiver only checks that every byte arrived).
     """
 
     def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
-                 algo: str = "xxh3_128", verify: bool = True) -> None:
+                 algo: str | None = None, verify: bool = True) -> None:
         self.connector = connector
         self.on_finished = on_finished
         self.hasher = hasher
-        self.algo = algo
         self.verify = verify
-        self.sock = connector.connect(role="control")
-        self.writer = ControlWriter(self.sock)
+        hs = connector.connect_link(role="control")
+        self.keys = hs.keys
+        self.sock = hs.link.sock
+        self.writer = hs.link  # MAC'd (or sealed) control frames; same send() as a ControlWriter
+        self.digest_key = self.keys.digest if self.keys is not None else None
+        self.algo = algo or ("blake3-keyed" if self.digest_key is not None else "xxh3_128")
+        if self.algo != "blake3-keyed":
+            self.digest_key = None
         self._files: dict[int, InFlight] = {}
         self._lock = threading.Lock()
         self._next_id = 1
@@ -182,7 +210,7 @@ class ControlSession:
             f = InFlight(sf, fid, fd, st.st_size, st.st_mtime_ns)
             self._files[fid] = f
         if self.verify:
-            f.hash_future = self.hasher.submit(hash_fd, fd, st.st_size, self.algo)
+            f.hash_future = self.hasher.submit(hash_fd, fd, st.st_size, self.algo, self.digest_key)
         else:
             f.hash_future = Future()
             f.hash_future.set_result(None)
@@ -244,8 +272,7 @@ class ControlSession:
     def _read_loop(self) -> None:
         try:
             while True:
-                ftype, fid, _o, _l, body = recv_frame(self.sock)
-                body = body or {}
+                ftype, fid, body = self.writer.recv()
                 if ftype == Frame.BYE:
                     self.bye.set()
                     return
@@ -333,11 +360,14 @@ class Channel:
         self.moved = 0  # bytes this channel put on the wire
 
     def start(self) -> None:
+        sealers: list[DataSealer | None] = []
         for i in range(self.p):
-            s = self.pool.connector.connect(role="data", channel=self.id, stream=i)
-            self.socks.append(s)
+            hs = self.pool.connector.connect_link(role="data", channel=self.id, stream=i)
+            self.socks.append(hs.link.sock)
+            sealers.append(DataSealer(hs.keys) if hs.keys is not None and hs.keys.encrypt else None)
         for i, s in enumerate(self.socks):
-            t = threading.Thread(target=self._stream_loop, args=(s,), name=f"fstream-ch{self.id}-s{i}", daemon=True)
+            t = threading.Thread(target=self._stream_loop, args=(s, sealers[i]), name=f"fstream-ch{self.id}-s{i}",
+                                 daemon=True)
             t.start()
             self.threads.append(t)
         d = threading.Thread(target=self._drive, name=f"fstream-ch{self.id}-driver", daemon=True)
@@ -415,7 +445,23 @@ class Channel:
                         return
 
     # -- streams -------------------------------------------------------------------------------
-    def _stream_loop(self, sock: socket.socket) -> None:
+    def _send_sealed(self, sock: socket.socket, sealer: DataSealer, f: InFlight, off: int, length: int) -> None:
+        """One block read with pread, sealed (AAD = its header, whose length counts the tag) and sent."""
+        chunks, got = [], 0
+        while got < length:
+            chunk = os.pread(f.fd, length - got, off + got)
+            if not chunk:
+                raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
+            chunks.append(chunk)
+            got += len(chunk)
+        header = pack_header(Frame.DATA, f.file_id, off, length + TAG_BYTES)
+        sealed = sealer.seal(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        sock.sendall(header, 0 if isinstance(sock, ssl.SSLSocket) else MSG_MORE)
+        sock.sendall(sealed)
+        self.pool.count(f, length)
+        self.moved += length
+
+    def _stream_loop(self, sock: socket.socket, sealer: DataSealer | None = None) -> None:
         pool = self.pool
         tls = isinstance(sock, ssl.SSLSocket)
         fileno = sock.fileno()
@@ -429,8 +475,12 @@ class Channel:
                     delay = pool.pace(length)
                     if delay > 0 and pool.stopping.wait(delay):  # QoS pacing; stopping cuts it short
                         return
-                    sock.sendall(pack_header(Frame.DATA, f.file_id, off, length), 0 if tls else MSG_MORE)
-                    sent = 0
+                    sent = length
+                    if sealer is not None:
+                        self._send_sealed(sock, sealer, f, off, length)
+                    else:
+                        sock.sendall(pack_header(Frame.DATA, f.file_id, off, length), 0 if tls else MSG_MORE)
+                        sent = 0
                     while sent < length:
                         if tls:
                             # pread, never a file object: streams share the fd, and a shared seek
@@ -624,7 +674,13 @@ class ChannelPool:
                 self._next_cid += 1
                 ch.cluster = req.cluster
                 ch.pp = layouts[req.cluster][2]
-                ch.start()
+                try:
+                    ch.start()
+                except ProtocolError as exc:
+                    # the receiver ended the session (its reason arrives on the control connection): report that
+                    if "unknown session" in str(exc) and self.control.failed.wait(2.0) and self.control.error:
+                        raise self.control.error from exc
+                    raise
                 with self.cond:
                     self.channels[ch.id] = ch
                     self.cond.notify_all()

@@ -55,7 +55,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _install_stop_signals(stop)
     rcv = Receiver(listen=_parse_listen(args.listen), root=args.root, secret=secret, tls=tls,
-                   fsync=not args.no_fsync).start()
+                   fsync=not args.no_fsync, require_encryption=args.require_encryption).start()
     print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)
     try:
         stop.wait()
@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tls-cert", metavar="C")
     r.add_argument("--tls-key", metavar="K")
     r.add_argument("--tls-ca", metavar="CA")
+    r.add_argument("--require-encryption", action="store_true",
+                   help="refuse senders that do not encrypt (send --encrypt); TLS connections count as encrypted")
     r.add_argument("--no-fsync", action="store_true", help="skip fsync on commit (faster, not crash-safe)")
     r.set_defaults(func=cmd_receive)
 

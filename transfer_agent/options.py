@@ -40,6 +40,8 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the end-to-end checksum (sizes and byte ranges are still checked)")
     p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret)")
+    p.add_argument("--encrypt", action="store_true",
+                   help="encrypt data and control frames (ChaCha20-Poly1305; needs the shared secret)")
     p.add_argument("--tls-cert", metavar="C")
     p.add_argument("--tls-key", metavar="K")
     p.add_argument("--tls-ca", metavar="CA")
@@ -62,5 +64,6 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         profile_interval=args.profile_interval, sample_interval=args.sample_interval,
         watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        tls_ca=args.tls_ca, priority_class=args.priority_class, block_size=parse_size(args.block_size),
+        tls_ca=args.tls_ca, encrypt=args.encrypt, priority_class=args.priority_class,
+        block_size=parse_size(args.block_size),
     )

@@ -23,13 +23,16 @@ from typing import Any
 from transfer_agent.errors import NetworkError, ProtocolError
 
 MAGIC = b"FS"
-VERSION = 1
+VERSION = 2  # 2: transcript-bound proofs, MAC'd/sealed control frames, keyed digests (issue 8)
 HEADER = struct.Struct("!2sBBIQI")  # magic, version, type, file_id, offset, length
 HEADER_SIZE = HEADER.size
 MAX_CONTROL = 1 << 20
+PRE_AUTH_MAX_CONTROL = 4 << 10  # HELLO, CHALLENGE, AUTH: nothing bigger is needed before authentication
+MAX_JSON_DEPTH = 32  # control bodies are flat; deeper nesting is refused before decoding
 MAX_BLOCK = 64 << 20
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # header and payload leave in one segment where supported
-CAPABILITIES = ("sendfile", "ranges", "pipelining", "xxh3_128", "blake3", "group-commit")
+CAPABILITIES = ("sendfile", "ranges", "pipelining", "xxh3_128", "blake3", "blake3-keyed", "chacha20-poly1305",
+                "group-commit")
 
 
 class Frame(IntEnum):
@@ -59,6 +62,11 @@ def pack_header(ftype: int, file_id: int = 0, offset: int = 0, length: int = 0) 
     return HEADER.pack(MAGIC, VERSION, ftype, file_id, offset, length)
 
 
+def canonical(body: dict[str, Any]) -> bytes:
+    """The canonical encoding of a body (sorted keys, no spaces): what MACs and transcripts cover."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def pack_control(ftype: int, body: dict[str, Any], file_id: int = 0) -> bytes:
     payload = json.dumps(body, separators=(",", ":")).encode()
     if len(payload) > MAX_CONTROL:
@@ -66,8 +74,8 @@ def pack_control(ftype: int, body: dict[str, Any], file_id: int = 0) -> bytes:
     return pack_header(ftype, file_id, 0, len(payload)) + payload
 
 
-def parse_header(raw: bytes) -> tuple[Frame, int, int, int]:
-    """Validate a header; return (type, file_id, offset, length)."""
+def parse_header(raw: bytes, max_control: int = MAX_CONTROL) -> tuple[Frame, int, int, int]:
+    """Validate a header; return (type, file_id, offset, length). Control bodies over ``max_control`` are refused."""
     magic, version, ftype, file_id, offset, length = HEADER.unpack(raw)
     if magic != MAGIC:
         raise ProtocolError(f"malformed frame: bad magic {magic!r}")
@@ -78,8 +86,8 @@ def parse_header(raw: bytes) -> tuple[Frame, int, int, int]:
     if ftype == Frame.DATA:
         if length == 0 or length > MAX_BLOCK:
             raise ProtocolError(f"malformed frame: data block of {length} bytes (limit {MAX_BLOCK})")
-    elif length > MAX_CONTROL:
-        raise ProtocolError(f"malformed frame: control body of {length} bytes (limit {MAX_CONTROL})")
+    elif length > max_control:
+        raise ProtocolError(f"malformed frame: control body of {length} bytes (limit {max_control})")
     return Frame(ftype), file_id, offset, length
 
 
@@ -101,27 +109,68 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket) -> tuple[Frame, int, int, int, dict[str, Any] | None]:
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when JSON text nests arrays/objects deeper than ``limit`` (brackets inside strings do not count).
+
+    Cheap for ordinary bodies: text with no more than ``limit`` opening brackets cannot be too deep.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    in_str = esc = False
+    for c in raw:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 0x5C:  # backslash
+                esc = True
+            elif c == 0x22:  # quote
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def decode_body(ftype: Frame, raw: bytes) -> dict[str, Any]:
+    """Decode a control body: a JSON object, nested at most ``MAX_JSON_DEPTH`` deep, else ``ProtocolError``."""
+    if json_depth_exceeds(raw):
+        raise ProtocolError(f"malformed {ftype.name} frame: body nested too deeply (limit {MAX_JSON_DEPTH})")
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ProtocolError(f"malformed {ftype.name} frame: body nested too deeply") from None
+    except ValueError as exc:
+        raise ProtocolError(f"malformed {ftype.name} frame: body is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"malformed {ftype.name} frame: body is not an object")
+    return body
+
+
+def recv_frame(sock: socket.socket, max_control: int = MAX_CONTROL
+               ) -> tuple[Frame, int, int, int, dict[str, Any] | None]:
     """Read one frame. Control frames return their decoded JSON body; DATA frames return
-    ``None`` as body and leave the payload unread on the socket for the caller."""
-    ftype, file_id, offset, length = parse_header(recv_exact(sock, HEADER_SIZE))
+    ``None`` as body and leave the payload unread on the socket for the caller.
+
+    :param max_control: largest control body accepted (``PRE_AUTH_MAX_CONTROL`` before authentication).
+    """
+    ftype, file_id, offset, length = parse_header(recv_exact(sock, HEADER_SIZE), max_control)
     if ftype == Frame.DATA:
         return ftype, file_id, offset, length, None
     body: dict[str, Any] = {}
     if length:
-        raw = recv_exact(sock, length)
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise ProtocolError(f"malformed {ftype.name} frame: body is not JSON ({exc})") from None
-        if not isinstance(body, dict):
-            raise ProtocolError(f"malformed {ftype.name} frame: body is not an object")
+        body = decode_body(ftype, recv_exact(sock, length))
     return ftype, file_id, offset, length, body
 
 
-def expect(sock: socket.socket, *types: Frame) -> tuple[Frame, dict[str, Any]]:
+def expect(sock: socket.socket, *types: Frame, max_control: int = MAX_CONTROL) -> tuple[Frame, dict[str, Any]]:
     """Read one control frame of one of ``types``; an ERROR frame is raised as the error it names."""
-    ftype, _fid, _off, _len, body = recv_frame(sock)
+    ftype, _fid, _off, _len, body = recv_frame(sock, max_control)
     if ftype == Frame.ERROR and Frame.ERROR not in types:
         raise error_from_body(body or {})
     if ftype not in types:

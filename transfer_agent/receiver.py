@@ -5,6 +5,13 @@ name only after every byte arrived and the end-to-end checksum matched; until th
 ``.NAME.<job>.<attempt>.part`` beside it with a ``.meta`` sidecar holding the received byte
 ranges. Commits are grouped: verify each file, flush the group's files together (concurrent
 ``fdatasync``), the renames, then one ``fsync`` per directory.
+
+Security (issue 8; what each mode protects against: ``transfer_agent.secure``): with a shared
+secret every control frame is authenticated (``ControlLink``), OPENs must name a keyed digest
+(``blake3-keyed``, hashed with the control connection's digest key, also for parts of earlier
+sessions, which are read back from disk), and sealed data blocks are opened before anything is
+written. ``require_encryption`` refuses connections that do not seal. A plaintext client
+against a TLS receiver is told at once that TLS is required (terminal), not reset.
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ from typing import Any
 
 from transfer_agent import storage
 from transfer_agent.auth import TLSConfig, server_handshake
-from transfer_agent.checksum import ALGORITHMS, PrefixHasher, hash_fd
-from transfer_agent.errors import FStreamError, NetworkError, ProtocolError, RefusedError
+from transfer_agent.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
+from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
 from transfer_agent.parts import PartIndex
 from transfer_agent.paths import open_parent, safe_relpath, temp_name
-from transfer_agent.protocol import ControlWriter, Frame, recv_frame
+from transfer_agent.protocol import (MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, pack_header, recv_exact,
+                                     recv_frame)
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
+from transfer_agent.secure import TAG_BYTES, ControlLink, DataSealer, SessionKeys
 
 MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it
@@ -117,8 +126,10 @@ def _pipe() -> tuple[int, int]:
 class Session:
     """One sender's session: a control connection, its data connections, its open files."""
 
-    def __init__(self, sid: str, job: str, attempt: int, control: ControlWriter, peer: str) -> None:
+    def __init__(self, sid: str, job: str, attempt: int, control: ControlLink | ControlWriter, peer: str,
+                 keys: SessionKeys | None = None) -> None:
         self.id, self.job, self.attempt, self.control, self.peer = sid, job, attempt, control, peer
+        self.keys = keys  # the control connection's keys (None: TLS only)
         self.files: dict[int, RecvFile] = {}
         self.deferred: set[int] = set()  # opened, final already present: waiting for SKIP or a replacing OPEN
         self.dirs: dict[str, tuple[int, tuple[int, int]]] = {}  # parent dirs walked (O_NOFOLLOW) this session
@@ -142,6 +153,8 @@ class Receiver:
     :param root: destination root directory; nothing is ever written outside it.
     :param secret: shared secret for the HMAC handshake.
     :param tls: certificates for mutual TLS.
+    :param require_encryption: refuse connections that do not seal their frames (``send --encrypt``);
+        TLS connections count as encrypted.
     :param fsync: make commits durable (write → fsync → rename → fsync(dir)).
     :param flush_interval: how often received ranges are persisted for in-flight files.
     :param log: logger (default ``fstream.receiver``).
@@ -149,7 +162,7 @@ class Receiver:
 
     def __init__(self, *, listen: tuple[str, int] = ("127.0.0.1", 0), root: str, secret: bytes | None = None,
                  tls: TLSConfig | None = None, fsync: bool = True, flush_interval: float = 2.0,
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None, require_encryption: bool = False) -> None:
         if secret is None and tls is None:
             raise FStreamError("receiver: refusing to run unauthenticated: give a shared secret "
                                "(--secret-file) or TLS certificates (--tls-cert/--tls-key/--tls-ca)")
@@ -157,6 +170,7 @@ class Receiver:
         self.root = os.path.abspath(root)
         self.secret = secret
         self.tls = tls
+        self.require_encryption = require_encryption
         self.fsync = fsync
         self.flush_interval = flush_interval
         self.log = log or logging.getLogger("fstream.receiver")
@@ -251,13 +265,16 @@ class Receiver:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             conn.settimeout(HANDSHAKE_TIMEOUT)
             if self._ssl_ctx is not None:
+                self._refuse_plaintext(conn)
                 try:
                     conn = self._ssl_ctx.wrap_socket(conn, server_side=True)
                 except (ssl.SSLError, OSError) as exc:
                     raise FStreamError(f"TLS handshake failed: {exc}") from None
-            hello = server_handshake(conn, self.secret, tls=self._ssl_ctx is not None)
+            hs = server_handshake(conn, self.secret, tls=self._ssl_ctx is not None,
+                                  require_encryption=self.require_encryption, peer=peer)
+            hello = hs.peer
             role = str(hello.get("role", ""))
-            writer = ControlWriter(conn)
+            writer = hs.link
             sid = str(hello.get("session", ""))
             job = str(hello.get("job", ""))
             try:
@@ -275,7 +292,7 @@ class Receiver:
                 self._attempts[job] = attempt
             conn.settimeout(None)
             if role == "control":
-                session = Session(sid, job, attempt, writer, peer)
+                session = Session(sid, job, attempt, writer, peer, keys=hs.keys)
                 with self._lock:
                     if sid in self._sessions:
                         raise ProtocolError(f"session {sid} already exists")
@@ -283,7 +300,7 @@ class Receiver:
                     self.stats["sessions"] += 1
                 writer.send(Frame.WELCOME, {"session": sid, "root_free": storage.free_bytes(self._root_fd)})
                 self.log.info("session %s from %s: job %s attempt %d", sid[:8], peer, job, attempt)
-                self._control_loop(session, conn)
+                self._control_loop(session, writer)
             elif role == "data":
                 with self._lock:
                     session = self._sessions.get(sid)
@@ -296,7 +313,7 @@ class Receiver:
                 writer.send(Frame.WELCOME, {"session": sid})
                 data_session, session = session, None  # only the control connection closes a session
                 try:
-                    self._data_loop(data_session, conn)
+                    self._data_loop(data_session, conn, hs.keys)
                 finally:
                     with data_session.lock:
                         data_session.data_socks.discard(conn)
@@ -319,11 +336,35 @@ class Receiver:
             if session is not None:
                 self._close_session(session)
 
+    def _refuse_plaintext(self, conn: socket.socket) -> None:
+        """Before the TLS handshake, peek: a plaintext FStream HELLO gets a plaintext, terminal auth ERROR
+        ("the receiver requires TLS") instead of a TLS failure the client would see as a reset and retry."""
+        try:
+            head = conn.recv(len(MAGIC), socket.MSG_PEEK | socket.MSG_WAITALL)
+        except OSError:
+            return  # the TLS handshake reports it
+        if head != MAGIC:
+            return
+        try:
+            recv_frame(conn, PRE_AUTH_MAX_CONTROL)  # consume the HELLO, so closing sends FIN, not RST
+        except FStreamError:
+            pass
+        msg = "the receiver requires TLS: this connection is plaintext (pass --tls-cert/--tls-key/--tls-ca)"
+        ControlWriter(conn).send(Frame.ERROR, {"kind": "auth", "message": msg, "retryable": False})
+        try:
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        raise AuthError(f"plaintext connection refused: {msg}")
+
     # -- control -------------------------------------------------------------------------------
-    def _control_loop(self, session: Session, conn: socket.socket) -> None:
+    def _control_loop(self, session: Session, link: ControlLink) -> None:
         while not self._stop.is_set():
-            ftype, fid, _off, _len, body = recv_frame(conn)
-            body = body or {}
+            try:
+                ftype, fid, body = link.recv()
+            except ProtocolError as exc:  # tell the sender why its session ends (authenticated), then close
+                session.reply(Frame.ERROR, {"kind": exc.kind, "message": str(exc), "retryable": False})
+                raise
             if ftype == Frame.OPEN:
                 try:
                     self._open(session, fid, body)
@@ -360,6 +401,11 @@ class Receiver:
             raise RefusedError(f"{rel!r}: declared size {size!r} is not a valid file size")
         if algo not in ALGORITHMS:
             raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} not supported")
+        digest_key = self._digest_key(session, algo)
+        if session.keys is not None and digest_key is None:
+            raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} is not keyed; this receiver has a shared "
+                               f"secret and accepts only {', '.join(KEYED)} (an unkeyed digest can be rewritten "
+                               "in transit together with the data)")
         dir_fd, dkey, base = self._parent(session, rel)
         key = (dkey, base)
         with self._lock:
@@ -368,7 +414,8 @@ class Receiver:
                 raise FStreamError(f"{rel!r}: busy: another session is receiving this file", retryable=True)
             self._busy_parts.add(key)
         try:
-            existing_hash = None if body.get("replace") else self._existing_hash(dir_fd, base, rel, size, algo)
+            existing_hash = (None if body.get("replace")
+                             else self._existing_hash(dir_fd, base, rel, size, algo, digest_key))
             if existing_hash is not None:
                 # nothing is created or reserved until the sender says whether its copy differs
                 os.close(dir_fd)
@@ -407,7 +454,7 @@ class Receiver:
             f = RecvFile(fid, rel, dir_fd, base, tmp, size, int(mtime_ns), algo, fd, ranges, session, part_key=key)
             f.dirty = True
             if size >= HASH_AHEAD_MIN:
-                f.hasher = PrefixHasher(algo)
+                f.hasher = PrefixHasher(algo, digest_key)  # reads from disk: a taken-over part is hashed with this key
             f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:
             os.close(dir_fd)
@@ -428,7 +475,15 @@ class Receiver:
             cached = session.dirs[reldir] = (dfd, (st.st_dev, st.st_ino))
         return os.dup(cached[0]), cached[1], base
 
-    def _existing_hash(self, dir_fd: int, base: str, rel: str, size: int, algo: str) -> str | None:
+    @staticmethod
+    def _digest_key(session: Session, algo: str) -> bytes | None:
+        """The key of ``algo`` in this session: the control connection's digest key for keyed algorithms."""
+        if algo in KEYED and session.keys is not None:
+            return session.keys.digest
+        return None
+
+    def _existing_hash(self, dir_fd: int, base: str, rel: str, size: int, algo: str,
+                       key: bytes | None = None) -> str | None:
         try:
             st = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -439,7 +494,7 @@ class Receiver:
             return None
         fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
         try:
-            return hash_fd(fd, size, algo)
+            return hash_fd(fd, size, algo, key)
         finally:
             os.close(fd)
 
@@ -456,7 +511,8 @@ class Receiver:
             if meta.get("job") == session.job and int(meta.get("attempt", 0)) > session.attempt:
                 raise RefusedError(f"{rel!r}: stale attempt {session.attempt} of job {session.job}: "
                                    f"attempt {meta.get('attempt')} already wrote it")
-            if meta.get("size") != size or meta.get("mtime_ns") != mtime_ns or meta.get("algo") != algo:
+            # (another digest algorithm or key does not matter: the commit hashes the bytes on disk afresh)
+            if meta.get("size") != size or meta.get("mtime_ns") != mtime_ns:
                 self._remove_part(dir_fd, dkey, base, name)  # source changed since: the old part is useless
                 continue
             new = temp_name(base, session.job, session.attempt)
@@ -464,7 +520,8 @@ class Receiver:
                 os.rename(name, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
                 self._parts.remove(dkey, base, name)
                 self._parts.add(dir_fd, base, new, key=dkey)
-                write_meta(dir_fd, new + ".meta", {**meta, "job": session.job, "attempt": session.attempt})
+                write_meta(dir_fd, new + ".meta", {**meta, "job": session.job, "attempt": session.attempt,
+                                                   "algo": algo})
                 self._unlink_quiet(dir_fd, name + ".meta", part=False)
             ranges = RangeSet(tuple(r) for r in meta.get("ranges", []))
             self.log.info("resuming %s: %d of %d bytes already here", rel, ranges.total(), size)
@@ -494,8 +551,9 @@ class Receiver:
             self._commit_q.put(f)
 
     # -- data ----------------------------------------------------------------------------------
-    def _data_loop(self, session: Session, conn: socket.socket) -> None:
-        zero_copy = not isinstance(conn, ssl.SSLSocket) and hasattr(os, "splice")
+    def _data_loop(self, session: Session, conn: socket.socket, keys: SessionKeys | None = None) -> None:
+        sealer = DataSealer(keys) if keys is not None and keys.encrypt else None
+        zero_copy = sealer is None and not isinstance(conn, ssl.SSLSocket) and hasattr(os, "splice")
         pipe = _pipe() if zero_copy else None
         try:
             while True:
@@ -507,12 +565,19 @@ class Receiver:
                 f = session.files.get(fid)
                 if f is None:
                     raise ProtocolError(f"data for file id {fid}, which is not open in this session")
+                wire = length
+                if sealer is not None:
+                    length -= TAG_BYTES  # the header counts the tag
+                    if length <= 0:
+                        raise ProtocolError(f"{f.relpath!r}: sealed data block of {wire} bytes is too short")
                 if off + length > f.size:
                     raise ProtocolError(f"{f.relpath!r}: data block [{off}, {off + length}) beyond declared "
                                         f"size {f.size}")
                 self._claim(f, off, length)
                 try:
-                    if pipe is not None:
+                    if sealer is not None:
+                        self._open_sealed(f, conn, sealer, off, length, wire)
+                    elif pipe is not None:
                         self._splice_block(f, conn, pipe, off, length)
                     else:
                         self._recv_block(f, conn, off, length)
@@ -524,6 +589,33 @@ class Receiver:
             if pipe is not None:
                 os.close(pipe[0])
                 os.close(pipe[1])
+
+    def _open_sealed(self, f: RecvFile, conn: socket.socket, sealer: DataSealer, off: int, length: int,
+                     wire: int) -> None:
+        """Receive a sealed block, open it (AAD = its header) and only then write it. A block that fails
+        authentication is never written; the sender is told on the control connection (its session restarts
+        and resumes from the ranges received) and this data connection closes."""
+        try:
+            sealed = recv_exact(conn, wire)
+        except (NetworkError, ProtocolError) as exc:
+            raise self._lost_mid_block(f, exc) from None
+        try:
+            plain = sealer.open(pack_header(Frame.DATA, f.file_id, off, wire), sealed,
+                                f"data block [{off}, {off + length}) of {f.relpath!r}")
+        except ProtocolError as exc:
+            f.session.reply(Frame.ERROR, {"kind": "checksum", "retryable": True,
+                                          "message": f"{exc}; nothing of it was written, the session resumes"})
+            raise
+        self._write(f, memoryview(plain), off)
+
+    @staticmethod
+    def _lost_mid_block(f: RecvFile, exc: FStreamError) -> FStreamError:
+        """A data connection ended inside a block (cut in the path, or the sender died): tell the sender on the
+        control connection, so its session restarts and resumes now rather than when its stall timer fires
+        (its blocks may all sit in socket buffers, so its streams see nothing). Returns ``exc`` to raise."""
+        f.session.reply(Frame.ERROR, {"kind": "network", "retryable": True,
+                                      "message": f"{exc}; the bytes received are kept, the session resumes"})
+        return exc
 
     def _claim(self, f: RecvFile, off: int, length: int) -> None:
         """Refuse a block that overlaps bytes already received or in flight: every byte is written once,
@@ -586,8 +678,9 @@ class Receiver:
             f.unuse()
         if got < length:
             if err is not None:
-                raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
-            raise ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after {got} of {length} bytes")
+                raise self._lost_mid_block(f, NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}"))
+            raise self._lost_mid_block(f, ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after "
+                                                        f"{got} of {length} bytes"))
 
     def _recv_block(self, f: RecvFile, conn: socket.socket, off: int, length: int) -> None:
         """Receive one block into memory, then pwrite it (TLS, or where splice is missing)."""
@@ -604,9 +697,10 @@ class Receiver:
             if k == 0:
                 self._write(f, view[:got], off)  # keep what arrived: the file stays resumable
                 if err is not None:
-                    raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
-                raise ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after {got} of "
-                                    f"{length} bytes")
+                    raise self._lost_mid_block(f, NetworkError(f"connection lost in a data block of {f.relpath!r}: "
+                                                               f"{err}"))
+                raise self._lost_mid_block(f, ProtocolError(f"truncated frame: data block of {f.relpath!r} ended "
+                                                            f"after {got} of {length} bytes"))
             got += k
         self._write(f, view, off)
 
@@ -684,7 +778,7 @@ class Receiver:
             elif f.hasher is not None:
                 actual = f.hasher.finish(f.fd, f.size)
             else:
-                actual = hash_fd(f.fd, f.size, f.algo)
+                actual = hash_fd(f.fd, f.size, f.algo, self._digest_key(f.session, f.algo))
             if actual != f.expected_hash:
                 self.log.warning("checksum mismatch for %s: expected %s, got %s", f.relpath, f.expected_hash, actual)
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True, "kind": "checksum",

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from fstream_provider.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from transfer_agent.auth import TLSConfig, load_secret
-from transfer_agent.channels import ChannelPool, Connector, ControlSession, InFlight
+from transfer_agent.channels import MAX_SEALED_BLOCK, ChannelPool, Connector, ControlSession, InFlight
 from transfer_agent.errors import CancelledError, FStreamError, SourceVanishedError, StallError
 from transfer_agent.scanner import SourceWatcher, SrcFile, expand_sources
 
@@ -149,6 +149,10 @@ class Transfer:
         if secret is None and ssl_ctx is None:
             from transfer_agent.errors import AuthError
             raise AuthError("no shared secret and no TLS certificates: pass --secret-file (or --tls-*)")
+        if getattr(spec, "encrypt", False) and secret is None:
+            from transfer_agent.errors import AuthError
+            raise AuthError("--encrypt needs a shared secret (--secret-file); with TLS alone the channel is "
+                            "already encrypted")
         watcher = SourceWatcher(spec.sources, dest.path) if spec.watch else None
         self._watcher = watcher
         initial = [] if watcher else expand_sources(spec.sources, dest.path)
@@ -197,15 +201,19 @@ class Transfer:
                  files: list[SrcFile], watcher: SourceWatcher | None) -> list[SrcFile]:
         """Run one connected session; return files still pending when it ends (empty on success)."""
         sid = uuid.uuid4().hex
+        encrypt = bool(getattr(self.spec, "encrypt", False))
         connector = Connector(host, port, secret, ssl_ctx, {"session": sid, "job": self.job_id,
-                                                            "attempt": self.attempt})
+                                                            "attempt": self.attempt}, encrypt=encrypt)
         retry_files: list[SrcFile] = []
 
         def finished(f: InFlight) -> None:
             self._on_finished(f, pool, retry_files)
 
         control = ControlSession(connector, finished, hasher, verify=self.spec.verify)
-        pool = ChannelPool(control, connector, self.spec.block_size)
+        if self.spec.verify:
+            self.result.checksum = control.algo
+        block_size = min(self.spec.block_size, MAX_SEALED_BLOCK) if encrypt else self.spec.block_size
+        pool = ChannelPool(control, connector, block_size)
         pool.on_unopenable = lambda sf, exc: self._on_unopenable(sf, exc, watching=watcher is not None)
         try:
             rtt = self.spec.rtt_s or control.rtt()

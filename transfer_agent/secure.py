@@ -1,0 +1,198 @@
+"""Session keys, authenticated control frames and sealed data blocks (issue 8, "Authentication and keys").
+
+What each mode protects against (README "Never losing data" says the same):
+
+* **Shared secret** (``--secret-file``): both sides prove the secret over a transcript that
+  binds both nonces and every HELLO/CHALLENGE field, so an impostor on either side, a replayed
+  handshake, or a field stripped in transit (e.g. ``encrypt``) fails authentication. A key
+  derived per connection then authenticates every control frame (HMAC-SHA256 truncated to
+  16 bytes over direction, sequence number, frame type, file id and the canonical body: a frame
+  altered, dropped, replayed or reordered ends the session), and keys the end-to-end file digest
+  (``blake3-keyed``): someone in the path who rewrites data *and* the digest is caught at
+  commit, the file is discarded and re-sent. Data is readable in transit (not confidential), and
+  tampering of data blocks is only found at commit.
+* **Shared secret + ``--encrypt``**: in addition, every data block and every control body after
+  the handshake is sealed with ChaCha20-Poly1305 (nonce = per-direction counter, associated data
+  = the frame header): data is confidential, and a tampered, truncated, replayed or reordered
+  block is refused before it is written. The receiver can insist (``--require-encryption``).
+* **Mutual TLS** (``--tls-*``): TLS gives confidentiality and integrity in transit and both sides
+  check certificates against the CA; the file digest stays the fast unkeyed xxh3-128. With a
+  shared secret as well, everything above applies on top.
+
+Neither mode hides sizes, names' lengths or timing from someone watching the path, and
+``--no-verify`` turns the end-to-end digest off (then only in-transit protection remains).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from transfer_agent.errors import NetworkError, ProtocolError
+from transfer_agent.protocol import (MAX_CONTROL, Frame, canonical, decode_body, error_from_body, pack_control,
+                                     recv_frame)
+
+MAC_BYTES = 16
+TAG_BYTES = 16  # AEAD tag appended to every sealed payload
+KDF_LABEL = b"fstream session key v1"
+
+
+def _hmac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"|".join(parts), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    """Keys of one authenticated connection (derived by ``derive_keys``; never sent).
+
+    :param mac_c2s: control-frame MAC key, client → server.
+    :param mac_s2c: control-frame MAC key, server → client.
+    :param digest: 32-byte key of the ``blake3-keyed`` file digest (the control connection's is used).
+    :param aead_c2s: ChaCha20-Poly1305 key, client → server.
+    :param aead_s2c: ChaCha20-Poly1305 key, server → client.
+    :param encrypt: payloads and control bodies are sealed (the client asked, bound by the transcript).
+    """
+
+    mac_c2s: bytes
+    mac_s2c: bytes
+    digest: bytes
+    aead_c2s: bytes
+    aead_s2c: bytes
+    encrypt: bool = False
+
+
+def transcript_hash(hello: dict[str, Any], challenge: dict[str, Any]) -> bytes:
+    """sha256(canonical HELLO) | sha256(canonical CHALLENGE without its proof)."""
+    chal = {k: v for k, v in challenge.items() if k != "proof"}
+    return hashlib.sha256(canonical(hello)).digest() + hashlib.sha256(canonical(chal)).digest()
+
+
+def derive_keys(secret: bytes, c_nonce: bytes, s_nonce: bytes, transcript: bytes, *, encrypt: bool) -> SessionKeys:
+    """HMAC-based KDF: a session key over the secret, both nonces and the transcript, then one key per use."""
+    k = _hmac(secret, KDF_LABEL, c_nonce, s_nonce, transcript)
+    return SessionKeys(mac_c2s=_hmac(k, b"mac c2s"), mac_s2c=_hmac(k, b"mac s2c"), digest=_hmac(k, b"digest"),
+                       aead_c2s=_hmac(k, b"aead c2s"), aead_s2c=_hmac(k, b"aead s2c"), encrypt=encrypt)
+
+
+def _nonce(counter: int) -> bytes:
+    return b"\0\0\0\0" + struct.pack("!Q", counter)
+
+
+class Sealer:
+    """ChaCha20-Poly1305 in one direction; the nonce is a counter, so every message is sealed once, in order."""
+
+    def __init__(self, key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+        self._aead = ChaCha20Poly1305(key)
+        self._n = 0
+
+    def seal(self, data: bytes, aad: bytes) -> bytes:
+        out = self._aead.encrypt(_nonce(self._n), data, aad)
+        self._n += 1
+        return out
+
+    def open(self, data: bytes, aad: bytes, what: str) -> bytes:
+        from cryptography.exceptions import InvalidTag
+
+        try:
+            out = self._aead.decrypt(_nonce(self._n), data, aad)
+        except InvalidTag:
+            raise ProtocolError(f"{what} failed authentication (tampered, replayed or reordered in transit)") from None
+        self._n += 1
+        return out
+
+
+class ControlLink:
+    """Control frames on one connection after the handshake: plain (TLS only), MAC'd (shared secret) or sealed.
+
+    Same ``send`` as ``ControlWriter`` (thread-safe); ``recv`` returns (type, file id, body) and raises
+    ``ProtocolError("control frame failed authentication")`` on a missing, wrong or out-of-order MAC.
+
+    :param sock: the connection.
+    :param keys: the connection's keys, or None (TLS only: frames go as they are).
+    :param client: this side opened the connection (picks the direction keys).
+    """
+
+    def __init__(self, sock: Any, keys: SessionKeys | None, *, client: bool, peer: str = "peer") -> None:
+        self.sock, self.keys, self.peer = sock, keys, peer
+        self._lock = threading.Lock()
+        self._send_seq = self._recv_seq = 0
+        self._seal = self._open = None
+        if keys is not None:
+            self._mac_out, self._mac_in = (keys.mac_c2s, keys.mac_s2c) if client else (keys.mac_s2c, keys.mac_c2s)
+            if keys.encrypt:
+                out, inn = (keys.aead_c2s, keys.aead_s2c) if client else (keys.aead_s2c, keys.aead_c2s)
+                self._seal, self._open = Sealer(out), Sealer(inn)
+
+    @staticmethod
+    def _aad(seq: int, ftype: int, fid: int) -> bytes:
+        return struct.pack("!QBI", seq, int(ftype), fid)
+
+    def _mac(self, key: bytes, seq: int, ftype: int, fid: int, body: dict[str, Any]) -> str:
+        return hmac.new(key, self._aad(seq, ftype, fid) + canonical(body), hashlib.sha256).digest()[:MAC_BYTES].hex()
+
+    def send(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
+        with self._lock:
+            seq = self._send_seq
+            if self.keys is None:
+                wire = body
+            elif self._seal is not None:
+                wire = {"sealed": base64.b64encode(self._seal.seal(canonical(body),
+                                                                   self._aad(seq, ftype, file_id))).decode()}
+            else:
+                wire = {**body, "mac": self._mac(self._mac_out, seq, ftype, file_id, body)}
+            data = pack_control(ftype, wire, file_id)
+            try:
+                self.sock.sendall(data)
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                raise NetworkError(f"connection lost while sending {ftype.name}: {exc}") from exc
+            self._send_seq = seq + 1
+
+    def recv(self, *, max_control: int = MAX_CONTROL, plain_error: bool = False) -> tuple[Frame, int, dict[str, Any]]:
+        """Read and authenticate one control frame. ``plain_error``: an unauthenticated ERROR (sent before the
+        peer could authenticate, e.g. a refused handshake) is raised as the error it names."""
+        ftype, fid, _off, _len, body = recv_frame(self.sock, max_control)
+        if ftype == Frame.DATA:
+            raise ProtocolError(f"unexpected DATA frame on the control connection from {self.peer}")
+        body = body or {}
+        if self.keys is None:
+            return ftype, fid, body
+        seq = self._recv_seq
+        if self._open is not None and set(body) == {"sealed"}:
+            try:
+                raw = base64.b64decode(str(body["sealed"]), validate=True)
+            except ValueError:
+                raise ProtocolError(f"control frame {ftype.name} from {self.peer} failed authentication "
+                                    "(sealed body is not base64)") from None
+            plain = self._open.open(raw, self._aad(seq, ftype, fid), f"control frame {ftype.name} from {self.peer}")
+            self._recv_seq = seq + 1
+            return ftype, fid, decode_body(ftype, plain)
+        mac = body.pop("mac", None)
+        if self._open is None and isinstance(mac, str) and hmac.compare_digest(
+                mac, self._mac(self._mac_in, seq, ftype, fid, body)):
+            self._recv_seq = seq + 1
+            return ftype, fid, body
+        if plain_error and ftype == Frame.ERROR:
+            raise error_from_body(body)
+        raise ProtocolError(f"control frame {ftype.name} from {self.peer} failed authentication "
+                            f"({'missing' if mac is None and 'sealed' not in body else 'bad'} MAC or sequence "
+                            f"{seq}; tampered in transit?)")
+
+
+class DataSealer:
+    """Seals (sender) or opens (receiver) the DATA payloads of one data connection; AAD = the frame header."""
+
+    def __init__(self, keys: SessionKeys) -> None:
+        self._s = Sealer(keys.aead_c2s)  # data only flows client → server
+
+    def seal(self, header: bytes, data: bytes) -> bytes:
+        return self._s.seal(data, header)
+
+    def open(self, header: bytes, data: bytes, what: str) -> bytes:
+        return self._s.open(data, header, what)
