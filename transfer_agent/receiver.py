@@ -18,6 +18,7 @@ import socket
 import ssl
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +27,11 @@ from transfer_agent import storage
 from transfer_agent.auth import TLSConfig, server_handshake
 from transfer_agent.checksum import ALGORITHMS, PrefixHasher, hash_fd
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError, RefusedError
-from transfer_agent.parts import PartIndex
-from transfer_agent.paths import open_parent, safe_relpath, temp_name
+from transfer_agent.parts import PartIndex, sweep_parts
+from transfer_agent.paths import open_parent, safe_relpath, stem_of, temp_name
 from transfer_agent.protocol import ControlWriter, Frame, recv_frame
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
+from transfer_agent.watchdog import Deadlines, PreAuthLimits
 
 MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it
@@ -37,7 +39,13 @@ PIPE_SIZE = 1 << 20
 FREE_CHECK_MIN = 1 << 20  # larger files always re-read free space; smaller ones use the running estimate
 HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
 HASH_AHEAD_STEP = 16 << 20
-HANDSHAKE_TIMEOUT = 15.0
+HANDSHAKE_TIMEOUT = 10.0  # total, from accept to authenticated (issue 8, defect 3)
+MAX_UNAUTH = 64  # unauthenticated connections held at once
+MAX_UNAUTH_PER_ADDR = 16  # ... from one source address
+ACCEPT_BACKOFF_MAX = 1.0  # seconds between accept attempts while out of file descriptors
+PART_MAX_AGE = 7 * 86400.0  # orphaned parts untouched this long are removed by the sweep
+SWEEP_INTERVAL = 3600.0
+FENCE_WAIT = 5.0  # how long an OPEN waits for a fenced stale holder to release the file
 
 
 @dataclass(eq=False)
@@ -104,6 +112,25 @@ class RecvFile:
                 "job": self.session.job, "attempt": self.session.attempt, "ranges": self.ranges.ranges()}
 
 
+def _connected(sock: socket.socket | None) -> bool:
+    """False when the peer of ``sock`` is gone (closed, reset, or it sent FIN), per the kernel's TCP state."""
+    if sock is None:
+        return True  # not registered yet: it is being set up right now
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    except (OSError, AttributeError, ValueError):
+        return False
+    return info[0] == 1  # TCP_ESTABLISHED
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass
+
+
 def _pipe() -> tuple[int, int]:
     """A pipe for splice(2), enlarged so one call moves up to ``PIPE_SIZE`` bytes."""
     r, w = os.pipe()
@@ -127,6 +154,7 @@ class Session:
         self.data_threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
         self.closed = False
+        self.sock: socket.socket | None = None  # the control connection (fencing checks and shuts it)
 
     def reply(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
         try:
@@ -145,11 +173,18 @@ class Receiver:
     :param fsync: make commits durable (write → fsync → rename → fsync(dir)).
     :param flush_interval: how often received ranges are persisted for in-flight files.
     :param log: logger (default ``fstream.receiver``).
+    :param handshake_timeout: total seconds a connection may take from accept to authenticated.
+    :param max_unauth: unauthenticated connections held at once; more are closed at accept.
+    :param max_unauth_per_addr: the same, per source address.
+    :param part_max_age: orphaned ``.part``/``.meta`` files untouched this many seconds are removed
+        by the sweep (at start and every ``sweep_interval``); None disables the sweep.
     """
 
     def __init__(self, *, listen: tuple[str, int] = ("127.0.0.1", 0), root: str, secret: bytes | None = None,
                  tls: TLSConfig | None = None, fsync: bool = True, flush_interval: float = 2.0,
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None, handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 max_unauth: int = MAX_UNAUTH, max_unauth_per_addr: int = MAX_UNAUTH_PER_ADDR,
+                 part_max_age: float | None = PART_MAX_AGE, sweep_interval: float = SWEEP_INTERVAL) -> None:
         if secret is None and tls is None:
             raise FStreamError("receiver: refusing to run unauthenticated: give a shared secret "
                                "(--secret-file) or TLS certificates (--tls-cert/--tls-key/--tls-ca)")
@@ -167,12 +202,18 @@ class Receiver:
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._attempts: dict[str, int] = {}
-        self._busy_parts: set[tuple[tuple[int, int], str]] = set()
+        self._busy_parts: dict[tuple[tuple[int, int], str], Session] = {}  # part key -> the session holding it
         self._parts = PartIndex()
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
         self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0}
+        self.handshake_timeout = handshake_timeout
+        self.part_max_age = part_max_age
+        self.sweep_interval = sweep_interval
+        self._preauth = PreAuthLimits(max_unauth, max_unauth_per_addr)
+        self._deadlines: Deadlines | None = None
+        self._released = threading.Condition(self._lock)  # notified whenever a busy part is released
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "Receiver":
@@ -185,6 +226,9 @@ class Receiver:
         sock.bind((host, port))
         sock.listen(256)
         self._sock = sock
+        self._deadlines = Deadlines()
+        if self.part_max_age is not None:
+            self.sweep_parts(self.part_max_age)
         for target, name in ((self._accept_loop, "accept"), (self._commit_loop, "commit"),
                              (self._flush_loop, "flush")):
             t = threading.Thread(target=target, name=f"fstream-recv-{name}", daemon=True)
@@ -217,6 +261,8 @@ class Receiver:
         for t in self._threads:
             t.join(timeout=10)
         self._sync_pool.shutdown(wait=True)
+        if self._deadlines is not None:
+            self._deadlines.stop()
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
@@ -232,30 +278,65 @@ class Receiver:
 
     # -- connections ---------------------------------------------------------------------------
     def _accept_loop(self) -> None:
-        assert self._sock is not None
+        """Accept connections; over the pre-auth caps close them at once (no thread); out of file
+        descriptors (EMFILE/ENFILE), back off exponentially instead of spinning, logging once per episode."""
+        assert self._sock is not None and self._deadlines is not None
+        backoff = 0.0
         while not self._stop.is_set():
             try:
                 conn, addr = self._sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._stop.is_set():
                     return
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if backoff == 0.0:
+                        self.stats["errors"] += 1
+                        self.log.warning("cannot accept connections: %s; backing off until descriptors free up",
+                                         exc.strerror)
+                    backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 if backoff else 0.01)
+                    self._stop.wait(backoff)
                 continue
-            threading.Thread(target=self._handle, args=(conn, f"{addr[0]}:{addr[1]}"),
-                             name=f"fstream-recv-conn-{addr[1]}", daemon=True).start()
+            if backoff:
+                backoff = 0.0
+                self.log.warning("accepting connections again")
+            ip = str(addr[0])
+            if not self._preauth.admit(ip):
+                self.log.debug("connection from %s:%s closed: too many unauthenticated connections", ip, addr[1])
+                conn.close()
+                continue
+            token = self._deadlines.add(conn.fileno(), self.handshake_timeout)
+            try:
+                threading.Thread(target=self._handle, args=(conn, f"{ip}:{addr[1]}", ip, token),
+                                 name=f"fstream-recv-conn-{addr[1]}", daemon=True).start()
+            except RuntimeError:  # no thread to be had: drop this one connection, keep accepting
+                self._deadlines.cancel(token)
+                self._preauth.release(ip)
+                conn.close()
 
-    def _handle(self, conn: socket.socket, peer: str) -> None:
+    def _handle(self, conn: socket.socket, peer: str, ip: str = "", token: int = 0) -> None:
         session: Session | None = None
         role = "?"
+        preauth = True
+
+        def authenticated() -> None:
+            nonlocal preauth
+            if preauth:
+                preauth = False
+                if self._deadlines is not None:
+                    self._deadlines.cancel(token)
+                self._preauth.release(ip)
+
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            conn.settimeout(HANDSHAKE_TIMEOUT)
+            conn.settimeout(self.handshake_timeout)
             if self._ssl_ctx is not None:
                 try:
                     conn = self._ssl_ctx.wrap_socket(conn, server_side=True)
                 except (ssl.SSLError, OSError) as exc:
                     raise FStreamError(f"TLS handshake failed: {exc}") from None
             hello = server_handshake(conn, self.secret, tls=self._ssl_ctx is not None)
+            authenticated()
             role = str(hello.get("role", ""))
             writer = ControlWriter(conn)
             sid = str(hello.get("session", ""))
@@ -275,12 +356,14 @@ class Receiver:
                 self._attempts[job] = attempt
             conn.settimeout(None)
             if role == "control":
-                session = Session(sid, job, attempt, writer, peer)
+                new = Session(sid, job, attempt, writer, peer)
                 with self._lock:
-                    if sid in self._sessions:
+                    if sid in self._sessions:  # not ours: refusing it must not tear the real one down
                         raise ProtocolError(f"session {sid} already exists")
-                    self._sessions[sid] = session
+                    self._sessions[sid] = new
                     self.stats["sessions"] += 1
+                session = new  # registered: from here on this connection owns it and closes it
+                session.sock = conn
                 writer.send(Frame.WELCOME, {"session": sid, "root_free": storage.free_bytes(self._root_fd)})
                 self.log.info("session %s from %s: job %s attempt %d", sid[:8], peer, job, attempt)
                 self._control_loop(session, conn)
@@ -312,6 +395,7 @@ class Receiver:
             self.stats["errors"] += 1
             self.log.exception("%s connection from %s failed", role, peer)
         finally:
+            authenticated()  # cancels the deadline before the fd number can be reused
             try:
                 conn.close()
             except OSError:
@@ -353,27 +437,24 @@ class Receiver:
     def _open(self, session: Session, fid: int, body: dict[str, Any]) -> None:
         if fid in session.files or (fid in session.deferred and not body.get("replace")):
             raise ProtocolError(f"file id {fid} opened twice")
-        rel = safe_relpath(str(body.get("path", "")))
-        size, mtime_ns = body.get("size"), body.get("mtime_ns", 0)
-        algo = str(body.get("algo", "xxh3_128"))
-        if not isinstance(size, int) or size < 0 or size > MAX_FILE_SIZE:
-            raise RefusedError(f"{rel!r}: declared size {size!r} is not a valid file size")
-        if algo not in ALGORITHMS:
-            raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} not supported")
+        rel, size, mtime_ns, algo = self._validate_open(body)
         dir_fd, dkey, base = self._parent(session, rel)
         key = (dkey, base)
-        with self._lock:
-            if key in self._busy_parts:
-                os.close(dir_fd)
-                raise FStreamError(f"{rel!r}: busy: another session is receiving this file", retryable=True)
-            self._busy_parts.add(key)
+        try:
+            self._claim_part(session, key, rel)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        fd = -1
+        created: str | None = None
         try:
             existing_hash = None if body.get("replace") else self._existing_hash(dir_fd, base, rel, size, algo)
             if existing_hash is not None:
                 # nothing is created or reserved until the sender says whether its copy differs
                 os.close(dir_fd)
                 with self._lock:
-                    self._busy_parts.discard(key)
+                    self._busy_parts.pop(key, None)
+                    self._released.notify_all()
                 session.deferred.add(fid)
                 session.reply(Frame.OPEN_OK, {"missing": [[0, size]], "resumed": 0, "existing_hash": existing_hash},
                               fid)
@@ -392,31 +473,84 @@ class Receiver:
                 tmp = temp_name(base, session.job, session.attempt)
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                              dir_fd=dir_fd)
+                created = tmp
                 self._parts.add(dir_fd, base, tmp, key=dkey)
-                try:
-                    if size >= RESERVE_MIN:
-                        storage.reserve(fd, size)
-                except OSError:
-                    os.close(fd)
-                    self._remove_part(dir_fd, dkey, base, tmp)
-                    raise
+                if size >= RESERVE_MIN:
+                    storage.reserve(fd, size)
             else:
                 fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             # the ranges sidecar is written by the first flush (or when the session ends): a small file
             # that commits within the flush interval never costs an extra file
-            f = RecvFile(fid, rel, dir_fd, base, tmp, size, int(mtime_ns), algo, fd, ranges, session, part_key=key)
+            f = RecvFile(fid, rel, dir_fd, base, tmp, size, mtime_ns, algo, fd, ranges, session, part_key=key)
             f.dirty = True
             if size >= HASH_AHEAD_MIN:
                 f.hasher = PrefixHasher(algo)
             f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:
+            if fd >= 0:
+                os.close(fd)  # never leak the part's descriptor (issue 8, defect 4)
+            if created is not None:
+                self._remove_part(dir_fd, dkey, base, created)  # nor leave the new, empty part behind
             os.close(dir_fd)
             with self._lock:
-                self._busy_parts.discard(key)
+                self._busy_parts.pop(key, None)
+                self._released.notify_all()
             raise
         session.files[fid] = f
         session.reply(Frame.OPEN_OK, {"missing": f.ranges.missing(size), "resumed": ranges.total(),
                                       "existing_hash": existing_hash}, fid)
+
+    def _claim_part(self, session: Session, key: tuple[tuple[int, int], str], rel: str) -> None:
+        """Mark the file busy for ``session``. A holder that is stale — an earlier or equal attempt of the same
+        job (a restarted or reconnected sender), or a session whose control connection is gone — is fenced: its
+        session is shut down and we wait (bounded) until it released the file. A live holder of another job
+        means "busy", retryable (issue 8, defect 6)."""
+        deadline = time.monotonic() + FENCE_WAIT
+        fenced: Session | None = None
+        with self._lock:
+            while True:
+                holder = self._busy_parts.get(key)
+                if holder is None:
+                    self._busy_parts[key] = session
+                    return
+                stale = holder is not session and (
+                    holder.closed or (holder.job == session.job and holder.attempt <= session.attempt)
+                    or not _connected(holder.sock))
+                left = deadline - time.monotonic()
+                if not stale or left <= 0:
+                    what = "a stale session of this file did not let go in time" if stale else \
+                        f"another session ({holder.peer}, job {holder.job}) is receiving this file"
+                    raise FStreamError(f"{rel!r}: busy: {what}", retryable=True)
+                if fenced is not holder:
+                    fenced = holder
+                    self.log.info("%s: fencing stale session %s (job %s attempt %d) for session %s (job %s "
+                                  "attempt %d)", rel, holder.id[:8], holder.job, holder.attempt, session.id[:8],
+                                  session.job, session.attempt)
+                    _shutdown(holder.sock)  # its control loop ends and closes the session, releasing the file
+                self._released.wait(left)
+
+    @staticmethod
+    def _validate_open(body: dict[str, Any]) -> tuple[str, int, int, str]:
+        """Check every field of an OPEN before anything is opened or created (issue 8, defect 4):
+        (relative path, size, mtime_ns, algo). bool is refused where an int is due (``True`` is not 1 byte)."""
+        path = body.get("path", "")
+        if not isinstance(path, str):
+            raise RefusedError(f"malformed OPEN: path {path!r} is not a string")
+        rel = safe_relpath(path)
+        size = body.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or size > MAX_FILE_SIZE:
+            raise RefusedError(f"{rel!r}: declared size {size!r} is not a valid file size")
+        mtime_ns = body.get("mtime_ns", 0)
+        if not isinstance(mtime_ns, int) or isinstance(mtime_ns, bool):
+            raise RefusedError(f"{rel!r}: malformed OPEN: mtime_ns {mtime_ns!r} is not an integer")
+        algo = body.get("algo", "xxh3_128")
+        if not isinstance(algo, str):
+            raise RefusedError(f"{rel!r}: malformed OPEN: algo {algo!r} is not a string")
+        if algo not in ALGORITHMS:
+            raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} not supported")
+        if not isinstance(body.get("replace", False), bool):
+            raise RefusedError(f"{rel!r}: malformed OPEN: replace {body.get('replace')!r} is not a boolean")
+        return rel, size, mtime_ns, algo
 
     def _parent(self, session: Session, rel: str) -> tuple[int, tuple[int, int], str]:
         """(own fd of the parent directory, its (dev, ino), basename), walking each directory once per session."""
@@ -665,6 +799,8 @@ class Receiver:
                 self.log.exception("commit of %d files failed", len(batch))
                 for f in batch:
                     if not f.done:
+                        f.session.files.pop(f.file_id, None)
+                        self._discard(f, remove=True)  # released before the answer: the retry can open it
                         f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True,
                                                           "error": f"{f.relpath!r}: commit failed"}, f.file_id)
 
@@ -674,10 +810,10 @@ class Receiver:
             with self._lock:
                 current = self._attempts.get(f.session.job, 0)
             if f.session.attempt < current:
+                self._discard(f, remove=False)  # released before the answer (issue 8, defect 6)
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": False, "kind": "refused",
                                                   "error": f"{f.relpath!r}: stale attempt {f.session.attempt}, "
                                                            f"attempt {current} is current"}, f.file_id)
-                self._discard(f, remove=False)
                 continue
             if f.expected_hash is None:
                 actual = None
@@ -687,12 +823,12 @@ class Receiver:
                 actual = hash_fd(f.fd, f.size, f.algo)
             if actual != f.expected_hash:
                 self.log.warning("checksum mismatch for %s: expected %s, got %s", f.relpath, f.expected_hash, actual)
+                f.session.files.pop(f.file_id, None)
+                self._discard(f, remove=True)  # released before the answer, so the retry's OPEN finds it free
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True, "kind": "checksum",
                                                   "error": f"{f.relpath!r}: checksum mismatch "
                                                            f"(sent {f.expected_hash}, received {actual})"},
                                 f.file_id)
-                f.session.files.pop(f.file_id, None)
-                self._discard(f, remove=True)
                 continue
             good.append(f)
         if not good:
@@ -718,8 +854,31 @@ class Receiver:
             self._release(f)
 
     # -- persistence of ranges -----------------------------------------------------------------
+    def sweep_parts(self, max_age: float | None = None) -> list[str]:
+        """Remove orphaned parts untouched for ``max_age`` seconds (default ``part_max_age``) that no session
+        holds; return their paths relative to the root. Runs at start and every ``sweep_interval``."""
+        age = self.part_max_age if max_age is None else max_age
+        if age is None or self._root_fd < 0:
+            return []
+
+        def busy(dkey: tuple[int, int], stem: str) -> bool:  # called under self._lock
+            return any(k[0] == dkey and stem_of(k[1]) == stem for k in self._busy_parts)
+
+        # a part is claimed (busy, under self._lock) before it is taken over: one not busy here is nobody's
+        removed = sweep_parts(self._root_fd, age, busy, self._parts, lock=self._lock)
+        for rel in removed:
+            self.log.info("removed orphaned part %s (untouched for more than %.0f s)", rel, age)
+        return removed
+
     def _flush_loop(self) -> None:
+        next_sweep = time.monotonic() + self.sweep_interval
         while not self._stop.wait(self.flush_interval):
+            if self.part_max_age is not None and time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + self.sweep_interval
+                try:
+                    self.sweep_parts()
+                except OSError as exc:
+                    self.log.warning("sweep of orphaned parts failed: %s", exc)
             with self._lock:
                 sessions = list(self._sessions.values())
             for s in sessions:
@@ -760,7 +919,9 @@ class Receiver:
     def _release(self, f: RecvFile) -> None:
         if f.close():
             with self._lock:
-                self._busy_parts.discard(f.part_key)
+                if self._busy_parts.get(f.part_key) is f.session:
+                    del self._busy_parts[f.part_key]
+                self._released.notify_all()
 
     def _close_session(self, session: Session) -> None:
         with session.lock:
@@ -787,5 +948,6 @@ class Receiver:
             os.close(dfd)
         session.dirs.clear()
         with self._lock:
-            self._sessions.pop(session.id, None)
+            if self._sessions.get(session.id) is session:  # only what this session owns
+                del self._sessions[session.id]
         self.log.info("session %s closed", session.id[:8])
