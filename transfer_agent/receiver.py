@@ -207,7 +207,7 @@ class Receiver:
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
-        self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0}
+        self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0, "fenced": 0}
         self.handshake_timeout = handshake_timeout
         self.part_max_age = part_max_age
         self.sweep_interval = sweep_interval
@@ -300,17 +300,21 @@ class Receiver:
                 backoff = 0.0
                 self.log.warning("accepting connections again")
             ip = str(addr[0])
-            if not self._preauth.admit(ip):
+            token = self._deadlines.add(conn.fileno(), self.handshake_timeout)
+            admitted, victim = self._preauth.admit(ip, token)
+            if victim is not None:
+                self._deadlines.expire(victim)  # the busiest address gives up its oldest connection
+            if not admitted:
+                self._deadlines.cancel(token)
                 self.log.debug("connection from %s:%s closed: too many unauthenticated connections", ip, addr[1])
                 conn.close()
                 continue
-            token = self._deadlines.add(conn.fileno(), self.handshake_timeout)
             try:
                 threading.Thread(target=self._handle, args=(conn, f"{ip}:{addr[1]}", ip, token),
                                  name=f"fstream-recv-conn-{addr[1]}", daemon=True).start()
             except RuntimeError:  # no thread to be had: drop this one connection, keep accepting
                 self._deadlines.cancel(token)
-                self._preauth.release(ip)
+                self._preauth.release(ip, token)
                 conn.close()
 
     def _handle(self, conn: socket.socket, peer: str, ip: str = "", token: int = 0) -> None:
@@ -324,7 +328,7 @@ class Receiver:
                 preauth = False
                 if self._deadlines is not None:
                     self._deadlines.cancel(token)
-                self._preauth.release(ip)
+                self._preauth.release(ip, token)
 
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -523,6 +527,7 @@ class Receiver:
                     raise FStreamError(f"{rel!r}: busy: {what}", retryable=True)
                 if fenced is not holder:
                     fenced = holder
+                    self.stats["fenced"] += 1
                     self.log.info("%s: fencing stale session %s (job %s attempt %d) for session %s (job %s "
                                   "attempt %d)", rel, holder.id[:8], holder.job, holder.attempt, session.id[:8],
                                   session.job, session.attempt)

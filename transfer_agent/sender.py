@@ -357,14 +357,14 @@ class Transfer:
         self._wake.set()
 
     @staticmethod
-    def _retry_delay(sf: SrcFile, err: FStreamError | None) -> float | None:
+    def _retry_delay(sf: SrcFile, err: FStreamError | None, now: float | None = None) -> float | None:
         """Seconds to wait before retrying ``sf``; None when its retries are used up (issue 8, defect 6).
 
         A checksum mismatch (or a retry without a reason) counts against ``MAX_FILE_TRIES``; a retryable
         refusal (the receiver says "busy" while a stale attempt is fenced) is retried within ``RETRY_BUDGET_S``.
         Either way with exponential backoff and jitter, never a storm of retries within milliseconds.
         """
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         sf.retries += 1
         if err is None:  # put back unsent (a channel closed): counted as before, no wait
             sf.tries += 1

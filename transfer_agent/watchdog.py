@@ -51,6 +51,14 @@ class Deadlines:
         with self._cond:
             self._live.pop(token, None)  # its heap entry is skipped when it comes up
 
+    def expire(self, token: int) -> bool:
+        """Shut the connection of ``token`` down now (evicted); False if it already finished."""
+        with self._cond:
+            fd = self._live.pop(token, None)
+            if fd is not None:
+                _shutdown_fd(fd)
+            return fd is not None
+
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
@@ -85,34 +93,52 @@ def _shutdown_fd(fd: int) -> None:
 
 
 class PreAuthLimits:
-    """Counts unauthenticated connections, in total and per source address."""
+    """Counts unauthenticated connections, in total and per source address.
+
+    Over ``max_per_addr`` a newcomer is refused. When the total is full, a newcomer from an
+    address holding fewer connections than the busiest address evicts the oldest connection of
+    that busiest address instead of being refused: a flood from a few addresses cannot lock a
+    sender on another address out (only a flood spread evenly over many addresses can, until
+    handshake deadlines free slots).
+    """
 
     def __init__(self, max_total: int, max_per_addr: int) -> None:
         self.max_total, self.max_per_addr = max_total, max_per_addr
         self._lock = threading.Lock()
         self._total = 0
-        self._per_addr: dict[str, int] = {}
+        self._per_addr: dict[str, list[int]] = {}  # address -> tokens of its connections, oldest first
         self.refused = 0
+        self.evicted = 0
 
-    def admit(self, addr: str) -> bool:
-        """Count one more unauthenticated connection from ``addr``; False (not counted) over a cap."""
+    def admit(self, addr: str, token: int) -> tuple[bool, int | None]:
+        """Count connection ``token`` from ``addr``: (admitted, token of a connection to evict or None)."""
         with self._lock:
-            n = self._per_addr.get(addr, 0)
-            if self._total >= self.max_total or n >= self.max_per_addr:
+            mine = self._per_addr.get(addr, [])
+            victim = None
+            if len(mine) >= self.max_per_addr:
                 self.refused += 1
-                return False
+                return False, None
+            if self._total >= self.max_total:
+                heavy = max(self._per_addr, key=lambda a: len(self._per_addr[a]))
+                if len(self._per_addr[heavy]) <= len(mine) + 1:
+                    self.refused += 1
+                    return False, None
+                victim = self._per_addr[heavy].pop(0)  # no longer counted; its handler's release is a no-op
+                self._total -= 1
+                self.evicted += 1
             self._total += 1
-            self._per_addr[addr] = n + 1
-            return True
+            self._per_addr.setdefault(addr, []).append(token)
+            return True, victim
 
-    def release(self, addr: str) -> None:
+    def release(self, addr: str, token: int) -> None:
         with self._lock:
+            tokens = self._per_addr.get(addr)
+            if tokens is None or token not in tokens:
+                return  # evicted, already uncounted
+            tokens.remove(token)
             self._total -= 1
-            n = self._per_addr.get(addr, 0) - 1
-            if n > 0:
-                self._per_addr[addr] = n
-            else:
-                self._per_addr.pop(addr, None)
+            if not tokens:
+                del self._per_addr[addr]
 
     @property
     def total(self) -> int:
