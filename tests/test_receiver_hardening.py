@@ -193,7 +193,7 @@ def test_sender_killed_and_restarted_at_once_resumes(tmp_path: Path, secret: Pat
         procs[0].wait(10)
         rx.hold_after = None  # later blocks pass; the one held stays held until the restart asked for the file
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        wait_until(lambda: rx.stats["fenced"] >= 1 or procs[1].poll() is not None, timeout=20,
+        wait_until(lambda: rx.stats.get("fenced", 0) >= 1 or procs[1].poll() is not None, timeout=20,
                    what="the restart finding the stale session")
         rx.gate.set()
         out, err = procs[1].communicate(timeout=30)
@@ -299,7 +299,7 @@ def test_bytes_sent_counts_every_session(tmp_path: Path, secret: Path) -> None:
         assert rx.reached.wait(30)
         rx.hold_after = None
         for s in list(rx._sessions.values()):  # cut the session: the sender reconnects and resumes
-            s.sock.shutdown(socket.SHUT_RDWR)
+            s.control.sock.shutdown(socket.SHUT_RDWR)
         rx.gate.set()
         t.join(30)
     finally:
