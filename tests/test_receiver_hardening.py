@@ -333,6 +333,7 @@ def test_orphaned_parts_swept_on_start_busy_ones_kept(tmp_path: Path, secret: Pa
     made = _orphans(dst, 8 * 86400)
     rx = start_receiver(dst, secret, part_max_age=3600)
     try:
+        assert rx.swept.wait(10)
         assert not made[".old.bin.job1.1.part"].exists() and not made[".old.bin.job1.1.part.meta"].exists()
         assert not made[".lone.bin.job2.1.part.meta"].exists()
         assert made[".new.bin.job3.1.part"].exists() and made["final"].exists()
@@ -344,7 +345,7 @@ def test_orphaned_parts_swept_on_start_busy_ones_kept(tmp_path: Path, secret: Pa
             held = [p for p in held if p.name.startswith(".held.bin.")]
             assert len(held) == 1
             os.utime(held[0], (time.time() - 9e5, time.time() - 9e5))
-            removed = rx.sweep_parts(0)
+            removed = rx.sweep_parts(0, whole_tree=False)  # the periodic sweep: directories written to
             assert held[0].exists() and "d/.new.bin.job3.1.part" in removed
     finally:
         rx.stop()

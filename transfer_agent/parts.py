@@ -94,45 +94,55 @@ def _part_of(name: str) -> str | None:
 def sweep_parts(root_fd: int, max_age: float, is_busy: Callable[[tuple[int, int], str], bool] | None = None,
                 index: PartIndex | None = None, now: float | None = None,
                 lock: threading.Lock | None = None) -> list[str]:
-    """Remove orphaned parts (``.part``, ``.part.meta``, ``.part.meta.tmp``) under ``root_fd`` whose newest file
-    was last modified more than ``max_age`` seconds ago (issue 8, defect 7: failed attempts' parts are reclaimed).
+    """Remove orphaned parts (``.part``, ``.part.meta``, ``.part.meta.tmp``) anywhere under ``root_fd`` whose
+    newest file was last modified more than ``max_age`` seconds ago (issue 8, defect 7: parts of failed
+    attempts are reclaimed). Final names are never touched; symbolic links are not followed.
 
     ``is_busy((dev, ino), stem)`` tells whether a live session holds the file; busy parts are never touched.
     The check and the removal run under ``lock`` (the receiver's, under which sessions claim files), so a
-    part cannot be claimed between them. Symbolic links are not followed. Returns the removed paths,
-    relative to the root.
+    part cannot be claimed between them. Returns the removed paths, relative to the root.
     """
     now = time.time() if now is None else now
     removed: list[str] = []
     for dirpath, _dirs, files, dfd in os.fwalk(".", dir_fd=root_fd, follow_symlinks=False):
-        groups: dict[str, list[tuple[str, float]]] = {}
-        for name in files:
-            part = _part_of(name)
-            if part is None:
-                continue
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                groups.setdefault(part, []).append((name, st.st_mtime))
-        if not groups:
+        removed += sweep_dir(dfd, dirpath, max_age, files, is_busy, index, now, lock)
+    return removed
+
+
+def sweep_dir(dfd: int, dirpath: str, max_age: float, names: list[str] | None = None,
+              is_busy: Callable[[tuple[int, int], str], bool] | None = None, index: PartIndex | None = None,
+              now: float | None = None, lock: threading.Lock | None = None) -> list[str]:
+    """``sweep_parts`` for the one directory ``dfd`` (``dirpath`` relative to the root, for the result)."""
+    now = time.time() if now is None else now
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for name in os.listdir(dfd) if names is None else names:
+        part = _part_of(name)
+        if part is None:
             continue
-        dst = os.fstat(dfd)
-        dkey = (dst.st_dev, dst.st_ino)
-        for part, members in sorted(groups.items()):
-            if now - max(m for _n, m in members) < max_age:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            groups.setdefault(part, []).append((name, st.st_mtime))
+    if not groups:
+        return []
+    dst = os.fstat(dfd)
+    dkey = (dst.st_dev, dst.st_ino)
+    removed: list[str] = []
+    for part, members in sorted(groups.items()):
+        if now - max(m for _n, m in members) < max_age:
+            continue
+        stem = part_stem(part) or ""
+        with lock if lock is not None else contextlib.nullcontext():
+            if is_busy is not None and is_busy(dkey, stem):
                 continue
-            stem = part_stem(part) or ""
-            with lock if lock is not None else contextlib.nullcontext():
-                if is_busy is not None and is_busy(dkey, stem):
+            for name, _m in members:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except FileNotFoundError:
                     continue
-                for name, _m in members:
-                    try:
-                        os.unlink(name, dir_fd=dfd)
-                    except FileNotFoundError:
-                        continue
-                    removed.append(os.path.normpath(os.path.join(dirpath, name)))
-                if index is not None:
-                    index.forget(dkey, part)
+                removed.append(os.path.normpath(os.path.join(dirpath, name)))
+            if index is not None:
+                index.forget(dkey, part)
     return removed

@@ -26,8 +26,8 @@ from typing import Any
 from transfer_agent import storage
 from transfer_agent.auth import TLSConfig, server_handshake
 from transfer_agent.checksum import ALGORITHMS, PrefixHasher, hash_fd
-from transfer_agent.errors import FStreamError, NetworkError, ProtocolError, RefusedError
-from transfer_agent.parts import PartIndex, sweep_parts
+from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
+from transfer_agent.parts import PartIndex, sweep_dir, sweep_parts
 from transfer_agent.paths import open_parent, safe_relpath, stem_of, temp_name
 from transfer_agent.protocol import ControlWriter, Frame, recv_frame
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
@@ -204,6 +204,8 @@ class Receiver:
         self._attempts: dict[str, int] = {}
         self._busy_parts: dict[tuple[tuple[int, int], str], Session] = {}  # part key -> the session holding it
         self._parts = PartIndex()
+        self._written_dirs: dict[tuple[int, int], str] = {}  # (dev, ino) -> relative path: what the sweep revisits
+        self.swept = threading.Event()  # set once the sweep at start finished
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
@@ -213,7 +215,7 @@ class Receiver:
         self.sweep_interval = sweep_interval
         self._preauth = PreAuthLimits(max_unauth, max_unauth_per_addr)
         self._deadlines: Deadlines | None = None
-        self._released = threading.Condition(self._lock)  # notified whenever a busy part is released
+        self._released = threading.Condition(self._lock)  # notified whenever a busy part is released (see start)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "Receiver":
@@ -226,9 +228,8 @@ class Receiver:
         sock.bind((host, port))
         sock.listen(256)
         self._sock = sock
+        self._released = threading.Condition(self._lock)  # bound to the final _lock (subclasses may replace it)
         self._deadlines = Deadlines()
-        if self.part_max_age is not None:
-            self.sweep_parts(self.part_max_age)
         for target, name in ((self._accept_loop, "accept"), (self._commit_loop, "commit"),
                              (self._flush_loop, "flush")):
             t = threading.Thread(target=target, name=f"fstream-recv-{name}", daemon=True)
@@ -394,10 +395,16 @@ class Receiver:
             self.log.debug("%s connection from %s ended: %s", role, peer, exc)
         except FStreamError as exc:
             self.stats["errors"] += 1
-            self.log.warning("%s connection from %s closed: %s", role, peer, exc)
-        except Exception:  # noqa: BLE001 - one bad connection must not stop the receiver
+            if preauth and not isinstance(exc, AuthError):  # junk from an unauthenticated peer: no log flood
+                self.log.debug("connection from %s closed before authentication: %s", peer, exc)
+            else:
+                self.log.warning("%s connection from %s closed: %s", role, peer, exc)
+        except Exception as exc:  # noqa: BLE001 - one bad connection must not stop the receiver
             self.stats["errors"] += 1
-            self.log.exception("%s connection from %s failed", role, peer)
+            if preauth:
+                self.log.debug("connection from %s failed before authentication: %r", peer, exc, exc_info=True)
+            else:
+                self.log.exception("%s connection from %s failed", role, peer)
         finally:
             authenticated()  # cancels the deadline before the fd number can be reused
             try:
@@ -565,6 +572,7 @@ class Receiver:
             dfd, _base = open_parent(self._root_fd, rel)
             st = os.fstat(dfd)
             cached = session.dirs[reldir] = (dfd, (st.st_dev, st.st_ino))
+            self._written_dirs.setdefault(cached[1], reldir)
         return os.dup(cached[0]), cached[1], base
 
     def _existing_hash(self, dir_fd: int, base: str, rel: str, size: int, algo: str) -> str | None:
@@ -859,9 +867,14 @@ class Receiver:
             self._release(f)
 
     # -- persistence of ranges -----------------------------------------------------------------
-    def sweep_parts(self, max_age: float | None = None) -> list[str]:
+    def sweep_parts(self, max_age: float | None = None, whole_tree: bool = True) -> list[str]:
         """Remove orphaned parts untouched for ``max_age`` seconds (default ``part_max_age``) that no session
-        holds; return their paths relative to the root. Runs at start and every ``sweep_interval``."""
+        holds; return their paths relative to the root (issue 8, defect 7).
+
+        The whole tree is walked once, in the background, when the receiver starts (parts left by earlier
+        runs); after that, every ``sweep_interval``, only the directories this process wrote to are revisited
+        (``whole_tree=False``): new orphans can only appear there, and a large tree is not walked every hour.
+        """
         age = self.part_max_age if max_age is None else max_age
         if age is None or self._root_fd < 0:
             return []
@@ -870,20 +883,40 @@ class Receiver:
             return any(k[0] == dkey and stem_of(k[1]) == stem for k in self._busy_parts)
 
         # a part is claimed (busy, under self._lock) before it is taken over: one not busy here is nobody's
-        removed = sweep_parts(self._root_fd, age, busy, self._parts, lock=self._lock)
+        if whole_tree:
+            removed = sweep_parts(self._root_fd, age, busy, self._parts, lock=self._lock)
+        else:
+            removed = []
+            with self._lock:
+                dirs = sorted(set(self._written_dirs.values()))
+            for reldir in dirs:
+                try:
+                    dfd, _base = open_parent(self._root_fd, f"{reldir}/x" if reldir else "x", create=False)
+                except (OSError, FStreamError):
+                    continue  # removed or replaced since: nothing of ours to sweep there
+                try:
+                    removed += sweep_dir(dfd, reldir or ".", age, None, busy, self._parts, lock=self._lock)
+                finally:
+                    os.close(dfd)
         for rel in removed:
             self.log.info("removed orphaned part %s (untouched for more than %.0f s)", rel, age)
         return removed
 
     def _flush_loop(self) -> None:
+        if self.part_max_age is not None:
+            self._sweep(whole_tree=True)
+        self.swept.set()
         next_sweep = time.monotonic() + self.sweep_interval
         while not self._stop.wait(self.flush_interval):
             if self.part_max_age is not None and time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + self.sweep_interval
-                try:
-                    self.sweep_parts()
-                except OSError as exc:
-                    self.log.warning("sweep of orphaned parts failed: %s", exc)
+                self._sweep(whole_tree=False)
+
+    def _sweep(self, whole_tree: bool) -> None:
+        try:
+            self.sweep_parts(whole_tree=whole_tree)
+        except OSError as exc:
+            self.log.warning("sweep of orphaned parts under %s failed: %s", self.root, exc)
             with self._lock:
                 sessions = list(self._sessions.values())
             for s in sessions:
