@@ -144,7 +144,7 @@ def _hold(port: int, n: int, sources: list[str], payload: bytes) -> list[socket.
 def test_thousand_connections_bounded_and_honest_transfer_proceeds(tmp_path: Path, secret: Path) -> None:
     with receiver_process(tmp_path, secret) as (proc, port, _log):
         threading.Event().wait(0.3)
-        base_fds, base_threads = proc.num_fds(), proc.num_threads()
+        base_fds, base_threads, base_rss = proc.num_fds(), proc.num_threads(), proc.memory_info().rss
         sources = [f"127.0.0.{k}" for k in range(2, 22)]  # 20 addresses, 50 connections each
         socks = _hold(port, 1000, sources, b"FS")  # two bytes of a header, then silence
         try:
@@ -153,6 +153,8 @@ def test_thousand_connections_bounded_and_honest_transfer_proceeds(tmp_path: Pat
             fds, threads = proc.num_fds(), proc.num_threads()
             assert fds - base_fds <= 64 + 16, f"receiver fds grew by {fds - base_fds} under 1000 connections"
             assert threads - base_threads <= 64 + 16, f"receiver threads grew by {threads - base_threads}"
+            grown = (proc.memory_info().rss - base_rss) / MiB
+            assert grown < 64, f"receiver RSS grew by {grown:.0f} MiB under 1000 connections"
         finally:
             for s in socks:
                 s.close()
@@ -201,3 +203,48 @@ def test_emfile_backs_off_and_honest_sender_gets_in_after_the_flood(tmp_path: Pa
         text = log.read_text()
         assert 1 <= text.count("cannot accept connections") <= 5, text[-2000:]
         assert "Traceback" not in text
+
+
+def test_preauth_caps_evict_the_busiest_address_first() -> None:
+    """Unit: per-address cap refuses; a full table evicts the oldest connection of the busiest address for a
+    newcomer from a lighter one; an evicted connection's later release changes nothing."""
+    from transfer_agent.watchdog import PreAuthLimits
+
+    lim = PreAuthLimits(max_total=4, max_per_addr=3)
+    assert [lim.admit("a", t) for t in (1, 2, 3)] == [(True, None)] * 3
+    assert lim.admit("a", 4) == (False, None)  # per-address cap
+    assert lim.admit("b", 5) == (True, None)
+    assert lim.admit("c", 6) == (True, 1)  # full: "a" (3) gives up its oldest for "c" (0)
+    assert lim.total == 4
+    lim.release("a", 1)  # the evicted one ends later: already uncounted
+    assert lim.total == 4
+    assert lim.admit("b", 7) == (False, None)  # "a" (2) does not hold more than "b" would (2)
+    assert lim.admit("d", 8) == (True, 2)  # but it does for a newcomer
+    assert lim.admit("e", 9) == (False, None)  # one each: a flood spread evenly waits for deadlines
+    for addr, tok in (("a", 3), ("b", 5), ("c", 6), ("d", 8)):
+        lim.release(addr, tok)
+    assert lim.total == 0
+
+
+def test_watchdog_shuts_down_at_the_deadline_and_not_after_cancel() -> None:
+    from transfer_agent.watchdog import Deadlines
+
+    d = Deadlines()
+    a, b = socket.socketpair()
+    c, e = socket.socketpair()
+    try:
+        d.add(a.fileno(), 0.2)
+        tok = d.add(c.fileno(), 0.2)
+        d.cancel(tok)
+        a.settimeout(5)
+        t0 = time.monotonic()
+        assert a.recv(1) == b""  # shut down by the watchdog
+        assert 0.1 < time.monotonic() - t0 < 3
+        wait_until(lambda: d.expired == 1)
+        e.sendall(b"x")
+        c.settimeout(1)
+        assert c.recv(1) == b"x"  # cancelled: untouched
+    finally:
+        d.stop()
+        for s in (a, b, c, e):
+            s.close()
