@@ -235,6 +235,7 @@ class Receiver:
             t = threading.Thread(target=target, name=f"fstream-recv-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        threading.Thread(target=self._sweep_at_start, name="fstream-recv-sweep", daemon=True).start()
         self.log.info("listening on %s:%d, root %s", host, self.port, self.root)
         return self
 
@@ -884,7 +885,11 @@ class Receiver:
 
         # a part is claimed (busy, under self._lock) before it is taken over: one not busy here is nobody's
         if whole_tree:
-            removed = sweep_parts(self._root_fd, age, busy, self._parts, lock=self._lock)
+            root_fd = os.dup(self._root_fd)  # its own: stop() may close the receiver's while a long walk runs
+            try:
+                removed = sweep_parts(root_fd, age, busy, self._parts, lock=self._lock)
+            finally:
+                os.close(root_fd)
         else:
             removed = []
             with self._lock:
@@ -902,10 +907,15 @@ class Receiver:
             self.log.info("removed orphaned part %s (untouched for more than %.0f s)", rel, age)
         return removed
 
+    def _sweep_at_start(self) -> None:
+        """The walk of the whole tree for parts left by earlier runs (its own thread: a large tree takes time)."""
+        try:
+            if self.part_max_age is not None:
+                self._sweep(whole_tree=True)
+        finally:
+            self.swept.set()
+
     def _flush_loop(self) -> None:
-        if self.part_max_age is not None:
-            self._sweep(whole_tree=True)
-        self.swept.set()
         next_sweep = time.monotonic() + self.sweep_interval
         while not self._stop.wait(self.flush_interval):
             if self.part_max_age is not None and time.monotonic() >= next_sweep:

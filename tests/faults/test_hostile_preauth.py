@@ -4,7 +4,6 @@ proceed — during the attack, or at once after it ends."""
 
 from __future__ import annotations
 
-import os
 import resource
 import socket
 import subprocess
