@@ -263,6 +263,38 @@ def test_retryable_refusal_backs_off_with_jitter() -> None:
     assert counted[-1] is None and all(d is not None and d > 0 for d in counted[:-1])
 
 
+class CountingReceiver(Receiver):
+    opens = 0
+
+    def _open(self, session, fid: int, body: dict[str, Any]) -> None:
+        CountingReceiver.opens += 1
+        super()._open(session, fid, body)
+
+
+def test_sender_waits_out_a_live_holder_with_backoff(tmp_path: Path, secret: Path) -> None:
+    """Another live job holds the file: the sender is told "busy", backs off (no storm), and gets it once freed."""
+    src = make_files(tmp_path / "src", {"h.bin": 200_000})
+    rx = start_receiver(tmp_path / "dst", secret, cls=CountingReceiver)
+    CountingReceiver.opens = 0
+    result: dict[str, Any] = {}
+    try:
+        holder, _ = control(rx.port, secret, job="other")
+        assert request(holder, 1, {"path": "out/h.bin", "size": 200_000, "mtime_ns": 1,
+                                   "algo": "xxh3_128"})[0] == Frame.OPEN_OK
+        t = threading.Thread(target=lambda: result.update(r=send(src, rx.port, secret)))
+        t.start()
+        wait_until(lambda: CountingReceiver.opens >= 3, what="the sender asking again")
+        threading.Event().wait(1.0)  # the other job keeps the file a while longer
+        holder.close()
+        t.join(30)
+    finally:
+        rx.stop()
+    res = result["r"]
+    assert res.ok and res.verified_files == 1, res.failures
+    assert CountingReceiver.opens <= 12, f"{CountingReceiver.opens} OPENs in ~1.5 s: a retry storm"
+    assert (tmp_path / "dst" / "out" / "h.bin").read_bytes() == (src / "h.bin").read_bytes()
+
+
 # -- defect 7 -------------------------------------------------------------------------------------
 def test_mtime_only_change_is_named(tmp_path: Path, secret: Path) -> None:
     size = 32 * MiB

@@ -46,6 +46,7 @@ ACCEPT_BACKOFF_MAX = 1.0  # seconds between accept attempts while out of file de
 PART_MAX_AGE = 7 * 86400.0  # orphaned parts untouched this long are removed by the sweep
 SWEEP_INTERVAL = 3600.0
 FENCE_WAIT = 5.0  # how long an OPEN waits for a fenced stale holder to release the file
+KEEPALIVE = (30, 10, 3)  # idle s, interval s, probes: a vanished peer (host down, FIN lost) is noticed in ~1 min
 
 
 @dataclass(eq=False)
@@ -121,6 +122,17 @@ def _connected(sock: socket.socket | None) -> bool:
     except (OSError, AttributeError, ValueError):
         return False
     return info[0] == 1  # TCP_ESTABLISHED
+
+
+def _tune_keepalive(sock: socket.socket) -> None:
+    """Probe an idle connection after ``KEEPALIVE`` (Linux defaults wait two hours): the session of a sender
+    whose host vanished is closed, and its files released (fenced as stale), within about a minute."""
+    for opt, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE):
+        if hasattr(socket, opt):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+            except OSError:
+                pass
 
 
 def _shutdown(sock: socket.socket | None) -> None:
@@ -335,6 +347,7 @@ class Receiver:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            _tune_keepalive(conn)
             conn.settimeout(self.handshake_timeout)
             if self._ssl_ctx is not None:
                 try:
