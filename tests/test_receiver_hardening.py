@@ -392,3 +392,32 @@ def test_receive_clean_sweeps_and_exits(tmp_path: Path) -> None:
     assert str(made[".old.bin.job1.1.part"]) in out.stdout and "3 orphaned part file(s) removed" in out.stdout
     assert made[".new.bin.job3.1.part"].exists() and made["final"].exists()
     assert not made[".old.bin.job1.1.part"].exists()
+
+
+def test_write_failure_removes_the_partial_and_releases_the_file(tmp_path: Path, secret: Path) -> None:
+    """A write that fails (here EFBIG: the receiver runs under RLIMIT_FSIZE, as a full disk would) is a terminal
+    error naming the cause; the partial file is removed and released at once; other files are fine."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 * MiB, 2 * MiB))
+
+    src = make_files(tmp_path / "src", {"big.bin": 6 * MiB, "small.bin": 100_000})
+    (tmp_path / "dst").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "receive", "--listen", "127.0.0.1:0",
+                             "--root", str(tmp_path / "dst"), "--secret-file", str(secret), "--no-fsync"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=limit)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        port = int(line.rsplit(":", 1)[1])
+        res = send(src, port, secret, cc=1, p=2, block_size=1 * MiB, max_session_retries=1)
+        assert res.verified_files == 1 and res.failed_files == 1
+        assert "write failed: File too large" in res.failures[0]["reason"]
+        assert "terminal" in res.failures[0]["reason"]
+        assert not part_files(tmp_path / "dst") and not list((tmp_path / "dst").rglob("*.meta"))
+        assert (tmp_path / "dst" / "out" / "small.bin").read_bytes() == (src / "small.bin").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        proc.stdout.close()

@@ -736,10 +736,7 @@ class Receiver:
                     while m < n:
                         m += os.splice(r, fd, n - m, offset_dst=off + got + m)
                 except OSError as exc:
-                    f.failed = True
-                    reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-                    f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
-                                                  "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+                    reason = self._write_failed(f, exc)
                     raise ProtocolError(f"{f.relpath!r}: write failed ({reason}); data connection closed") from None
                 self._written(f, off + got, n)
                 got += n
@@ -783,14 +780,23 @@ class Receiver:
             while pos < n:
                 pos += os.pwrite(fd, view[pos:], off + pos)
         except OSError as exc:
-            f.failed = True
-            reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-            f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
-                                          "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+            self._write_failed(f, exc)
             return
         finally:
             f.unuse()
         self._written(f, off, n)
+
+    def _write_failed(self, f: RecvFile, exc: OSError) -> str:
+        """A write into ``f`` failed (disk full, I/O error): the first time, remove the partial file and release
+        it, then answer (terminal). Later blocks of the file are consumed and dropped. Returns the reason."""
+        reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
+        with f.lock:
+            first, f.failed = not f.failed, True
+        if first:
+            self._discard(f, remove=True)  # released before the answer (issue 8, defect 6)
+            f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
+                                          "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+        return reason
 
     def _written(self, f: RecvFile, off: int, n: int) -> None:
         """Record ``n`` bytes at ``off`` as present; queue the commit when the file is whole."""
@@ -959,8 +965,8 @@ class Receiver:
             if self.fsync:
                 os.fdatasync(fd)  # ranges on disk never claim bytes that are not
             with f.lock:
-                if f.queued or f.done:
-                    return  # complete and being committed: the committer removes the sidecar
+                if f.queued or f.done or f.failed:
+                    return  # being committed (the committer removes the sidecar), or failed and removed
                 write_meta(f.dir_fd, f.tmp + ".meta", meta)
                 f.meta_written = True
         except OSError as exc:
