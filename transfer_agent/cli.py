@@ -62,7 +62,8 @@ def cmd_receive(args: argparse.Namespace) -> int:
     _install_stop_signals(stop)
     rcv = Receiver(listen=_parse_listen(args.listen), root=args.root, secret=secret, tls=tls,
                    fsync=not args.no_fsync, handshake_timeout=parse_duration(args.handshake_timeout),
-                   part_max_age=max_age).start()
+                   part_max_age=max_age, max_unauth=args.max_unauth,
+                   max_unauth_per_addr=args.max_unauth_per_addr).start()
     print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)
     try:
         stop.wait()
@@ -200,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-fsync", action="store_true", help="skip fsync on commit (faster, not crash-safe)")
     r.add_argument("--handshake-timeout", metavar="DURATION", default="10s",
                    help="total time a connection may take to authenticate (default 10s)")
+    r.add_argument("--max-unauth", type=int, default=64, metavar="N",
+                   help="unauthenticated connections held at once (default 64)")
+    r.add_argument("--max-unauth-per-addr", type=int, default=16, metavar="N",
+                   help="unauthenticated connections held at once from one source address (default 16)")
     r.add_argument("--max-part-age", metavar="DURATION", default="7d",
                    help="orphaned .part/.meta files untouched this long are removed (default 7d)")
     r.add_argument("--clean", action="store_true",
