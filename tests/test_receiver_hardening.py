@@ -176,9 +176,10 @@ def test_checksum_mismatch_retry_is_not_refused_busy(tmp_path: Path, secret: Pat
     assert not part_files(tmp_path / "dst")
 
 
-def test_sender_killed_and_restarted_at_once_resumes(tmp_path: Path, secret: Path) -> None:
-    """SIGKILL an `fstream send` mid-file, restart it at once while the dead session is still being torn down
-    (its data stream still busy, as on a WAN): the stale session is fenced and the restart resumes."""
+@pytest.mark.parametrize("slow_teardown", [True, False], ids=["dead-session-still-tearing-down", "plain"])
+def test_sender_killed_and_restarted_at_once_resumes(tmp_path: Path, secret: Path, slow_teardown: bool) -> None:
+    """SIGKILL an `fstream send` mid-file and restart it at once — also while the dead session is still being torn
+    down (its data stream still busy, as on a WAN): the stale session is fenced and the restart resumes."""
     size = 48 * MiB
     src = make_files(tmp_path / "src", {"big.bin": size})
     rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 3)
@@ -192,10 +193,13 @@ def test_sender_killed_and_restarted_at_once_resumes(tmp_path: Path, secret: Pat
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(10)
         rx.hold_after = None  # later blocks pass; the one held stays held until the restart asked for the file
+        if not slow_teardown:
+            rx.gate.set()
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        wait_until(lambda: rx.stats.get("fenced", 0) >= 1 or procs[1].poll() is not None, timeout=20,
-                   what="the restart finding the stale session")
-        rx.gate.set()
+        if slow_teardown:
+            wait_until(lambda: rx.stats.get("fenced", 0) >= 1 or procs[1].poll() is not None, timeout=20,
+                       what="the restart finding the stale session")
+            rx.gate.set()
         out, err = procs[1].communicate(timeout=30)
         assert procs[1].returncode == 0, err
         res = json.loads(out)
