@@ -343,7 +343,9 @@ def test_bytes_sent_counts_every_session(tmp_path: Path, secret: Path) -> None:
         rx.stop()
     res = result["r"]
     assert res.ok and res.resumed_bytes >= size // 4
-    assert res.bytes_sent >= size, f"bytes sent over both sessions: {res.bytes_sent} < {size}"
+    # the first session's bytes count too (a block cut off mid-send is not counted: at most one per stream)
+    assert res.bytes_sent >= size - 1 * MiB, f"bytes sent over both sessions: {res.bytes_sent}, file {size}"
+    assert res.bytes_sent > size - res.resumed_bytes
     assert (tmp_path / "dst" / "out" / "r.bin").read_bytes() == (src / "r.bin").read_bytes()
 
 
