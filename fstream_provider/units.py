@@ -8,9 +8,9 @@ _RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _BIN_PREFIX = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
-_DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s|sec|m|min|h)?\s*$")
+_DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s|sec|m|min|h|d)?\s*$")
 _DUR_UNIT = {None: 1.0, "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0,
-             "m": 60.0, "min": 60.0, "h": 3600.0}
+             "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_rate(text: str | float | int) -> float:
@@ -41,7 +41,7 @@ def parse_rate(text: str | float | int) -> float:
 
 
 def parse_duration(text: str | float | int) -> float:
-    """Return a duration in seconds: ``40ms``, ``20s``, ``2m``, ``1.5`` (seconds)."""
+    """Return a duration in seconds: ``40ms``, ``20s``, ``2m``, ``7d``, ``1.5`` (seconds)."""
     if isinstance(text, (int, float)):
         if text < 0:
             raise ValueError(f"duration {text!r}: must not be negative")

@@ -234,8 +234,9 @@ class ControlSession:
             digest = fut.result()
             st = os.fstat(f.fd)
             if st.st_size != f.st_size or st.st_mtime_ns != f.st_mtime_ns:
-                raise SourceModifiedError(f"{f.sf.src}: source modified while being sent "
-                                          f"(size {f.st_size}→{st.st_size}); not committed")
+                raise SourceModifiedError(f"{f.sf.src}: source modified while being sent ("
+                                          + (f"size {f.st_size}→{st.st_size}" if st.st_size != f.st_size
+                                             else "mtime changed") + "); not committed")
             self.writer.send(Frame.COMMIT, {"hash": digest}, f.file_id)
         except (SourceModifiedError, EOFError) as exc:
             err = exc if isinstance(exc, SourceModifiedError) else SourceModifiedError(

@@ -41,8 +41,14 @@ def _parse_listen(text: str) -> tuple[str, int]:
 def cmd_receive(args: argparse.Namespace) -> int:
     from transfer_agent.auth import TLSConfig, create_secret_file, load_secret
     from transfer_agent.options import default_secret_file
+    from fstream_provider.units import parse_duration
     from transfer_agent.receiver import Receiver
 
+    max_age = parse_duration(args.max_part_age)
+    if args.clean:
+        return _clean_parts(args.root, max_age)
+    if not args.listen:
+        raise FStreamError("receive: --listen HOST:PORT is required (unless --clean)")
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         if not (args.tls_cert and args.tls_key and args.tls_ca):
@@ -55,12 +61,33 @@ def cmd_receive(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _install_stop_signals(stop)
     rcv = Receiver(listen=_parse_listen(args.listen), root=args.root, secret=secret, tls=tls,
-                   fsync=not args.no_fsync, require_encryption=args.require_encryption).start()
+                   fsync=not args.no_fsync, handshake_timeout=parse_duration(args.handshake_timeout),
+                   part_max_age=max_age, max_unauth=args.max_unauth,
+                   max_unauth_per_addr=args.max_unauth_per_addr,
+                   require_encryption=args.require_encryption).start()
     print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)
     try:
         stop.wait()
     finally:
         rcv.stop()
+    return 0
+
+
+def _clean_parts(root: str, max_age: float) -> int:
+    """``fstream receive --clean``: remove orphaned parts older than ``max_age`` under ``root``, print them, exit."""
+    from transfer_agent.parts import sweep_parts
+
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise FStreamError(f"--clean: cannot open destination root {root}: {exc.strerror}") from None
+    try:
+        removed = sweep_parts(root_fd, max_age)
+    finally:
+        os.close(root_fd)
+    for rel in removed:
+        print(f"removed {os.path.join(root, rel)}", flush=True)
+    print(f"{len(removed)} orphaned part file(s) removed from {root}", flush=True)
     return 0
 
 
@@ -165,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("receive", help="run a receiver (destination side)")
-    r.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on (port 0: any free)")
+    r.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (port 0: any free); required "
+                                                             "unless --clean")
     r.add_argument("--root", required=True, metavar="DIR", help="destination root; nothing is written outside it")
     r.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret, created)")
     r.add_argument("--tls-cert", metavar="C")
@@ -174,6 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--require-encryption", action="store_true",
                    help="refuse senders that do not encrypt (send --encrypt); TLS connections count as encrypted")
     r.add_argument("--no-fsync", action="store_true", help="skip fsync on commit (faster, not crash-safe)")
+    r.add_argument("--handshake-timeout", metavar="DURATION", default="10s",
+                   help="total time a connection may take to authenticate (default 10s)")
+    r.add_argument("--max-unauth", type=int, default=64, metavar="N",
+                   help="unauthenticated connections held at once (default 64)")
+    r.add_argument("--max-unauth-per-addr", type=int, default=16, metavar="N",
+                   help="unauthenticated connections held at once from one source address (default 16)")
+    r.add_argument("--max-part-age", metavar="DURATION", default="7d",
+                   help="orphaned .part/.meta files untouched this long are removed (default 7d)")
+    r.add_argument("--clean", action="store_true",
+                   help="remove orphaned parts older than --max-part-age under --root, print them, and exit "
+                        "(do not run it on a root a live receiver is writing)")
     r.set_defaults(func=cmd_receive)
 
     s = sub.add_parser("send", help="send files now (source side)")

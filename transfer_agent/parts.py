@@ -1,4 +1,5 @@
-"""An index of resumable part files per destination directory, so opening a file never lists its directory.
+"""An index of resumable part files per destination directory, so opening a file never lists its directory;
+and the age-based sweep that reclaims orphaned parts.
 
 Each directory is listed once per receiver process (to find parts left by an earlier run);
 after that the receiver records every part it creates, renames or removes. Opening N files in
@@ -7,8 +8,12 @@ one directory costs O(N) in all instead of O(N²).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import threading
+import time
+from typing import Callable
 
 from transfer_agent.paths import stem_of
 
@@ -65,3 +70,79 @@ class PartIndex:
                 names.discard(name)
                 if not names:
                     del self._dirs[key][stem_of(base)]
+
+    def forget(self, key: tuple[int, int], part: str) -> None:
+        """Forget the part named ``part`` of the directory ``key`` (removed by the sweep)."""
+        stem = part_stem(part)
+        with self._lock:
+            names = self._dirs.get(key, {}).get(stem or "")
+            if names is not None:
+                names.discard(part)
+                if not names:
+                    del self._dirs[key][stem or ""]
+
+
+def _part_of(name: str) -> str | None:
+    """The part name a file belongs to: the part itself, its ``.meta`` sidecar or a sidecar's ``.meta.tmp``."""
+    for suffix in (".meta.tmp", ".meta", ""):
+        if name.endswith(".part" + suffix):
+            part = name[:len(name) - len(suffix)] if suffix else name
+            return part if part_stem(part) is not None else None
+    return None
+
+
+def sweep_parts(root_fd: int, max_age: float, is_busy: Callable[[tuple[int, int], str], bool] | None = None,
+                index: PartIndex | None = None, now: float | None = None,
+                lock: threading.Lock | None = None) -> list[str]:
+    """Remove orphaned parts (``.part``, ``.part.meta``, ``.part.meta.tmp``) anywhere under ``root_fd`` whose
+    newest file was last modified more than ``max_age`` seconds ago (issue 8, defect 7: parts of failed
+    attempts are reclaimed). Final names are never touched; symbolic links are not followed.
+
+    ``is_busy((dev, ino), stem)`` tells whether a live session holds the file; busy parts are never touched.
+    The check and the removal run under ``lock`` (the receiver's, under which sessions claim files), so a
+    part cannot be claimed between them. Returns the removed paths, relative to the root.
+    """
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    for dirpath, _dirs, files, dfd in os.fwalk(".", dir_fd=root_fd, follow_symlinks=False):
+        removed += sweep_dir(dfd, dirpath, max_age, files, is_busy, index, now, lock)
+    return removed
+
+
+def sweep_dir(dfd: int, dirpath: str, max_age: float, names: list[str] | None = None,
+              is_busy: Callable[[tuple[int, int], str], bool] | None = None, index: PartIndex | None = None,
+              now: float | None = None, lock: threading.Lock | None = None) -> list[str]:
+    """``sweep_parts`` for the one directory ``dfd`` (``dirpath`` relative to the root, for the result)."""
+    now = time.time() if now is None else now
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for name in os.listdir(dfd) if names is None else names:
+        part = _part_of(name)
+        if part is None:
+            continue
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            groups.setdefault(part, []).append((name, st.st_mtime))
+    if not groups:
+        return []
+    dst = os.fstat(dfd)
+    dkey = (dst.st_dev, dst.st_ino)
+    removed: list[str] = []
+    for part, members in sorted(groups.items()):
+        if now - max(m for _n, m in members) < max_age:
+            continue
+        stem = part_stem(part) or ""
+        with lock if lock is not None else contextlib.nullcontext():
+            if is_busy is not None and is_busy(dkey, stem):
+                continue
+            for name, _m in members:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue
+                removed.append(os.path.normpath(os.path.join(dirpath, name)))
+            if index is not None:
+                index.forget(dkey, part)
+    return removed

@@ -25,6 +25,7 @@ import socket
 import ssl
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +34,13 @@ from transfer_agent import storage
 from transfer_agent.auth import TLSConfig, server_handshake
 from transfer_agent.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
-from transfer_agent.parts import PartIndex
-from transfer_agent.paths import open_parent, safe_relpath, temp_name
+from transfer_agent.parts import PartIndex, sweep_dir, sweep_parts
+from transfer_agent.paths import open_parent, safe_relpath, stem_of, temp_name
 from transfer_agent.protocol import (MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, pack_header, recv_exact,
                                      recv_frame)
 from transfer_agent.ranges import RangeSet, read_meta, write_meta
 from transfer_agent.secure import TAG_BYTES, ControlLink, DataSealer, SessionKeys
+from transfer_agent.watchdog import Deadlines, PreAuthLimits
 
 MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it
@@ -46,7 +48,14 @@ PIPE_SIZE = 1 << 20
 FREE_CHECK_MIN = 1 << 20  # larger files always re-read free space; smaller ones use the running estimate
 HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
 HASH_AHEAD_STEP = 16 << 20
-HANDSHAKE_TIMEOUT = 15.0
+HANDSHAKE_TIMEOUT = 10.0  # total, from accept to authenticated (issue 8, defect 3)
+MAX_UNAUTH = 64  # unauthenticated connections held at once
+MAX_UNAUTH_PER_ADDR = 16  # ... from one source address
+ACCEPT_BACKOFF_MAX = 1.0  # seconds between accept attempts while out of file descriptors
+PART_MAX_AGE = 7 * 86400.0  # orphaned parts untouched this long are removed by the sweep
+SWEEP_INTERVAL = 3600.0
+FENCE_WAIT = 5.0  # how long an OPEN waits for a fenced stale holder to release the file
+KEEPALIVE = (30, 10, 3)  # idle s, interval s, probes: a vanished peer (host down, FIN lost) is noticed in ~1 min
 
 
 @dataclass(eq=False)
@@ -113,6 +122,36 @@ class RecvFile:
                 "job": self.session.job, "attempt": self.session.attempt, "ranges": self.ranges.ranges()}
 
 
+def _connected(sock: socket.socket | None) -> bool:
+    """False when the peer of ``sock`` is gone (closed, reset, or it sent FIN), per the kernel's TCP state."""
+    if sock is None:
+        return True  # not registered yet: it is being set up right now
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    except (OSError, AttributeError, ValueError):
+        return False
+    return info[0] == 1  # TCP_ESTABLISHED
+
+
+def _tune_keepalive(sock: socket.socket) -> None:
+    """Probe an idle connection after ``KEEPALIVE`` (Linux defaults wait two hours): the session of a sender
+    whose host vanished is closed, and its files released (fenced as stale), within about a minute."""
+    for opt, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE):
+        if hasattr(socket, opt):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+            except OSError:
+                pass
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass
+
+
 def _pipe() -> tuple[int, int]:
     """A pipe for splice(2), enlarged so one call moves up to ``PIPE_SIZE`` bytes."""
     r, w = os.pipe()
@@ -138,6 +177,7 @@ class Session:
         self.data_threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
         self.closed = False
+        self.sock: socket.socket | None = None  # the control connection (fencing checks and shuts it)
 
     def reply(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
         try:
@@ -158,11 +198,19 @@ class Receiver:
     :param fsync: make commits durable (write → fsync → rename → fsync(dir)).
     :param flush_interval: how often received ranges are persisted for in-flight files.
     :param log: logger (default ``fstream.receiver``).
+    :param handshake_timeout: total seconds a connection may take from accept to authenticated.
+    :param max_unauth: unauthenticated connections held at once; more are closed at accept.
+    :param max_unauth_per_addr: the same, per source address.
+    :param part_max_age: orphaned ``.part``/``.meta`` files untouched this many seconds are removed
+        by the sweep (at start and every ``sweep_interval``); None disables the sweep.
     """
 
     def __init__(self, *, listen: tuple[str, int] = ("127.0.0.1", 0), root: str, secret: bytes | None = None,
                  tls: TLSConfig | None = None, fsync: bool = True, flush_interval: float = 2.0,
-                 log: logging.Logger | None = None, require_encryption: bool = False) -> None:
+                 log: logging.Logger | None = None, handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 max_unauth: int = MAX_UNAUTH, max_unauth_per_addr: int = MAX_UNAUTH_PER_ADDR,
+                 part_max_age: float | None = PART_MAX_AGE, sweep_interval: float = SWEEP_INTERVAL,
+                 require_encryption: bool = False) -> None:
         if secret is None and tls is None:
             raise FStreamError("receiver: refusing to run unauthenticated: give a shared secret "
                                "(--secret-file) or TLS certificates (--tls-cert/--tls-key/--tls-ca)")
@@ -181,12 +229,20 @@ class Receiver:
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._attempts: dict[str, int] = {}
-        self._busy_parts: set[tuple[tuple[int, int], str]] = set()
+        self._busy_parts: dict[tuple[tuple[int, int], str], Session] = {}  # part key -> the session holding it
         self._parts = PartIndex()
+        self._written_dirs: dict[tuple[int, int], str] = {}  # (dev, ino) -> relative path: what the sweep revisits
+        self.swept = threading.Event()  # set once the sweep at start finished
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
-        self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0}
+        self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0, "fenced": 0}
+        self.handshake_timeout = handshake_timeout
+        self.part_max_age = part_max_age
+        self.sweep_interval = sweep_interval
+        self._preauth = PreAuthLimits(max_unauth, max_unauth_per_addr)
+        self._deadlines: Deadlines | None = None
+        self._released = threading.Condition(self._lock)  # notified whenever a busy part is released (see start)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "Receiver":
@@ -199,11 +255,14 @@ class Receiver:
         sock.bind((host, port))
         sock.listen(256)
         self._sock = sock
+        self._released = threading.Condition(self._lock)  # bound to the final _lock (subclasses may replace it)
+        self._deadlines = Deadlines()
         for target, name in ((self._accept_loop, "accept"), (self._commit_loop, "commit"),
                              (self._flush_loop, "flush")):
             t = threading.Thread(target=target, name=f"fstream-recv-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        threading.Thread(target=self._sweep_at_start, name="fstream-recv-sweep", daemon=True).start()
         self.log.info("listening on %s:%d, root %s", host, self.port, self.root)
         return self
 
@@ -231,6 +290,8 @@ class Receiver:
         for t in self._threads:
             t.join(timeout=10)
         self._sync_pool.shutdown(wait=True)
+        if self._deadlines is not None:
+            self._deadlines.stop()
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
@@ -246,24 +307,63 @@ class Receiver:
 
     # -- connections ---------------------------------------------------------------------------
     def _accept_loop(self) -> None:
-        assert self._sock is not None
+        """Accept connections; over the pre-auth caps close them at once (no thread); out of file
+        descriptors (EMFILE/ENFILE), back off exponentially instead of spinning, logging once per episode."""
+        assert self._sock is not None and self._deadlines is not None
+        backoff = 0.0
         while not self._stop.is_set():
             try:
                 conn, addr = self._sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._stop.is_set():
                     return
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if backoff == 0.0:
+                        self.stats["errors"] += 1
+                        self.log.warning("cannot accept connections: %s; backing off until descriptors free up",
+                                         exc.strerror)
+                    backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 if backoff else 0.01)
+                    self._stop.wait(backoff)
                 continue
-            threading.Thread(target=self._handle, args=(conn, f"{addr[0]}:{addr[1]}"),
-                             name=f"fstream-recv-conn-{addr[1]}", daemon=True).start()
+            if backoff:
+                backoff = 0.0
+                self.log.warning("accepting connections again")
+            ip = str(addr[0])
+            token = self._deadlines.add(conn.fileno(), self.handshake_timeout)
+            admitted, victim = self._preauth.admit(ip, token)
+            if victim is not None:
+                self._deadlines.expire(victim)  # the busiest address gives up its oldest connection
+            if not admitted:
+                self._deadlines.cancel(token)
+                self.log.debug("connection from %s:%s closed: too many unauthenticated connections", ip, addr[1])
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=self._handle, args=(conn, f"{ip}:{addr[1]}", ip, token),
+                                 name=f"fstream-recv-conn-{addr[1]}", daemon=True).start()
+            except RuntimeError:  # no thread to be had: drop this one connection, keep accepting
+                self._deadlines.cancel(token)
+                self._preauth.release(ip, token)
+                conn.close()
 
-    def _handle(self, conn: socket.socket, peer: str) -> None:
+    def _handle(self, conn: socket.socket, peer: str, ip: str = "", token: int = 0) -> None:
         session: Session | None = None
         role = "?"
+        preauth = True
+
+        def authenticated() -> None:
+            nonlocal preauth
+            if preauth:
+                preauth = False
+                if self._deadlines is not None:
+                    self._deadlines.cancel(token)
+                self._preauth.release(ip, token)
+
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            conn.settimeout(HANDSHAKE_TIMEOUT)
+            _tune_keepalive(conn)
+            conn.settimeout(self.handshake_timeout)
             if self._ssl_ctx is not None:
                 self._refuse_plaintext(conn)
                 try:
@@ -273,6 +373,7 @@ class Receiver:
             hs = server_handshake(conn, self.secret, tls=self._ssl_ctx is not None,
                                   require_encryption=self.require_encryption, peer=peer)
             hello = hs.peer
+            authenticated()
             role = str(hello.get("role", ""))
             writer = hs.link
             sid = str(hello.get("session", ""))
@@ -292,12 +393,14 @@ class Receiver:
                 self._attempts[job] = attempt
             conn.settimeout(None)
             if role == "control":
-                session = Session(sid, job, attempt, writer, peer, keys=hs.keys)
+                new = Session(sid, job, attempt, writer, peer, keys=hs.keys)
                 with self._lock:
-                    if sid in self._sessions:
+                    if sid in self._sessions:  # not ours: refusing it must not tear the real one down
                         raise ProtocolError(f"session {sid} already exists")
-                    self._sessions[sid] = session
+                    self._sessions[sid] = new
                     self.stats["sessions"] += 1
+                session = new  # registered: from here on this connection owns it and closes it
+                session.sock = conn
                 writer.send(Frame.WELCOME, {"session": sid, "root_free": storage.free_bytes(self._root_fd)})
                 self.log.info("session %s from %s: job %s attempt %d", sid[:8], peer, job, attempt)
                 self._control_loop(session, writer)
@@ -324,11 +427,18 @@ class Receiver:
             self.log.debug("%s connection from %s ended: %s", role, peer, exc)
         except FStreamError as exc:
             self.stats["errors"] += 1
-            self.log.warning("%s connection from %s closed: %s", role, peer, exc)
-        except Exception:  # noqa: BLE001 - one bad connection must not stop the receiver
+            if preauth and not isinstance(exc, AuthError):  # junk from an unauthenticated peer: no log flood
+                self.log.debug("connection from %s closed before authentication: %s", peer, exc)
+            else:
+                self.log.warning("%s connection from %s closed: %s", role, peer, exc)
+        except Exception as exc:  # noqa: BLE001 - one bad connection must not stop the receiver
             self.stats["errors"] += 1
-            self.log.exception("%s connection from %s failed", role, peer)
+            if preauth:
+                self.log.debug("connection from %s failed before authentication: %r", peer, exc, exc_info=True)
+            else:
+                self.log.exception("%s connection from %s failed", role, peer)
         finally:
+            authenticated()  # cancels the deadline before the fd number can be reused
             try:
                 conn.close()
             except OSError:
@@ -394,13 +504,7 @@ class Receiver:
     def _open(self, session: Session, fid: int, body: dict[str, Any]) -> None:
         if fid in session.files or (fid in session.deferred and not body.get("replace")):
             raise ProtocolError(f"file id {fid} opened twice")
-        rel = safe_relpath(str(body.get("path", "")))
-        size, mtime_ns = body.get("size"), body.get("mtime_ns", 0)
-        algo = str(body.get("algo", "xxh3_128"))
-        if not isinstance(size, int) or size < 0 or size > MAX_FILE_SIZE:
-            raise RefusedError(f"{rel!r}: declared size {size!r} is not a valid file size")
-        if algo not in ALGORITHMS:
-            raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} not supported")
+        rel, size, mtime_ns, algo = self._validate_open(body)
         digest_key = self._digest_key(session, algo)
         if session.keys is not None and digest_key is None:
             raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} is not keyed; this receiver has a shared "
@@ -408,11 +512,13 @@ class Receiver:
                                "in transit together with the data)")
         dir_fd, dkey, base = self._parent(session, rel)
         key = (dkey, base)
-        with self._lock:
-            if key in self._busy_parts:
-                os.close(dir_fd)
-                raise FStreamError(f"{rel!r}: busy: another session is receiving this file", retryable=True)
-            self._busy_parts.add(key)
+        try:
+            self._claim_part(session, key, rel)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        fd = -1
+        created: str | None = None
         try:
             existing_hash = (None if body.get("replace")
                              else self._existing_hash(dir_fd, base, rel, size, algo, digest_key))
@@ -420,7 +526,8 @@ class Receiver:
                 # nothing is created or reserved until the sender says whether its copy differs
                 os.close(dir_fd)
                 with self._lock:
-                    self._busy_parts.discard(key)
+                    self._busy_parts.pop(key, None)
+                    self._released.notify_all()
                 session.deferred.add(fid)
                 session.reply(Frame.OPEN_OK, {"missing": [[0, size]], "resumed": 0, "existing_hash": existing_hash},
                               fid)
@@ -439,31 +546,85 @@ class Receiver:
                 tmp = temp_name(base, session.job, session.attempt)
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                              dir_fd=dir_fd)
+                created = tmp
                 self._parts.add(dir_fd, base, tmp, key=dkey)
-                try:
-                    if size >= RESERVE_MIN:
-                        storage.reserve(fd, size)
-                except OSError:
-                    os.close(fd)
-                    self._remove_part(dir_fd, dkey, base, tmp)
-                    raise
+                if size >= RESERVE_MIN:
+                    storage.reserve(fd, size)
             else:
                 fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             # the ranges sidecar is written by the first flush (or when the session ends): a small file
             # that commits within the flush interval never costs an extra file
-            f = RecvFile(fid, rel, dir_fd, base, tmp, size, int(mtime_ns), algo, fd, ranges, session, part_key=key)
+            f = RecvFile(fid, rel, dir_fd, base, tmp, size, mtime_ns, algo, fd, ranges, session, part_key=key)
             f.dirty = True
             if size >= HASH_AHEAD_MIN:
                 f.hasher = PrefixHasher(algo, digest_key)  # reads from disk: a taken-over part is hashed with this key
             f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:
+            if fd >= 0:
+                os.close(fd)  # never leak the part's descriptor (issue 8, defect 4)
+            if created is not None:
+                self._remove_part(dir_fd, dkey, base, created)  # nor leave the new, empty part behind
             os.close(dir_fd)
             with self._lock:
-                self._busy_parts.discard(key)
+                self._busy_parts.pop(key, None)
+                self._released.notify_all()
             raise
         session.files[fid] = f
         session.reply(Frame.OPEN_OK, {"missing": f.ranges.missing(size), "resumed": ranges.total(),
                                       "existing_hash": existing_hash}, fid)
+
+    def _claim_part(self, session: Session, key: tuple[tuple[int, int], str], rel: str) -> None:
+        """Mark the file busy for ``session``. A holder that is stale — an earlier or equal attempt of the same
+        job (a restarted or reconnected sender), or a session whose control connection is gone — is fenced: its
+        session is shut down and we wait (bounded) until it released the file. A live holder of another job
+        means "busy", retryable (issue 8, defect 6)."""
+        deadline = time.monotonic() + FENCE_WAIT
+        fenced: Session | None = None
+        with self._lock:
+            while True:
+                holder = self._busy_parts.get(key)
+                if holder is None:
+                    self._busy_parts[key] = session
+                    return
+                stale = holder is not session and (
+                    holder.closed or (holder.job == session.job and holder.attempt <= session.attempt)
+                    or not _connected(holder.sock))
+                left = deadline - time.monotonic()
+                if not stale or left <= 0:
+                    what = "a stale session of this file did not let go in time" if stale else \
+                        f"another session ({holder.peer}, job {holder.job}) is receiving this file"
+                    raise FStreamError(f"{rel!r}: busy: {what}", retryable=True)
+                if fenced is not holder:
+                    fenced = holder
+                    self.stats["fenced"] += 1
+                    self.log.info("%s: fencing stale session %s (job %s attempt %d) for session %s (job %s "
+                                  "attempt %d)", rel, holder.id[:8], holder.job, holder.attempt, session.id[:8],
+                                  session.job, session.attempt)
+                    _shutdown(holder.sock)  # its control loop ends and closes the session, releasing the file
+                self._released.wait(left)
+
+    @staticmethod
+    def _validate_open(body: dict[str, Any]) -> tuple[str, int, int, str]:
+        """Check every field of an OPEN before anything is opened or created (issue 8, defect 4):
+        (relative path, size, mtime_ns, algo). bool is refused where an int is due (``True`` is not 1 byte)."""
+        path = body.get("path", "")
+        if not isinstance(path, str):
+            raise RefusedError(f"malformed OPEN: path {path!r} is not a string")
+        rel = safe_relpath(path)
+        size = body.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or size > MAX_FILE_SIZE:
+            raise RefusedError(f"{rel!r}: declared size {size!r} is not a valid file size")
+        mtime_ns = body.get("mtime_ns", 0)
+        if not isinstance(mtime_ns, int) or isinstance(mtime_ns, bool):
+            raise RefusedError(f"{rel!r}: malformed OPEN: mtime_ns {mtime_ns!r} is not an integer")
+        algo = body.get("algo", "xxh3_128")
+        if not isinstance(algo, str):
+            raise RefusedError(f"{rel!r}: malformed OPEN: algo {algo!r} is not a string")
+        if algo not in ALGORITHMS:
+            raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} not supported")
+        if not isinstance(body.get("replace", False), bool):
+            raise RefusedError(f"{rel!r}: malformed OPEN: replace {body.get('replace')!r} is not a boolean")
+        return rel, size, mtime_ns, algo
 
     def _parent(self, session: Session, rel: str) -> tuple[int, tuple[int, int], str]:
         """(own fd of the parent directory, its (dev, ino), basename), walking each directory once per session."""
@@ -473,6 +634,7 @@ class Receiver:
             dfd, _base = open_parent(self._root_fd, rel)
             st = os.fstat(dfd)
             cached = session.dirs[reldir] = (dfd, (st.st_dev, st.st_ino))
+            self._written_dirs.setdefault(cached[1], reldir)
         return os.dup(cached[0]), cached[1], base
 
     @staticmethod
@@ -667,10 +829,7 @@ class Receiver:
                     while m < n:
                         m += os.splice(r, fd, n - m, offset_dst=off + got + m)
                 except OSError as exc:
-                    f.failed = True
-                    reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-                    f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
-                                                  "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+                    reason = self._write_failed(f, exc)
                     raise ProtocolError(f"{f.relpath!r}: write failed ({reason}); data connection closed") from None
                 self._written(f, off + got, n)
                 got += n
@@ -716,14 +875,23 @@ class Receiver:
             while pos < n:
                 pos += os.pwrite(fd, view[pos:], off + pos)
         except OSError as exc:
-            f.failed = True
-            reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-            f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
-                                          "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+            self._write_failed(f, exc)
             return
         finally:
             f.unuse()
         self._written(f, off, n)
+
+    def _write_failed(self, f: RecvFile, exc: OSError) -> str:
+        """A write into ``f`` failed (disk full, I/O error): the first time, remove the partial file and release
+        it, then answer (terminal). Later blocks of the file are consumed and dropped. Returns the reason."""
+        reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
+        with f.lock:
+            first, f.failed = not f.failed, True
+        if first:
+            self._discard(f, remove=True)  # released before the answer (issue 8, defect 6)
+            f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
+                                          "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+        return reason
 
     def _written(self, f: RecvFile, off: int, n: int) -> None:
         """Record ``n`` bytes at ``off`` as present; queue the commit when the file is whole."""
@@ -759,6 +927,8 @@ class Receiver:
                 self.log.exception("commit of %d files failed", len(batch))
                 for f in batch:
                     if not f.done:
+                        f.session.files.pop(f.file_id, None)
+                        self._discard(f, remove=True)  # released before the answer: the retry can open it
                         f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True,
                                                           "error": f"{f.relpath!r}: commit failed"}, f.file_id)
 
@@ -768,10 +938,10 @@ class Receiver:
             with self._lock:
                 current = self._attempts.get(f.session.job, 0)
             if f.session.attempt < current:
+                self._discard(f, remove=False)  # released before the answer (issue 8, defect 6)
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": False, "kind": "refused",
                                                   "error": f"{f.relpath!r}: stale attempt {f.session.attempt}, "
                                                            f"attempt {current} is current"}, f.file_id)
-                self._discard(f, remove=False)
                 continue
             if f.expected_hash is None:
                 actual = None
@@ -781,12 +951,12 @@ class Receiver:
                 actual = hash_fd(f.fd, f.size, f.algo, self._digest_key(f.session, f.algo))
             if actual != f.expected_hash:
                 self.log.warning("checksum mismatch for %s: expected %s, got %s", f.relpath, f.expected_hash, actual)
+                f.session.files.pop(f.file_id, None)
+                self._discard(f, remove=True)  # released before the answer, so the retry's OPEN finds it free
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True, "kind": "checksum",
                                                   "error": f"{f.relpath!r}: checksum mismatch "
                                                            f"(sent {f.expected_hash}, received {actual})"},
                                 f.file_id)
-                f.session.files.pop(f.file_id, None)
-                self._discard(f, remove=True)
                 continue
             good.append(f)
         if not good:
@@ -812,8 +982,65 @@ class Receiver:
             self._release(f)
 
     # -- persistence of ranges -----------------------------------------------------------------
+    def sweep_parts(self, max_age: float | None = None, whole_tree: bool = True) -> list[str]:
+        """Remove orphaned parts untouched for ``max_age`` seconds (default ``part_max_age``) that no session
+        holds; return their paths relative to the root (issue 8, defect 7).
+
+        The whole tree is walked once, in the background, when the receiver starts (parts left by earlier
+        runs); after that, every ``sweep_interval``, only the directories this process wrote to are revisited
+        (``whole_tree=False``): new orphans can only appear there, and a large tree is not walked every hour.
+        """
+        age = self.part_max_age if max_age is None else max_age
+        if age is None or self._root_fd < 0:
+            return []
+
+        def busy(dkey: tuple[int, int], stem: str) -> bool:  # called under self._lock
+            return any(k[0] == dkey and stem_of(k[1]) == stem for k in self._busy_parts)
+
+        # a part is claimed (busy, under self._lock) before it is taken over: one not busy here is nobody's
+        if whole_tree:
+            root_fd = os.dup(self._root_fd)  # its own: stop() may close the receiver's while a long walk runs
+            try:
+                removed = sweep_parts(root_fd, age, busy, self._parts, lock=self._lock)
+            finally:
+                os.close(root_fd)
+        else:
+            removed = []
+            with self._lock:
+                dirs = sorted(set(self._written_dirs.values()))
+            for reldir in dirs:
+                try:
+                    dfd, _base = open_parent(self._root_fd, f"{reldir}/x" if reldir else "x", create=False)
+                except (OSError, FStreamError):
+                    continue  # removed or replaced since: nothing of ours to sweep there
+                try:
+                    removed += sweep_dir(dfd, reldir or ".", age, None, busy, self._parts, lock=self._lock)
+                finally:
+                    os.close(dfd)
+        for rel in removed:
+            self.log.info("removed orphaned part %s (untouched for more than %.0f s)", rel, age)
+        return removed
+
+    def _sweep_at_start(self) -> None:
+        """The walk of the whole tree for parts left by earlier runs (its own thread: a large tree takes time)."""
+        try:
+            if self.part_max_age is not None:
+                self._sweep(whole_tree=True)
+        finally:
+            self.swept.set()
+
     def _flush_loop(self) -> None:
+        next_sweep = time.monotonic() + self.sweep_interval
         while not self._stop.wait(self.flush_interval):
+            if self.part_max_age is not None and time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + self.sweep_interval
+                self._sweep(whole_tree=False)
+
+    def _sweep(self, whole_tree: bool) -> None:
+        try:
+            self.sweep_parts(whole_tree=whole_tree)
+        except OSError as exc:
+            self.log.warning("sweep of orphaned parts under %s failed: %s", self.root, exc)
             with self._lock:
                 sessions = list(self._sessions.values())
             for s in sessions:
@@ -833,8 +1060,8 @@ class Receiver:
             if self.fsync:
                 os.fdatasync(fd)  # ranges on disk never claim bytes that are not
             with f.lock:
-                if f.queued or f.done:
-                    return  # complete and being committed: the committer removes the sidecar
+                if f.queued or f.done or f.failed:
+                    return  # being committed (the committer removes the sidecar), or failed and removed
                 write_meta(f.dir_fd, f.tmp + ".meta", meta)
                 f.meta_written = True
         except OSError as exc:
@@ -854,7 +1081,9 @@ class Receiver:
     def _release(self, f: RecvFile) -> None:
         if f.close():
             with self._lock:
-                self._busy_parts.discard(f.part_key)
+                if self._busy_parts.get(f.part_key) is f.session:
+                    del self._busy_parts[f.part_key]
+                self._released.notify_all()
 
     def _close_session(self, session: Session) -> None:
         with session.lock:
@@ -881,5 +1110,6 @@ class Receiver:
             os.close(dfd)
         session.dirs.clear()
         with self._lock:
-            self._sessions.pop(session.id, None)
+            if self._sessions.get(session.id) is session:  # only what this session owns
+                del self._sessions[session.id]
         self.log.info("session %s closed", session.id[:8])

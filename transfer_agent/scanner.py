@@ -40,7 +40,10 @@ class SrcFile:
     size: int
     mtime_ns: int
     cluster: str = "all"
-    tries: int = 0
+    tries: int = 0  # counted failures (checksum mismatch)
+    retries: int = 0  # every retry, for the backoff
+    retry_since: float = 0.0  # monotonic time of the first retryable refusal
+    retry_at: float = 0.0  # monotonic time before which it is not sent again
 
     @property
     def info(self) -> FileInfo:

@@ -25,13 +25,16 @@ from fstream_provider.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from transfer_agent.auth import TLSConfig, load_secret
 from transfer_agent.channels import MAX_SEALED_BLOCK, ChannelPool, Connector, ControlSession, InFlight
-from transfer_agent.errors import CancelledError, FStreamError, SourceVanishedError, StallError
+from transfer_agent.errors import CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
 from transfer_agent.scanner import SourceWatcher, SrcFile, expand_sources
 
 log = logging.getLogger("fstream.sender")
 
 EventCallback = Callable[[str, dict], None]
-MAX_FILE_TRIES = 3
+MAX_FILE_TRIES = 3  # tries of a file after checksum mismatches (and other counted failures)
+RETRY_BUDGET_S = 60.0  # a file refused as retryable (e.g. "busy") is retried with backoff within this time
+RETRY_BASE_S = 0.1
+RETRY_MAX_S = 8.0
 DEFAULT_BANDWIDTH = 1e9
 
 
@@ -227,6 +230,7 @@ class Transfer:
         except BaseException:
             pool.shutdown(graceful=False)
             unfinished = control.close(graceful=False)
+            self.result.bytes_sent += sum(f.bytes_sent for f in unfinished)  # every session's bytes count
             left = [f.sf for f in unfinished] + list(retry_files) + pool.drain()
             files[:] = []
             for sf in left:
@@ -261,9 +265,11 @@ class Transfer:
                 raise control.error or FStreamError("session failed", retryable=True)
             now = time.monotonic()
             if retry_files:
-                with self._lock:
-                    again, retry_files[:] = list(retry_files), []
-                pool.add_files(again)
+                with self._lock:  # files refused for now wait out their backoff in retry_files
+                    again = [sf for sf in retry_files if sf.retry_at <= now]
+                    retry_files[:] = [sf for sf in retry_files if sf.retry_at > now]
+                if again:
+                    pool.add_files(again)
             new: list[SrcFile] = []
             if watcher is not None and now >= next_scan:
                 next_scan = now + spec.interval_s
@@ -331,13 +337,14 @@ class Transfer:
         self.result.resumed_bytes += f.resumed
         self.result.bytes_sent += f.bytes_sent
         if f.outcome == "retry":
-            sf.tries += 1
-            if sf.tries < MAX_FILE_TRIES and not pool.stopping.is_set():
+            delay = self._retry_delay(sf, f.error)
+            if delay is not None and not pool.stopping.is_set():
+                sf.retry_at = time.monotonic() + delay
                 with self._lock:
                     retry_files.append(sf)
                 self._wake.set()
                 if f.error is not None:
-                    self.log.warning("retrying %s: %s", sf.rel, f.error)
+                    self.log.warning("retrying %s in %.2f s: %s", sf.rel, delay, f.error)
                 return
             outcome = "failed"
         else:
@@ -356,6 +363,33 @@ class Transfer:
         else:
             self._fail_file(sf, f.error or FStreamError("failed"))
         self._wake.set()
+
+    @staticmethod
+    def _retry_delay(sf: SrcFile, err: FStreamError | None, now: float | None = None) -> float | None:
+        """Seconds to wait before retrying ``sf``; None when its retries are used up (issue 8, defect 6).
+
+        A checksum mismatch (or a retry without a reason) counts against ``MAX_FILE_TRIES``; a retryable
+        refusal (the receiver says "busy" while a stale attempt is fenced) is retried within ``RETRY_BUDGET_S``.
+        Either way with exponential backoff and jitter, never a storm of retries within milliseconds.
+        """
+        now = time.monotonic() if now is None else now
+        sf.retries += 1
+        if err is None:  # put back unsent (a channel closed): counted as before, no wait
+            sf.tries += 1
+            return None if sf.tries >= MAX_FILE_TRIES else 0.0
+        if isinstance(err, ChecksumError):
+            sf.tries += 1
+            if sf.tries >= MAX_FILE_TRIES:
+                return None
+        else:
+            if not sf.retry_since:
+                sf.retry_since = now
+            if now - sf.retry_since >= RETRY_BUDGET_S:
+                return None
+        delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (sf.retries - 1)) * (0.5 + random.random())
+        if sf.retry_since:
+            delay = min(delay, max(0.0, sf.retry_since + RETRY_BUDGET_S - now))
+        return delay
 
     def _on_unopenable(self, sf: SrcFile, err: FStreamError, watching: bool) -> None:
         with self._lock:

@@ -1,0 +1,429 @@
+"""Receiver robustness (issue 8, defects 4, 5, 6 and 7): validated OPENs, owned teardown, no "busy" after a
+crash or a checksum mismatch, backoff on retryable refusals, bytes counted over reconnects, orphan sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentkit import GatedReceiver, make_files, part_files, send, start_receiver
+from transfer_agent.auth import load_secret
+from transfer_agent.channels import Connector
+from transfer_agent.errors import FStreamError
+from transfer_agent.protocol import Frame, pack_control, recv_frame
+from transfer_agent.receiver import Receiver
+
+MiB = 1024 * 1024
+
+
+def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} not reached in time"
+        threading.Event().wait(0.02)
+
+
+def control(port: int, secret: Path, job: str = "job", attempt: int = 1,
+            sid: str | None = None) -> tuple[socket.socket, Connector]:
+    conn = Connector("127.0.0.1", port, load_secret(secret), None,
+                     {"session": sid or uuid.uuid4().hex, "job": job, "attempt": attempt})
+    return conn.connect(role="control"), conn
+
+
+def request(sock: socket.socket, fid: int, body: dict[str, Any]) -> tuple[Frame, dict]:
+    sock.sendall(pack_control(Frame.OPEN, body, fid))
+    ftype, rfid, _o, _l, reply = recv_frame(sock)
+    assert rfid == fid
+    return ftype, reply or {}
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# -- defect 4: validate the whole OPEN before opening anything ------------------------------------
+BAD_OPENS = [
+    {"path": "m/a.bin", "size": 10, "mtime_ns": "not-a-number", "algo": "xxh3_128"},
+    {"path": "m/b.bin", "size": 10, "mtime_ns": 1.5, "algo": "xxh3_128"},
+    {"path": "m/c.bin", "size": 10, "mtime_ns": True, "algo": "xxh3_128"},
+    {"path": "m/d.bin", "size": True, "mtime_ns": 1, "algo": "xxh3_128"},
+    {"path": "m/e.bin", "size": "10", "mtime_ns": 1, "algo": "xxh3_128"},
+    {"path": "m/f.bin", "size": 10, "mtime_ns": 1, "algo": ["xxh3_128"]},
+    {"path": "m/g.bin", "size": 10, "mtime_ns": 1, "algo": "xxh3_128", "replace": "yes"},
+    {"path": ["m", "h.bin"], "size": 10, "mtime_ns": 1, "algo": "xxh3_128"},
+]
+
+
+def test_malformed_opens_leak_no_fd_and_leave_no_part(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    """300 authenticated OPENs with a malformed field: no descriptor kept, no empty .part, honest sends still work."""
+    before = open_fds()
+    sock, _ = control(rx.port, secret)
+    try:
+        for i in range(300):
+            body = BAD_OPENS[i % len(BAD_OPENS)]
+            try:
+                ftype, reply = request(sock, i + 1, body)
+            except (FStreamError, OSError):  # the receiver dropped the connection: carry on with a new one
+                sock.close()
+                sock, _ = control(rx.port, secret)
+                continue
+            assert ftype == Frame.ERROR and reply["kind"] == "refused" and reply["retryable"] is False, reply
+    finally:
+        sock.close()
+    wait_until(lambda: not rx._sessions, what="sessions closed")
+    assert open_fds() - before < 10, "the receiver kept descriptors of refused OPENs"
+    assert not part_files(tmp_path / "dst") and not list((tmp_path / "dst").rglob("*.meta"))
+    src = make_files(tmp_path / "src", {"ok.dat": 100_000})
+    assert send(src, rx.port, secret).ok
+
+
+def test_malformed_fields_are_named(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    sock, _ = control(rx.port, secret)
+    with sock:
+        ftype, reply = request(sock, 1, {"path": "t.bin", "size": True, "mtime_ns": 1, "algo": "xxh3_128"})
+        assert ftype == Frame.ERROR and "declared size True is not a valid file size" in reply["message"]
+        ftype, reply = request(sock, 2, BAD_OPENS[0])
+        assert ftype == Frame.ERROR and "mtime_ns 'not-a-number' is not an integer" in reply["message"]
+        ftype, _ = request(sock, 3, {"path": "t.bin", "size": 1, "mtime_ns": 1, "algo": "xxh3_128"})
+        assert ftype == Frame.OPEN_OK  # the session is still served
+    assert not (tmp_path / "dst" / "t.bin").exists()
+
+
+def test_failure_after_the_part_is_opened_closes_it_and_removes_it(tmp_path: Path, secret: Path,
+                                                                     rx: Receiver, monkeypatch) -> None:
+    """Whatever fails once the new part's fd is open (here: the space reservation), the fd is closed and the
+    new empty part removed."""
+    from transfer_agent import storage
+
+    def broken(fd: int, size: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(storage, "reserve", broken)
+    before = open_fds()
+    sock, _ = control(rx.port, secret)
+    with sock:
+        for i in range(20):
+            ftype, reply = request(sock, i + 1, {"path": f"r{i}.bin", "size": 16 * MiB, "mtime_ns": 1,
+                                                 "algo": "xxh3_128"})
+            assert ftype == Frame.ERROR and "Input/output error" in reply["message"]
+        assert open_fds() - before < 5
+    assert not part_files(tmp_path / "dst")
+
+
+# -- defect 5: a refused duplicate session must not tear the real one down ------------------------
+def test_duplicate_session_refused_without_removing_the_real_one(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    sid = uuid.uuid4().hex
+    real, conn = control(rx.port, secret, sid=sid)
+    with real:
+        with pytest.raises(FStreamError):
+            dup, _ = control(rx.port, secret, sid=sid)  # the receiver closes it (possibly before WELCOME)
+            with dup:
+                recv_frame(dup)
+        wait_until(lambda: rx.stats["errors"] >= 1, what="duplicate refused")
+        data = conn.connect(role="data", channel=1, stream=0)  # the real session still exists
+        data.close()
+        ftype, _ = request(real, 1, {"path": "d.bin", "size": 1, "mtime_ns": 1, "algo": "xxh3_128"})
+        assert ftype == Frame.OPEN_OK
+        assert sid in rx._sessions
+
+
+# -- defect 6: busy after a crash or a checksum mismatch ------------------------------------------
+class SlowUnlinkReceiver(Receiver):
+    """Removing a part takes a while (a large, preallocated file on a slow disk)."""
+
+    def _remove_part(self, dir_fd: int, dkey: tuple[int, int], base: str, name: str) -> None:
+        threading.Event().wait(0.3)  # a slow unlink, not a wait for an event
+        super()._remove_part(dir_fd, dkey, base, name)
+
+
+class CorruptingReceiver(SlowUnlinkReceiver):
+    """Flips one byte of the first part it receives, once, after the file is complete: the checksum fails once."""
+
+    corrupted = False
+
+    def _request_commit(self, session, fid: int, body: dict[str, Any]) -> None:
+        f = session.files.get(fid)
+        if f is not None and not CorruptingReceiver.corrupted:
+            wait_until(lambda: f.ranges.covers(f.size), what="file complete")
+            CorruptingReceiver.corrupted = True
+            os.pwrite(f.fd, bytes([os.pread(f.fd, 1, 0)[0] ^ 0xFF]), 0)
+        super()._request_commit(session, fid, body)
+
+
+def test_checksum_mismatch_retry_is_not_refused_busy(tmp_path: Path, secret: Path) -> None:
+    size = 12 * MiB
+    src = make_files(tmp_path / "src", {"m.bin": size})
+    CorruptingReceiver.corrupted = False
+    rx = start_receiver(tmp_path / "dst", secret, cls=CorruptingReceiver)
+    try:
+        res = send(src, rx.port, secret, cc=1, p=2, block_size=1 * MiB)
+    finally:
+        rx.stop()
+    assert CorruptingReceiver.corrupted
+    assert res.ok and res.verified_files == 1, res.failures
+    assert (tmp_path / "dst" / "out" / "m.bin").read_bytes() == (src / "m.bin").read_bytes()
+    assert not part_files(tmp_path / "dst")
+
+
+@pytest.mark.parametrize("slow_teardown", [True, False], ids=["dead-session-still-tearing-down", "plain"])
+def test_sender_killed_and_restarted_at_once_resumes(tmp_path: Path, secret: Path, slow_teardown: bool) -> None:
+    """SIGKILL an `fstream send` mid-file and restart it at once — also while the dead session is still being torn
+    down (its data stream still busy, as on a WAN): the stale session is fenced and the restart resumes."""
+    size = 48 * MiB
+    src = make_files(tmp_path / "src", {"big.bin": size})
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 3)
+    cmd = [sys.executable, "-m", "transfer_agent.cli", "send", str(src / "big.bin"), "--to",
+           f"fstream://127.0.0.1:{rx.port}/out", "--secret-file", str(secret), "--tuner", "fixed",
+           "--cc", "1", "--p", "2", "--block-size", "1MiB", "--json"]
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        assert rx.reached.wait(30), "the sender never got a third of the file across"
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(10)
+        rx.hold_after = None  # later blocks pass; the one held stays held until the restart asked for the file
+        if not slow_teardown:
+            rx.gate.set()
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        if slow_teardown:
+            wait_until(lambda: rx.stats.get("fenced", 0) >= 1 or procs[1].poll() is not None, timeout=20,
+                       what="the restart finding the stale session")
+            rx.gate.set()
+        out, err = procs[1].communicate(timeout=30)
+        assert procs[1].returncode == 0, err
+        res = json.loads(out)
+        assert res["ok"] and res["verified_files"] == 1
+        assert res["resumed_bytes"] >= size // 4, "the restart must resend only the missing ranges"
+        assert "busy" not in err
+    finally:
+        rx.gate.set()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+        rx.stop()
+    assert (tmp_path / "dst" / "out" / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert not part_files(tmp_path / "dst")
+
+
+def test_later_attempt_of_the_same_job_fences_the_holder(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    old, _ = control(rx.port, secret, job="J", attempt=1)
+    new, _ = control(rx.port, secret, job="J", attempt=2)
+    with old, new:
+        body = {"path": "f.bin", "size": 1000, "mtime_ns": 1, "algo": "xxh3_128"}
+        assert request(old, 1, body)[0] == Frame.OPEN_OK
+        ftype, reply = request(new, 1, body)
+        assert ftype == Frame.OPEN_OK, reply
+        assert rx.stats["fenced"] == 1
+        old.settimeout(5)
+        with pytest.raises((FStreamError, OSError)):  # the fenced session's control connection was shut
+            recv_frame(old)
+
+
+def test_live_holder_of_another_job_means_busy_retryable(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    a, _ = control(rx.port, secret, job="A")
+    b, _ = control(rx.port, secret, job="B")
+    with a, b:
+        body = {"path": "f.bin", "size": 1000, "mtime_ns": 1, "algo": "xxh3_128"}
+        assert request(a, 1, body)[0] == Frame.OPEN_OK
+        t0 = time.monotonic()
+        ftype, reply = request(b, 1, body)
+        assert ftype == Frame.ERROR and "busy" in reply["message"] and reply["retryable"] is True
+        assert time.monotonic() - t0 < 2
+        assert request(a, 2, {**body, "path": "g.bin"})[0] == Frame.OPEN_OK  # the holder is untouched
+
+
+def test_retryable_refusal_backs_off_with_jitter() -> None:
+    """Retries of a file refused "busy" spread out exponentially (with jitter) within the bound, then stop."""
+    from transfer_agent import sender
+    from transfer_agent.errors import ChecksumError
+    from transfer_agent.scanner import SrcFile
+
+    clock = [1000.0]
+    sf = SrcFile("/s/x", "x", 1, 1)
+    busy = FStreamError("receiver: 'x': busy: another session is receiving this file", retryable=True)
+    delays = []
+    while (d := sender.Transfer._retry_delay(sf, busy, now=clock[0])) is not None:
+        delays.append(d)
+        clock[0] += d
+    assert delays[0] < 0.2 and max(delays) <= sender.RETRY_MAX_S * 1.5
+    assert sum(delays) <= sender.RETRY_BUDGET_S + 1e-6 and sum(delays) >= sender.RETRY_BUDGET_S - 1e-6
+    assert 6 <= len(delays) <= 40
+    assert all(delays[i] > delays[i - 1] * 0.3 for i in range(1, 5))  # growing, not a storm within ms
+    sf2 = SrcFile("/s/y", "y", 1, 1)
+    mism = ChecksumError("checksum mismatch", retryable=True)
+    counted = [sender.Transfer._retry_delay(sf2, mism, now=clock[0]) for _ in range(sender.MAX_FILE_TRIES)]
+    assert counted[-1] is None and all(d is not None and d > 0 for d in counted[:-1])
+
+
+class CountingReceiver(Receiver):
+    opens = 0
+
+    def _open(self, session, fid: int, body: dict[str, Any]) -> None:
+        CountingReceiver.opens += 1
+        super()._open(session, fid, body)
+
+
+def test_sender_waits_out_a_live_holder_with_backoff(tmp_path: Path, secret: Path) -> None:
+    """Another live job holds the file: the sender is told "busy", backs off (no storm), and gets it once freed."""
+    src = make_files(tmp_path / "src", {"h.bin": 200_000})
+    rx = start_receiver(tmp_path / "dst", secret, cls=CountingReceiver)
+    CountingReceiver.opens = 0
+    result: dict[str, Any] = {}
+    try:
+        holder, _ = control(rx.port, secret, job="other")
+        assert request(holder, 1, {"path": "out/h.bin", "size": 200_000, "mtime_ns": 1,
+                                   "algo": "xxh3_128"})[0] == Frame.OPEN_OK
+        t = threading.Thread(target=lambda: result.update(r=send(src, rx.port, secret)))
+        t.start()
+        wait_until(lambda: CountingReceiver.opens >= 3, what="the sender asking again")
+        threading.Event().wait(1.0)  # the other job keeps the file a while longer
+        holder.close()
+        t.join(30)
+    finally:
+        rx.stop()
+    res = result["r"]
+    assert res.ok and res.verified_files == 1, res.failures
+    assert CountingReceiver.opens <= 12, f"{CountingReceiver.opens} OPENs in ~1.5 s: a retry storm"
+    assert (tmp_path / "dst" / "out" / "h.bin").read_bytes() == (src / "h.bin").read_bytes()
+
+
+# -- defect 7 -------------------------------------------------------------------------------------
+def test_mtime_only_change_is_named(tmp_path: Path, secret: Path) -> None:
+    size = 32 * MiB
+    src = make_files(tmp_path / "src", {"touch.bin": size})
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=2 * MiB)
+    result: dict[str, Any] = {}
+    try:
+        t = threading.Thread(target=lambda: result.update(r=send(src / "touch.bin", rx.port, secret, cc=1, p=1,
+                                                                  block_size=1 * MiB)))
+        t.start()
+        assert rx.reached.wait(30)
+        st = os.stat(src / "touch.bin")
+        os.utime(src / "touch.bin", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+        rx.gate.set()
+        t.join(30)
+    finally:
+        rx.gate.set()
+        rx.stop()
+    res = result["r"]
+    assert not res.ok and res.failed_files == 1
+    reason = res.failures[0]["reason"]
+    assert "mtime changed" in reason and f"size {size}→{size}" not in reason
+
+
+def test_bytes_sent_counts_every_session(tmp_path: Path, secret: Path) -> None:
+    size = 24 * MiB
+    src = make_files(tmp_path / "src", {"r.bin": size})
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 2)
+    result: dict[str, Any] = {}
+    try:
+        t = threading.Thread(target=lambda: result.update(r=send(src / "r.bin", rx.port, secret, cc=1, p=1,
+                                                                  block_size=1 * MiB)))
+        t.start()
+        assert rx.reached.wait(30)
+        rx.hold_after = None
+        for s in list(rx._sessions.values()):  # cut the session: the sender reconnects and resumes
+            s.control.sock.shutdown(socket.SHUT_RDWR)
+        rx.gate.set()
+        t.join(30)
+    finally:
+        rx.gate.set()
+        rx.stop()
+    res = result["r"]
+    assert res.ok and res.resumed_bytes >= size // 4
+    # the first session's bytes count too (a block cut off mid-send is not counted: at most one per stream)
+    assert res.bytes_sent >= size - 1 * MiB, f"bytes sent over both sessions: {res.bytes_sent}, file {size}"
+    assert res.bytes_sent > size - res.resumed_bytes
+    assert (tmp_path / "dst" / "out" / "r.bin").read_bytes() == (src / "r.bin").read_bytes()
+
+
+def _orphans(root: Path, age: float) -> dict[str, Path]:
+    (root / "d").mkdir(parents=True, exist_ok=True)
+    made = {}
+    for name, when in ((".old.bin.job1.1.part", age), (".old.bin.job1.1.part.meta", age),
+                       (".lone.bin.job2.1.part.meta", age), (".new.bin.job3.1.part", 0)):
+        p = root / "d" / name
+        p.write_bytes(b"x" * 100)
+        t = time.time() - when
+        os.utime(p, (t, t))
+        made[name] = p
+    keep = root / "d" / "old.bin"  # final files are never touched, however old
+    keep.write_bytes(b"final")
+    os.utime(keep, (time.time() - age, time.time() - age))
+    made["final"] = keep
+    return made
+
+
+def test_orphaned_parts_swept_on_start_busy_ones_kept(tmp_path: Path, secret: Path) -> None:
+    dst = tmp_path / "dst"
+    made = _orphans(dst, 8 * 86400)
+    rx = start_receiver(dst, secret, part_max_age=3600)
+    try:
+        assert rx.swept.wait(10)
+        assert not made[".old.bin.job1.1.part"].exists() and not made[".old.bin.job1.1.part.meta"].exists()
+        assert not made[".lone.bin.job2.1.part.meta"].exists()
+        assert made[".new.bin.job3.1.part"].exists() and made["final"].exists()
+        sock, _ = control(rx.port, secret, job="busyjob")
+        with sock:  # a part a session holds is never swept, however old it looks
+            assert request(sock, 1, {"path": "d/held.bin", "size": 10, "mtime_ns": 1,
+                                     "algo": "xxh3_128"})[0] == Frame.OPEN_OK
+            held = part_files(dst / "d")
+            held = [p for p in held if p.name.startswith(".held.bin.")]
+            assert len(held) == 1
+            os.utime(held[0], (time.time() - 9e5, time.time() - 9e5))
+            removed = rx.sweep_parts(0, whole_tree=False)  # the periodic sweep: directories written to
+            assert held[0].exists() and "d/.new.bin.job3.1.part" in removed
+    finally:
+        rx.stop()
+
+
+def test_receive_clean_sweeps_and_exits(tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    made = _orphans(dst, 2 * 86400)
+    out = subprocess.run([sys.executable, "-m", "transfer_agent.cli", "receive", "--root", str(dst), "--clean",
+                          "--max-part-age", "1d"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert str(made[".old.bin.job1.1.part"]) in out.stdout and "3 orphaned part file(s) removed" in out.stdout
+    assert made[".new.bin.job3.1.part"].exists() and made["final"].exists()
+    assert not made[".old.bin.job1.1.part"].exists()
+
+
+def test_write_failure_removes_the_partial_and_releases_the_file(tmp_path: Path, secret: Path) -> None:
+    """A write that fails (here EFBIG: the receiver runs under RLIMIT_FSIZE, as a full disk would) is a terminal
+    error naming the cause; the partial file is removed and released at once; other files are fine."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 * MiB, 2 * MiB))
+
+    src = make_files(tmp_path / "src", {"big.bin": 6 * MiB, "small.bin": 100_000})
+    (tmp_path / "dst").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "receive", "--listen", "127.0.0.1:0",
+                             "--root", str(tmp_path / "dst"), "--secret-file", str(secret), "--no-fsync"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=limit)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        port = int(line.rsplit(":", 1)[1])
+        res = send(src, port, secret, cc=1, p=2, block_size=1 * MiB, max_session_retries=1)
+        assert res.verified_files == 1 and res.failed_files == 1
+        assert "write failed: File too large" in res.failures[0]["reason"]
+        assert "terminal" in res.failures[0]["reason"]
+        assert not part_files(tmp_path / "dst") and not list((tmp_path / "dst").rglob("*.meta"))
+        assert (tmp_path / "dst" / "out" / "small.bin").read_bytes() == (src / "small.bin").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        proc.stdout.close()
