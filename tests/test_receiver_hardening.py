@@ -21,7 +21,8 @@ from agentkit import GatedReceiver, make_files, part_files, send, start_receiver
 from transfer_agent.auth import load_secret
 from transfer_agent.channels import Connector
 from transfer_agent.errors import FStreamError
-from transfer_agent.protocol import Frame, pack_control, recv_frame
+from transfer_agent.protocol import Frame
+from transfer_agent.secure import ControlLink
 from transfer_agent.receiver import Receiver
 
 MiB = 1024 * 1024
@@ -34,16 +35,32 @@ def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
         threading.Event().wait(0.02)
 
 
+class Ctl:
+    """An authenticated control connection whose frames go through its link (MAC'd: raw frames are refused)."""
+
+    def __init__(self, link: ControlLink) -> None:
+        self.link, self.sock = link, link.sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Ctl":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def control(port: int, secret: Path, job: str = "job", attempt: int = 1,
-            sid: str | None = None) -> tuple[socket.socket, Connector]:
+            sid: str | None = None) -> tuple[Ctl, Connector]:
     conn = Connector("127.0.0.1", port, load_secret(secret), None,
                      {"session": sid or uuid.uuid4().hex, "job": job, "attempt": attempt})
-    return conn.connect(role="control"), conn
+    return Ctl(conn.connect_link(role="control").link), conn
 
 
-def request(sock: socket.socket, fid: int, body: dict[str, Any]) -> tuple[Frame, dict]:
-    sock.sendall(pack_control(Frame.OPEN, body, fid))
-    ftype, rfid, _o, _l, reply = recv_frame(sock)
+def request(ctl: Ctl, fid: int, body: dict[str, Any]) -> tuple[Frame, dict]:
+    ctl.link.send(Frame.OPEN, body, fid)
+    ftype, rfid, reply = ctl.link.recv(plain_error=True)
     assert rfid == fid
     return ftype, reply or {}
 
@@ -54,14 +71,14 @@ def open_fds() -> int:
 
 # -- defect 4: validate the whole OPEN before opening anything ------------------------------------
 BAD_OPENS = [
-    {"path": "m/a.bin", "size": 10, "mtime_ns": "not-a-number", "algo": "xxh3_128"},
-    {"path": "m/b.bin", "size": 10, "mtime_ns": 1.5, "algo": "xxh3_128"},
-    {"path": "m/c.bin", "size": 10, "mtime_ns": True, "algo": "xxh3_128"},
-    {"path": "m/d.bin", "size": True, "mtime_ns": 1, "algo": "xxh3_128"},
-    {"path": "m/e.bin", "size": "10", "mtime_ns": 1, "algo": "xxh3_128"},
-    {"path": "m/f.bin", "size": 10, "mtime_ns": 1, "algo": ["xxh3_128"]},
-    {"path": "m/g.bin", "size": 10, "mtime_ns": 1, "algo": "xxh3_128", "replace": "yes"},
-    {"path": ["m", "h.bin"], "size": 10, "mtime_ns": 1, "algo": "xxh3_128"},
+    {"path": "m/a.bin", "size": 10, "mtime_ns": "not-a-number", "algo": "blake3-keyed"},
+    {"path": "m/b.bin", "size": 10, "mtime_ns": 1.5, "algo": "blake3-keyed"},
+    {"path": "m/c.bin", "size": 10, "mtime_ns": True, "algo": "blake3-keyed"},
+    {"path": "m/d.bin", "size": True, "mtime_ns": 1, "algo": "blake3-keyed"},
+    {"path": "m/e.bin", "size": "10", "mtime_ns": 1, "algo": "blake3-keyed"},
+    {"path": "m/f.bin", "size": 10, "mtime_ns": 1, "algo": ["blake3-keyed"]},
+    {"path": "m/g.bin", "size": 10, "mtime_ns": 1, "algo": "blake3-keyed", "replace": "yes"},
+    {"path": ["m", "h.bin"], "size": 10, "mtime_ns": 1, "algo": "blake3-keyed"},
 ]
 
 
@@ -91,11 +108,11 @@ def test_malformed_opens_leak_no_fd_and_leave_no_part(tmp_path: Path, secret: Pa
 def test_malformed_fields_are_named(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     sock, _ = control(rx.port, secret)
     with sock:
-        ftype, reply = request(sock, 1, {"path": "t.bin", "size": True, "mtime_ns": 1, "algo": "xxh3_128"})
+        ftype, reply = request(sock, 1, {"path": "t.bin", "size": True, "mtime_ns": 1, "algo": "blake3-keyed"})
         assert ftype == Frame.ERROR and "declared size True is not a valid file size" in reply["message"]
         ftype, reply = request(sock, 2, BAD_OPENS[0])
         assert ftype == Frame.ERROR and "mtime_ns 'not-a-number' is not an integer" in reply["message"]
-        ftype, _ = request(sock, 3, {"path": "t.bin", "size": 1, "mtime_ns": 1, "algo": "xxh3_128"})
+        ftype, _ = request(sock, 3, {"path": "t.bin", "size": 1, "mtime_ns": 1, "algo": "blake3-keyed"})
         assert ftype == Frame.OPEN_OK  # the session is still served
     assert not (tmp_path / "dst" / "t.bin").exists()
 
@@ -115,7 +132,7 @@ def test_failure_after_the_part_is_opened_closes_it_and_removes_it(tmp_path: Pat
     with sock:
         for i in range(20):
             ftype, reply = request(sock, i + 1, {"path": f"r{i}.bin", "size": 16 * MiB, "mtime_ns": 1,
-                                                 "algo": "xxh3_128"})
+                                                 "algo": "blake3-keyed"})
             assert ftype == Frame.ERROR and "Input/output error" in reply["message"]
         assert open_fds() - before < 5
     assert not part_files(tmp_path / "dst")
@@ -129,11 +146,11 @@ def test_duplicate_session_refused_without_removing_the_real_one(tmp_path: Path,
         with pytest.raises(FStreamError):
             dup, _ = control(rx.port, secret, sid=sid)  # the receiver closes it (possibly before WELCOME)
             with dup:
-                recv_frame(dup)
+                dup.link.recv(plain_error=True)
         wait_until(lambda: rx.stats["errors"] >= 1, what="duplicate refused")
         data = conn.connect(role="data", channel=1, stream=0)  # the real session still exists
         data.close()
-        ftype, _ = request(real, 1, {"path": "d.bin", "size": 1, "mtime_ns": 1, "algo": "xxh3_128"})
+        ftype, _ = request(real, 1, {"path": "d.bin", "size": 1, "mtime_ns": 1, "algo": "blake3-keyed"})
         assert ftype == Frame.OPEN_OK
         assert sid in rx._sessions
 
@@ -221,21 +238,21 @@ def test_later_attempt_of_the_same_job_fences_the_holder(tmp_path: Path, secret:
     old, _ = control(rx.port, secret, job="J", attempt=1)
     new, _ = control(rx.port, secret, job="J", attempt=2)
     with old, new:
-        body = {"path": "f.bin", "size": 1000, "mtime_ns": 1, "algo": "xxh3_128"}
+        body = {"path": "f.bin", "size": 1000, "mtime_ns": 1, "algo": "blake3-keyed"}
         assert request(old, 1, body)[0] == Frame.OPEN_OK
         ftype, reply = request(new, 1, body)
         assert ftype == Frame.OPEN_OK, reply
         assert rx.stats["fenced"] == 1
-        old.settimeout(5)
+        old.sock.settimeout(5)
         with pytest.raises((FStreamError, OSError)):  # the fenced session's control connection was shut
-            recv_frame(old)
+            old.link.recv(plain_error=True)
 
 
 def test_live_holder_of_another_job_means_busy_retryable(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     a, _ = control(rx.port, secret, job="A")
     b, _ = control(rx.port, secret, job="B")
     with a, b:
-        body = {"path": "f.bin", "size": 1000, "mtime_ns": 1, "algo": "xxh3_128"}
+        body = {"path": "f.bin", "size": 1000, "mtime_ns": 1, "algo": "blake3-keyed"}
         assert request(a, 1, body)[0] == Frame.OPEN_OK
         t0 = time.monotonic()
         ftype, reply = request(b, 1, body)
@@ -284,7 +301,7 @@ def test_sender_waits_out_a_live_holder_with_backoff(tmp_path: Path, secret: Pat
     try:
         holder, _ = control(rx.port, secret, job="other")
         assert request(holder, 1, {"path": "out/h.bin", "size": 200_000, "mtime_ns": 1,
-                                   "algo": "xxh3_128"})[0] == Frame.OPEN_OK
+                                   "algo": "blake3-keyed"})[0] == Frame.OPEN_OK
         t = threading.Thread(target=lambda: result.update(r=send(src, rx.port, secret)))
         t.start()
         wait_until(lambda: CountingReceiver.opens >= 3, what="the sender asking again")
@@ -378,7 +395,7 @@ def test_orphaned_parts_swept_on_start_busy_ones_kept(tmp_path: Path, secret: Pa
         sock, _ = control(rx.port, secret, job="busyjob")
         with sock:  # a part a session holds is never swept, however old it looks
             assert request(sock, 1, {"path": "d/held.bin", "size": 10, "mtime_ns": 1,
-                                     "algo": "xxh3_128"})[0] == Frame.OPEN_OK
+                                     "algo": "blake3-keyed"})[0] == Frame.OPEN_OK
             held = part_files(dst / "d")
             held = [p for p in held if p.name.startswith(".held.bin.")]
             assert len(held) == 1
