@@ -26,6 +26,7 @@ from typing import Any, Callable
 from fstream_provider.tuning.base import ClusterLayout
 from fstream_provider.tuning.distribution import ChannelState, plan_channels
 from fstream_provider.tuning.pacing import TokenBucket
+from transfer_agent import faultpoints
 from transfer_agent.auth import client_handshake
 from transfer_agent.checksum import hash_fd
 from transfer_agent.errors import (ChecksumError, FStreamError, NetworkError, ProtocolError, RefusedError,
@@ -208,6 +209,7 @@ class ControlSession:
             if st.st_size != f.st_size or st.st_mtime_ns != f.st_mtime_ns:
                 raise SourceModifiedError(f"{f.sf.src}: source modified while being sent "
                                           f"(size {f.st_size}→{st.st_size}); not committed")
+            faultpoints.hit("commit.before_send")
             self.writer.send(Frame.COMMIT, {"hash": digest}, f.file_id)
         except (SourceModifiedError, EOFError) as exc:
             err = exc if isinstance(exc, SourceModifiedError) else SourceModifiedError(

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from transfer_agent import storage
+from transfer_agent import faultpoints, storage
 from transfer_agent.auth import TLSConfig, server_handshake
 from transfer_agent.checksum import ALGORITHMS, PrefixHasher, hash_fd
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError, RefusedError
@@ -700,9 +700,11 @@ class Receiver:
         if self.fsync:
             storage.sync_files([f.fd for f in good], self._sync_pool)
         dirs: dict[tuple[int, int], int] = {}
+        faultpoints.hit("commit.before_rename")
         for f in good:
             dkey = f.part_key[0]
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
+            faultpoints.hit("commit.between_renames")
             self._parts.remove(dkey, f.base, f.tmp)
             if f.meta_written:
                 self._unlink_quiet(f.dir_fd, f.tmp + ".meta", part=False)
