@@ -53,12 +53,19 @@ def test_receiver_sigkill_mid_block_then_restart_resumes(tmp_path, agents, seed)
 @pytest.mark.parametrize("point", ["commit.before_rename", "commit.between_renames"])
 def test_receiver_sigkill_mid_rename_then_restart(tmp_path, agents, seed, point):
     src, sizes, want = _workload(tmp_path, seed, big=False)
-    nth = random.Random(seed).randint(1, 4)
+    rnd = random.Random(seed)
+    # late enough that the receiver's 2 s range flush wrote .meta sidecars of files still open
+    nth = rnd.randint(2, 3) if point == "commit.before_rename" else rnd.randint(len(sizes) // 2, len(sizes) - 1)
     rx = agents.receiver(tmp_path / "dst", faultpoint=f"{point}:{nth}")
-    tx = agents.sender([src], rx.port, cc=1, p=2, pp=8)
-    rx2 = _restart(agents, rx)
-    check(rx.root, want, job_ended=False).assert_ok()  # never a torn file visible
-    rc, res, log = tx.wait(90)
+    # paced so files stay open past the receiver's 2 s range flush: their .meta sidecars exist at the kill
+    proxy = Proxy(("127.0.0.1", rx.port), rate=0.4e6)
+    try:
+        tx = agents.sender([src], proxy.port, cc=1, p=2, pp=8)
+        rx2 = _restart(agents, rx)
+        check(rx.root, want, job_ended=False).assert_ok()  # never a torn file visible
+        rc, res, log = tx.wait(90)
+    finally:
+        proxy.close()
     assert rc == 0 and res and res["ok"], (f"sender did not finish after the receiver restarted (exit {rc}): "
                                            f"{res and res['failures']}\n{log[-3000:]}")
     rx2.kill()
