@@ -258,9 +258,12 @@ class ControlSession:
                     continue
                 with self._lock:
                     f = self._files.get(fid)
-                if ftype == Frame.ERROR and (fid == 0 or f is None):
+                if ftype == Frame.ERROR and fid == 0:
                     raise error_from_body(body)
                 if f is None:
+                    # a late reply about a file already settled (e.g. a second stream's write error
+                    # after the first refused it): never a reason to fail the session's other files
+                    log.debug("reply %s for file id %d that is no longer in flight", ftype.name, fid)
                     continue
                 if ftype == Frame.OPEN_OK:
                     f.reply = body

@@ -473,7 +473,7 @@ class Receiver:
 
     @staticmethod
     def _unlink_quiet(dir_fd: int, name: str, part: bool = True) -> None:
-        for n in ((name, name + ".meta") if part else (name,)):
+        for n in ((name, name + ".meta", name + ".meta.tmp") if part else (name,)):
             try:
                 os.unlink(n, dir_fd=dir_fd)
             except OSError:
@@ -553,37 +553,38 @@ class Receiver:
             f.unuse()
 
     def _splice_block(self, f: RecvFile, conn: socket.socket, pipe: tuple[int, int], off: int, length: int) -> None:
-        """Move one block socket → pipe → file inside the kernel (no copy through Python)."""
+        """Move one block socket → pipe → file inside the kernel (no copy through Python).
+
+        The part's fd is borrowed per chunk, not for the whole block: a stream waiting for a slow
+        sender never keeps a failed file's part (and the disk space it holds) open. Chunks of a
+        file that failed or closed meanwhile are read and dropped.
+        """
         r, w = pipe
-        fd = f.acquire()
-        if fd < 0 or f.failed or f.done:
-            if fd >= 0:
-                f.unuse()
-            self._recv_block(f, conn, off, length)  # nothing to write into: consume and drop it
-            return
         got, err = 0, None
-        try:
-            while got < length:
-                try:
-                    n = os.splice(conn.fileno(), w, min(PIPE_SIZE, length - got))
-                except OSError as exc:
-                    n, err = 0, exc
-                if n == 0:
-                    break
-                m = 0
+        while got < length:
+            try:
+                n = os.splice(conn.fileno(), w, min(PIPE_SIZE, length - got))
+            except OSError as exc:
+                n, err = 0, exc
+            if n == 0:
+                break
+            m = 0
+            fd = f.acquire()
+            if fd >= 0 and not (f.failed or f.done):
                 try:
                     while m < n:
                         m += os.splice(r, fd, n - m, offset_dst=off + got + m)
                 except OSError as exc:
-                    f.failed = True
-                    reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-                    f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
-                                                  "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
-                    raise ProtocolError(f"{f.relpath!r}: write failed ({reason}); data connection closed") from None
+                    self._write_failed(f, exc)
+                finally:
+                    f.unuse()
+            elif fd >= 0:
+                f.unuse()
+            if m == n:
                 self._written(f, off + got, n)
-                got += n
-        finally:
-            f.unuse()
+            while m < n:  # nothing to write into (or the write failed): drop what is in the pipe
+                m += len(os.read(r, n - m))
+            got += n
         if got < length:
             if err is not None:
                 raise NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}")
@@ -622,14 +623,26 @@ class Receiver:
             while pos < n:
                 pos += os.pwrite(fd, view[pos:], off + pos)
         except OSError as exc:
-            f.failed = True
-            reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-            f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
-                                          "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+            self._write_failed(f, exc)
             return
         finally:
             f.unuse()
         self._written(f, off, n)
+
+    def _write_failed(self, f: RecvFile, exc: OSError) -> None:
+        """A write into the part failed (disk full, I/O error): refuse the file once, terminally, and
+        remove its part at once so the space it held serves the session's other files. The data
+        connections stay up: later blocks of the file are read and dropped (issue 8, disk-full row)."""
+        with f.lock:
+            first = not f.failed
+            f.failed = True
+        if not first:
+            return
+        reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
+        self.log.warning("%s: write failed (%s); part removed", f.relpath, reason)
+        f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
+                                      "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
+        self._discard(f, remove=True)
 
     def _written(self, f: RecvFile, off: int, n: int) -> None:
         """Record ``n`` bytes at ``off`` as present; queue the commit when the file is whole."""
@@ -741,8 +754,8 @@ class Receiver:
             if self.fsync:
                 os.fdatasync(fd)  # ranges on disk never claim bytes that are not
             with f.lock:
-                if f.queued or f.done:
-                    return  # complete and being committed: the committer removes the sidecar
+                if f.queued or f.done or f.failed:
+                    return  # being committed (the committer removes the sidecar) or failed (part removed)
                 write_meta(f.dir_fd, f.tmp + ".meta", meta)
                 f.meta_written = True
         except OSError as exc:

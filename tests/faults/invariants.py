@@ -30,8 +30,8 @@ def digest(path: Path | str) -> str:
 
 
 def is_temp(name: str) -> bool:
-    """A receiver temp name: a ``.part`` file or a ``.meta`` ranges sidecar."""
-    return name.endswith(".meta") or (name.startswith(".") and name.endswith(".part"))
+    """A receiver temp name: a ``.part`` file, its ``.meta`` ranges sidecar, or the sidecar's own temp."""
+    return name.endswith(".meta") or (name.startswith(".") and (name.endswith(".part") or ".part." in name))
 
 
 def manifest(src: Path, prefix: str = "") -> dict[str, set[str]]:
