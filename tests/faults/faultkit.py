@@ -143,7 +143,7 @@ class Agents:
                faultpoint: str | None = None, cc: int = 2, p: int = 2, pp: int = 2,
                extra: tuple[str, ...] = ()) -> "SenderProc":
         host = host or (self.wan.dst_ip if self.wan is not None else "127.0.0.1")
-        argv = [*CLI, "-v", "send", *map(str, sources), "--to", f"fstream://{host}:{port}/{dest}",
+        argv = [*CLI, *(["-vv"] if os.environ.get("FAULT_DEBUG") else ["-v"]), "send", *map(str, sources), "--to", f"fstream://{host}:{port}/{dest}",
                 "--secret-file", str(self.secret), "--json", "--tuner", "fixed", "--cc", str(cc),
                 "--p", str(p), "--pp", str(pp), *extra]
         self._n += 1

@@ -38,7 +38,7 @@ def test_source_modified_mid_send_fails_clearly_or_resends_cleanly(tmp_path, age
         else:
             st = os.stat(path)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        rc, res, log = tx.wait(60)
+        rc, res, log = tx.wait(float(os.environ.get("FAULT_WAIT", "60")))
     finally:
         proxy.close()
     assert res is not None, f"sender printed no result (exit {rc})\n{log[-3000:]}"
