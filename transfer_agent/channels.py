@@ -32,6 +32,7 @@ from typing import Any, Callable
 from fstream_provider.tuning.base import ClusterLayout
 from fstream_provider.tuning.distribution import ChannelState, plan_channels
 from fstream_provider.tuning.pacing import TokenBucket
+from transfer_agent import faultpoints
 from transfer_agent.auth import Handshake, client_handshake
 from transfer_agent.checksum import hash_fd
 from transfer_agent.errors import (AuthError, ChecksumError, FStreamError, NetworkError, ProtocolError,
@@ -237,6 +238,7 @@ class ControlSession:
                 raise SourceModifiedError(f"{f.sf.src}: source modified while being sent ("
                                           + (f"size {f.st_size}→{st.st_size}" if st.st_size != f.st_size
                                              else "mtime changed") + "); not committed")
+            faultpoints.hit("commit.before_send")
             self.writer.send(Frame.COMMIT, {"hash": digest}, f.file_id)
         except (SourceModifiedError, EOFError) as exc:
             err = exc if isinstance(exc, SourceModifiedError) else SourceModifiedError(
@@ -284,9 +286,12 @@ class ControlSession:
                     continue
                 with self._lock:
                     f = self._files.get(fid)
-                if ftype == Frame.ERROR and (fid == 0 or f is None):
+                if ftype == Frame.ERROR and fid == 0:
                     raise error_from_body(body)
                 if f is None:
+                    # a late reply about a file already settled (e.g. a second stream's write error
+                    # after the first refused it): never a reason to fail the session's other files
+                    log.debug("reply %s for file id %d that is no longer in flight", ftype.name, fid)
                     continue
                 if ftype == Frame.OPEN_OK:
                     f.reply = body

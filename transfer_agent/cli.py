@@ -168,7 +168,11 @@ def cmd_send(args: argparse.Namespace) -> int:
     show = not args.json and (args.progress or sys.stderr.isatty())
     progress = Progress(show)
     try:
-        result = Transfer(spec, on_event=progress, cancel=cancel, redis=redis).run()
+        kw = {}
+        if args.stall_timeout:
+            from fstream_provider.units import parse_duration
+            kw["stall_timeout"] = parse_duration(args.stall_timeout)
+        result = Transfer(spec, on_event=progress, cancel=cancel, redis=redis, **kw).run()
     finally:
         progress.stop()
     out = result.to_dict()
@@ -220,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--redis", metavar="URL", help="Redis for profiling history (default: none for send)")
     s.add_argument("--json", action="store_true", help="print one JSON object when done")
     s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    s.add_argument("--stall-timeout", metavar="DURATION",
+                   help="progress window: a session that moves less than the progress floor (64 kbit/s) "
+                        "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
     try:

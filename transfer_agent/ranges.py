@@ -80,10 +80,17 @@ def write_meta(dir_fd: int, name: str, meta: dict) -> None:
     tmp = name + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     try:
-        os.write(fd, json.dumps(meta, separators=(",", ":")).encode())
-    finally:
-        os.close(fd)
-    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        try:
+            os.write(fd, json.dumps(meta, separators=(",", ":")).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError:
+        try:  # disk full mid-write: leave no half-written sidecar temp behind
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
 def read_meta(dir_fd: int, name: str) -> dict | None:

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from transfer_agent import storage
+from transfer_agent import faultpoints, storage
 from transfer_agent.auth import TLSConfig, server_handshake
 from transfer_agent.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
@@ -692,7 +692,7 @@ class Receiver:
 
     @staticmethod
     def _unlink_quiet(dir_fd: int, name: str, part: bool = True) -> None:
-        for n in ((name, name + ".meta") if part else (name,)):
+        for n in ((name, name + ".meta", name + ".meta.tmp") if part else (name,)):
             try:
                 os.unlink(n, dir_fd=dir_fd)
             except OSError:
@@ -807,34 +807,38 @@ class Receiver:
             f.unuse()
 
     def _splice_block(self, f: RecvFile, conn: socket.socket, pipe: tuple[int, int], off: int, length: int) -> None:
-        """Move one block socket → pipe → file inside the kernel (no copy through Python)."""
+        """Move one block socket → pipe → file inside the kernel (no copy through Python).
+
+        The part's fd is borrowed per chunk, not for the whole block: a stream waiting for a slow
+        sender never keeps a failed file's part (and the disk space it holds) open. Chunks of a
+        file that failed or closed meanwhile are read and dropped.
+        """
         r, w = pipe
-        fd = f.acquire()
-        if fd < 0 or f.failed or f.done:
-            if fd >= 0:
-                f.unuse()
-            self._recv_block(f, conn, off, length)  # nothing to write into: consume and drop it
-            return
         got, err = 0, None
-        try:
-            while got < length:
-                try:
-                    n = os.splice(conn.fileno(), w, min(PIPE_SIZE, length - got))
-                except OSError as exc:
-                    n, err = 0, exc
-                if n == 0:
-                    break
-                m = 0
+        while got < length:
+            try:
+                n = os.splice(conn.fileno(), w, min(PIPE_SIZE, length - got))
+            except OSError as exc:
+                n, err = 0, exc
+            if n == 0:
+                break
+            m = 0
+            fd = f.acquire()
+            if fd >= 0 and not (f.failed or f.done):
                 try:
                     while m < n:
                         m += os.splice(r, fd, n - m, offset_dst=off + got + m)
                 except OSError as exc:
-                    reason = self._write_failed(f, exc)
-                    raise ProtocolError(f"{f.relpath!r}: write failed ({reason}); data connection closed") from None
+                    self._write_failed(f, exc)
+                finally:
+                    f.unuse()
+            elif fd >= 0:
+                f.unuse()
+            if m == n:
                 self._written(f, off + got, n)
-                got += n
-        finally:
-            f.unuse()
+            while m < n:  # nothing to write into (or the write failed): drop what is in the pipe
+                m += len(os.read(r, n - m))
+            got += n
         if got < length:
             if err is not None:
                 raise self._lost_mid_block(f, NetworkError(f"connection lost in a data block of {f.relpath!r}: {err}"))
@@ -888,6 +892,7 @@ class Receiver:
         with f.lock:
             first, f.failed = not f.failed, True
         if first:
+            self.log.warning("%s: write failed (%s); part removed", f.relpath, reason)
             self._discard(f, remove=True)  # released before the answer (issue 8, defect 6)
             f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
                                           "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
@@ -964,9 +969,11 @@ class Receiver:
         if self.fsync:
             storage.sync_files([f.fd for f in good], self._sync_pool)
         dirs: dict[tuple[int, int], int] = {}
+        faultpoints.hit("commit.before_rename")
         for f in good:
             dkey = f.part_key[0]
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
+            faultpoints.hit("commit.between_renames")
             self._parts.remove(dkey, f.base, f.tmp)
             if f.meta_written:
                 self._unlink_quiet(f.dir_fd, f.tmp + ".meta", part=False)

@@ -338,7 +338,9 @@ class Transfer:
         self.result.bytes_sent += f.bytes_sent
         if f.outcome == "retry":
             delay = self._retry_delay(sf, f.error)
-            if delay is not None and not pool.stopping.is_set():
+            # also while the session is being torn down: the file goes to the next session, never
+            # to "failed" without a reason (found by tests/faults: receiver SIGKILL mid-block)
+            if delay is not None:
                 sf.retry_at = time.monotonic() + delay
                 with self._lock:
                     retry_files.append(sf)
@@ -374,9 +376,8 @@ class Transfer:
         """
         now = time.monotonic() if now is None else now
         sf.retries += 1
-        if err is None:  # put back unsent (a channel closed): counted as before, no wait
-            sf.tries += 1
-            return None if sf.tries >= MAX_FILE_TRIES else 0.0
+        if err is None:  # opened ahead and put back unsent (a channel closed): it did not fail, no wait
+            return 0.0
         if isinstance(err, ChecksumError):
             sf.tries += 1
             if sf.tries >= MAX_FILE_TRIES:
