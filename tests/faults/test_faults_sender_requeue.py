@@ -33,4 +33,5 @@ def test_file_put_back_during_teardown_is_kept_for_the_next_session(tmp_path):
     g.outcome, g.error = "retry", NetworkError("lost")
     retry.clear()
     t._on_finished(g, pool, retry)
-    assert retry == [sf] and t.result.failed_files == 0 and sf.tries == 1
+    # a retryable failure is retried within the time budget, with backoff (issue 8, defect 6)
+    assert retry == [sf] and t.result.failed_files == 0 and sf.retries == 2 and sf.retry_since > 0
