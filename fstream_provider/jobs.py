@@ -17,7 +17,7 @@ from fstream_provider.spec import TransferSpec
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 STATES = ("queued", "running") + TERMINAL_STATES
 EVENT_KINDS = ("queued", "claimed", "interval", "tuning", "file", "log", "error", "retry", "cancel",
-               "released", "done")
+               "released", "requeued", "done")
 
 # Lua helper shared by the scripts: move the job (KEYS[1]) to a terminal state, emit "done" on
 # KEYS[2], expire job + events + idempotency key. result_json is already JSON (or "").

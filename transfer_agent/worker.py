@@ -353,6 +353,10 @@ class Agent:
         claim: Claim = self._store.claim(job_id, entry_id, worker=self.name, max_deliveries=self.max_deliveries)
         if claim.outcome != "claimed":
             self.counters[f"claim_{claim.outcome}"] += 1
+            if claim.outcome == "missing":
+                self.log.warning("job %s (entry %s): its state is gone from Redis (flushed, lost or expired); "
+                                 "entry acknowledged; `fstream reconcile` reports such orphans", job_id, entry_id)
+                return
             level = logging.WARNING if claim.outcome == "dead" else logging.INFO
             self.log.log(level, "job %s (entry %s): %s %s", job_id, entry_id, claim.outcome, claim.message)
             return

@@ -76,7 +76,9 @@ class FStreamTransferTrigger(BaseTrigger):
                 state = await hook.get_state(self.job_id)
                 if state is None:
                     return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": after,
-                            "message": f"FStream job {self.job_id} disappeared from the bus while running"}
+                            "message": f"FStream job {self.job_id} disappeared from the bus while running: its "
+                                       "state vanished from Redis (flushed, or restarted without its data); "
+                                       "`fstream reconcile` reports what is left, a task retry resubmits it"}
                 continue
             for eid, ev in batch:
                 after = eid
