@@ -264,10 +264,23 @@ def reconcile(store: JobStore, *, repair: bool = False, dest_root: str | None = 
 
     cutoff = now - store.retention_s
     for job_id, created in client.zrangebyscore(keys.job_index(), cutoff, "+inf", withscores=True):
-        if job_id not in states and job_id not in entries:
-            report.findings.append(Finding("no-state", job_id, None, f"listed in {keys.job_index()} (created "
-                                           f"{now - created:.0f} s ago, within retention) but its state is gone",
-                                           False))
+        if job_id in states:
+            continue
+        if job_id in entries:  # already reported (and, with repair, dead-lettered) through its stream entry
+            if repair:
+                client.zrem(keys.job_index(), job_id)
+            continue
+        f = Finding("no-state", job_id, None, f"listed in {keys.job_index()} (created {now - created:.0f} s ago, "
+                    "within retention) but its state is gone", False)
+        if repair:
+            pipe = client.pipeline(transaction=True)
+            pipe.xadd(dead_letter, {"job_id": job_id, "stream_id": "", "deliveries": 0,
+                                    "reason": "reconcile: job state missing (index entry)", "ts": repr(now)},
+                      maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+            pipe.zrem(keys.job_index(), job_id)
+            pipe.execute()
+            f.repaired = f"removed from {keys.job_index()}, copied to {dead_letter}"
+        report.findings.append(f)
 
     idem_prefix = keys.idempotency("x")[:-1]
     for key in client.scan_iter(match=idem_prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=1000):

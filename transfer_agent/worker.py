@@ -310,7 +310,16 @@ class Agent:
 
     def _reclaim(self) -> list[tuple[str, dict | None]]:
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
-        pending = self._client.xpending_range(stream, group, min="-", max="+", count=50, idle=self.claim_idle_ms)
+        try:
+            pending = self._client.xpending_range(stream, group, min="-", max="+", count=50,
+                                                  idle=self.claim_idle_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self.log.warning("the jobs stream or its consumer group vanished (Redis flushed?); recreating it")
+            self._store._group_ready = False
+            self._store.ensure_group()
+            return []
         for p in pending:
             owner = p["consumer"]
             if owner == self.name or self._client.exists(self.keys.agent(owner)):
