@@ -58,8 +58,10 @@ def test_redis_sigkill_mid_job_agent_rides_out_the_outage_and_records_the_job_on
         assert store.get(job_id).state == "running"
         server.kill()  # SIGKILL: no shutdown, no final AOF rewrite
         rcv.gate.set()  # the transfer goes on and finishes while Redis is down
-        poll(lambda: agent.counters["redis_outage_retries"] >= 1, "the agent to retry recording the job",
+        poll(lambda: len(rcv.commits) == len(files_of(src)), "every file to commit while Redis is down",
              diag=lambda: str(agent.counters))
+        poll(lambda: agent._current is None or agent.counters["redis_outage_retries"] >= 1,
+             "the transfer to return to the agent")
         assert th.is_alive(), "the agent died with Redis"
         server.start()  # same port, same AOF directory
         job = store.wait(job_id, DEADLINE)
