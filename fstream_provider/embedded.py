@@ -19,6 +19,12 @@ from urllib.parse import quote
 ENV_URL = "FSTREAM_REDIS_URL"
 ENV_STATE_DIR = "FSTREAM_STATE_DIR"
 DEFAULT_STATE_DIR = "~/.local/state/fstream"
+# Durability of the job bus (docs/redis-keys.md, "Durability"): with ``always`` Redis fsyncs the AOF
+# before it answers a write, so a job it acknowledged (submit, claim, finish) survives a SIGKILL of
+# redis-server *and* a crash of the machine. ``everysec`` can lose the last second or two of
+# acknowledged writes on a machine crash, and also on a SIGKILL while a slow fsync holds the AOF
+# write back. FStream writes little (events are batched), so the embedded server pays for ``always``.
+APPENDFSYNC = "always"
 
 
 def find_redis_server() -> str:
@@ -89,7 +95,7 @@ def _config(*, port: int, directory: str, appendonly: bool, password: str | None
         f"logfile {logfile}",
         f"daemonize {'yes' if daemonize else 'no'}",
         f"appendonly {'yes' if appendonly else 'no'}",
-        "appendfsync everysec",
+        f"appendfsync {APPENDFSYNC}",
         'save ""',
         "tcp-keepalive 60",
     ]
@@ -121,7 +127,7 @@ class EmbeddedRedis:
     Layout under ``<state_dir>/redis/``: ``redis.conf``, ``server.json`` (pid, port, password;
     mode 0600), ``redis.pid``, ``redis.log``, the AOF files. The server is daemonized so it
     outlives the command that started it; a later command reuses it when ``server.json``
-    names a live process that answers PING. AOF with ``appendfsync everysec``.
+    names a live process that answers PING. AOF with ``appendfsync always`` (see ``APPENDFSYNC``).
 
     :param state_dir: the FStream state directory (default ``$FSTREAM_STATE_DIR`` or
         ``~/.local/state/fstream``).
@@ -239,7 +245,7 @@ class RedisServer:
     """A throw-away ``redis-server`` on a free port in a temporary directory (for tests and demos).
 
     :param directory: where data and logs go (a new temp dir when None; removed on stop).
-    :param appendonly: enable AOF (``appendfsync everysec``), e.g. to test persistence.
+    :param appendonly: enable AOF (``appendfsync always``, as the embedded server), e.g. to test persistence.
     :param port: a fixed port (e.g. to restart on the same port); a free one when None.
     """
 
@@ -294,7 +300,7 @@ class RedisServer:
         self.proc = None
 
     def kill(self) -> None:
-        """SIGKILL: the server dies without a chance to flush (what ``everysec`` AOF guards against)."""
+        """SIGKILL: the server dies without a chance to flush (with AOF ``always`` nothing acknowledged is lost)."""
         self._reap(signal.SIGKILL)
 
     def restart(self) -> "RedisServer":

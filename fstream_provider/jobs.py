@@ -17,7 +17,7 @@ from fstream_provider.spec import TransferSpec
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 STATES = ("queued", "running") + TERMINAL_STATES
 EVENT_KINDS = ("queued", "claimed", "interval", "tuning", "file", "log", "error", "retry", "cancel",
-               "released", "done")
+               "released", "requeued", "done")
 
 # Lua helper shared by the scripts: move the job (KEYS[1]) to a terminal state, emit "done" on
 # KEYS[2], expire job + events + idempotency key. result_json is already JSON (or "").
@@ -162,6 +162,23 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'cancel', 'ts',
   'data', cjson.encode({reason = ARGV[1]}))
 return 'requested'
 """
+
+
+class JobLostError(LookupError):
+    """A job's state vanished from Redis while someone waited for it (Redis flushed, or restarted without
+    its data): the wait ends at once with this reason instead of waiting for ever. ``fstream reconcile``
+    reports what is left of it (stream entries without state, destination part files)."""
+
+    def __init__(self, job_id: str, detail: str = "") -> None:
+        self.job_id = job_id
+        msg = (f"job {job_id}: its state vanished from Redis while waiting for it"
+               f"{' (' + detail + ')' if detail else ''}; Redis was flushed or restarted without its data "
+               "(not a normal expiry: a running job has no TTL); run `fstream reconcile` to see orphans, "
+               "resubmit to finish it (files already committed are skipped)")
+        super().__init__(msg)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def _now() -> str:
@@ -378,7 +395,8 @@ class JobStore:
     def wait(self, job_id: str, timeout: float) -> JobState:
         """Follow the job's events until its ``done`` event; returns its state (non-terminal if ``timeout`` passed).
 
-        Raises ``KeyError`` if the job does not exist.
+        Raises ``KeyError`` if the job does not exist, ``JobLostError`` if its state vanishes while waiting
+        (Redis flushed or restarted without persistence): never waits for ever on a job nobody can finish.
         """
         deadline = time.monotonic() + timeout
         state = self.get(job_id)
@@ -393,7 +411,10 @@ class JobStore:
             if evs:
                 last = evs[-1][0]
             if not evs or any(e["kind"] == "done" for _, e in evs):
-                state = self.get(job_id) or state
+                now = self.get(job_id)
+                if now is None:
+                    raise JobLostError(job_id, f"last seen {state.state}, attempt {state.attempt}")
+                state = now
         return state
 
     def list(self, limit: int = 50) -> list[JobState]:

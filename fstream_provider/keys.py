@@ -20,7 +20,7 @@ job(id)                 hash         job_id, state, attempt, deliveries, spec (J
                                      cancel_reason, stream_id, progress (JSON)
 job_events(id)          stream       ``kind``, ``ts``, ``data`` (JSON); kinds: queued, claimed,  JobStore, Agent      CLI, Airflow trigger   MAXLEN ~ 100,000; 7 days after terminal
                                      interval, tuning, file, log, error, retry, cancel,
-                                     released, done (always last)
+                                     released, requeued, done (always last)
 job_index()             sorted set   job ids scored by created_at                                JobStore.submit      JobStore.list          entries older than 7 days dropped on
                                                                                                                                              submit
 idempotency(key)        string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state

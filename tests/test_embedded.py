@@ -61,7 +61,7 @@ def test_embedded_starts_once_and_is_reused(embedded, tmp_path):
     embedded.start()
     c = bus.connect(embedded.url)
     cfg = c.config_get("*")
-    assert cfg["appendonly"] == "yes" and cfg["appendfsync"] == "everysec"
+    assert cfg["appendonly"] == "yes" and cfg["appendfsync"] == "always"
     assert cfg["dir"] == os.path.join(str(tmp_path / "state"), "redis") and cfg["bind"] == "127.0.0.1"
     again = EmbeddedRedis(str(tmp_path / "state")).start()
     assert again.pid == embedded.pid and again.url == embedded.url
@@ -87,7 +87,7 @@ def test_embedded_data_survives_sigkill_via_aof(embedded, tmp_path):
                             return True
         return False
 
-    _poll(in_aof, f"the write to reach the AOF in {aof_dir} (appendfsync everysec)")
+    _poll(in_aof, f"the write to reach the AOF in {aof_dir} (appendfsync always)")
     c.close()
     old_pid = embedded.pid
     os.kill(old_pid, signal.SIGKILL)

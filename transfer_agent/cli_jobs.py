@@ -1,4 +1,4 @@
-"""The job subcommands of ``fstream``: ``agent``, ``submit``, ``status`` and ``cancel`` (wired by ``transfer_agent.cli``)."""
+"""The job subcommands of ``fstream``: ``agent``, ``submit``, ``status``, ``cancel``, ``reconcile``, ``redis`` (wired by ``transfer_agent.cli``)."""
 
 from __future__ import annotations
 
@@ -296,6 +296,33 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     else:
         print(f"job {args.job}: cancel requested; agent {job.worker or '?'} will stop it")
     return EXIT_OK
+
+
+# -- reconcile -------------------------------------------------------------------------------------
+def add_reconcile_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("reconcile", help="report jobs that would vanish silently (orphans); --repair fixes them")
+    _common(p)
+    p.add_argument("--repair", action="store_true",
+                   help="re-enqueue resumable orphans, dead-letter entries without a job state, drop dangling "
+                        "idempotency keys")
+    p.add_argument("--dest", metavar="DIR", help="also list part files under this destination root whose job "
+                                                 "Redis no longer knows")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_reconcile)
+    return p
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing is left unresolved, 1 when some orphan still needs someone."""
+    from fstream_provider.reconcile import reconcile
+
+    report = reconcile(_store(args), repair=args.repair, dest_root=args.dest)
+    if args.json:
+        print(json.dumps(report.to_dict(), default=str))
+    else:
+        for line in report.lines():
+            print(line)
+    return EXIT_FAILED if report.unresolved else EXIT_OK
 
 
 # -- redis -----------------------------------------------------------------------------------------

@@ -15,12 +15,16 @@ MAX_NAME = 255
 def safe_relpath(name: str) -> str:
     """Return the NFKC-normalised relative POSIX path, or raise ``RefusedError`` naming the reason.
 
-    Refused: empty names, NUL or control characters, absolute paths, backslashes, and any
-    ``..`` or ``.`` component — checked after Unicode normalisation, so full-width dots
-    (``．．``) cannot sneak past.
+    Refused: empty names, names that are not valid UTF-8 (lone surrogates), NUL or control characters,
+    absolute paths, backslashes, and any ``..`` or ``.`` component — checked after Unicode
+    normalisation, so full-width dots (``．．``) cannot sneak past.
     """
     if not isinstance(name, str) or not name:
         raise RefusedError(f"path {name!r}: empty")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: an undecodable byte of a source name (os.fsdecode), or JSON "\udcff"
+        raise RefusedError(f"path {name!r}: not valid UTF-8 (undecodable byte in the source name?)") from None
     norm = unicodedata.normalize("NFKC", name)
     for ch in norm:
         if ch == "\x00" or unicodedata.category(ch) == "Cc":

@@ -114,6 +114,7 @@ class Agent:
     :param poll_interval: seconds between checks of the job's cancel flag and fence.
     :param flush_interval: seconds between batched event writes.
     :param trim_interval: seconds between trims of acknowledged stream entries.
+    :param redis_outage_s: how long a finished job's last writes are retried while Redis is unreachable.
     :param keys: the key schema (namespace).
     :param transfer_factory: builds the transfer; default ``transfer_agent.sender.Transfer``.
     :param rng: randomness for backoff jitter.
@@ -123,7 +124,8 @@ class Agent:
                  heartbeat_ttl: float = 10, claim_idle_ms: int = 30000, orphan_idle_ms: int | None = None,
                  max_deliveries: int = 5, max_retries: int = 3, retry_base_s: float = 1.0,
                  retry_cap_s: float = 60.0, block_ms: int = 1000, poll_interval: float = 1.0,
-                 flush_interval: float = 0.2, trim_interval: float = 60.0, keys: Keys | None = None,
+                 flush_interval: float = 0.2, trim_interval: float = 60.0, redis_outage_s: float = 600.0,
+                 keys: Keys | None = None,
                  transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None) -> None:
         self.redis_url = redis_url
         self.name = name or default_agent_name()
@@ -139,6 +141,7 @@ class Agent:
         self.poll_interval = poll_interval
         self.flush_interval = flush_interval
         self.trim_interval = trim_interval
+        self.redis_outage_s = redis_outage_s
         self.keys = keys or Keys()
         self.transfer_factory = transfer_factory
         self.rng = rng or random.Random()
@@ -188,6 +191,14 @@ class Agent:
                 try:
                     self._iteration()
                     failures = 0
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                    self.counters["redis_unreachable"] += 1
+                    failures += 1
+                    if once:
+                        raise
+                    delay = backoff_delay(failures, base=0.2, cap=5.0, rng=self.rng)
+                    self.log.warning("Redis unreachable (%s); reconnecting in %.1f s", exc, delay)
+                    self._stop.wait(delay)
                 except Exception:
                     self.counters["exceptions"] += 1
                     failures += 1
@@ -233,6 +244,9 @@ class Agent:
                 if run is not None and not run.lost:
                     owner, cancel = self._store.touch(run.job_id, run.attempt, run.entry_id, self.name)
                     self._note_fence(run, owner, cancel)
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                self.counters["heartbeat_errors"] += 1
+                self.log.warning("heartbeat: Redis unreachable (%s); retrying in %.1f s", exc, period)
             except Exception:
                 self.counters["heartbeat_errors"] += 1
                 self.log.exception("heartbeat failed; retrying in %.1f s", period)
@@ -243,6 +257,14 @@ class Agent:
         if not owner and not run.lost:
             run.lost = True
             run.cancel.set()
+            if not self._client.exists(self.keys.job(run.job_id)):
+                # not superseded: the state is gone (Redis flushed, or restarted without its data)
+                self.counters["vanished"] += 1
+                self.log.error("job %s attempt %d: its state vanished from Redis (flushed or restarted without "
+                               "its data); stopping the transfer (committed files stay, parts stay resumable); "
+                               "`fstream reconcile` reports what is left, resubmitting finishes it",
+                               run.job_id, run.attempt)
+                return
             self.counters["fenced_out"] += 1
             self.log.warning("job %s attempt %d: another agent took it over; stopping without writing",
                              run.job_id, run.attempt)
@@ -288,7 +310,16 @@ class Agent:
 
     def _reclaim(self) -> list[tuple[str, dict | None]]:
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
-        pending = self._client.xpending_range(stream, group, min="-", max="+", count=50, idle=self.claim_idle_ms)
+        try:
+            pending = self._client.xpending_range(stream, group, min="-", max="+", count=50,
+                                                  idle=self.claim_idle_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self.log.warning("the jobs stream or its consumer group vanished (Redis flushed?); recreating it")
+            self._store._group_ready = False
+            self._store.ensure_group()
+            return []
         for p in pending:
             owner = p["consumer"]
             if owner == self.name or self._client.exists(self.keys.agent(owner)):
@@ -331,6 +362,10 @@ class Agent:
         claim: Claim = self._store.claim(job_id, entry_id, worker=self.name, max_deliveries=self.max_deliveries)
         if claim.outcome != "claimed":
             self.counters[f"claim_{claim.outcome}"] += 1
+            if claim.outcome == "missing":
+                self.log.warning("job %s (entry %s): its state is gone from Redis (flushed, lost or expired); "
+                                 "entry acknowledged; `fstream reconcile` reports such orphans", job_id, entry_id)
+                return
             level = logging.WARNING if claim.outcome == "dead" else logging.INFO
             self.log.log(level, "job %s (entry %s): %s %s", job_id, entry_id, claim.outcome, claim.message)
             return
@@ -349,9 +384,40 @@ class Agent:
             pump_stop.set()
             run.wake.set()
             pump.join()
-            self._flush(run)
-            self._current = None
-        self._conclude(run, outcome)
+            try:
+                self._through_outage(run, "publishing its last events", lambda: self._flush(run))
+            finally:
+                self._current = None
+        self._through_outage(run, "recording its outcome", lambda: self._conclude(run, outcome))
+
+    def _through_outage(self, run: _JobRun, what: str, write: Callable[[], None]) -> None:
+        """Run a job write; while Redis is unreachable, retry it with backoff (up to ``redis_outage_s``).
+
+        A transfer that finished while Redis was down (killed, restarting from its AOF) is recorded
+        once Redis is back, instead of being thrown away and run again. The writes are fenced by
+        attempt, so retrying one is safe. Gives up (re-raising) on stop or after ``redis_outage_s``;
+        the entry then stays pending and is finished by this agent's next look at its own pending
+        entries, or reclaimed.
+        """
+        deadline = time.monotonic() + self.redis_outage_s
+        tries = 0
+        while True:
+            try:
+                write()
+                if tries:
+                    self.log.info("job %s attempt %d: Redis is back; %s succeeded after %d tries", run.job_id,
+                                  run.attempt, what, tries + 1)
+                return
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                tries += 1
+                self.counters["redis_outage_retries"] += 1
+                if self._stop.is_set() or time.monotonic() >= deadline:
+                    raise
+                delay = backoff_delay(tries, base=0.2, cap=5.0, rng=self.rng)
+                self.log.warning("job %s attempt %d: Redis unreachable while %s (%s); retrying in %.1f s",
+                                 run.job_id, run.attempt, what, exc, delay)
+                if self._stop.wait(delay):
+                    raise
 
     def _conclude(self, run: _JobRun, outcome: tuple[str, str | None, dict | None] | None) -> None:
         if run.lost:
@@ -367,9 +433,17 @@ class Agent:
             self.counters[f"jobs_{state}"] += 1
             self.log.info("job %s attempt %d: %s%s", run.job_id, run.attempt, state, f" ({error})" if error else "")
         else:
-            self.counters["fenced_out"] += 1
-            self.log.warning("job %s attempt %d: finished as %s but a newer attempt owns it; not acknowledging",
-                             run.job_id, run.attempt, state)
+            now = self._store.get(run.job_id)
+            if now is not None and now.terminal and now.attempt == run.attempt and now.worker == self.name:
+                # a retry after Redis went away mid-reply: the first try was recorded
+                self.counters[f"jobs_{now.state}"] += 1
+                self.log.info("job %s attempt %d: %s (recorded before Redis went away)", run.job_id, run.attempt,
+                              now.state)
+                return
+            self.counters["fenced_out" if now is not None else "vanished"] += 1
+            self.log.warning("job %s attempt %d: finished as %s but %s; not acknowledging", run.job_id,
+                             run.attempt, state, "a newer attempt owns it" if now is not None
+                             else "its state vanished from Redis (`fstream reconcile` reports orphans)")
 
     def _execute(self, run: _JobRun, spec: TransferSpec) -> tuple[str, str | None, dict | None] | None:
         """Run the transfer with retries; ``(state, error, result)``, or None if the job must not be finished here."""

@@ -209,11 +209,13 @@ class FStreamTransferOperator(BaseOperator):
         if not created:
             job = self.hook.get_job(job_id)
             state = getattr(job, "state", None)
-            if state in ("failed", "cancelled"):
+            if job is None or state in ("failed", "cancelled"):
+                # ended in failure, or its state vanished from Redis (the key outlived it): a retry must retry
                 try_number = getattr(context["ti"], "try_number", 0)
                 retry_key = f"{key}#try{try_number}"
-                self.log.warning("FStream job %s for %s ended %s (%s); submitting a new attempt (key %s)",
-                                 job_id, key, state, getattr(job, "error", None), retry_key)
+                self.log.warning("FStream job %s for %s %s (%s); submitting a new attempt (key %s)", job_id, key,
+                                 f"ended {state}" if job is not None else "vanished from the bus",
+                                 getattr(job, "error", None) if job is not None else "state gone", retry_key)
                 job_id, created = self.hook.submit(spec, idempotency_key=retry_key)
             else:
                 self.log.info("Re-attached to existing FStream job %s (%s) for %s: no second copy started",
@@ -247,7 +249,9 @@ class FStreamTransferOperator(BaseOperator):
             batch = self.hook.events(job_id, after=after, block_ms=block_ms, count=500)
             if not batch:
                 if self.hook.get_job(job_id) is None:
-                    raise AirflowException(f"FStream job {job_id} disappeared from the bus while running")
+                    raise AirflowException(f"FStream job {job_id} disappeared from the bus while running: its state "
+                                           "vanished from Redis (flushed, or restarted without its data); "
+                                           "`fstream reconcile` reports what is left, a task retry resubmits it")
                 continue
             for eid, ev in batch:
                 after = eid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -9,6 +10,19 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.tasklog import format_interval
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation of the current task that an awaited call swallowed.
+
+    ``redis.asyncio`` can lose a ``CancelledError`` that lands while a blocking command's internal
+    timeout fires (redis/redis-py#2551, #2028): the command returns normally and a trigger the
+    triggerer cancelled (shutdown, reassignment) would keep running and fire later. ``Task.cancelling()``
+    still counts the request, so checking it after every Redis call restores the cancellation.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("trigger cancelled (the cancellation was swallowed by the Redis client)")
 
 
 class FStreamTransferTrigger(BaseTrigger):
@@ -67,16 +81,22 @@ class FStreamTransferTrigger(BaseTrigger):
     async def _follow(self, hook: Any) -> dict[str, Any]:
         after = self.last_event_id
         prev: dict[str, Any] | None = None
-        if await hook.get_state(self.job_id) is None:
+        missing = await hook.get_state(self.job_id) is None
+        raise_if_cancelled()
+        if missing:
             return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": after,
                     "message": f"FStream job {self.job_id} does not exist on the bus (expired or wrong connection)"}
         while True:
             batch = await hook.read_events(self.job_id, after=after, block_ms=self.block_ms, count=500)
+            raise_if_cancelled()
             if not batch:
                 state = await hook.get_state(self.job_id)
+                raise_if_cancelled()
                 if state is None:
                     return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": after,
-                            "message": f"FStream job {self.job_id} disappeared from the bus while running"}
+                            "message": f"FStream job {self.job_id} disappeared from the bus while running: its "
+                                       "state vanished from Redis (flushed, or restarted without its data); "
+                                       "`fstream reconcile` reports what is left, a task retry resubmits it"}
                 continue
             for eid, ev in batch:
                 after = eid
