@@ -27,11 +27,12 @@ def test_one_stream_trickling_is_detected_as_a_stall_and_retried(tmp_path, agent
     t0 = time.monotonic()
     try:
         rc, res, log = agents.send([src / "data.bin"], proxy.port, cc=1, p=2, pp=1,
-                                   extra=("--stall-timeout", f"{STALL_S}s"), timeout=60)
+                                   extra=("--stall-timeout", f"{STALL_S}s", "--block-size", "256KiB"),
+                                   timeout=60)  # small blocks: the throttled stream surely takes some
     finally:
         proxy.close()
     took = time.monotonic() - t0
-    assert proxy.throttled_bytes.get(1, 0) > 0, "the throttled connection carried no data (test set-up)"
+    assert proxy.throttled_bytes.get(1, 0) > 4096, "the throttled connection carried no data (test set-up)"
     assert rc == 0 and res and res["ok"], f"exit {rc}: {res and res['failures']}\n{log[-3000:]}"
     assert "stalled" in log and "below the progress floor" in log, log[-3000:]
     assert log.count("reconnecting") == 1, f"expected one stall and one retry:\n{log[-3000:]}"
