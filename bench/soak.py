@@ -398,7 +398,7 @@ class Soak:
         return {
             "files_produced": len(produced), "bytes_produced": produced_bytes,
             "faults": faults, "faults_by_kind": by_kind,
-            "recovery_s": {"max": max(rec) if rec else None, "median": statistics.median(rec) if rec else None,
+            "recovery_s": {"max": max(rec) if rec else None, "median": round(statistics.median(rec), 2) if rec else None,
                            "unrecovered": sum(1 for f in faults if f["recovery_s"] is None)},
             "agent_restarts_unprovoked": self.restarts,
             "sender_runs": self.sender_runs,
@@ -479,8 +479,8 @@ def markdown(doc: dict) -> str:
     gb = r["bytes_produced"] / 1e9
     rec = r["recovery_s"]
     resent = (f"{r['bytes_resent'] / 1e6:.1f} MB" if r["bytes_resent"] is not None else
-              f"unknown ({r['runs_without_json']} killed sender runs printed no JSON); at least "
-              f"{r['bytes_resent_lower_bound'] / 1e6:.1f} MB")
+              f"unknown: {r['runs_without_json']} killed sender runs printed no JSON (the runs that did sent "
+              f"{r['bytes_sent_reported'] / 1e6:.1f} MB of {r['bytes_produced'] / 1e6:.1f} MB)")
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["faults_by_kind"].items()))
     rx_exit, tx_exit = r["agent_restarts_unprovoked"]["receiver_exited"], r["agent_restarts_unprovoked"]["sender_exited"]
     wire = r["bytes_resent_estimate_wire"]
@@ -513,7 +513,8 @@ def markdown(doc: dict) -> str:
         (f"machine: nproc {mi['nproc']}, {mi['cpu']}, kernel {mi['kernel']}; load average at start "
          f"{la[0]:.2f} {la[1]:.2f} {la[2]:.2f}; {doc['started_utc']}"), "",
         "| measure | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows],
-        "", "faults (t, kind, recovery):", "", *faults,
+        "", ("faults (t, kind, recovery: seconds from the fault's end until the destination moved again; None: "
+             "it had not moved before the next fault or the end of the run):"), "", *faults,
     ]
     if r["problems"]:
         lines += ["", "**invariants violated:**", "", *[f"- {p}" for p in r["problems"]]]
