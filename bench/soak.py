@@ -132,10 +132,12 @@ class Soak:
         self.rx: subprocess.Popen | None = None
         self.tx: subprocess.Popen | None = None
         self.tx_out: Path | None = None
+        self.producer: Producer | None = None
         self.n = 0
         self.sender_runs: list[dict] = []
         self.restarts = {"sender_exited": 0, "receiver_exited": 0}
         self.faults: list[dict] = []
+        self.errors: list[str] = []  # the harness's own trouble (a failed restart or injection)
         self.peak = {"sender": {"rss": 0, "fds": 0}, "receiver": {"rss": 0, "fds": 0}}
         self.wire: dict[str, int] = {}  # WAN: the delay line's counters at the end
         self.stopping = threading.Event()
@@ -196,6 +198,15 @@ class Soak:
         res = _last_json(self.tx_out)
         self.sender_runs.append({"pid": self.tx.pid, "end": how, "rc": rc, "result": _slim(res)})
 
+    def close(self) -> None:
+        """Stop everything this soak started (on any exit, also an exception or Ctrl-C)."""
+        self.stopping.set()
+        self.faults_off.set()
+        if self.producer is not None:
+            self.producer.stop.set()
+        for p in (self.tx, self.rx):
+            self.kill(p)
+
     def kill(self, p: subprocess.Popen | None) -> None:
         if p is not None and p.poll() is None:
             try:
@@ -239,26 +250,35 @@ class Soak:
     def monitor(self) -> None:
         last_sample = 0.0
         while not self.stopping.is_set():
-            with self.lock:
-                if self.tx is not None and self.tx.poll() is not None:
-                    self._reap_sender("exited by itself")
-                    self.restarts["sender_exited"] += 1
-                    self.start_sender()
-                if self.rx is not None and self.rx.poll() is not None:
-                    self.restarts["receiver_exited"] += 1
-                    self.start_receiver()
-            visible, part, _ = self.scan()
-            t = self.now()
-            for f in self.faults:
-                if f.get("recovery_s") is not None or t < f["_end"]:
-                    continue
-                f["_min_part"] = min(f.get("_min_part", part), part)
-                if visible > f["_visible"] or part > f["_min_part"] + 64 * 1024:
-                    f["recovery_s"] = round(t - f["_end"], 2)
-            if time.monotonic() - last_sample >= 1.0:
-                last_sample = time.monotonic()
-                self.sample()
+            try:
+                last_sample = self._monitor_once(last_sample)
+            except Exception as exc:  # noqa: BLE001 - supervision must outlive one bad round; reported
+                if len(self.errors) < 50:
+                    self.errors.append(f"monitor at {self.now():.1f} s: {exc!r}")
+                print(f"soak: monitor: {exc!r}", file=sys.stderr, flush=True)
             self.stopping.wait(0.25)
+
+    def _monitor_once(self, last_sample: float) -> float:
+        with self.lock:
+            if self.tx is not None and self.tx.poll() is not None:
+                self._reap_sender("exited by itself")
+                self.restarts["sender_exited"] += 1
+                self.start_sender()
+            if self.rx is not None and self.rx.poll() is not None:
+                self.restarts["receiver_exited"] += 1
+                self.start_receiver()
+        visible, part, _ = self.scan()
+        t = self.now()
+        for f in self.faults:
+            if f.get("recovery_s") is not None or t < f["_end"]:
+                continue
+            f["_min_part"] = min(f.get("_min_part", part), part)
+            if visible > f["_visible"] or part > f["_min_part"] + 64 * 1024:
+                f["recovery_s"] = round(t - f["_end"], 2)
+        if time.monotonic() - last_sample >= 1.0:
+            last_sample = time.monotonic()
+            self.sample()
+        return last_sample
 
     # -- faults -----------------------------------------------------------------------------------
     def kinds(self) -> list[str]:
@@ -302,7 +322,13 @@ class Soak:
             if not order:
                 order = self.kinds()
                 rnd.shuffle(order)
-            rec = self.inject(order.pop(), rnd, producer)
+            kind = order.pop()
+            try:
+                rec = self.inject(kind, rnd, producer)
+            except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
+                self.errors.append(f"injecting {kind} at {self.now():.1f} s: {exc!r}")
+                print(f"soak: injecting {kind}: {exc!r}", file=sys.stderr, flush=True)
+                continue
             if rec["kind"] == "blackhole" and self.faults_off.wait(rec["seconds"]):
                 return
 
@@ -312,7 +338,7 @@ class Soak:
         duration = a.minutes * 60
         self.scale = min(1.0, duration / 300)
         rnd = random.Random(a.seed)
-        producer = Producer(self.src, parse_rate(a.rate) / 8, a.seed)
+        producer = self.producer = Producer(self.src, parse_rate(a.rate) / 8, a.seed)
         self.start_receiver()
         self.start_sender()
         mon = threading.Thread(target=self.monitor, name="soak-monitor", daemon=True)
@@ -391,7 +417,7 @@ class Soak:
         killed = [r for r in self.sender_runs if r["result"] is None]
         wire = max(self.wire.get("a_rx_bytes", 0), self.wire.get("b_rx_bytes", 0)) or None
         final_ok = final_rc == 0 and bool(final_res and final_res.get("ok"))
-        problems = list(inv["problems"])
+        problems = list(inv["problems"]) + [f"soak harness: {e}" for e in self.errors]
         if not final_ok:
             problems.append(f"final fstream send exited {final_rc} (ok={final_res and final_res.get('ok')}): "
                             f"{(final_res or {}).get('failures')}")
@@ -543,7 +569,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.loopback and os.geteuid() != 0:
         print("fstream bench soak: the emulated WAN needs root (use --loopback)", file=sys.stderr)
         return 2
-    work = Path(args.workdir or "/var/tmp") / f"fstream-soak-{os.getpid()}"
+    base = Path(args.workdir or "/var/tmp")
+    need = parse_rate(args.rate) / 8 * args.minutes * 60 * 2.2  # source + destination + slack
+    free = shutil.disk_usage(base).free
+    if need > free:
+        print(f"fstream bench soak: {base} has {free / 1e9:.1f} GB free; --rate {args.rate} for {args.minutes} min "
+              f"needs about {need / 1e9:.1f} GB (source and destination); lower --rate or use --workdir",
+              file=sys.stderr)
+        return 2
+    work = base / f"fstream-soak-{os.getpid()}"
     work.mkdir(parents=True)
     load0 = os.getloadavg()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -555,7 +589,11 @@ def main(argv: list[str] | None = None) -> int:
 
             path = WanPath(WanConfig(rate_bps=1e9, rtt_s=0.040, buffer_bytes=1 << 20, run_id="sk"))
             path.up()
-        result = Soak(args, work, path).run()
+        soak = Soak(args, work, path)
+        try:
+            result = soak.run()
+        finally:
+            soak.close()
     finally:
         if path is not None:
             path.down()
