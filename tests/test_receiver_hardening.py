@@ -444,3 +444,47 @@ def test_write_failure_removes_the_partial_and_releases_the_file(tmp_path: Path,
         proc.terminate()
         proc.wait(15)
         proc.stdout.close()
+
+
+# -- fault row "receiver SIGKILL mid-rename": a sidecar whose part is gone is garbage at once -------------
+def test_fresh_orphan_sidecar_removed_by_the_start_sweep(tmp_path: Path, secret: Path) -> None:
+    """A receiver killed between a commit's rename and the sidecar's removal leaves ``.X.part.meta`` beside the
+    final ``X``: it describes no bytes, so the sweep at start removes it however young it is."""
+    d = tmp_path / "dst" / "d"
+    d.mkdir(parents=True)
+    (d / "done.bin").write_bytes(b"committed")
+    orphan = d / ".done.bin.job1.1.part.meta"
+    orphan.write_text(json.dumps({"path": "d/done.bin", "ranges": [[0, 9]]}))
+    live = d / ".open.bin.job1.1.part"  # young part with its sidecar: kept (the age rule applies)
+    live.write_bytes(b"x")
+    (d / ".open.bin.job1.1.part.meta").write_text("{}")
+    rx = start_receiver(tmp_path / "dst", secret, part_max_age=3600)
+    try:
+        assert rx.swept.wait(10)
+        assert not orphan.exists(), "a sidecar without its part survived the sweep at start"
+        assert live.exists() and (d / ".open.bin.job1.1.part.meta").exists()
+        assert (d / "done.bin").read_bytes() == b"committed"
+    finally:
+        rx.stop()
+
+
+def test_orphan_sidecar_removed_when_a_session_first_lists_the_directory(tmp_path: Path, secret: Path) -> None:
+    """Without any sweep, the first listing of a directory by a session removes orphaned sidecars, and a part of a
+    crashed attempt without a sidecar (no record of its bytes) is reclaimed when its file is opened again."""
+    d = tmp_path / "dst" / "d"
+    d.mkdir(parents=True)
+    orphan = d / ".gone.bin.job1.1.part.meta"
+    orphan.write_text("{}")
+    bare = d / ".again.bin.job1.1.part"
+    bare.write_bytes(b"y" * 10)
+    rx = start_receiver(tmp_path / "dst", secret, part_max_age=None)
+    try:
+        sock, _ = control(rx.port, secret, job="job1", attempt=2)
+        with sock:
+            ftype, reply = request(sock, 1, {"path": "d/again.bin", "size": 10, "mtime_ns": 1,
+                                             "algo": "blake3-keyed"})
+            assert ftype == Frame.OPEN_OK and reply["missing"] == [[0, 10]], reply
+            assert not orphan.exists(), "a sidecar without its part survived the directory's first listing"
+            assert not bare.exists(), "a part without a sidecar was neither resumed nor reclaimed"
+    finally:
+        rx.stop()

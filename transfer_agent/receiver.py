@@ -970,6 +970,9 @@ class Receiver:
             storage.sync_files([f.fd for f in good], self._sync_pool)
         dirs: dict[tuple[int, int], int] = {}
         faultpoints.hit("commit.before_rename")
+        # order: rename first, then the sidecar's removal. A crash between them leaves at worst a sidecar whose
+        # part is gone, which describes no bytes and is removed at the next listing or sweep (never a part
+        # without its record of ranges that could be mistaken for a resumable one)
         for f in good:
             dkey = f.part_key[0]
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
