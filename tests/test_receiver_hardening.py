@@ -488,3 +488,64 @@ def test_orphan_sidecar_removed_when_a_session_first_lists_the_directory(tmp_pat
             assert not bare.exists(), "a part without a sidecar was neither resumed nor reclaimed"
     finally:
         rx.stop()
+
+
+# -- fault row "source modified mid-send": blocks of a file given up are dropped, the connection stays -------
+@pytest.mark.parametrize("encrypt", [False, True], ids=["plain", "sealed"])
+def test_blocks_of_an_aborted_file_are_dropped_not_a_protocol_error(tmp_path: Path, secret: Path, rx: Receiver,
+                                                                    encrypt: bool) -> None:
+    """Data and control travel on different connections, so blocks the sender put on the wire before it aborted
+    a file (its source changed) may arrive after the ABORT. They are read and dropped; the data connection stays
+    and carries the next file. Data for a file id never opened still closes the connection."""
+    from transfer_agent.protocol import pack_header
+    from transfer_agent.secure import TAG_BYTES, DataSealer
+
+    sid = uuid.uuid4().hex
+    conn = Connector("127.0.0.1", rx.port, load_secret(secret), None,
+                     {"session": sid, "job": "dropjob", "attempt": 1}, encrypt=encrypt)
+    ctl = Ctl(conn.connect_link(role="control").link)
+    hs = conn.connect_link(role="data", channel=0, stream=0)
+    data = hs.link.sock
+    sealer = DataSealer(hs.keys) if encrypt else None
+
+    def block(fid: int, off: int, payload: bytes) -> None:
+        if sealer is None:
+            data.sendall(pack_header(Frame.DATA, fid, off, len(payload)) + payload)
+        else:
+            header = pack_header(Frame.DATA, fid, off, len(payload) + TAG_BYTES)
+            data.sendall(header + sealer.seal(header, payload))
+
+    def session_file(fid: int):
+        s = rx._sessions.get(sid)
+        return s and s.files.get(fid)
+
+    with ctl:
+        try:
+            size = 256 << 10
+            assert request(ctl, 1, {"path": "a/gone.bin", "size": size, "mtime_ns": 1,
+                                    "algo": "blake3-keyed"})[0] == Frame.OPEN_OK
+            block(1, 0, b"a" * (64 << 10))
+            wait_until(lambda: session_file(1) and session_file(1).ranges.total() == 64 << 10, what="first block")
+            ctl.link.send(Frame.ABORT, {"reason": "source modified"}, 1)
+            wait_until(lambda: session_file(1) is None, what="the ABORT handled")
+            dropped = rx.stats.get("blocks_dropped", 0)
+            block(1, 64 << 10, b"b" * (64 << 10))  # already on its way when the sender gave up
+            block(1, 128 << 10, b"c" * (128 << 10))
+            # the same data connection still carries the next file
+            assert request(ctl, 2, {"path": "a/next.bin", "size": 1000, "mtime_ns": 1,
+                                    "algo": "blake3-keyed"})[0] == Frame.OPEN_OK
+            block(2, 0, b"n" * 1000)
+            wait_until(lambda: session_file(2) and session_file(2).ranges.total() == 1000,
+                       what="the next file's block written over the same data connection")
+            assert rx.stats["blocks_dropped"] == dropped + 2
+            assert not [p for p in part_files(tmp_path / "dst" / "a") if p.name.startswith(".gone.bin.")]
+            # a file id never opened in this session is still refused: the data connection closes
+            block(99, 0, b"x" * 100)
+            data.settimeout(10)
+            try:
+                got = data.recv(1)
+            except ConnectionResetError:
+                got = b""
+            assert got == b"", "data for a never-opened file id did not close the data connection"
+        finally:
+            data.close()
