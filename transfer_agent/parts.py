@@ -9,6 +9,7 @@ one directory costs O(N) in all instead of O(N²).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 import threading
@@ -16,6 +17,8 @@ import time
 from typing import Callable
 
 from transfer_agent.paths import stem_of
+
+log = logging.getLogger("fstream.receiver")
 
 
 def part_stem(name: str) -> str | None:
@@ -114,6 +117,7 @@ def remove_orphan_sidecars(dir_fd: int, names: list[str]) -> list[str]:
             os.unlink(name, dir_fd=dir_fd)
         except FileNotFoundError:
             continue
+        log.info("removed %s: a ranges sidecar whose part is gone (committed or removed before a crash)", name)
         removed.append(name)
     return removed
 

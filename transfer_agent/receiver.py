@@ -1078,7 +1078,8 @@ class Receiver:
                 finally:
                     os.close(dfd)
         for rel in removed:
-            self.log.info("removed orphaned part %s (untouched for more than %.0f s)", rel, age)
+            self.log.info("removed orphaned part file %s (untouched for more than %.0f s, or a sidecar whose part is "
+                          "gone)", rel, age)
         return removed
 
     def _sweep_at_start(self) -> None:
