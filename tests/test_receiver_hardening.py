@@ -477,6 +477,9 @@ def test_orphan_sidecar_removed_when_a_session_first_lists_the_directory(tmp_pat
     orphan.write_text("{}")
     bare = d / ".again.bin.job1.1.part"
     bare.write_bytes(b"y" * 10)
+    (d / "have.bin").write_bytes(b"final")  # committed since; a bare part of an earlier attempt is left
+    bare_of_final = d / ".have.bin.job0.1.part"
+    bare_of_final.write_bytes(b"f")
     rx = start_receiver(tmp_path / "dst", secret, part_max_age=None)
     try:
         sock, _ = control(rx.port, secret, job="job1", attempt=2)
@@ -486,6 +489,11 @@ def test_orphan_sidecar_removed_when_a_session_first_lists_the_directory(tmp_pat
             assert ftype == Frame.OPEN_OK and reply["missing"] == [[0, 10]], reply
             assert not orphan.exists(), "a sidecar without its part survived the directory's first listing"
             assert not bare.exists(), "a part without a sidecar was neither resumed nor reclaimed"
+            ftype, reply = request(sock, 2, {"path": "d/have.bin", "size": 5, "mtime_ns": 1,
+                                             "algo": "blake3-keyed"})
+            assert ftype == Frame.OPEN_OK and reply["existing_hash"], reply
+            assert not bare_of_final.exists(), "a bare part beside a final file was left for ever"
+            assert (d / "have.bin").read_bytes() == b"final"
     finally:
         rx.stop()
 

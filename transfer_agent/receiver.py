@@ -544,6 +544,7 @@ class Receiver:
                              else self._existing_hash(dir_fd, base, rel, size, algo, digest_key))
             if existing_hash is not None:
                 # nothing is created or reserved until the sender says whether its copy differs
+                self._reclaim_bare_parts(dir_fd, dkey, base)
                 os.close(dir_fd)
                 with self._lock:
                     self._busy_parts.pop(key, None)
@@ -711,6 +712,15 @@ class Receiver:
             self.log.info("resuming %s: %d of %d bytes already here", rel, ranges.total(), size)
             return ranges, new
         return RangeSet(), None
+
+    def _reclaim_bare_parts(self, dir_fd: int, dkey: tuple[int, int], base: str) -> None:
+        """Remove parts of this file that have no ranges sidecar (a crashed attempt's, never flushed): they record
+        nothing resumable. Called while this session holds the file's claim, so no live session owns them; when
+        the file is opened for writing, ``_take_over_part`` does the same."""
+        for name in self._parts.candidates(dir_fd, base, key=dkey):
+            if read_meta(dir_fd, name + ".meta") is None:
+                self.log.info("removed %s: a part without a record of its ranges (an earlier attempt's)", name)
+                self._remove_part(dir_fd, dkey, base, name)
 
     @staticmethod
     def _unlink_quiet(dir_fd: int, name: str, part: bool = True) -> None:
