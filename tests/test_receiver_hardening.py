@@ -444,3 +444,116 @@ def test_write_failure_removes_the_partial_and_releases_the_file(tmp_path: Path,
         proc.terminate()
         proc.wait(15)
         proc.stdout.close()
+
+
+# -- fault row "receiver SIGKILL mid-rename": a sidecar whose part is gone is garbage at once -------------
+def test_fresh_orphan_sidecar_removed_by_the_start_sweep(tmp_path: Path, secret: Path) -> None:
+    """A receiver killed between a commit's rename and the sidecar's removal leaves ``.X.part.meta`` beside the
+    final ``X``: it describes no bytes, so the sweep at start removes it however young it is."""
+    d = tmp_path / "dst" / "d"
+    d.mkdir(parents=True)
+    (d / "done.bin").write_bytes(b"committed")
+    orphan = d / ".done.bin.job1.1.part.meta"
+    orphan.write_text(json.dumps({"path": "d/done.bin", "ranges": [[0, 9]]}))
+    live = d / ".open.bin.job1.1.part"  # young part with its sidecar: kept (the age rule applies)
+    live.write_bytes(b"x")
+    (d / ".open.bin.job1.1.part.meta").write_text("{}")
+    rx = start_receiver(tmp_path / "dst", secret, part_max_age=3600)
+    try:
+        assert rx.swept.wait(10)
+        assert not orphan.exists(), "a sidecar without its part survived the sweep at start"
+        assert live.exists() and (d / ".open.bin.job1.1.part.meta").exists()
+        assert (d / "done.bin").read_bytes() == b"committed"
+    finally:
+        rx.stop()
+
+
+def test_orphan_sidecar_removed_when_a_session_first_lists_the_directory(tmp_path: Path, secret: Path) -> None:
+    """Without any sweep, the first listing of a directory by a session removes orphaned sidecars, and a part of a
+    crashed attempt without a sidecar (no record of its bytes) is reclaimed when its file is opened again."""
+    d = tmp_path / "dst" / "d"
+    d.mkdir(parents=True)
+    orphan = d / ".gone.bin.job1.1.part.meta"
+    orphan.write_text("{}")
+    bare = d / ".again.bin.job1.1.part"
+    bare.write_bytes(b"y" * 10)
+    (d / "have.bin").write_bytes(b"final")  # committed since; a bare part of an earlier attempt is left
+    bare_of_final = d / ".have.bin.job0.1.part"
+    bare_of_final.write_bytes(b"f")
+    rx = start_receiver(tmp_path / "dst", secret, part_max_age=None)
+    try:
+        sock, _ = control(rx.port, secret, job="job1", attempt=2)
+        with sock:
+            ftype, reply = request(sock, 1, {"path": "d/again.bin", "size": 10, "mtime_ns": 1,
+                                             "algo": "blake3-keyed"})
+            assert ftype == Frame.OPEN_OK and reply["missing"] == [[0, 10]], reply
+            assert not orphan.exists(), "a sidecar without its part survived the directory's first listing"
+            assert not bare.exists(), "a part without a sidecar was neither resumed nor reclaimed"
+            ftype, reply = request(sock, 2, {"path": "d/have.bin", "size": 5, "mtime_ns": 1,
+                                             "algo": "blake3-keyed"})
+            assert ftype == Frame.OPEN_OK and reply["existing_hash"], reply
+            assert not bare_of_final.exists(), "a bare part beside a final file was left for ever"
+            assert (d / "have.bin").read_bytes() == b"final"
+    finally:
+        rx.stop()
+
+
+# -- fault row "source modified mid-send": blocks of a file given up are dropped, the connection stays -------
+@pytest.mark.parametrize("encrypt", [False, True], ids=["plain", "sealed"])
+def test_blocks_of_an_aborted_file_are_dropped_not_a_protocol_error(tmp_path: Path, secret: Path, rx: Receiver,
+                                                                    encrypt: bool) -> None:
+    """Data and control travel on different connections, so blocks the sender put on the wire before it aborted
+    a file (its source changed) may arrive after the ABORT. They are read and dropped; the data connection stays
+    and carries the next file. Data for a file id never opened still closes the connection."""
+    from transfer_agent.protocol import pack_header
+    from transfer_agent.secure import TAG_BYTES, DataSealer
+
+    sid = uuid.uuid4().hex
+    conn = Connector("127.0.0.1", rx.port, load_secret(secret), None,
+                     {"session": sid, "job": "dropjob", "attempt": 1}, encrypt=encrypt)
+    ctl = Ctl(conn.connect_link(role="control").link)
+    hs = conn.connect_link(role="data", channel=0, stream=0)
+    data = hs.link.sock
+    sealer = DataSealer(hs.keys) if encrypt else None
+
+    def block(fid: int, off: int, payload: bytes) -> None:
+        if sealer is None:
+            data.sendall(pack_header(Frame.DATA, fid, off, len(payload)) + payload)
+        else:
+            header = pack_header(Frame.DATA, fid, off, len(payload) + TAG_BYTES)
+            data.sendall(header + sealer.seal(header, payload))
+
+    def session_file(fid: int):
+        s = rx._sessions.get(sid)
+        return s and s.files.get(fid)
+
+    with ctl:
+        try:
+            size = 256 << 10
+            assert request(ctl, 1, {"path": "a/gone.bin", "size": size, "mtime_ns": 1,
+                                    "algo": "blake3-keyed"})[0] == Frame.OPEN_OK
+            block(1, 0, b"a" * (64 << 10))
+            wait_until(lambda: session_file(1) and session_file(1).ranges.total() == 64 << 10, what="first block")
+            ctl.link.send(Frame.ABORT, {"reason": "source modified"}, 1)
+            wait_until(lambda: session_file(1) is None, what="the ABORT handled")
+            dropped = rx.stats.get("blocks_dropped", 0)
+            block(1, 64 << 10, b"b" * (64 << 10))  # already on its way when the sender gave up
+            block(1, 128 << 10, b"c" * (128 << 10))
+            # the same data connection still carries the next file
+            assert request(ctl, 2, {"path": "a/next.bin", "size": 1000, "mtime_ns": 1,
+                                    "algo": "blake3-keyed"})[0] == Frame.OPEN_OK
+            block(2, 0, b"n" * 1000)
+            wait_until(lambda: session_file(2) and session_file(2).ranges.total() == 1000,
+                       what="the next file's block written over the same data connection")
+            assert rx.stats["blocks_dropped"] == dropped + 2
+            assert not [p for p in part_files(tmp_path / "dst" / "a") if p.name.startswith(".gone.bin.")]
+            # a file id never opened in this session is still refused: the data connection closes
+            block(99, 0, b"x" * 100)
+            data.settimeout(10)
+            try:
+                got = data.recv(1)
+            except ConnectionResetError:
+                got = b""
+            assert got == b"", "data for a never-opened file id did not close the data connection"
+        finally:
+            data.close()

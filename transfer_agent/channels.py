@@ -22,6 +22,7 @@ from concurrent.futures import Future
 import logging
 import os
 import queue
+import select
 import socket
 import ssl
 import threading
@@ -44,6 +45,7 @@ from transfer_agent.secure import TAG_BYTES, DataSealer
 log = logging.getLogger("fstream.sender")
 MIN_STRIPE = 256 << 10  # smallest block a file is cut into when striped over a channel's streams
 TLS_CHUNK = 1 << 20  # bytes read and encrypted per call when the channel is TLS (no zero-copy there)
+IDLE_CHECK = 0.25  # seconds: how often an idle data stream checks that its connection still stands
 MAX_SEALED_BLOCK = MAX_BLOCK - TAG_BYTES  # a sealed block and its tag must fit the frame limit
 
 
@@ -467,13 +469,39 @@ class Channel:
         self.pool.count(f, length)
         self.moved += length
 
+    @staticmethod
+    def _peer_closed(poller: select.poll) -> str | None:
+        """Why the data connection is unusable (the receiver closed or reset it), or None. The receiver never
+        sends on a data connection, so a hang-up, an error or end-of-stream is the only news it can bring."""
+        for _fd, ev in poller.poll(0):
+            if ev & select.POLLERR:
+                return "connection error"
+            if ev & (select.POLLHUP | getattr(select, "POLLRDHUP", 0)):
+                return "closed by the receiver"
+        return None
+
+    def _next_block(self, sock: socket.socket) -> tuple[InFlight, int, int] | None:
+        """The next block to send; while idle, notice a data connection the receiver closed and fail the
+        session at once (it reconnects and resumes) instead of when the stall detector fires (issue 8, fault
+        row "source modified mid-send")."""
+        poller = select.poll()
+        poller.register(sock.fileno(), getattr(select, "POLLRDHUP", 0))  # POLLHUP, POLLERR: always reported
+        while True:
+            try:
+                return self.blocks.get(timeout=IDLE_CHECK)
+            except queue.Empty:
+                pass
+            why = self._peer_closed(poller)
+            if why is not None:
+                raise ConnectionResetError(f"idle data stream {why}")
+
     def _stream_loop(self, sock: socket.socket, sealer: DataSealer | None = None) -> None:
         pool = self.pool
         tls = isinstance(sock, ssl.SSLSocket)
         fileno = sock.fileno()
         try:
             while True:
-                item = self.blocks.get()
+                item = self._next_block(sock)
                 if item is None:
                     return
                 f, off, length = item

@@ -9,6 +9,7 @@ one directory costs O(N) in all instead of O(N²).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 import threading
@@ -16,6 +17,8 @@ import time
 from typing import Callable
 
 from transfer_agent.paths import stem_of
+
+log = logging.getLogger("fstream.receiver")
 
 
 def part_stem(name: str) -> str | None:
@@ -44,7 +47,9 @@ class PartIndex:
         if idx is not None:
             return idx
         idx = {}
-        for name in os.listdir(dir_fd):
+        names = os.listdir(dir_fd)
+        remove_orphan_sidecars(dir_fd, names)
+        for name in names:
             stem = part_stem(name)
             if stem is not None:
                 idx.setdefault(stem, set()).add(name)
@@ -91,12 +96,38 @@ def _part_of(name: str) -> str | None:
     return None
 
 
+def remove_orphan_sidecars(dir_fd: int, names: list[str]) -> list[str]:
+    """Remove the ``.part.meta``/``.part.meta.tmp`` sidecars in ``names`` (a listing of ``dir_fd``) whose ``.part``
+    is gone, whatever their age: a sidecar without its part describes no bytes (a receiver killed between a
+    commit's rename and the sidecar's removal leaves one; issue 8, fault row "receiver SIGKILL mid-rename").
+    A sidecar is only ever written while its part exists, so the part is looked up again right before the
+    removal. Returns the names removed."""
+    present = set(names)
+    removed: list[str] = []
+    for name in names:
+        part = _part_of(name)
+        if part is None or part == name or part in present:
+            continue
+        try:
+            os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+            continue  # it exists after all (created since the listing)
+        except FileNotFoundError:
+            pass
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            continue
+        log.info("removed %s: a ranges sidecar whose part is gone (committed or removed before a crash)", name)
+        removed.append(name)
+    return removed
+
+
 def sweep_parts(root_fd: int, max_age: float, is_busy: Callable[[tuple[int, int], str], bool] | None = None,
                 index: PartIndex | None = None, now: float | None = None,
                 lock: threading.Lock | None = None) -> list[str]:
     """Remove orphaned parts (``.part``, ``.part.meta``, ``.part.meta.tmp``) anywhere under ``root_fd`` whose
     newest file was last modified more than ``max_age`` seconds ago (issue 8, defect 7: parts of failed
-    attempts are reclaimed). Final names are never touched; symbolic links are not followed.
+    attempts are reclaimed), and at once any sidecar whose part is gone (``remove_orphan_sidecars``). Final names are never touched; symbolic links are not followed.
 
     ``is_busy((dev, ino), stem)`` tells whether a live session holds the file; busy parts are never touched.
     The check and the removal run under ``lock`` (the receiver's, under which sessions claim files), so a
@@ -114,8 +145,10 @@ def sweep_dir(dfd: int, dirpath: str, max_age: float, names: list[str] | None = 
               now: float | None = None, lock: threading.Lock | None = None) -> list[str]:
     """``sweep_parts`` for the one directory ``dfd`` (``dirpath`` relative to the root, for the result)."""
     now = time.time() if now is None else now
+    names = os.listdir(dfd) if names is None else list(names)
+    removed = [os.path.normpath(os.path.join(dirpath, n)) for n in remove_orphan_sidecars(dfd, names)]
     groups: dict[str, list[tuple[str, float]]] = {}
-    for name in os.listdir(dfd) if names is None else names:
+    for name in names:
         part = _part_of(name)
         if part is None:
             continue
@@ -126,10 +159,9 @@ def sweep_dir(dfd: int, dirpath: str, max_age: float, names: list[str] | None = 
         if stat.S_ISREG(st.st_mode):
             groups.setdefault(part, []).append((name, st.st_mtime))
     if not groups:
-        return []
+        return removed
     dst = os.fstat(dfd)
     dkey = (dst.st_dev, dst.st_ino)
-    removed: list[str] = []
     for part, members in sorted(groups.items()):
         if now - max(m for _n, m in members) < max_age:
             continue

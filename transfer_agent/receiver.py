@@ -26,6 +26,7 @@ import ssl
 import stat
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,8 @@ ACCEPT_BACKOFF_MAX = 1.0  # seconds between accept attempts while out of file de
 PART_MAX_AGE = 7 * 86400.0  # orphaned parts untouched this long are removed by the sweep
 SWEEP_INTERVAL = 3600.0
 FENCE_WAIT = 5.0  # how long an OPEN waits for a fenced stale holder to release the file
+SETTLED_MAX = 4096  # file ids a session remembers as aborted/skipped/failed, so their late blocks are dropped
+DROP_CHUNK = 1 << 20
 KEEPALIVE = (30, 10, 3)  # idle s, interval s, probes: a vanished peer (host down, FIN lost) is noticed in ~1 min
 
 
@@ -171,6 +174,9 @@ class Session:
         self.keys = keys  # the control connection's keys (None: TLS only)
         self.files: dict[int, RecvFile] = {}
         self.deferred: set[int] = set()  # opened, final already present: waiting for SKIP or a replacing OPEN
+        # ids of files this session opened and then aborted, skipped or failed (the newest SETTLED_MAX): blocks
+        # of them already on their way when the sender gave up are read and dropped, not a protocol error
+        self.settled: OrderedDict[int, None] = OrderedDict()
         self.dirs: dict[str, tuple[int, tuple[int, int]]] = {}  # parent dirs walked (O_NOFOLLOW) this session
         self.free_estimate = 0
         self.data_socks: set[socket.socket] = set()
@@ -178,6 +184,18 @@ class Session:
         self.lock = threading.Lock()
         self.closed = False
         self.sock: socket.socket | None = None  # the control connection (fencing checks and shuts it)
+
+    def settle(self, fid: int) -> None:
+        """Remember that file ``fid`` was opened and is given up (aborted, skipped, failed) in this session."""
+        with self.lock:
+            self.settled[fid] = None
+            self.settled.move_to_end(fid)
+            while len(self.settled) > SETTLED_MAX:
+                self.settled.popitem(last=False)
+
+    def is_settled(self, fid: int) -> bool:
+        with self.lock:
+            return fid in self.settled
 
     def reply(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
         try:
@@ -236,7 +254,8 @@ class Receiver:
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
-        self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0, "fenced": 0}
+        self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0, "fenced": 0,
+                      "blocks_dropped": 0}
         self.handshake_timeout = handshake_timeout
         self.part_max_age = part_max_age
         self.sweep_interval = sweep_interval
@@ -492,6 +511,7 @@ class Receiver:
                 session.deferred.discard(fid)
                 f = session.files.pop(fid, None)
                 if f is not None:
+                    session.settle(fid)  # its blocks may still be on their way: they are dropped
                     self._discard(f, remove=True)
             elif ftype == Frame.PING:
                 session.reply(Frame.PONG, body)
@@ -524,6 +544,7 @@ class Receiver:
                              else self._existing_hash(dir_fd, base, rel, size, algo, digest_key))
             if existing_hash is not None:
                 # nothing is created or reserved until the sender says whether its copy differs
+                self._reclaim_bare_parts(dir_fd, dkey, base)
                 os.close(dir_fd)
                 with self._lock:
                     self._busy_parts.pop(key, None)
@@ -569,6 +590,8 @@ class Receiver:
                 self._busy_parts.pop(key, None)
                 self._released.notify_all()
             raise
+        with session.lock:
+            session.settled.pop(fid, None)
         session.files[fid] = f
         session.reply(Frame.OPEN_OK, {"missing": f.ranges.missing(size), "resumed": ranges.total(),
                                       "existing_hash": existing_hash}, fid)
@@ -690,6 +713,15 @@ class Receiver:
             return ranges, new
         return RangeSet(), None
 
+    def _reclaim_bare_parts(self, dir_fd: int, dkey: tuple[int, int], base: str) -> None:
+        """Remove parts of this file that have no ranges sidecar (a crashed attempt's, never flushed): they record
+        nothing resumable. Called while this session holds the file's claim, so no live session owns them; when
+        the file is opened for writing, ``_take_over_part`` does the same."""
+        for name in self._parts.candidates(dir_fd, base, key=dkey):
+            if read_meta(dir_fd, name + ".meta") is None:
+                self.log.info("removed %s: a part without a record of its ranges (an earlier attempt's)", name)
+                self._remove_part(dir_fd, dkey, base, name)
+
     @staticmethod
     def _unlink_quiet(dir_fd: int, name: str, part: bool = True) -> None:
         for n in ((name, name + ".meta", name + ".meta.tmp") if part else (name,)):
@@ -726,7 +758,10 @@ class Receiver:
                     raise ProtocolError(f"unexpected {ftype.name} frame on a data connection")
                 f = session.files.get(fid)
                 if f is None:
-                    raise ProtocolError(f"data for file id {fid}, which is not open in this session")
+                    if not session.is_settled(fid):
+                        raise ProtocolError(f"data for file id {fid}, which is not open in this session")
+                    self._drop_block(session, conn, sealer, fid, off, length)
+                    continue
                 wire = length
                 if sealer is not None:
                     length -= TAG_BYTES  # the header counts the tag
@@ -751,6 +786,29 @@ class Receiver:
             if pipe is not None:
                 os.close(pipe[0])
                 os.close(pipe[1])
+
+    def _drop_block(self, session: Session, conn: socket.socket, sealer: DataSealer | None, fid: int, off: int,
+                    wire: int) -> None:
+        """Read and drop a block of a file this session aborted, skipped or failed: the sender sent it before it
+        gave the file up (data and control travel on different connections), so it is no reason to close the
+        data connection (issue 8, fault row "source modified mid-send"). A sealed block is still opened, so the
+        connection's nonce counter stays in step and a forged block is still detected."""
+        self.stats["blocks_dropped"] += 1
+        self.log.debug("session %s: dropping a %d-byte block of file id %d, given up in this session",
+                       session.id[:8], wire, fid)
+        if sealer is not None:
+            sealed = recv_exact(conn, wire)
+            sealer.open(pack_header(Frame.DATA, fid, off, wire), sealed, f"data block at {off} of file id {fid}")
+            return
+        left = wire
+        while left > 0:
+            try:
+                chunk = conn.recv(min(DROP_CHUNK, left))
+            except OSError as exc:
+                raise NetworkError(f"connection lost in a dropped data block of file id {fid}: {exc}") from None
+            if not chunk:
+                raise ProtocolError(f"truncated frame: dropped data block of file id {fid} ended early")
+            left -= len(chunk)
 
     def _open_sealed(self, f: RecvFile, conn: socket.socket, sealer: DataSealer, off: int, length: int,
                      wire: int) -> None:
@@ -933,6 +991,7 @@ class Receiver:
                 for f in batch:
                     if not f.done:
                         f.session.files.pop(f.file_id, None)
+                        f.session.settle(f.file_id)
                         self._discard(f, remove=True)  # released before the answer: the retry can open it
                         f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True,
                                                           "error": f"{f.relpath!r}: commit failed"}, f.file_id)
@@ -957,6 +1016,7 @@ class Receiver:
             if actual != f.expected_hash:
                 self.log.warning("checksum mismatch for %s: expected %s, got %s", f.relpath, f.expected_hash, actual)
                 f.session.files.pop(f.file_id, None)
+                f.session.settle(f.file_id)
                 self._discard(f, remove=True)  # released before the answer, so the retry's OPEN finds it free
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True, "kind": "checksum",
                                                   "error": f"{f.relpath!r}: checksum mismatch "
@@ -970,6 +1030,9 @@ class Receiver:
             storage.sync_files([f.fd for f in good], self._sync_pool)
         dirs: dict[tuple[int, int], int] = {}
         faultpoints.hit("commit.before_rename")
+        # order: rename first, then the sidecar's removal. A crash between them leaves at worst a sidecar whose
+        # part is gone, which describes no bytes and is removed at the next listing or sweep (never a part
+        # without its record of ranges that could be mistaken for a resumable one)
         for f in good:
             dkey = f.part_key[0]
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
@@ -1025,7 +1088,8 @@ class Receiver:
                 finally:
                     os.close(dfd)
         for rel in removed:
-            self.log.info("removed orphaned part %s (untouched for more than %.0f s)", rel, age)
+            self.log.info("removed orphaned part file %s (untouched for more than %.0f s, or a sidecar whose part is "
+                          "gone)", rel, age)
         return removed
 
     def _sweep_at_start(self) -> None:

@@ -277,9 +277,16 @@ class Proxy:
         except OSError:
             pass
         finally:
-            for s, how in ((b, socket.SHUT_WR), (a, socket.SHUT_RD)):
+            # one side closed: close both connections fully (a half-close would leave the other peer's
+            # connection open in one direction, which neither real peer would see on a cut path)
+            for s in (a, b):
                 try:
-                    s.shutdown(how)
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            for s in (a, b):
+                try:
+                    s.close()
                 except OSError:
                     pass
 

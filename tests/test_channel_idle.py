@@ -1,0 +1,68 @@
+"""An idle data stream notices at once that the receiver closed its connection (issue 8, fault row "source
+modified mid-send": the sender used to wait 60 s for its stall detector when a data connection died idle)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from transfer_agent.channels import Channel
+from transfer_agent.errors import NetworkError
+
+
+class _Control:
+    def __init__(self) -> None:
+        self.failed = threading.Event()
+        self.error: Exception | None = None
+
+    def fail(self, exc: Exception) -> None:
+        self.error = exc
+        self.failed.set()
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_idle_stream_fails_the_session_when_the_receiver_closes(how: str) -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if how == "close" else (None, None)
+    if how == "reset":
+        srv = socket.create_server(("127.0.0.1", 0))
+        ours = socket.create_connection(srv.getsockname())
+        theirs, _ = srv.accept()
+        srv.close()
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+    control = _Control()
+    pool = SimpleNamespace(control=control, stopping=threading.Event())
+    ch = Channel(0, 1, pool)  # type: ignore[arg-type]
+    t = threading.Thread(target=ch._stream_loop, args=(ours,), daemon=True)
+    t.start()
+    try:
+        assert not control.failed.wait(0.6), "an idle stream with a live connection failed the session"
+        t0 = time.monotonic()
+        theirs.close()
+        assert control.failed.wait(5), "the idle stream did not notice the receiver closed its connection"
+        assert time.monotonic() - t0 < 2.0
+        assert isinstance(control.error, NetworkError) and "lost" in str(control.error), control.error
+        t.join(5)
+        assert not t.is_alive()
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_idle_stream_of_a_closing_channel_fails_nothing() -> None:
+    ours, theirs = socket.socketpair()
+    control = _Control()
+    pool = SimpleNamespace(control=control, stopping=threading.Event())
+    ch = Channel(0, 1, pool)  # type: ignore[arg-type]
+    t = threading.Thread(target=ch._stream_loop, args=(ours,), daemon=True)
+    t.start()
+    try:
+        ch.closing = True
+        theirs.close()
+        t.join(5)
+        assert not t.is_alive() and not control.failed.is_set()
+    finally:
+        ours.close()
