@@ -214,6 +214,9 @@ class Proxy:
         self.conns = 0
         self.throttle: dict[int, float] = {}  # connection index -> bytes/s
         self.throttled_bytes: dict[int, int] = {}
+        # bytes/s for the first data connection (index >= 1) that moves more than a handshake's worth:
+        # which stream takes a block first is up to thread scheduling, so pick it when it happens
+        self.throttle_first_data: float | None = None
         self._kill_at: tuple[int, int] | None = None
         self.killed_at: int | None = None
         self._lock = threading.Lock()
@@ -259,6 +262,11 @@ class Proxy:
                 if upstream:
                     moved += len(chunk)
                     with self._lock:
+                        if (self.throttle_first_data and idx >= 1 and moved > 4096
+                                and idx not in self.throttle):
+                            self.throttle[idx] = self.throttle_first_data
+                            self.throttle_first_data = None
+                            t0, moved = time.monotonic(), 0
                         self.forwarded += len(chunk)
                         total = self.forwarded
                         if idx in self.throttle:

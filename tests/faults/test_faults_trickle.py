@@ -23,16 +23,16 @@ def test_one_stream_trickling_is_detected_as_a_stall_and_retried(tmp_path, agent
     want = manifest(src, "out")
     rx = agents.receiver(tmp_path / "dst")
     proxy = Proxy(("127.0.0.1", rx.port))
-    proxy.throttle[1] = 2000.0  # connection 0 is control; 1 is the first data stream: 16 kbit/s
+    proxy.throttle_first_data = 2000.0  # the first data stream that carries a block: 16 kbit/s
     t0 = time.monotonic()
     try:
         rc, res, log = agents.send([src / "data.bin"], proxy.port, cc=1, p=2, pp=1,
                                    extra=("--stall-timeout", f"{STALL_S}s", "--block-size", "256KiB"),
-                                   timeout=60)  # small blocks: the throttled stream surely takes some
+                                   timeout=60)
     finally:
         proxy.close()
     took = time.monotonic() - t0
-    assert proxy.throttled_bytes.get(1, 0) > 4096, "the throttled connection carried no data (test set-up)"
+    assert sum(proxy.throttled_bytes.values()) > 0, "no data stream was throttled (test set-up)"
     assert rc == 0 and res and res["ok"], f"exit {rc}: {res and res['failures']}\n{log[-3000:]}"
     assert "stalled" in log and "below the progress floor" in log, log[-3000:]
     assert log.count("reconnecting") == 1, f"expected one stall and one retry:\n{log[-3000:]}"
