@@ -14,6 +14,16 @@ from transfer_agent.receiver import Receiver, RecvFile
 from transfer_agent.sender import Transfer, TransferResult
 
 
+def wait_until(cond: Any, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``cond`` (every 20 ms) until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} not reached in time"
+        threading.Event().wait(0.02)
+
+
 def write_secret(path: Path) -> Path:
     path.write_text(secrets.token_hex(32) + "\n")
     path.chmod(0o600)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agentkit import GatedReceiver, make_files, part_files, send, start_receiver
+from agentkit import GatedReceiver, make_files, part_files, send, start_receiver, wait_until
 from transfer_agent.auth import load_secret
 from transfer_agent.channels import Connector
 from transfer_agent.errors import FStreamError
@@ -28,11 +28,6 @@ from transfer_agent.receiver import Receiver
 MiB = 1024 * 1024
 
 
-def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not reached in time"
-        threading.Event().wait(0.02)
 
 
 class Ctl:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkit import make_files, part_files, send, start_receiver, write_secret
+from agentkit import make_files, part_files, send, start_receiver, write_secret, wait_until
 from transfer_agent.auth import TLSConfig, load_secret
 from transfer_agent.channels import Connector
 from transfer_agent.errors import AuthError, FStreamError, RefusedError
@@ -28,14 +28,6 @@ def control(port: int, secret: Path, job: str = "job", attempt: int = 1) -> tupl
     return conn.connect_link(role="control").link, conn
 
 
-def wait_until(cond, timeout: float = 10.0) -> None:
-    import threading
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        threading.Event().wait(0.02)
 
 
 def closed_by_peer(sock: socket.socket) -> bool:

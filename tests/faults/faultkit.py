@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -21,22 +20,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from agentkit import make_files
+
 CLI = [sys.executable, "-m", "transfer_agent.cli"]
+
+
+write_files = make_files  # reproducible random files: one implementation, in tests/agentkit.py
 
 
 def seeds() -> list[int]:
     """Seeds of the randomized rows: ``FSTREAM_FAULT_SEEDS`` (default ``1,2,3``)."""
     text = os.environ.get("FSTREAM_FAULT_SEEDS", "1,2,3")
     return [int(s) for s in text.replace(" ", "").split(",") if s]
-
-
-def write_files(root: Path, sizes: dict[str, int], seed: int) -> Path:
-    rnd = random.Random(seed)
-    for rel, size in sizes.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(rnd.randbytes(size))
-    return root
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:

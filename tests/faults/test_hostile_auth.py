@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from agentkit import make_files, part_files, send, start_receiver, write_secret
+from agentkit import make_files, part_files, send, start_receiver, write_secret, wait_until
 from transfer_agent.auth import NONCE_BYTES, client_handshake, load_secret
 from transfer_agent.errors import AuthError
 from transfer_agent.protocol import (HEADER, HEADER_SIZE, VERSION, ControlWriter, Frame, pack_control, pack_header,
@@ -32,11 +32,6 @@ from transfer_agent.receiver import Receiver
 KiB, MiB = 1024, 1024 * 1024
 
 
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        threading.Event().wait(0.02)
 
 
 def visible_files(root: Path) -> list[Path]:

@@ -17,17 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentkit import make_files, send, start_receiver, trees_identical
+from agentkit import make_files, send, start_receiver, trees_identical, wait_until
 from transfer_agent.protocol import MAX_CONTROL, Frame, pack_control, pack_header
 
 MiB = 1024 * 1024
 
 
-def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not reached in time"
-        threading.Event().wait(0.02)
 
 
 @contextmanager
