@@ -19,8 +19,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fstream demo
 
-test: $(STAMP)
+test: $(STAMP) lint
 	bash .ci/pytest.sh $(PYTEST_ARGS)
+
+# The rooms' allowed arrows (.importlinter, docs/architecture.md): CI fails on a broken contract.
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 # Tools only the benchmarks and the WAN testbed need (root: Debian packages).
 bench-deps:

@@ -185,8 +185,8 @@ class Rig:
     def _start(self) -> None:
         if "airflow" in sys.modules:
             raise RuntimeError("fstream bench airflow: Airflow was imported before its private AIRFLOW_HOME was set")
-        from fstream_provider.bus import connect
-        from fstream_provider.embedded import RedisServer
+        from fstream_provider.bus.client import connect
+        from fstream_provider.bus.embedded import RedisServer
 
         w = self.workdir
         self.redis = RedisServer(str(w / "redis")).start()
@@ -211,7 +211,7 @@ class Rig:
                        timeout=600)
         self.timings["airflow_db_migrate_s"] = time.monotonic() - t0
 
-        from transfer_agent.worker import Agent
+        from transfer_agent.daemon.worker import Agent
 
         self.dst = w / "dst"
         self.dst.mkdir(exist_ok=True)
@@ -239,7 +239,7 @@ class Rig:
     def _start_receiver(self) -> int:
         import socket
 
-        from fstream_provider.embedded import free_port
+        from fstream_provider.bus.embedded import free_port
 
         port = free_port()
         log = open(self.workdir / "receiver.log", "ab")
@@ -284,8 +284,8 @@ class Rig:
         return str(dr.state), marks, wall
 
     def job_event_ts(self, job_id: str) -> dict[str, float]:
-        from fstream_provider.jobs import JobStore
-        from fstream_provider.keys import Keys
+        from fstream_provider.bus.jobs import JobStore
+        from fstream_provider.bus.keys import Keys
 
         out: dict[str, float] = {}
         for _eid, ev in JobStore(self.client, keys=Keys()).events(job_id, count=10000):
@@ -509,7 +509,7 @@ def _check_landed(dest: Path, count: int, size: int) -> None:
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
-    from fstream_provider.units import parse_size
+    from fstream_provider.model.units import parse_size
 
     datasets = []
     for item in args.datasets.split(","):
@@ -521,8 +521,8 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     try:
         kw = f'tuner="{args.tuner}", cc={args.cc}, plot_dir="{workdir}/plots"'
         with Rig(workdir, transfer_kw=kw) as rig:
-            from fstream_provider.spec import TransferSpec
-            from transfer_agent.sender import Transfer
+            from fstream_provider.model.spec import TransferSpec
+            from transfer_agent.sending.sender import Transfer
 
             log_path = workdir / "airflow-dag-test.log"
             for name, count, size in datasets:
@@ -595,7 +595,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
 
 def _time_save_plot(path: Path, runs: int = 5) -> float:
     """Median wall time of the task log's PNG plot alone (warm, 10 intervals): part of ``execute_complete``."""
-    from fstream_provider.tasklog import save_plot
+    from fstream_provider.model.tasklog import save_plot
 
     intervals = [{"t": float(i), "throughput_bps": 5e9, "cc": 4, "p": 1} for i in range(10)]
     save_plot(intervals, str(path), 1e9)  # imports matplotlib
@@ -679,7 +679,7 @@ def _write(kind: str, res: dict[str, Any], md: str, args: argparse.Namespace) ->
 
 
 def _parser() -> argparse.ArgumentParser:
-    from fstream_provider.units import parse_size
+    from fstream_provider.model.units import parse_size
 
     ap = argparse.ArgumentParser(prog="fstream bench airflow", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)

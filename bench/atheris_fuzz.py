@@ -13,8 +13,8 @@ import sys
 
 def _one(data: bytes) -> None:
     from transfer_agent.errors import NetworkError, ProtocolError, RefusedError
-    from transfer_agent.paths import safe_relpath
-    from transfer_agent.protocol import recv_frame
+    from transfer_agent.storage.paths import safe_relpath
+    from transfer_agent.wire.protocol import recv_frame
 
     a, b = socket.socketpair()
     try:

@@ -39,7 +39,7 @@ from fstream_bench.qos_bench import (
 )
 from fstream_bench.report import machine_info
 
-from fstream_provider.units import parse_duration
+from fstream_provider.model.units import parse_duration
 
 VARIANTS = ("static", "dynamic", "fstream", "fstream-warmup", "fstream+history")
 
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                      "scale": default_scale(bench.bandwidth_bps, bench.rtt_s)},
         "workloads": workloads, "variants": variants, "watch": watch, "profile_interval": args.profile_interval,
         "concurrent": concurrent_benchmarks(), "runs": [], "plots": []}
-    from fstream_provider.units import parse_size
+    from fstream_provider.model.units import parse_size
     summary["scenario"]["tcp_buffer"] = parse_size(args.buffer)
     print(summary["machine_line"], flush=True)
     print(summary["selfcheck_line"], flush=True)

@@ -7,7 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
-from fstream_provider.units import parse_duration, parse_rate, parse_size
+from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -130,3 +130,15 @@ def _workload(args) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def register(subparsers) -> None:  # noqa: ANN001 - argparse's private subparsers type
+    """Add ``fstream bench`` to the agent's CLI (entry point ``fstream.commands``; the agent never imports this)."""
+    import argparse as _argparse
+
+    b = subparsers.add_parser("bench", help="benchmarks and the emulated WAN testbed", add_help=False)
+    b.add_argument("passthrough_args", nargs=_argparse.REMAINDER)
+    b.set_defaults(func=lambda args: int(main(args.passthrough_args) or 0))
+
+
+register.passthrough = True  # type: ignore[attr-defined]

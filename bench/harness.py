@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from fstream_provider.tuning.workloads import Workload
-from fstream_provider.units import parse_duration
+from fstream_provider.model.units import parse_duration
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers import gridftp, iperf, rsync, sftp
 from fstream_bench.peers.base import DestSampler, PeerError, PeerResult, Sites, free_port
@@ -462,7 +462,7 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
 
 def main(args) -> int:
     """Entry for ``fstream bench run``."""
-    from fstream_provider.units import parse_duration
+    from fstream_provider.model.units import parse_duration
 
     import signal
     import sys

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_provider.units import parse_duration, parse_rate, parse_size
+from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 
 
 def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:

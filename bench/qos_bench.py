@@ -27,7 +27,7 @@ from pathlib import Path
 from fstream_bench.peers.base import Sites
 from fstream_bench.report import machine_info
 
-from fstream_provider.units import parse_duration, parse_rate, parse_size
+from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 
 MiB = 2**20
 KINDS = ("small", "large", "mixed")

@@ -64,7 +64,7 @@ def _add(src: Path, protos: Path, start: int, count: int, size: int, block: byte
 
 def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dict:
     """Time a SourceWatcher's polls over ``src``: first (all files), idle, and after new files."""
-    from transfer_agent.scanner import SourceWatcher
+    from fstream_provider.watch.scanner import SourceWatcher
 
     w = SourceWatcher([str(src) + "/"], "scan", use_inotify=inotify)
     try:
@@ -82,7 +82,7 @@ def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dic
 
 def run(workdir: Path, *, files: int = 100_000, size: int = 64 * 2**10, checkpoints=(10_000, 50_000, 100_000),
         batch: int = 2000, interval: str = "1s", log=print) -> dict:
-    from transfer_agent.scanner import SourceWatcher
+    from fstream_provider.watch.scanner import SourceWatcher
 
     workdir = Path(workdir)
     src, dst = workdir / "src", workdir / "dst"
@@ -197,7 +197,7 @@ def markdown(doc: dict, command: str) -> str:
 
 def main(args) -> int:
     """Entry for ``fstream bench scale``."""
-    from fstream_provider.units import parse_duration  # noqa: F401  (interval is passed through as text)
+    from fstream_provider.model.units import parse_duration  # noqa: F401  (interval is passed through as text)
 
     workdir = Path(args.workdir or f"/tmp/fstream-bench-scale-{os.getpid()}")
     cps = tuple(int(x) for x in args.checkpoints.split(",") if x.strip())

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fstream_provider.units import parse_rate
+from fstream_provider.model.units import parse_rate
 
 CLI = [sys.executable, "-m", "transfer_agent.cli"]
 MiB = 1 << 20
@@ -119,7 +119,7 @@ class Soak:
         self.dst.mkdir(parents=True)
         self.logs = work / "logs"
         self.logs.mkdir()
-        from transfer_agent.auth import create_secret_file
+        from transfer_agent.wire.auth import create_secret_file
 
         self.secret = create_secret_file(work / "secret")
         self.env = {**os.environ, "FSTREAM_STATE_DIR": str(work / "state")}

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_provider.units import parse_size
+from fstream_provider.model.units import parse_size
 
 MODES = ("hmac", "hmac+encrypt", "tls", "hmac --no-verify")
 
@@ -161,7 +161,7 @@ def _children_cpu() -> float:
 
 def run_cases(sites: str, cases: list[tuple[str, Path, list[str]]], modes: list[str], repeat: int, work: Path,
               src_prefix: list[str], dst_prefix: list[str], dst_host: str) -> list[dict]:
-    from transfer_agent.auth import create_secret_file
+    from transfer_agent.wire.auth import create_secret_file
 
     secret = create_secret_file(work / "secret")
     certs = _certs(work / "certs")

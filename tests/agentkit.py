@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fstream_provider.spec import TransferSpec
-from transfer_agent.receiver import Receiver, RecvFile
-from transfer_agent.sender import Transfer, TransferResult
+from fstream_provider.model.spec import TransferSpec
+from transfer_agent.receiving.receiver import Receiver, RecvFile
+from transfer_agent.sending.sender import Transfer, TransferResult
 
 
 def wait_until(cond: Any, timeout: float = 10.0, what: str = "condition") -> None:
@@ -119,7 +119,7 @@ class PacedReceiver(Receiver):
 
 
 def start_receiver(root: Path, secret_file: Path, cls: type[Receiver] = Receiver, **kw: Any) -> Receiver:
-    from transfer_agent.auth import load_secret
+    from transfer_agent.wire.auth import load_secret
 
     os.makedirs(root, exist_ok=True)
     return cls(listen=("127.0.0.1", 0), root=str(root), secret=load_secret(secret_file), **kw).start()

@@ -12,8 +12,8 @@ import pytest
 # no test may touch ~/airflow: every Airflow import in this session sees a private home
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
 
-from fstream_provider.bus import connect  # noqa: E402
-from fstream_provider.embedded import RedisServer  # noqa: E402
+from fstream_provider.bus.client import connect  # noqa: E402
+from fstream_provider.bus.embedded import RedisServer  # noqa: E402
 
 
 @pytest.fixture

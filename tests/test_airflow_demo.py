@@ -1,4 +1,4 @@
-"""``fstream_provider.demo_airflow.run_demo`` (the Airflow part of ``make demo``) tells the whole story end to end."""
+"""``fstream_demo.airflow_demo.run_demo`` (the Airflow part of ``make demo``) tells the whole story end to end."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
 pytest.importorskip("airflow")
 
-from fstream_provider.demo_airflow import run_demo  # noqa: E402
+from fstream_demo.airflow_demo import run_demo  # noqa: E402
 
 
 def test_run_demo_streams_a_run_and_prints_the_task_log(tmp_path, redis_url):

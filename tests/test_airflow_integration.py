@@ -20,12 +20,12 @@ pytest.importorskip("airflow")
 
 from airflow.sdk.exceptions import AirflowException, TaskDeferred  # noqa: E402
 
-from fstream_provider.bus import connect  # noqa: E402
-from fstream_provider.jobs import JobStore  # noqa: E402
-from fstream_provider.keys import Keys  # noqa: E402
+from fstream_provider.bus.client import connect  # noqa: E402
+from fstream_provider.bus.jobs import JobStore  # noqa: E402
+from fstream_provider.bus.keys import Keys  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator  # noqa: E402
-from transfer_agent.receiver import Receiver  # noqa: E402
-from transfer_agent.worker import Agent  # noqa: E402
+from transfer_agent.receiving.receiver import Receiver  # noqa: E402
+from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = b"fstream-airflow-test-secret-0123456789"

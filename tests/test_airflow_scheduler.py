@@ -18,9 +18,9 @@ import pytest
 
 pytest.importorskip("airflow")
 
-from fstream_provider.embedded import free_port  # noqa: E402
-from transfer_agent.receiver import Receiver  # noqa: E402
-from transfer_agent.worker import Agent  # noqa: E402
+from fstream_provider.bus.embedded import free_port  # noqa: E402
+from transfer_agent.receiving.receiver import Receiver  # noqa: E402
+from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -113,8 +113,8 @@ def _drop(watch: Path, names: list[str]) -> float:
 
 def _latencies(redis_url: str, db: Path, closed: list[float]) -> str:
     """File closed -> asset event, and -> the agent claiming the transfer job (the transfer starting)."""
-    from fstream_provider.bus import connect
-    from fstream_provider.jobs import JobStore
+    from fstream_provider.bus.client import connect
+    from fstream_provider.bus.jobs import JobStore
 
     with sqlite3.connect(db, timeout=5) as c:
         events = [r[0] for r in c.execute("select timestamp from asset_event order by id")]

@@ -17,12 +17,12 @@ from airflow.sdk._shared.module_loading import import_string  # noqa: E402
 
 from fstream_provider.hooks.fstream import FStreamHook  # noqa: E402
 from fstream_provider.hooks.fstream_async import FStreamAsyncHook  # noqa: E402
-from fstream_provider.jobs import JobStore  # noqa: E402
-from fstream_provider.keys import Keys  # noqa: E402
+from fstream_provider.bus.jobs import JobStore  # noqa: E402
+from fstream_provider.bus.keys import Keys  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator, normalize_sources, to_unix_time  # noqa: E402
 from fstream_provider.sensors.new_files import FStreamNewFilesSensor  # noqa: E402
-from fstream_provider.spec import TransferSpec  # noqa: E402
-from fstream_provider.tasklog import format_interval, save_plot, summary_table, target_warnings  # noqa: E402
+from fstream_provider.model.spec import TransferSpec  # noqa: E402
+from fstream_provider.model.tasklog import format_interval, save_plot, summary_table, target_warnings  # noqa: E402
 from fstream_provider.triggers.new_files import FStreamNewFilesTrigger  # noqa: E402
 from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E402
 
@@ -66,9 +66,9 @@ def test_constructors_do_no_io(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr("fstream_provider.bus.connect", refuse)
-    monkeypatch.setattr("fstream_provider.bus.connect_async", refuse)
-    monkeypatch.setattr("fstream_provider.embedded.resolve_redis_url", refuse)
+    monkeypatch.setattr("fstream_provider.bus.client.connect", refuse)
+    monkeypatch.setattr("fstream_provider.bus.client.connect_async", refuse)
+    monkeypatch.setattr("fstream_provider.bus.embedded.resolve_redis_url", refuse)
     FStreamHook(fstream_conn_id="nowhere")
     FStreamAsyncHook(fstream_conn_id="nowhere")
     FStreamTransferOperator(task_id="t", sources=["/data/a"], destination="fstream://127.0.0.1:1/x",
@@ -185,7 +185,7 @@ def test_new_files_trigger_waits_for_a_growing_file(fstream_conn, tmp_path):
 
 def _fake_worker_run(redis_url, job_id, *, fail=False, n=3):
     """Play the agent's side of the job protocol on the real bus (the real agent runs in the integration tests)."""
-    from fstream_provider.bus import connect
+    from fstream_provider.bus.client import connect
 
     client = connect(redis_url)
     store = JobStore(client, keys=Keys(NS))

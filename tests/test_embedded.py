@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fstream_provider import bus
-from fstream_provider.embedded import EmbeddedRedis, RedisServer, find_redis_server, resolve_redis_url
+from fstream_provider.bus import client as bus
+from fstream_provider.bus.embedded import EmbeddedRedis, RedisServer, find_redis_server, resolve_redis_url
 
 
 def _poll(predicate, what: str, deadline: float = 20.0):
@@ -176,7 +176,7 @@ def test_url_parsing_for_sentinel_and_cluster():
 
 def test_sentinel_url_reaches_the_master(redis_server, tmp_path):
     """A real redis-server in sentinel mode monitoring ``redis_server``: the client finds the master."""
-    from fstream_provider.embedded import find_redis_server, free_port
+    from fstream_provider.bus.embedded import find_redis_server, free_port
     import subprocess
 
     port = free_port()
@@ -202,7 +202,7 @@ def test_sentinel_url_reaches_the_master(redis_server, tmp_path):
 
 
 def test_cli_redis_url_status_stop(tmp_path, capsys):
-    from transfer_agent.cli import main
+    from transfer_agent.cli.main import main
 
     state = str(tmp_path / "cli-state")
     try:
@@ -222,7 +222,7 @@ def _cluster_port() -> int:
     """A free port whose cluster-bus port (port + 10000) is valid and free too."""
     import socket
 
-    from fstream_provider.embedded import free_port
+    from fstream_provider.bus.embedded import free_port
 
     for _ in range(200):
         port = free_port()
@@ -240,7 +240,7 @@ def _cluster_port() -> int:
 def _start_raw(tmp_path, name: str, extra: str, port: int | None = None) -> tuple:
     import subprocess
 
-    from fstream_provider.embedded import find_redis_server, free_port
+    from fstream_provider.bus.embedded import find_redis_server, free_port
 
     port = port or free_port()
     d = tmp_path / name
@@ -290,8 +290,8 @@ def _safe_ping(c) -> bool:
 
 def test_cluster_url_runs_the_job_scripts(tmp_path):
     """A one-node Redis Cluster owning all slots: the hash-tagged keys and Lua scripts work through RedisCluster."""
-    from fstream_provider.jobs import JobStore
-    from fstream_provider.spec import TransferSpec
+    from fstream_provider.bus.jobs import JobStore
+    from fstream_provider.model.spec import TransferSpec
 
     proc, port = _start_raw(tmp_path, "cluster", "cluster-enabled yes\ncluster-config-file nodes.conf",
                             port=_cluster_port())

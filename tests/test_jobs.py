@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from fstream_provider.jobs import TERMINAL_STATES, JobState, JobStore, decode_event
-from fstream_provider.keys import Keys
-from fstream_provider.spec import TransferSpec
+from fstream_provider.bus.jobs import TERMINAL_STATES, JobState, JobStore, decode_event
+from fstream_provider.bus.keys import Keys
+from fstream_provider.model.spec import TransferSpec
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_same_idempotency_key_returns_same_job(store, spec):
 
 
 def test_concurrent_submits_with_one_key_create_one_job(store, spec, redis_url):
-    from fstream_provider.bus import connect
+    from fstream_provider.bus.client import connect
 
     results: list[tuple[str, bool]] = []
     barrier = threading.Barrier(8)
@@ -195,10 +195,10 @@ def test_trim_never_removes_unacknowledged_or_undelivered_entries(store, spec):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The CLI subcommands (transfer_agent.cli_jobs through transfer_agent.cli.main)
+# The CLI subcommands (transfer_agent.cli.jobs through transfer_agent.cli.main)
 
 def _cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
-    from transfer_agent.cli import main
+    from transfer_agent.cli.main import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -238,9 +238,9 @@ def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_pa
     import json
     import os
 
-    from transfer_agent.auth import load_secret
-    from transfer_agent.receiver import Receiver
-    from transfer_agent.worker import Agent
+    from transfer_agent.wire.auth import load_secret
+    from transfer_agent.receiving.receiver import Receiver
+    from transfer_agent.daemon.worker import Agent
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from fstream_provider import keys as keys_module
-from fstream_provider.keys import Keys
+from fstream_provider.bus import keys as keys_module
+from fstream_provider.bus.keys import Keys
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "redis-keys.md")
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fstream_provider.keys import Keys
-from fstream_provider.newfiles import (
+from fstream_provider.bus.keys import Keys
+from fstream_provider.watch.newfiles import (
     FileStat,
     Location,
     Scanner,
@@ -90,7 +90,7 @@ def test_seen_set_reports_each_file_once(redis_client):
 
 
 def test_concurrent_claimers_split_without_overlap(redis_url):
-    from fstream_provider.bus import connect
+    from fstream_provider.bus.client import connect
 
     key = Keys("t-newfiles").seen("race")
     files = [FileStat(f"/d/f{i:04d}", 1, 1.0) for i in range(400)]

@@ -19,7 +19,7 @@ def _listed_packages() -> set[str]:
 def test_every_package_directory_is_listed() -> None:
     found = set()
     for top, name in (("fstream_provider", "fstream_provider"), ("transfer_agent", "transfer_agent"),
-                      ("bench", "fstream_bench")):
+                      ("bench", "fstream_bench"), ("fstream_demo", "fstream_demo")):
         for init in (ROOT / top).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / top)
             found.add(".".join([name, *rel.parts]) if rel.parts else name)
@@ -28,9 +28,9 @@ def test_every_package_directory_is_listed() -> None:
 
 
 def test_agent_side_imports_without_airflow() -> None:
-    code = ("import sys; import fstream_provider, fstream_provider.tuning, fstream_provider.spec, "
-            "fstream_provider.jobs, transfer_agent.cli, transfer_agent.sender, transfer_agent.receiver, "
-            "transfer_agent.worker; "
+    code = ("import sys; import fstream_provider, fstream_provider.tuning, fstream_provider.model.spec, "
+            "fstream_provider.bus.jobs, transfer_agent.cli, transfer_agent.sending.sender, transfer_agent.receiving.receiver, "
+            "transfer_agent.daemon.worker, transfer_agent.cli.main; "
             "bad = sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')); "
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

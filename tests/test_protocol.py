@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from transfer_agent.errors import NetworkError, ProtocolError
-from transfer_agent.protocol import (HEADER, MAX_BLOCK, MAX_CONTROL, VERSION, Frame, pack_control, pack_header,
+from transfer_agent.wire.protocol import (HEADER, MAX_BLOCK, MAX_CONTROL, VERSION, Frame, pack_control, pack_header,
                                      parse_header, recv_frame)
 
 
@@ -74,7 +74,7 @@ def test_header_is_twenty_bytes_network_order() -> None:
 
 def test_nested_json_refused_before_decoding() -> None:
     """Deep nesting is a ProtocolError naming the cause, never a RecursionError (issue 8, defect 7)."""
-    from transfer_agent.protocol import MAX_JSON_DEPTH, decode_body, json_depth_exceeds
+    from transfer_agent.wire.protocol import MAX_JSON_DEPTH, decode_body, json_depth_exceeds
 
     for deep in (b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}", b"{" * 5000):
         with pytest.raises(ProtocolError, match="nested too deeply"):

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from transfer_agent.errors import RefusedError
-from transfer_agent.parts import part_stem
-from transfer_agent.paths import open_parent, safe_relpath, stem_of, temp_name
-from transfer_agent.ranges import RangeSet, read_meta, write_meta
+from transfer_agent.storage.parts import part_stem
+from transfer_agent.storage.paths import open_parent, safe_relpath, stem_of, temp_name
+from transfer_agent.storage.ranges import RangeSet, read_meta, write_meta
 
 SIZE = 200
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from agentkit import GatedReceiver, make_files, part_files, send, start_receiver, wait_until
-from transfer_agent.auth import load_secret
-from transfer_agent.channels import Connector
+from transfer_agent.wire.auth import load_secret
+from transfer_agent.sending.channels import Connector
 from transfer_agent.errors import FStreamError
-from transfer_agent.protocol import Frame
-from transfer_agent.secure import ControlLink
-from transfer_agent.receiver import Receiver
+from transfer_agent.wire.protocol import Frame
+from transfer_agent.wire.secure import ControlLink
+from transfer_agent.receiving.receiver import Receiver
 
 MiB = 1024 * 1024
 
@@ -116,7 +116,7 @@ def test_failure_after_the_part_is_opened_closes_it_and_removes_it(tmp_path: Pat
                                                                      rx: Receiver, monkeypatch) -> None:
     """Whatever fails once the new part's fd is open (here: the space reservation), the fd is closed and the
     new empty part removed."""
-    from transfer_agent import storage
+    from transfer_agent.storage import durable as storage
 
     def broken(fd: int, size: int) -> None:
         raise OSError(5, "Input/output error")
@@ -258,9 +258,9 @@ def test_live_holder_of_another_job_means_busy_retryable(tmp_path: Path, secret:
 
 def test_retryable_refusal_backs_off_with_jitter() -> None:
     """Retries of a file refused "busy" spread out exponentially (with jitter) within the bound, then stop."""
-    from transfer_agent import sender
+    from transfer_agent.sending import sender
     from transfer_agent.errors import ChecksumError
-    from transfer_agent.scanner import SrcFile
+    from fstream_provider.watch.scanner import SrcFile
 
     clock = [1000.0]
     sf = SrcFile("/s/x", "x", 1, 1)
@@ -500,8 +500,8 @@ def test_blocks_of_an_aborted_file_are_dropped_not_a_protocol_error(tmp_path: Pa
     """Data and control travel on different connections, so blocks the sender put on the wire before it aborted
     a file (its source changed) may arrive after the ABORT. They are read and dropped; the data connection stays
     and carries the next file. Data for a file id never opened still closes the connection."""
-    from transfer_agent.protocol import pack_header
-    from transfer_agent.secure import TAG_BYTES, DataSealer
+    from transfer_agent.wire.protocol import pack_header
+    from transfer_agent.wire.secure import TAG_BYTES, DataSealer
 
     sid = uuid.uuid4().hex
     conn = Connector("127.0.0.1", rx.port, load_secret(secret), None,

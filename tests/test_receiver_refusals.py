@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from agentkit import make_files, part_files, send, start_receiver, write_secret, wait_until
-from transfer_agent.auth import TLSConfig, load_secret
-from transfer_agent.channels import Connector
+from transfer_agent.wire.auth import TLSConfig, load_secret
+from transfer_agent.sending.channels import Connector
 from transfer_agent.errors import AuthError, FStreamError, RefusedError
-from transfer_agent.protocol import HEADER, VERSION, Frame, pack_header
-from transfer_agent.receiver import Receiver
-from transfer_agent.secure import ControlLink
+from transfer_agent.wire.protocol import HEADER, VERSION, Frame, pack_header
+from transfer_agent.receiving.receiver import Receiver
+from transfer_agent.wire.secure import ControlLink
 
 MiB = 1024 * 1024
 
@@ -164,8 +164,8 @@ def _make_certs(d: Path) -> dict[str, str]:
 @pytest.mark.skipif(subprocess.run(["which", "openssl"], capture_output=True).returncode != 0,
                     reason="openssl CLI not installed (needed to make test certificates)")
 def test_mutual_tls(tmp_path: Path) -> None:
-    from fstream_provider.spec import TransferSpec
-    from transfer_agent.sender import Transfer
+    from fstream_provider.model.spec import TransferSpec
+    from transfer_agent.sending.sender import Transfer
 
     c = _make_certs(tmp_path)
     rx = Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"),
@@ -206,7 +206,7 @@ def test_hmac_handshake_never_sends_the_secret(tmp_path: Path, secret: Path, rx:
         def __getattr__(self, name: str):
             return getattr(self.s, name)
 
-    from transfer_agent.auth import client_handshake
+    from transfer_agent.wire.auth import client_handshake
 
     with raw:
         client_handshake(Spy(raw), load_secret(secret), {"role": "control", "session": "s", "job": "j", "attempt": 1})

@@ -15,7 +15,7 @@ import pytest
 from agentkit import (GatedReceiver, PacedReceiver, make_files, part_files, send, start_receiver, trees_identical,
                       write_secret)
 from fstream_provider.tuning.base import ClusterLayout, FileInfo, Observation, Suggestion
-from transfer_agent.receiver import Receiver
+from transfer_agent.receiving.receiver import Receiver
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -84,9 +84,9 @@ def test_receiver_refuses_to_run_unauthenticated(tmp_path: Path) -> None:
 
 
 def test_sender_without_secret_refuses(tmp_path: Path, rx: Receiver) -> None:
-    from fstream_provider.spec import TransferSpec
+    from fstream_provider.model.spec import TransferSpec
     from transfer_agent.errors import AuthError
-    from transfer_agent.sender import Transfer
+    from transfer_agent.sending.sender import Transfer
 
     make_files(tmp_path / "src", {"a": 10})
     spec = TransferSpec(sources=[str(tmp_path / "src")], destination=f"fstream://127.0.0.1:{rx.port}/o", tuner="fixed")
@@ -270,9 +270,9 @@ def test_stall_is_detected_by_the_progress_floor(tmp_path: Path, secret: Path) -
 
 
 def test_profiling_history_is_saved_for_later_streams(tmp_path: Path, secret: Path, redis_client) -> None:
-    from fstream_provider.profiling_store import load_history
-    from fstream_provider.spec import TransferSpec
-    from transfer_agent.sender import Transfer
+    from fstream_provider.bus.profiling_store import load_history
+    from fstream_provider.model.spec import TransferSpec
+    from transfer_agent.sending.sender import Transfer
 
     src = make_files(tmp_path / "src", {f"f{i}.h5": 4 * MiB for i in range(24)})
     rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=24 * MiB)  # ~4 s: two profiling windows
@@ -288,7 +288,7 @@ def test_profiling_history_is_saved_for_later_streams(tmp_path: Path, secret: Pa
 
 
 def test_blocks_are_cut_so_every_stream_gets_a_share() -> None:
-    from transfer_agent.channels import MIN_STRIPE, cut_blocks
+    from transfer_agent.sending.channels import MIN_STRIPE, cut_blocks
 
     # a 3 MiB file on 4 streams with 4 MiB blocks: four 768 KiB blocks, not one 3 MiB block
     assert cut_blocks([(0, 3 * MiB)], 4, 4 * MiB) == [(i * 768 * KiB, 768 * KiB) for i in range(4)]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fstream_provider.keys import Keys
-from fstream_provider.profiling_store import ProfilingStore
+from fstream_provider.bus.keys import Keys
+from fstream_provider.bus.profiling_store import ProfilingStore
 from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord
 
 
@@ -38,7 +38,7 @@ def test_bad_records_are_skipped_not_fatal(redis_client):
 
 
 def test_a_later_run_starts_from_the_history_an_earlier_run_saved(redis_client):
-    from fstream_provider.profiling_store import load_history, save_history
+    from fstream_provider.bus.profiling_store import load_history, save_history
     from fstream_provider.tuning.base import FileInfo, PathInfo
     from fstream_provider.tuning.fstream import FStreamTuner
     from fstream_provider.tuning.sim import dtn_storage, simulate

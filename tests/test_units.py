@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fstream_provider.units import format_rate, parse_duration, parse_rate, parse_size
+from fstream_provider.model.units import format_rate, parse_duration, parse_rate, parse_size
 
 
 @pytest.mark.parametrize("text,bps", [

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fstream_bench.wan import cli, netns
+from fstream_bench.wan.background import set_background
 from fstream_bench.wan.netns import WanError
 
 RATE, RTT = "200Mbit", "20ms"
@@ -182,7 +183,7 @@ def test_blackhole_drops_everything_but_connections_survive(wan_path):
 def test_background_flows_switch_on_and_off(wan_path):
     from fstream_bench.wan.background import background_flows
 
-    wan_path.background(3)
+    set_background(wan_path, 3)
     try:
         assert background_flows(wan_path) == 3
         pids = [wan_path.state.background["server"], wan_path.state.background["client"]]
@@ -191,7 +192,7 @@ def test_background_flows_switch_on_and_off(wan_path):
         out = wan_path.run("src", ["ss", "-Htn", "state", "established", "dport = :5290"]).stdout
         assert len(out.splitlines()) >= 3
     finally:
-        wan_path.background(0)
+        set_background(wan_path, 0)
     assert wan_path.stats()["a_rx_bytes"] > before
     assert background_flows(wan_path) == 0
     assert not [p for p in pids if netns.pid_alive(p)]

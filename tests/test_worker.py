@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from fstream_provider.jobs import JobStore
-from fstream_provider.keys import Keys
-from fstream_provider.spec import TransferSpec
+from fstream_provider.bus.jobs import JobStore
+from fstream_provider.bus.keys import Keys
+from fstream_provider.model.spec import TransferSpec
 from transfer_agent.errors import AuthError, NetworkError
-from transfer_agent.worker import Agent, backoff_delay, is_retryable
+from transfer_agent.daemon.worker import Agent, backoff_delay, is_retryable
 
 DEADLINE = 20.0
 
@@ -425,13 +425,13 @@ def test_backoff_is_exponential_with_jitter_and_cap():
 
 
 # ---------------------------------------------------------------------------------------------------
-# Integration with the real data plane (transfer_agent.sender.Transfer + transfer_agent.receiver.Receiver)
+# Integration with the real data plane (transfer_agent.sending.sender.Transfer + transfer_agent.receiving.receiver.Receiver)
 
 _HANGING_AGENT = r'''
 import sys, threading
-from fstream_provider.keys import Keys
-from transfer_agent.sender import Transfer
-from transfer_agent.worker import Agent
+from fstream_provider.bus.keys import Keys
+from transfer_agent.sending.sender import Transfer
+from transfer_agent.daemon.worker import Agent
 
 url, name, secret, namespace = sys.argv[1:5]
 forever = threading.Event()
@@ -483,8 +483,8 @@ def _same_tree(a: Any, b: Any) -> None:
 def receiver_env(tmp_path: Any) -> Iterator[tuple[Any, Any, str]]:
     import os
 
-    from transfer_agent.auth import load_secret
-    from transfer_agent.receiver import Receiver
+    from transfer_agent.wire.auth import load_secret
+    from transfer_agent.receiving.receiver import Receiver
 
     secret = tmp_path / "secret"
     secret.write_bytes(os.urandom(32))
@@ -569,8 +569,8 @@ def test_agent_cli_exits_cleanly_on_sigterm(tmp_path, redis_url, redis_client, k
 
 
 def test_agent_keeps_working_across_a_redis_restart(tmp_path, spec, keys):
-    from fstream_provider.bus import connect
-    from fstream_provider.embedded import RedisServer
+    from fstream_provider.bus.client import connect
+    from fstream_provider.bus.embedded import RedisServer
 
     server = RedisServer(str(tmp_path / "redis"), appendonly=True).start()
     calls: list = []

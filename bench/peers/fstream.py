@@ -27,13 +27,13 @@ def fstream_argv() -> list[str]:
     found = shutil.which("fstream")
     if found:
         return [found]
-    return [sys.executable, "-c", "import sys; from transfer_agent.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from transfer_agent.cli.main import main; sys.exit(main())"]
 
 
 def available() -> str | None:
     """Return None when the agent's CLI is importable, else why not."""
     try:
-        import transfer_agent.cli  # noqa: F401
+        import transfer_agent.cli.main  # noqa: F401
     except ImportError as e:
         return f"transfer_agent.cli is not importable yet ({e})"
     return None

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(a: argparse.Namespace):
     from fstream_bench.wan.path import WanConfig
-    from fstream_provider.units import parse_rate, parse_size
+    from fstream_provider.model.units import parse_rate, parse_size
 
     return WanConfig.from_text(rate=a.rate, rtt=a.rtt, buffer=a.buffer, run_id=a.run_id,
                                disk_rate_bps=parse_rate(a.disk_rate) if a.disk_rate else None,
@@ -123,7 +123,7 @@ def _dispatch(a: argparse.Namespace) -> int:
             print(f"down {rid}: " + (", ".join(what) if what else "nothing to remove"))
         return 0
     if a.cmd == "selfcheck":
-        from fstream_provider.units import parse_duration
+        from fstream_provider.model.units import parse_duration
 
         try:
             path, built = WanPath.attach(a.run_id), False
@@ -150,7 +150,9 @@ def _dispatch(a: argparse.Namespace) -> int:
         print(f"blackhole {a.run_id}: dropping all packets for {a.seconds}")
     elif a.cmd == "background":
         n = a.n if a.state == "on" else 0
-        path.background(n)
+        from fstream_bench.wan.background import set_background
+
+        set_background(path, n)
         print(f"background {a.run_id}: {n} iperf3 flow(s)")
     elif a.cmd == "status":
         from fstream_bench.wan.background import background_flows

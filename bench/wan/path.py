@@ -16,7 +16,7 @@ from typing import Any
 from fstream_bench.wan import netns
 from fstream_bench.wan.build import delayline_binary, state_dir
 from fstream_bench.wan.netns import WanError
-from fstream_provider.units import format_bytes, format_rate, parse_duration, parse_rate, parse_size
+from fstream_provider.model.units import format_bytes, format_rate, parse_duration, parse_rate, parse_size
 
 SRC_IP = "10.213.0.1"
 DST_IP = "10.213.0.2"
@@ -332,12 +332,6 @@ class WanPath:
         Connections stay half-open: nothing is reset, packets simply vanish.
         """
         self.control(f"blackhole {float(parse_duration(seconds))}")
-
-    def background(self, n: int) -> None:
-        """Run ``n`` long-lived iperf3 flows src->dst sharing the bottleneck (0 stops them)."""
-        from fstream_bench.wan.background import set_background
-
-        set_background(self, n)
 
     def update_state(self, **fields: Any) -> None:
         """Record extra fields (e.g. background pids) in the state file."""

@@ -23,7 +23,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 if TYPE_CHECKING:
-    from fstream_provider.spec import TransferSpec
+    from fstream_provider.model.spec import TransferSpec
 
 DEFAULT_CONN_ID = "fstream_default"
 DEFAULT_NAMESPACE = "fstream"
@@ -77,7 +77,7 @@ def settings_from_connection(conn: Any) -> FStreamSettings:
 
 def settings_without_connection(conn_id: str) -> FStreamSettings:
     """The fallback when ``conn_id`` is not defined: ``$FSTREAM_REDIS_URL`` or the embedded Redis."""
-    from fstream_provider.embedded import resolve_redis_url
+    from fstream_provider.bus.embedded import resolve_redis_url
 
     return FStreamSettings(redis_url=resolve_redis_url(None),
                            source=f"no connection {conn_id!r}: FSTREAM_REDIS_URL or embedded Redis")
@@ -130,19 +130,19 @@ class FStreamHook(BaseHook):
 
     @cached_property
     def client(self) -> Any:
-        from fstream_provider.bus import connect
+        from fstream_provider.bus.client import connect
 
         return connect(self.settings.redis_url)
 
     @cached_property
     def keys(self) -> Any:
-        from fstream_provider.keys import Keys
+        from fstream_provider.bus.keys import Keys
 
         return Keys(self.settings.namespace)
 
     @cached_property
     def store(self) -> Any:
-        from fstream_provider.jobs import JobStore
+        from fstream_provider.bus.jobs import JobStore
 
         return make_store(JobStore, self.client, self.keys)
 
@@ -178,7 +178,7 @@ class FStreamHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """PING the Redis bus and count live agents."""
-        from fstream_provider.bus import describe
+        from fstream_provider.bus.client import describe
 
         try:
             s = self.settings

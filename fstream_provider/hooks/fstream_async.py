@@ -48,7 +48,7 @@ class FStreamAsyncHook(BaseHook):
     async def get_client(self) -> Any:
         """The ``redis.asyncio`` client (created on first use)."""
         if self._client is None:
-            from fstream_provider.bus import connect_async
+            from fstream_provider.bus.client import connect_async
 
             self._client = connect_async((await self.get_settings()).redis_url)
         return self._client
@@ -56,14 +56,14 @@ class FStreamAsyncHook(BaseHook):
     async def get_keys(self) -> Any:
         """The key schema of the connection's namespace."""
         if self._keys is None:
-            from fstream_provider.keys import Keys
+            from fstream_provider.bus.keys import Keys
 
             self._keys = Keys((await self.get_settings()).namespace)
         return self._keys
 
     async def get_state(self, job_id: str) -> Any:
         """The job's ``JobState``, or ``None`` if the job does not exist (or expired)."""
-        from fstream_provider.jobs import JobState
+        from fstream_provider.bus.jobs import JobState
 
         client, keys = await self.get_client(), await self.get_keys()
         h = await client.hgetall(keys.job(job_id))
@@ -74,7 +74,7 @@ class FStreamAsyncHook(BaseHook):
     async def read_events(self, job_id: str, *, after: str = "0-0", block_ms: int | None = None,
                           count: int = 100) -> list[tuple[str, dict[str, Any]]]:
         """Events after ``after``; with ``block_ms`` waits up to that long for the first one."""
-        from fstream_provider.jobs import decode_event
+        from fstream_provider.bus.jobs import decode_event
 
         client, keys = await self.get_client(), await self.get_keys()
         resp = await client.xread({keys.job_events(job_id): after}, count=count, block=block_ms)
@@ -85,7 +85,7 @@ class FStreamAsyncHook(BaseHook):
 
         Returns False if the job is unknown or already finished.
         """
-        from fstream_provider.jobs import acancel
+        from fstream_provider.bus.jobs import acancel
 
         client, keys = await self.get_client(), await self.get_keys()
         return await acancel(client, job_id, reason, keys=keys)

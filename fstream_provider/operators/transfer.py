@@ -13,7 +13,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferralTimeout
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
-from fstream_provider.tasklog import (
+from fstream_provider.model.tasklog import (
     build_report,
     format_interval,
     intervals_from_events,
@@ -26,7 +26,7 @@ from fstream_provider.tasklog import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from fstream_provider.spec import TransferSpec
+    from fstream_provider.model.spec import TransferSpec
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -175,7 +175,7 @@ class FStreamTransferOperator(BaseOperator):
 
     # -- building and submitting -------------------------------------------------------------
     def build_spec(self, context: Context | None = None) -> "TransferSpec":
-        from fstream_provider.spec import TransferSpec
+        from fstream_provider.model.spec import TransferSpec
 
         sources = normalize_sources(self.sources)
         if not sources:
@@ -305,7 +305,7 @@ class FStreamTransferOperator(BaseOperator):
     def _plot_path(self, context: Context, job_id: str) -> str:
         base = self.plot_dir
         if not base:
-            from fstream_provider.embedded import default_state_dir
+            from fstream_provider.bus.embedded import default_state_dir
 
             base = os.path.join(default_state_dir(), "plots")
         ti = context["ti"]

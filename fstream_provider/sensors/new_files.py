@@ -11,7 +11,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
-from fstream_provider.newfiles import (
+from fstream_provider.watch.newfiles import (
     Location,
     Scanner,
     StabilityTracker,

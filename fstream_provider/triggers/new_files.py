@@ -11,7 +11,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from redis.exceptions import RedisError
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
-from fstream_provider.newfiles import (
+from fstream_provider.watch.newfiles import (
     Location,
     Scanner,
     StabilityTracker,

@@ -9,7 +9,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
-from fstream_provider.tasklog import format_interval
+from fstream_provider.model.tasklog import format_interval
 
 
 def raise_if_cancelled() -> None:

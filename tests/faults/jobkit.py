@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fstream_provider.jobs import JobStore
-from fstream_provider.keys import Keys
-from fstream_provider.spec import TransferSpec
-from transfer_agent.receiver import Receiver, RecvFile
+from fstream_provider.bus.jobs import JobStore
+from fstream_provider.bus.keys import Keys
+from fstream_provider.model.spec import TransferSpec
+from transfer_agent.receiving.receiver import Receiver, RecvFile
 
 DEADLINE = 30.0
 
@@ -124,7 +124,7 @@ class CountingReceiver(Receiver):
 
 
 def start_counting_receiver(root: Path, secret_file: Path, **kw: Any) -> CountingReceiver:
-    from transfer_agent.auth import load_secret
+    from transfer_agent.wire.auth import load_secret
 
     root.mkdir(parents=True, exist_ok=True)
     return CountingReceiver(listen=("127.0.0.1", 0), root=str(root), secret=load_secret(secret_file),

@@ -22,13 +22,13 @@ pytest.importorskip("airflow")
 from airflow.sdk._shared.module_loading import import_string  # noqa: E402
 from airflow.sdk.exceptions import TaskDeferred  # noqa: E402
 
-from fstream_provider.jobs import JobStore  # noqa: E402
-from fstream_provider.keys import Keys  # noqa: E402
+from fstream_provider.bus.jobs import JobStore  # noqa: E402
+from fstream_provider.bus.keys import Keys  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator  # noqa: E402
 from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E402
 from jobkit import (DEADLINE, agent_thread, check_destination, check_jobs, dataset, files_of, kinds,  # noqa: E402
                     poll, start_counting_receiver)
-from transfer_agent.worker import Agent  # noqa: E402
+from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 NS = "faults-airflow"
 

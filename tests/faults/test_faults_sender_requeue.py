@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from fstream_provider.spec import TransferSpec
-from transfer_agent.channels import InFlight
+from fstream_provider.model.spec import TransferSpec
+from transfer_agent.sending.channels import InFlight
 from transfer_agent.errors import NetworkError
-from transfer_agent.scanner import SrcFile
-from transfer_agent.sender import Transfer
+from fstream_provider.watch.scanner import SrcFile
+from transfer_agent.sending.sender import Transfer
 
 
 def _transfer(tmp_path):

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError, RefusedError
-from transfer_agent.paths import safe_relpath
-from transfer_agent.protocol import HEADER, HEADER_SIZE, MAGIC, MAX_BLOCK, MAX_CONTROL, VERSION, Frame, pack_header, \
+from transfer_agent.storage.paths import safe_relpath
+from transfer_agent.wire.protocol import HEADER, HEADER_SIZE, MAGIC, MAX_BLOCK, MAX_CONTROL, VERSION, Frame, pack_header, \
     parse_header, recv_frame
 
 BOUNDED = settings(max_examples=200, deadline=None, derandomize=True, database=None,
@@ -201,7 +201,7 @@ class _OpenProbe:
         self.port, self.secret = port, secret
 
     def open(self, body: dict) -> tuple[str, dict | None, str]:
-        from transfer_agent.channels import Connector, ControlSession, InFlight
+        from transfer_agent.sending.channels import Connector, ControlSession, InFlight
 
         finished: list = []
         conn = Connector("127.0.0.1", self.port, self.secret, None,
@@ -226,8 +226,8 @@ class _OpenProbe:
 
 
 def _receiver(tmp_path: Path):
-    from transfer_agent.auth import load_secret
-    from transfer_agent.receiver import Receiver
+    from transfer_agent.wire.auth import load_secret
+    from transfer_agent.receiving.receiver import Receiver
 
     secret = tmp_path / "secret"
     secret.write_text(os.urandom(24).hex())

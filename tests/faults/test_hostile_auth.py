@@ -23,11 +23,11 @@ from typing import Callable
 import pytest
 
 from agentkit import make_files, part_files, send, start_receiver, write_secret, wait_until
-from transfer_agent.auth import NONCE_BYTES, client_handshake, load_secret
+from transfer_agent.wire.auth import NONCE_BYTES, client_handshake, load_secret
 from transfer_agent.errors import AuthError
-from transfer_agent.protocol import (HEADER, HEADER_SIZE, VERSION, ControlWriter, Frame, pack_control, pack_header,
+from transfer_agent.wire.protocol import (HEADER, HEADER_SIZE, VERSION, ControlWriter, Frame, pack_control, pack_header,
                                      recv_exact, recv_frame)
-from transfer_agent.receiver import Receiver
+from transfer_agent.receiving.receiver import Receiver
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -426,7 +426,7 @@ def test_tampered_control_frame_detected(tmp_path: Path, secret: Path, proxied, 
 
 
 def test_unkeyed_digest_refused_with_secret(tmp_path: Path, secret: Path, rx: Receiver) -> None:
-    from transfer_agent.channels import Connector
+    from transfer_agent.sending.channels import Connector
 
     conn = Connector("127.0.0.1", rx.port, load_secret(secret), None, {"session": "s", "job": "j", "attempt": 1})
     link = conn.connect_link(role="control").link
@@ -534,7 +534,7 @@ def _self_signed(d: Path) -> None:
 
 @needs_openssl
 def test_tls_with_secret_uses_keyed_digest(tmp_path: Path, secret: Path) -> None:
-    from transfer_agent.auth import TLSConfig
+    from transfer_agent.wire.auth import TLSConfig
 
     d = tmp_path
     _self_signed(d)
@@ -552,7 +552,7 @@ def test_tls_with_secret_uses_keyed_digest(tmp_path: Path, secret: Path) -> None
 
 @needs_openssl
 def test_plaintext_client_against_tls_receiver_fails_at_once(tmp_path: Path, secret: Path) -> None:
-    from transfer_agent.auth import TLSConfig
+    from transfer_agent.wire.auth import TLSConfig
 
     d = tmp_path
     _self_signed(d)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from agentkit import make_files, send, start_receiver, trees_identical, wait_until
-from transfer_agent.protocol import MAX_CONTROL, Frame, pack_control, pack_header
+from transfer_agent.wire.protocol import MAX_CONTROL, Frame, pack_control, pack_header
 
 MiB = 1024 * 1024
 
@@ -206,7 +206,7 @@ def test_emfile_backs_off_and_honest_sender_gets_in_after_the_flood(tmp_path: Pa
 def test_preauth_caps_evict_the_busiest_address_first() -> None:
     """Unit: per-address cap refuses; a full table evicts the oldest connection of the busiest address for a
     newcomer from a lighter one; an evicted connection's later release changes nothing."""
-    from transfer_agent.watchdog import PreAuthLimits
+    from transfer_agent.wire.watchdog import PreAuthLimits
 
     lim = PreAuthLimits(max_total=4, max_per_addr=3)
     assert [lim.admit("a", t) for t in (1, 2, 3)] == [(True, None)] * 3
@@ -225,7 +225,7 @@ def test_preauth_caps_evict_the_busiest_address_first() -> None:
 
 
 def test_watchdog_shuts_down_at_the_deadline_and_not_after_cancel() -> None:
-    from transfer_agent.watchdog import Deadlines
+    from transfer_agent.wire.watchdog import Deadlines
 
     d = Deadlines()
     a, b = socket.socketpair()

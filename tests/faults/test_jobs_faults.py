@@ -16,14 +16,14 @@ import threading
 
 import pytest
 
-from fstream_provider.bus import connect
-from fstream_provider.embedded import RedisServer
-from fstream_provider.jobs import JobLostError, JobStore
-from fstream_provider.keys import Keys
-from fstream_provider.reconcile import reconcile
+from fstream_provider.bus.client import connect
+from fstream_provider.bus.embedded import RedisServer
+from fstream_provider.bus.jobs import JobLostError, JobStore
+from fstream_provider.bus.keys import Keys
+from fstream_provider.bus.reconcile import reconcile
 from jobkit import (DEADLINE, agent_thread, check_destination, check_jobs, cli_agent, dataset, files_of, kinds,
                     poll, spec_for, start_counting_receiver, stop_process)
-from transfer_agent.worker import Agent
+from transfer_agent.daemon.worker import Agent
 
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transfer_agent.errors import NetworkError, ProtocolError
-from transfer_agent.protocol import (MAX_CONTROL, Frame, canonical, decode_body, error_from_body, pack_control,
+from transfer_agent.wire.protocol import (MAX_CONTROL, Frame, canonical, decode_body, error_from_body, pack_control,
                                      recv_frame)
 
 MAC_BYTES = 16

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fstream_provider.spec import TransferSpec
-from transfer_agent.options import state_dir
+from fstream_provider.model.spec import TransferSpec
+from fstream_provider.model.statedir import state_dir
 
 
 def _produce(src: Path, stop: threading.Event, files: int, seed: int = 7) -> None:
@@ -50,13 +50,13 @@ def _produce(src: Path, stop: threading.Event, files: int, seed: int = 7) -> Non
 
 
 def run_demo(files: int = 0, airflow: bool = True) -> int:
-    from fstream_provider.bus import connect
-    from fstream_provider.embedded import EmbeddedRedis, find_redis_server
-    from fstream_provider.jobs import JobStore
-    from transfer_agent.auth import create_secret_file, load_secret
-    from transfer_agent.cli import Progress, print_summary
-    from transfer_agent.receiver import Receiver
-    from transfer_agent.worker import Agent
+    from fstream_provider.bus.client import connect
+    from fstream_provider.bus.embedded import EmbeddedRedis, find_redis_server
+    from fstream_provider.bus.jobs import JobStore
+    from transfer_agent.wire.auth import create_secret_file, load_secret
+    from transfer_agent.cli.progress import Progress, print_summary
+    from transfer_agent.receiving.receiver import Receiver
+    from transfer_agent.daemon.worker import Agent
 
     con = Console(stderr=True)
     base = state_dir()
@@ -141,7 +141,7 @@ def _airflow_part(con: Console, url: str) -> int:
     except ImportError:
         con.print("[yellow]Airflow is not installed: skipping the Airflow part (pip install '.[airflow]')[/]")
         return 0
-    from fstream_provider.demo_airflow import run_demo as airflow_demo
+    from fstream_demo.airflow_demo import run_demo as airflow_demo
 
     con.rule("[bold]The same stream, as an Airflow task (fstream_lcls_stream under dag.test())")
     report = airflow_demo(redis_url=url, workdir=str(state_dir() / "demo" / "airflow"))

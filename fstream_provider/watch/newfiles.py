@@ -256,7 +256,7 @@ async def aclaim(client: Any, key: str, files: list[FileStat]) -> list[FileStat]
 
 def seen_key(namespace: str, scope: str) -> str:
     """The Redis key of a scope's seen-set (from the shared key schema when available)."""
-    from fstream_provider.keys import Keys
+    from fstream_provider.bus.keys import Keys
 
     return Keys(namespace).seen(scope)
 

@@ -21,12 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from fstream_provider.spec import TransferSpec
+from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
-from transfer_agent.auth import TLSConfig, load_secret
-from transfer_agent.channels import MAX_SEALED_BLOCK, ChannelPool, Connector, ControlSession, InFlight
+from transfer_agent.wire.auth import TLSConfig, load_secret
+from transfer_agent.sending.channels import MAX_SEALED_BLOCK, ChannelPool, Connector, ControlSession, InFlight
 from transfer_agent.errors import CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
-from transfer_agent.scanner import SourceWatcher, SrcFile, expand_sources
+from fstream_provider.watch.scanner import SourceWatcher, SrcFile, expand_sources
 
 log = logging.getLogger("fstream.sender")
 
@@ -86,7 +86,7 @@ def make_tuner(spec: TransferSpec, path: PathInfo, redis: Any = None) -> Tuner:
     history = None
     if redis is not None and spec.tuner in ("fstream", "harp"):
         try:
-            from fstream_provider.profiling_store import load_history
+            from fstream_provider.bus.profiling_store import load_history
             history = load_history(redis)
         except Exception as exc:  # noqa: BLE001 - history is an optimisation, never a reason to fail
             log.warning("profiling history not loaded: %s", exc)
@@ -466,7 +466,7 @@ class Transfer:
         if self.redis is None or history is None:
             return
         try:
-            from fstream_provider.profiling_store import save_history
+            from fstream_provider.bus.profiling_store import save_history
             n = save_history(self.redis, history)
             if n:
                 self.log.info("saved %d profiling record(s) to Redis", n)

@@ -87,15 +87,15 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
     :param redis_url: an existing Redis; default a private one in ``workdir``.
     :param out: where the story is printed.
     """
-    from fstream_provider.embedded import RedisServer
-    from transfer_agent.receiver import Receiver
-    from transfer_agent.worker import Agent
+    from fstream_provider.bus.embedded import RedisServer
+    from transfer_agent.receiving.receiver import Receiver
+    from transfer_agent.daemon.worker import Agent
 
     work = Path(workdir or tempfile.mkdtemp(prefix="fstream-airflow-demo-"))
     run_dir, dst, home = work / "lcls" / "xpp" / "r0042", work / "received", work / "airflow-home"
     for d in (run_dir, dst, home):
         d.mkdir(parents=True, exist_ok=True)
-    from transfer_agent.auth import create_secret_file, load_secret
+    from transfer_agent.wire.auth import create_secret_file, load_secret
 
     secret_file = create_secret_file(work / "secret")  # both sides read it through load_secret
     server = None

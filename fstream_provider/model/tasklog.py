@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from fstream_provider.units import format_bytes, format_rate
+from fstream_provider.model.units import format_bytes, format_rate
 
 
 def _num(v: Any, default: float = 0.0) -> float:

@@ -6,16 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from fstream_provider.spec import TUNERS, TransferSpec
-
-
-def state_dir() -> Path:
-    """``$FSTREAM_STATE_DIR``, default ``~/.local/state/fstream`` (embedded Redis, logs, default secret)."""
-    return Path(os.environ.get("FSTREAM_STATE_DIR") or Path.home() / ".local" / "state" / "fstream")
-
-
-def default_secret_file() -> Path:
-    return state_dir() / "secret"
+from fstream_provider.model.spec import TUNERS, TransferSpec
+from fstream_provider.model.statedir import default_secret_file
 
 
 def add_transfer_options(p: argparse.ArgumentParser) -> None:
@@ -51,7 +43,7 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> TransferSpec:
     """Build a validated ``TransferSpec`` from parsed options (errors name the option)."""
-    from fstream_provider.units import parse_size
+    from fstream_provider.model.units import parse_size
 
     secret = args.secret_file
     if secret is None and not args.tls_cert and default_secret_file().exists():

@@ -8,7 +8,7 @@ channel never waits a round trip between files. Channels are kept by their ``p``
 change reassigns channels whose ``p`` fits, parks the rest as passive, and opens new ones only
 when no passive channel fits (smart channel distribution, thesis ch. 3).
 
-Security (issue 8; modes and what they protect against: ``transfer_agent.secure``): every
+Security (issue 8; modes and what they protect against: ``transfer_agent.wire.secure``): every
 connection authenticates the receiver by our own configuration (``auth.client_handshake``); the
 control connection's frames go through its ``ControlLink`` (MAC'd or sealed with a shared
 secret), its digest key keys the file digest (``blake3-keyed``), and with ``encrypt`` each data
@@ -34,13 +34,13 @@ from fstream_provider.tuning.base import ClusterLayout
 from fstream_provider.tuning.distribution import ChannelState, plan_channels
 from fstream_provider.tuning.pacing import TokenBucket
 from transfer_agent import faultpoints
-from transfer_agent.auth import Handshake, client_handshake
-from transfer_agent.checksum import hash_fd
+from transfer_agent.wire.auth import Handshake, client_handshake
+from transfer_agent.storage.checksum import hash_fd
 from transfer_agent.errors import (AuthError, ChecksumError, FStreamError, NetworkError, ProtocolError,
                                    RefusedError, SourceModifiedError, SourceVanishedError)
-from transfer_agent.protocol import MAX_BLOCK, MSG_MORE, Frame, error_from_body, pack_header
-from transfer_agent.scanner import SrcFile
-from transfer_agent.secure import TAG_BYTES, DataSealer
+from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, Frame, error_from_body, pack_header
+from fstream_provider.watch.scanner import SrcFile
+from transfer_agent.wire.secure import TAG_BYTES, DataSealer
 
 log = logging.getLogger("fstream.sender")
 MIN_STRIPE = 256 << 10  # smallest block a file is cut into when striped over a channel's streams

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from fstream_provider.keys import PROFILING_KEEP, Keys
+from fstream_provider.bus.keys import PROFILING_KEEP, Keys
 from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ Before authentication, control frames are limited to ``PRE_AUTH_MAX_CONTROL`` by
 
 With TLS, both sides present certificates checked against the given CA (``CERT_REQUIRED``)
 before any frame is exchanged; a shared secret, if also given, is checked on top. There is no
-unauthenticated mode. After the handshake, ``transfer_agent.secure`` derives the connection's
+unauthenticated mode. After the handshake, ``transfer_agent.wire.secure`` derives the connection's
 keys (control-frame MACs, the keyed file digest, AEAD keys); see its docstring for what each
 mode protects against.
 """
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from transfer_agent.errors import AuthError, FStreamError, ProtocolError
-from transfer_agent.protocol import (CAPABILITIES, PRE_AUTH_MAX_CONTROL, VERSION, ControlWriter, Frame,
+from transfer_agent.wire.protocol import (CAPABILITIES, PRE_AUTH_MAX_CONTROL, VERSION, ControlWriter, Frame,
                                      error_from_body, expect)
-from transfer_agent.secure import ControlLink, SessionKeys, derive_keys, transcript_hash
+from transfer_agent.wire.secure import ControlLink, SessionKeys, derive_keys, transcript_hash
 
 NONCE_BYTES = 32
 

@@ -21,7 +21,7 @@ kind                       meaning                                              
                            by a job Redis no longer knows                               resubmit resumes them)
 =========================  ==========================================================  ===============================
 
-Only ``JobStore``'s key schema is used (``fstream_provider.keys``); the re-enqueue is one Lua
+Only ``JobStore``'s key schema is used (``fstream_provider.bus.keys``); the re-enqueue is one Lua
 script that re-checks everything it decided on, so it is safe while agents run.
 """
 
@@ -33,8 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fstream_provider.jobs import TERMINAL_STATES, JobStore, _now
-from fstream_provider.keys import DEAD_LETTER_MAXLEN
+from fstream_provider.bus.jobs import TERMINAL_STATES, JobStore, _now
+from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN
 
 # KEYS: job, events, jobs stream, owner's heartbeat key.  ARGV: job_id, now, maxlen, reason
 _REQUEUE = """

@@ -16,9 +16,9 @@ import time
 from importlib.util import find_spec
 from urllib.parse import quote
 
+from fstream_provider.model.statedir import state_dir
+
 ENV_URL = "FSTREAM_REDIS_URL"
-ENV_STATE_DIR = "FSTREAM_STATE_DIR"
-DEFAULT_STATE_DIR = "~/.local/state/fstream"
 # Durability of the job bus (docs/redis-keys.md, "Durability"): with ``always`` Redis fsyncs the AOF
 # before it answers a write, so a job it acknowledged (submit, claim, finish) survives a SIGKILL of
 # redis-server *and* a crash of the machine. ``everysec`` can lose the last second or two of
@@ -45,8 +45,8 @@ def find_redis_server() -> str:
 
 
 def default_state_dir() -> str:
-    """``$FSTREAM_STATE_DIR``, else ``~/.local/state/fstream``."""
-    return os.path.expanduser(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
+    """The state directory as a string (see :func:`fstream_provider.model.statedir.state_dir`)."""
+    return str(state_dir())
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable
 
-from transfer_agent.paths import stem_of
+from transfer_agent.storage.paths import stem_of
 
 log = logging.getLogger("fstream.receiver")
 

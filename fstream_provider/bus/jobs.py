@@ -10,9 +10,9 @@ from typing import Any
 
 import redis
 
-from fstream_provider.bus import MAX_BLOCK_MS
-from fstream_provider.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
-from fstream_provider.spec import TransferSpec
+from fstream_provider.bus.client import MAX_BLOCK_MS
+from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
+from fstream_provider.model.spec import TransferSpec
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 STATES = ("queued", "running") + TERMINAL_STATES
@@ -302,10 +302,10 @@ class JobStore:
     Every state change is one Lua script, atomic with the event it emits. Worker-side writes
     (``publish``, ``touch``, ``finish``, ``release``) carry the attempt number the claim returned
     and do nothing when the job's current attempt differs: a stale worker (whose job another
-    agent reclaimed) can neither write state nor ``XACK``. Keys: ``fstream_provider.keys``
+    agent reclaimed) can neither write state nor ``XACK``. Keys: ``fstream_provider.bus.keys``
     and ``docs/redis-keys.md``.
 
-    :param client: a ``redis.Redis`` with ``decode_responses=True`` (``fstream_provider.bus.connect``).
+    :param client: a ``redis.Redis`` with ``decode_responses=True`` (``fstream_provider.bus.client.connect``).
     :param keys: the key schema (default namespace ``fstream``).
     :param retention_s: how long a finished job's hash, events and idempotency key are kept.
     :param events_maxlen: approximate cap of each job's event stream.

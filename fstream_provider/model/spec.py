@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from fstream_provider.units import parse_duration, parse_rate
+from fstream_provider.model.units import parse_duration, parse_rate
 
 TUNERS = ("fixed", "static", "dynamic", "fstream", "harp", "globus", "adaptivecc")
 PRIORITY_CLASSES = ("interactive", "batch")

@@ -6,7 +6,7 @@ name only after every byte arrived and the end-to-end checksum matched; until th
 ranges. Commits are grouped: verify each file, flush the group's files together (concurrent
 ``fdatasync``), the renames, then one ``fsync`` per directory.
 
-Security (issue 8; what each mode protects against: ``transfer_agent.secure``): with a shared
+Security (issue 8; what each mode protects against: ``transfer_agent.wire.secure``): with a shared
 secret every control frame is authenticated (``ControlLink``), OPENs must name a keyed digest
 (``blake3-keyed``, hashed with the control connection's digest key, also for parts of earlier
 sessions, which are read back from disk), and sealed data blocks are opened before anything is
@@ -31,17 +31,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from transfer_agent import faultpoints, storage
-from transfer_agent.auth import TLSConfig, server_handshake
-from transfer_agent.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
+from transfer_agent import faultpoints
+from transfer_agent.storage import durable as storage
+from transfer_agent.wire.auth import TLSConfig, server_handshake
+from transfer_agent.storage.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
-from transfer_agent.parts import PartIndex, sweep_dir, sweep_parts
-from transfer_agent.paths import open_parent, safe_relpath, stem_of, temp_name
-from transfer_agent.protocol import (MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, pack_header, recv_exact,
+from transfer_agent.storage.parts import PartIndex, sweep_dir, sweep_parts
+from transfer_agent.storage.paths import open_parent, safe_relpath, stem_of, temp_name
+from transfer_agent.wire.protocol import (MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, pack_header, recv_exact,
                                      recv_frame)
-from transfer_agent.ranges import RangeSet, read_meta, write_meta
-from transfer_agent.secure import TAG_BYTES, ControlLink, DataSealer, SessionKeys
-from transfer_agent.watchdog import Deadlines, PreAuthLimits
+from transfer_agent.storage.ranges import RangeSet, read_meta, write_meta
+from transfer_agent.wire.secure import TAG_BYTES, ControlLink, DataSealer, SessionKeys
+from transfer_agent.wire.watchdog import Deadlines, PreAuthLimits
 
 MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it

@@ -17,10 +17,10 @@ from typing import Any
 
 import redis
 
-from fstream_provider.bus import connect, describe
-from fstream_provider.jobs import Claim, JobStore
-from fstream_provider.keys import Keys
-from fstream_provider.spec import TransferSpec
+from fstream_provider.bus.client import connect, describe
+from fstream_provider.bus.jobs import Claim, JobStore
+from fstream_provider.bus.keys import Keys
+from fstream_provider.model.spec import TransferSpec
 from transfer_agent.errors import FStreamError
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Agent:
     acknowledged only after its transfer returned with every file committed, or after a
     terminal state was recorded; the attempt number from the claim fences every write.
 
-    :param redis_url: where the bus is (``fstream_provider.embedded.resolve_redis_url`` resolves defaults).
+    :param redis_url: where the bus is (``fstream_provider.bus.embedded.resolve_redis_url`` resolves defaults).
     :param name: consumer name in the ``agents`` group and heartbeat key (default ``<host>-<pid>``).
     :param secret_file: shared secret used for jobs whose spec names none.
     :param heartbeat_ttl: seconds the heartbeat key lives; refreshed every third of it.
@@ -116,7 +116,7 @@ class Agent:
     :param trim_interval: seconds between trims of acknowledged stream entries.
     :param redis_outage_s: how long a finished job's last writes are retried while Redis is unreachable.
     :param keys: the key schema (namespace).
-    :param transfer_factory: builds the transfer; default ``transfer_agent.sender.Transfer``.
+    :param transfer_factory: builds the transfer; default ``transfer_agent.sending.sender.Transfer``.
     :param rng: randomness for backoff jitter.
     """
 
@@ -171,7 +171,7 @@ class Agent:
     def run(self, once: bool = False) -> None:
         """Consume jobs until ``stop()`` (or SIGTERM); with ``once``, one iteration that re-raises errors."""
         if self.transfer_factory is None:
-            from transfer_agent.sender import Transfer
+            from transfer_agent.sending.sender import Transfer
 
             self.transfer_factory = Transfer
         self._client = connect(self.redis_url)

@@ -1,4 +1,4 @@
-"""The ``fstream`` command: receive, send, agent, submit, status, cancel, bench, demo."""
+"""The ``fstream`` command: receive, send, the job commands, and commands installed packages add (bench, demo)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def _parse_listen(text: str) -> tuple[str, int]:
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
-    from transfer_agent.auth import TLSConfig, create_secret_file, load_secret
-    from transfer_agent.options import default_secret_file
-    from fstream_provider.units import parse_duration
-    from transfer_agent.receiver import Receiver
+    from transfer_agent.wire.auth import TLSConfig, create_secret_file, load_secret
+    from fstream_provider.model.statedir import default_secret_file
+    from fstream_provider.model.units import parse_duration
+    from transfer_agent.receiving.receiver import Receiver
 
     max_age = parse_duration(args.max_part_age)
     if args.clean:
@@ -75,7 +75,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 def _clean_parts(root: str, max_age: float) -> int:
     """``fstream receive --clean``: remove orphaned parts older than ``max_age`` under ``root``, print them, exit."""
-    from transfer_agent.parts import sweep_parts
+    from transfer_agent.storage.parts import sweep_parts
 
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
@@ -92,85 +92,25 @@ def _clean_parts(root: str, max_age: float) -> int:
 
 
 # -- send ------------------------------------------------------------------------------------------
-class Progress:
-    """A live progress line on stderr (rich), fed by the transfer's interval records."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._live = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
-
-            self._p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                   TextColumn("{task.completed}/{task.total} files"),
-                                   TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[params]}"),
-                                   TimeElapsedColumn(), console=Console(stderr=True), transient=False)
-            self._task = self._p.add_task("fstream", total=None, rate="", params="")
-            self._p.start()
-
-    def __call__(self, kind: str, data: dict) -> None:
-        if not self.enabled:
-            return
-        from fstream_provider.units import format_rate
-
-        if kind == "interval":
-            total = data.get("files_total") or None
-            self._p.update(self._task, completed=data.get("files_done", 0), total=total,
-                           rate=format_rate(data.get("throughput_bps", 0.0)),
-                           params=f"cc={data.get('cc')} p={data.get('p')} pp={data.get('pp')}")
-        elif kind == "tuning":
-            self._p.console.print(f"[dim]tuning @{data.get('t', 0):.1f}s: {data.get('reason', '')}[/]")
-        elif kind == "file" and data.get("status") == "failed":
-            self._p.console.print(f"[red]failed[/] {data.get('path')}: {data.get('reason')}")
-
-    def stop(self) -> None:
-        if self.enabled:
-            self._p.stop()
-
-
-def print_summary(result: dict, stream: Any = None) -> None:
-    """The end-of-transfer table."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from fstream_provider.units import format_bytes, format_rate
-
-    t = Table(title="fstream transfer", show_header=False)
-    t.add_column("what")
-    t.add_column("value", justify="right")
-    t.add_row("files verified", str(result["verified_files"]))
-    t.add_row("files skipped (already there)", str(result["skipped_files"]))
-    t.add_row("files failed", str(result["failed_files"]))
-    t.add_row("data", format_bytes(result["bytes"]))
-    t.add_row("resumed (not re-sent)", format_bytes(result.get("resumed_bytes", 0)))
-    t.add_row("time", f"{result['seconds']:.2f} s")
-    t.add_row("throughput", format_rate(result["throughput_bps"]))
-    t.add_row("tuner", result.get("tuner", ""))
-    t.add_row("tuning decisions", str(len(result.get("tuning", []))))
-    Console(file=stream or sys.stderr).print(t)
-    for f in result.get("failures", [])[:20]:
-        Console(file=stream or sys.stderr).print(f"[red]failed[/] {f['path']}: {f['reason']}")
-
-
 def cmd_send(args: argparse.Namespace) -> int:
-    from transfer_agent.options import spec_from_args
-    from transfer_agent.sender import Transfer
+    from transfer_agent.cli.progress import Progress, print_summary
+    from transfer_agent.cli.options import spec_from_args
+    from transfer_agent.sending.sender import Transfer
 
     spec = spec_from_args(args)
     cancel = threading.Event()
     _install_stop_signals(cancel)
     redis = None
     if args.redis or os.environ.get("FSTREAM_REDIS_URL"):
-        from fstream_provider.bus import connect
-        from fstream_provider.embedded import resolve_redis_url
+        from fstream_provider.bus.client import connect
+        from fstream_provider.bus.embedded import resolve_redis_url
         redis = connect(resolve_redis_url(args.redis))
     show = not args.json and (args.progress or sys.stderr.isatty())
     progress = Progress(show)
     try:
         kw = {}
         if args.stall_timeout:
-            from fstream_provider.units import parse_duration
+            from fstream_provider.model.units import parse_duration
             kw["stall_timeout"] = parse_duration(args.stall_timeout)
         result = Transfer(spec, on_event=progress, cancel=cancel, redis=redis, **kw).run()
     finally:
@@ -189,7 +129,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 # -- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from transfer_agent.options import add_transfer_options
+    from transfer_agent.cli.options import add_transfer_options
 
     parser = argparse.ArgumentParser(prog="fstream", description="Stream files over tuned parallel TCP channels.")
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -229,53 +169,44 @@ def build_parser() -> argparse.ArgumentParser:
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
-    try:
-        from transfer_agent import cli_jobs
-    except ImportError:
-        cli_jobs = None  # type: ignore[assignment]
-    if cli_jobs is not None:
-        for name in ("add_agent_parser", "add_submit_parser", "add_status_parser", "add_cancel_parser"):
-            fn = getattr(cli_jobs, name, None)
-            if fn is not None:
-                fn(sub)
-        for name in dir(cli_jobs):
-            if name.startswith("add_") and name.endswith("_parser") and name not in (
-                    "add_agent_parser", "add_submit_parser", "add_status_parser", "add_cancel_parser"):
-                getattr(cli_jobs, name)(sub)
+    from transfer_agent.cli import jobs  # the job commands (agent, submit, status, ...)
 
-    b = sub.add_parser("bench", help="benchmarks and the emulated WAN testbed", add_help=False)
-    b.add_argument("bench_args", nargs=argparse.REMAINDER)
-    b.set_defaults(func=cmd_bench)
-
-    d = sub.add_parser("demo", help="the whole story on one machine")
-    d.add_argument("--files", type=int, default=0, help="override the number of generated files")
-    d.add_argument("--no-airflow", action="store_true", help="skip the Airflow part")
-    d.set_defaults(func=cmd_demo)
+    for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
+                jobs.add_reconcile_parser, jobs.add_redis_parser):
+        add(sub)
+    for name, register in plugin_commands().items():
+        register(sub)
     return parser
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        from fstream_bench.cli import main as bench_main
-    except ImportError as exc:
-        raise FStreamError(f"benchmarks are not installed with this package ({exc})") from None
-    return int(bench_main(args.bench_args) or 0)
+def plugin_commands() -> dict[str, Any]:
+    """Commands other installed packages add (entry-point group ``fstream.commands``: ``bench``, ``demo``).
 
+    The agent never imports them: a transfer node without the benchmarks or Airflow simply has
+    fewer commands. Each entry point is a ``register(subparsers)`` function; one with
+    ``passthrough = True`` receives every argument after its name unparsed.
+    """
+    from importlib.metadata import entry_points
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from transfer_agent.demo import run_demo
-
-    return run_demo(files=args.files, airflow=not args.no_airflow)
+    out: dict[str, Any] = {}
+    for ep in entry_points(group="fstream.commands"):
+        try:
+            out[ep.name] = ep.load()
+        except ImportError as exc:  # an optional dependency of that command is missing
+            logging.getLogger(__name__).debug("command %s unavailable: %s", ep.name, exc)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # everything after "bench" (options too) belongs to the bench CLI
-        argv = ["bench", "--", *argv[1:]]
+    plugins = plugin_commands()
+    if argv[:1] and getattr(plugins.get(argv[0]), "passthrough", False):
+        argv = [argv[0], "--", *argv[1:]]  # everything after the name (options too) belongs to that command
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "bench" and args.bench_args[:1] == ["--"]:
-        args.bench_args = args.bench_args[1:]
+    rest = getattr(args, "passthrough_args", None)
+    if rest and rest[:1] == ["--"]:
+        args.passthrough_args = rest[1:]
     _setup_logging(args.verbose)
     try:
         return int(args.func(args) or 0)

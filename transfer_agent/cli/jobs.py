@@ -9,12 +9,12 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from fstream_provider.keys import Keys
-from fstream_provider.units import parse_duration
+from fstream_provider.bus.keys import Keys
+from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import FStreamError
 
 if TYPE_CHECKING:  # redis (imported by the job model) costs half a second: only commands that use it load it
-    from fstream_provider.jobs import JobState, JobStore
+    from fstream_provider.bus.jobs import JobState, JobStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -26,9 +26,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _store(args: argparse.Namespace) -> JobStore:
-    from fstream_provider.jobs import JobStore
-    from fstream_provider.bus import connect
-    from fstream_provider.embedded import resolve_redis_url
+    from fstream_provider.bus.jobs import JobStore
+    from fstream_provider.bus.client import connect
+    from fstream_provider.bus.embedded import resolve_redis_url
 
     return JobStore(connect(resolve_redis_url(args.redis)), keys=Keys(args.namespace))
 
@@ -66,9 +66,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from fstream_provider.bus import describe
-    from fstream_provider.embedded import resolve_redis_url
-    from transfer_agent.worker import Agent
+    from fstream_provider.bus.client import describe
+    from fstream_provider.bus.embedded import resolve_redis_url
+    from transfer_agent.daemon.worker import Agent
 
     url = resolve_redis_url(args.redis)
     agent = Agent(url, name=args.name, secret_file=args.secret_file,
@@ -77,7 +77,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   max_retries=args.max_retries, keys=Keys(args.namespace))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("transfer_agent.worker").setLevel(logging.INFO)
+    logging.getLogger("transfer_agent.daemon.worker").setLevel(logging.INFO)
     previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
     print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}", file=sys.stderr, flush=True)
     try:
@@ -89,7 +89,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 # -- submit ----------------------------------------------------------------------------------------
 def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from transfer_agent.options import add_transfer_options
+    from transfer_agent.cli.options import add_transfer_options
 
     p = subparsers.add_parser("submit", help="queue a transfer job for an agent, then follow it")
     add_transfer_options(p)
@@ -151,7 +151,7 @@ def _finish_report(job: JobState, as_json: bool) -> int:
     if as_json:
         print(json.dumps(job.to_dict(), default=str), flush=True)
     elif job.result:
-        from transfer_agent.cli import print_summary
+        from transfer_agent.cli.progress import print_summary
 
         try:
             print_summary(job.result)
@@ -168,7 +168,7 @@ def _finish_report(job: JobState, as_json: bool) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from transfer_agent.options import spec_from_args
+    from transfer_agent.cli.options import spec_from_args
 
     spec = spec_from_args(args)
     store = _store(args)
@@ -183,7 +183,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         else:
             print(job_id, flush=True)
         return EXIT_OK
-    from transfer_agent.cli import Progress
+    from transfer_agent.cli.progress import Progress
 
     progress = Progress(not args.json and (args.progress or sys.stderr.isatty()))
     try:
@@ -314,7 +314,7 @@ def add_reconcile_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     """Exit 0 when nothing is left unresolved, 1 when some orphan still needs someone."""
-    from fstream_provider.reconcile import reconcile
+    from fstream_provider.bus.reconcile import reconcile
 
     report = reconcile(_store(args), repair=args.repair, dest_root=args.dest)
     if args.json:
@@ -335,7 +335,7 @@ def add_redis_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_redis(args: argparse.Namespace) -> int:
-    from fstream_provider.embedded import EmbeddedRedis
+    from fstream_provider.bus.embedded import EmbeddedRedis
 
     emb = EmbeddedRedis(args.state_dir)
     if args.action == "url":
