@@ -14,7 +14,8 @@ from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.errors import AuthError, NetworkError
-from transfer_agent.daemon.worker import Agent, backoff_delay, is_retryable
+from transfer_agent.daemon.runner import backoff_delay, is_retryable
+from transfer_agent.daemon.worker import Agent
 
 DEADLINE = 20.0
 

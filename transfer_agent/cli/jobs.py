@@ -14,7 +14,8 @@ from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import FStreamError
 
 if TYPE_CHECKING:  # redis (imported by the job model) costs half a second: only commands that use it load it
-    from fstream_provider.bus.jobs import JobState, JobStore
+    from fstream_provider.bus.job_state import JobState
+    from fstream_provider.bus.jobs import JobStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -77,7 +78,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   max_retries=args.max_retries, keys=Keys(args.namespace))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("transfer_agent.daemon.worker").setLevel(logging.INFO)
+    logging.getLogger("transfer_agent.daemon").setLevel(logging.INFO)
     previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
     print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}", file=sys.stderr, flush=True)
     try:
