@@ -7,8 +7,7 @@ import socket
 import threading
 import time
 
-import redis
-
+from fstream_provider.bus.client import REDIS_UNREACHABLE
 from transfer_agent.daemon.jobrun import JobRun
 
 
@@ -39,7 +38,7 @@ class HeartbeatMixin:
                 if run is not None and not run.lost:
                     owner, cancel = self._store.touch(run.job_id, run.attempt, run.entry_id, self.name)
                     self._note_fence(run, owner, cancel)
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            except REDIS_UNREACHABLE as exc:
                 self.counters["heartbeat_errors"] += 1
                 self.log.warning("heartbeat: Redis unreachable (%s); retrying in %.1f s", exc, period)
             except Exception:

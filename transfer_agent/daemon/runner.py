@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
-import random
 import threading
-import time
 from collections.abc import Callable
 
-import redis
-
+from fstream_provider.bus.client import redis_unreachable
 from fstream_provider.bus.job_state import Claim
+from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
 from transfer_agent.errors import FStreamError
@@ -20,9 +19,9 @@ from transfer_agent.errors import FStreamError
 log = logging.getLogger(__name__)
 
 
-def backoff_delay(retry: int, *, base: float, cap: float, rng: random.Random) -> float:
-    """Exponential backoff with jitter: ``min(cap, base * 2**retry)`` scaled by a random factor in [0.5, 1]."""
-    return min(cap, base * (2 ** retry)) * rng.uniform(0.5, 1.0)
+# Writes of a finished job while Redis is unreachable: 0.2 s doubling to 5 s (times [0.5, 1]), as long as
+# the agent's ``redis_outage_s``. The agent's reconnect loop waits the same way.
+REDIS_BACKOFF = RetryPolicy(retryable=redis_unreachable, base_s=0.4, cap_s=5.0)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -30,6 +29,19 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, FStreamError):
         return bool(exc.retryable)
     return isinstance(exc, (OSError, TimeoutError))
+
+
+class RetryableFailure(Exception):
+    """A try of a job's transfer failed and may be tried again (the retry policy's predicate).
+
+    :param error: what failed, naming the files/peer and the cause.
+    :param result: the transfer result of that try, if it returned one.
+    :param retry: which try failed (0 = the first).
+    """
+
+    def __init__(self, error: str, result: dict | None, retry: int) -> None:
+        super().__init__(error)
+        self.error, self.result, self.retry = error, result, retry
 
 
 class JobRunnerMixin:
@@ -88,25 +100,22 @@ class JobRunnerMixin:
         the entry then stays pending and is finished by this agent's next look at its own pending
         entries, or reclaimed.
         """
-        deadline = time.monotonic() + self.redis_outage_s
         tries = 0
-        while True:
-            try:
-                write()
-                if tries:
-                    self.log.info("job %s attempt %d: Redis is back; %s succeeded after %d tries", run.job_id,
-                                  run.attempt, what, tries + 1)
-                return
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
-                tries += 1
-                self.counters["redis_outage_retries"] += 1
-                if self._stop.is_set() or time.monotonic() >= deadline:
-                    raise
-                delay = backoff_delay(tries, base=0.2, cap=5.0, rng=self.rng)
-                self.log.warning("job %s attempt %d: Redis unreachable while %s (%s); retrying in %.1f s",
-                                 run.job_id, run.attempt, what, exc, delay)
-                if self._stop.wait(delay):
-                    raise
+
+        def failed(n: int, exc: BaseException) -> None:
+            nonlocal tries
+            tries = n
+            self.counters["redis_outage_retries"] += 1
+
+        def retrying(n: int, exc: BaseException, delay: float) -> None:
+            self.log.warning("job %s attempt %d: Redis unreachable while %s (%s); retrying in %.1f s",
+                             run.job_id, run.attempt, what, exc, delay)
+
+        policy = dataclasses.replace(REDIS_BACKOFF, deadline_s=self.redis_outage_s)
+        policy.call(write, stop=self._stop, rng=self.rng, on_failure=failed, on_retry=retrying)
+        if tries:
+            self.log.info("job %s attempt %d: Redis is back; %s succeeded after %d tries", run.job_id,
+                          run.attempt, what, tries + 1)
 
     def _conclude(self, run: JobRun, outcome: tuple[str, str | None, dict | None] | None) -> None:
         if run.lost:
@@ -145,51 +154,64 @@ class JobRunnerMixin:
                 jlog.info("%s", data.get("message", data))
             run.add(kind, data)
 
-        retry = 0
-        while True:
-            result_dict: dict | None = None
-            error: str | None = None
-            retryable = False
-            try:
-                transfer = self.transfer_factory(spec, job_id=run.job_id, attempt=run.attempt, on_event=on_event,
-                                                 cancel=run.cancel, redis=self._client, log=jlog)
-                result = transfer.run()
-                result_dict = result.to_dict()
-                if result.ok:
-                    return "succeeded", None, result_dict
-                failures = result_dict.get("failures") or []
-                retryable = bool(failures) and all(f.get("retryable") for f in failures)
-                shown = "; ".join(f"{f.get('path')}: {f.get('reason')}" for f in failures[:5])
-                more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
-                if failures:
-                    error = f"{len(failures)} file(s) failed: {shown}{more}"
-                else:
-                    error = result_dict.get("error") or "transfer did not complete (no failure reported)"
-            except Exception as exc:
-                retryable = is_retryable(exc)
-                error = exc.describe() if isinstance(exc, FStreamError) else f"{type(exc).__name__}: {exc}"
-                if not isinstance(exc, (FStreamError, OSError)):
-                    self.counters["transfer_exceptions"] += 1
-                    jlog.exception("transfer raised an unexpected error")
+        tries = itertools.count()
+        policy = RetryPolicy(retryable=lambda exc: isinstance(exc, RetryableFailure), base_s=self.retry_base_s,
+                             cap_s=self.retry_cap_s, attempts=self.max_retries + 1)
+
+        def retrying(n: int, exc: BaseException, delay: float) -> None:
+            error = exc.error if isinstance(exc, RetryableFailure) else str(exc)
+            run.add("retry", {"attempt": run.attempt, "try": n, "delay": delay, "message": error})
+            jlog.warning("retryable failure (%s); try %d of %d in %.1f s", error, n, self.max_retries, delay)
+
+        try:
+            return policy.call(lambda: self._try(run, spec, next(tries), on_event, jlog), stop=run.cancel,
+                               rng=self.rng, on_retry=retrying)
+        except RetryableFailure as failure:
+            if failure.retry >= self.max_retries:
+                return "failed", f"{failure.error} (gave up after {failure.retry + 1} tries)", failure.result
+            # the cancel event ended the wait before the next try
             if run.lost or run.stopping:
                 return None
-            if run.cancel.is_set() and run.cancel_requested:
-                reason = self._client.hget(self.keys.job(run.job_id), "cancel_reason") or "cancelled"
-                return "cancelled", reason, result_dict
-            run.add("error", {"message": error, "retryable": retryable, "try": retry})
-            if not retryable or retry >= self.max_retries:
-                if retryable:
-                    error = f"{error} (gave up after {retry + 1} tries)"
-                return "failed", error, result_dict
-            delay = backoff_delay(retry, base=self.retry_base_s, cap=self.retry_cap_s, rng=self.rng)
-            retry += 1
-            run.add("retry", {"attempt": run.attempt, "try": retry, "delay": delay, "message": error})
-            jlog.warning("retryable failure (%s); try %d of %d in %.1f s", error, retry, self.max_retries, delay)
-            if run.cancel.wait(delay):
-                if run.lost or run.stopping:
-                    return None
-                reason = self._client.hget(self.keys.job(run.job_id), "cancel_reason") or "cancelled"
-                return "cancelled", reason, result_dict
+            return "cancelled", self._cancel_reason(run), failure.result
+
+    def _try(self, run: JobRun, spec: TransferSpec, retry: int, on_event: Callable[[str, dict], None],
+             jlog: PrefixedLog) -> tuple[str, str | None, dict | None] | None:
+        """One try of the transfer: its outcome, None (not to be finished here), or ``RetryableFailure``."""
+        result_dict: dict | None = None
+        error: str | None = None
+        retryable = False
+        try:
+            transfer = self.transfer_factory(spec, job_id=run.job_id, attempt=run.attempt, on_event=on_event,
+                                             cancel=run.cancel, redis=self._client, log=jlog)
+            result = transfer.run()
+            result_dict = result.to_dict()
+            if result.ok:
+                return "succeeded", None, result_dict
+            failures = result_dict.get("failures") or []
+            retryable = bool(failures) and all(f.get("retryable") for f in failures)
+            shown = "; ".join(f"{f.get('path')}: {f.get('reason')}" for f in failures[:5])
+            more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+            if failures:
+                error = f"{len(failures)} file(s) failed: {shown}{more}"
+            else:
+                error = result_dict.get("error") or "transfer did not complete (no failure reported)"
+        except Exception as exc:
+            retryable = is_retryable(exc)
+            error = exc.describe() if isinstance(exc, FStreamError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, (FStreamError, OSError)):
+                self.counters["transfer_exceptions"] += 1
+                jlog.exception("transfer raised an unexpected error")
+        if run.lost or run.stopping:
+            return None
+        if run.cancel.is_set() and run.cancel_requested:
+            return "cancelled", self._cancel_reason(run), result_dict
+        run.add("error", {"message": error, "retryable": retryable, "try": retry})
+        if retryable:
+            raise RetryableFailure(error, result_dict, retry)
+        return "failed", error, result_dict
+
+    def _cancel_reason(self, run: JobRun) -> str:
+        return self._client.hget(self.keys.job(run.job_id), "cancel_reason") or "cancelled"
 
     # ------------------------------------------------------------------ events
     def _pump_loop(self, run: JobRun, pump_stop: threading.Event) -> None:

@@ -19,15 +19,19 @@ from typing import Any
 
 import redis
 
-from fstream_provider.bus.client import connect, describe
+from fstream_provider.bus.client import REDIS_UNREACHABLE, connect, describe
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from transfer_agent.daemon.heartbeat import HeartbeatMixin
 from transfer_agent.daemon.intake import IntakeMixin
 from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
-from transfer_agent.daemon.runner import JobRunnerMixin, backoff_delay
+from fstream_provider.model.retry import RetryPolicy
+from transfer_agent.daemon.runner import REDIS_BACKOFF, JobRunnerMixin
 
 log = logging.getLogger(__name__)
+
+# An iteration that failed for another reason: 1 s doubling to 30 s (times [0.5, 1]); the loop goes on.
+ITERATION_BACKOFF = RetryPolicy(base_s=1.0, cap_s=30.0)
 
 
 def default_agent_name() -> str:
@@ -136,12 +140,12 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
                 try:
                     self._iteration()
                     failures = 0
-                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                except REDIS_UNREACHABLE as exc:
                     self.counters["redis_unreachable"] += 1
                     failures += 1
                     if once:
                         raise
-                    delay = backoff_delay(failures, base=0.2, cap=5.0, rng=self.rng)
+                    delay = REDIS_BACKOFF.delay(failures - 1, self.rng)
                     self.log.warning("Redis unreachable (%s); reconnecting in %.1f s", exc, delay)
                     self._stop.wait(delay)
                 except Exception:
@@ -151,7 +155,7 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
                                        failures, self.counters["exceptions"])
                     if once:
                         raise
-                    self._stop.wait(backoff_delay(failures, base=0.5, cap=30.0, rng=self.rng))
+                    ITERATION_BACKOFF.pause(failures - 1, self._stop, self.rng)
                 if once:
                     break
         finally:
