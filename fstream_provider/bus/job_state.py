@@ -1,4 +1,4 @@
-"""The job model: its states and event kinds, ``JobState`` (the job hash), ``Claim``, event decoding, ``JobLostError``."""
+"""The job model: its states and event kinds, ``JobState`` (the job hash), ``Claim``, event decoding, lost/unknown jobs."""
 
 from __future__ import annotations
 
@@ -27,6 +27,19 @@ class JobLostError(LookupError):
                "(not a normal expiry: a running job has no TTL); run `fstream reconcile` to see orphans, "
                "resubmit to finish it (files already committed are skipped)")
         super().__init__(msg)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class JobNotFoundError(KeyError):
+    """A job someone wants to follow is not on the bus: an unknown id, expired after its retention, or
+    another Redis or namespace."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id}: not found (unknown id, expired after its retention, or another "
+                         "Redis/namespace)")
 
     def __str__(self) -> str:
         return str(self.args[0])

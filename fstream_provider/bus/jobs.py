@@ -11,7 +11,8 @@ import redis
 
 from fstream_provider.bus import job_scripts as lua
 from fstream_provider.bus.client import MAX_BLOCK_MS
-from fstream_provider.bus.job_state import TERMINAL_STATES, Claim, JobLostError, JobState, decode_event, now_text
+from fstream_provider.bus.follow import follow_job
+from fstream_provider.bus.job_state import TERMINAL_STATES, Claim, JobState, decode_event, now_text
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
 from fstream_provider.model.spec import TransferSpec
 
@@ -115,27 +116,11 @@ class JobStore:
     def wait(self, job_id: str, timeout: float) -> JobState:
         """Follow the job's events until its ``done`` event; returns its state (non-terminal if ``timeout`` passed).
 
-        Raises ``KeyError`` if the job does not exist, ``JobLostError`` if its state vanishes while waiting
-        (Redis flushed or restarted without persistence): never waits for ever on a job nobody can finish.
+        Raises ``KeyError`` (``JobNotFoundError``) if the job does not exist, ``JobLostError`` if its state
+        vanishes while waiting (Redis flushed or restarted without persistence): never waits for ever on a
+        job nobody can finish. ``fstream_provider.bus.follow.follow_job`` is the loop.
         """
-        deadline = time.monotonic() + timeout
-        state = self.get(job_id)
-        if state is None:
-            raise KeyError(f"job {job_id}: not found (unknown id, or expired after its retention)")
-        last = "0-0"
-        while not state.terminal:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return state
-            evs = self.events(job_id, after=last, block_ms=max(1, int(min(remaining, 1.0) * 1000)))
-            if evs:
-                last = evs[-1][0]
-            if not evs or any(e["kind"] == "done" for _, e in evs):
-                now = self.get(job_id)
-                if now is None:
-                    raise JobLostError(job_id, f"last seen {state.state}, attempt {state.attempt}")
-                state = now
-        return state
+        return follow_job(self, job_id, timeout=timeout)
 
     def list(self, limit: int = 50) -> list[JobState]:
         """The newest ``limit`` jobs, newest first."""
