@@ -52,6 +52,7 @@ def _produce(src: Path, stop: threading.Event, files: int, seed: int = 7) -> Non
 def run_demo(files: int = 0, airflow: bool = True) -> int:
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import EmbeddedRedis, find_redis_server
+    from fstream_provider.bus.follow import follow_job
     from fstream_provider.bus.jobs import JobStore
     from transfer_agent.wire.auth import create_secret_file, load_secret
     from transfer_agent.cli.progress import Progress, print_summary
@@ -95,21 +96,15 @@ def run_demo(files: int = 0, airflow: bool = True) -> int:
     job_id, _created = store.submit(spec, idempotency_key=f"demo-{time.time_ns()}")
     con.print(f"job {job_id} submitted; following its event stream\n")
     progress = Progress(True)
-    state = None
     rc = 1
     try:
-        last = "0-0"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            for eid, ev in store.events(job_id, after=last, block_ms=500):
-                last = eid
-                progress(ev["kind"], ev)
-                if ev["kind"] == "done":
-                    state = ev
-            if state is not None:
-                break
+        try:
+            job = follow_job(store, job_id, on_event=lambda _eid, ev: progress(ev["kind"], ev), timeout=600,
+                             block_ms=500)
+        except LookupError as exc:  # its state vanished from the bus (JobLostError)
+            con.print(f"[red]{exc}[/]")
+            job = None
         progress.stop()
-        job = store.get(job_id)
         result = (job.result if job else None) or {}
         if result:
             print_summary(result)

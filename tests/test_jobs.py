@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from fstream_provider.bus.jobs import TERMINAL_STATES, JobState, JobStore, decode_event
+from fstream_provider.bus.job_state import TERMINAL_STATES, JobState, decode_event
+from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.model.spec import TransferSpec
 

@@ -12,9 +12,11 @@ import pytest
 
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
+from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.errors import AuthError, NetworkError
-from transfer_agent.daemon.worker import Agent, backoff_delay, is_retryable
+from transfer_agent.daemon.runner import is_retryable
+from transfer_agent.daemon.worker import Agent
 
 DEADLINE = 20.0
 
@@ -417,7 +419,7 @@ def test_sigterm_handler_sets_stop(make_agent):
 
 def test_backoff_is_exponential_with_jitter_and_cap():
     rng = random.Random(7)
-    delays = [backoff_delay(i, base=1.0, cap=10.0, rng=rng) for i in range(8)]
+    delays = [RetryPolicy(base_s=1.0, cap_s=10.0).delay(i, rng) for i in range(8)]
     for i, d in enumerate(delays):
         full = min(10.0, 2 ** i)
         assert full * 0.5 <= d <= full

@@ -16,6 +16,15 @@ HEALTH_CHECK_INTERVAL_S = 15
 RETRIES = 5
 MAX_BLOCK_MS = 5000
 
+# The errors that mean "Redis is unreachable for now" (down, restarting, loading its AOF), not "the command
+# was wrong": what the agent waits out with backoff.
+REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def redis_unreachable(exc: BaseException) -> bool:
+    """The retry predicate for Redis outages: True for ``REDIS_UNREACHABLE`` errors."""
+    return isinstance(exc, REDIS_UNREACHABLE)
+
 
 def _options(socket_timeout: float, connect_timeout: float, retries: int) -> dict[str, Any]:
     return {

@@ -14,9 +14,13 @@ import subprocess
 import tempfile
 import time
 from importlib.util import find_spec
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from fstream_provider.model.statedir import state_dir
+
+if TYPE_CHECKING:
+    from fstream_provider.model.retry import RetryPolicy
 
 ENV_URL = "FSTREAM_REDIS_URL"
 # Durability of the job bus (docs/redis-keys.md, "Durability"): with ``always`` Redis fsyncs the AOF
@@ -47,6 +51,13 @@ def find_redis_server() -> str:
 def default_state_dir() -> str:
     """The state directory as a string (see :func:`fstream_provider.model.statedir.state_dir`)."""
     return str(state_dir())
+
+
+def _port_race_policy(attempts: int = 5) -> RetryPolicy:
+    """Starting a server on a port that was free a moment ago: on ``RuntimeError`` try at once on another one."""
+    from fstream_provider.model.retry import RetryPolicy  # tenacity: only when a server starts
+
+    return RetryPolicy(retryable=lambda exc: isinstance(exc, RuntimeError), base_s=0.0, cap_s=0.0, attempts=attempts)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -179,16 +190,11 @@ class EmbeddedRedis:
                 self.port, self.password, self.pid = info["port"], info.get("password"), info["pid"]
                 return self
             password = secrets.token_hex(16)
-            last_error: Exception | None = None
-            for _ in range(5):  # a free port can be taken between probing and binding
-                port = free_port()
-                try:
-                    self._launch(port, password)
-                except RuntimeError as exc:
-                    last_error = exc
-                    continue
-                return self
-            raise RuntimeError(f"embedded Redis in {self.dir}: could not start ({last_error})")
+            try:
+                _port_race_policy().call(lambda: self._launch(free_port(), password))
+            except RuntimeError as exc:
+                raise RuntimeError(f"embedded Redis in {self.dir}: could not start ({exc})") from exc
+            return self
 
     def _launch(self, port: int, password: str) -> None:
         pidfile = os.path.join(self.dir, "redis.pid")
@@ -267,8 +273,8 @@ class RedisServer:
     def start(self) -> "RedisServer":
         os.makedirs(self.dir, exist_ok=True)
         fixed = self.port
-        last_error: Exception | None = None
-        for _ in range(1 if fixed else 5):
+
+        def launch() -> None:
             port = fixed or free_port()
             logfile = os.path.join(self.dir, "redis.log")
             conf = os.path.join(self.dir, "redis.conf")
@@ -279,13 +285,16 @@ class RedisServer:
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 _wait_ready("127.0.0.1", port, None, self.proc, logfile, self.start_timeout)
-            except RuntimeError as exc:
-                last_error = exc
+            except RuntimeError:
                 self._reap(signal.SIGKILL)
-                continue
+                raise
             self.port = port
-            return self
-        raise RuntimeError(f"RedisServer in {self.dir}: could not start ({last_error})")
+
+        try:
+            _port_race_policy(1 if fixed else 5).call(launch)
+        except RuntimeError as exc:
+            raise RuntimeError(f"RedisServer in {self.dir}: could not start ({exc})") from exc
+        return self
 
     def _reap(self, sig: int) -> None:
         if self.proc is None:

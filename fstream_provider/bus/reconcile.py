@@ -33,7 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fstream_provider.bus.jobs import TERMINAL_STATES, JobStore, _now
+from fstream_provider.bus.job_state import TERMINAL_STATES, now_text
+from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN
 
 # KEYS: job, events, jobs stream, owner's heartbeat key.  ARGV: job_id, now, maxlen, reason
@@ -208,7 +209,7 @@ def reconcile(store: JobStore, *, repair: bool = False, dest_root: str | None = 
             return
         out = requeue(keys=[keys.job(f.job_id), keys.job_events(f.job_id), keys.jobs_stream(),
                             keys.agent(worker or "-")],
-                      args=[f.job_id, _now(), store.events_maxlen, f"reconcile: {f.kind}: {f.detail}"])
+                      args=[f.job_id, now_text(), store.events_maxlen, f"reconcile: {f.kind}: {f.detail}"])
         f.repaired = f"re-enqueued as entry {out[1]}" if out[0] == "requeued" else None
         if out[0] != "requeued":
             f.detail += f" (not re-enqueued: {out[0]} now)"

@@ -63,7 +63,7 @@ class FStreamAsyncHook(BaseHook):
 
     async def get_state(self, job_id: str) -> Any:
         """The job's ``JobState``, or ``None`` if the job does not exist (or expired)."""
-        from fstream_provider.bus.jobs import JobState
+        from fstream_provider.bus.job_state import JobState
 
         client, keys = await self.get_client(), await self.get_keys()
         h = await client.hgetall(keys.job(job_id))
@@ -74,7 +74,7 @@ class FStreamAsyncHook(BaseHook):
     async def read_events(self, job_id: str, *, after: str = "0-0", block_ms: int | None = None,
                           count: int = 100) -> list[tuple[str, dict[str, Any]]]:
         """Events after ``after``; with ``block_ms`` waits up to that long for the first one."""
-        from fstream_provider.bus.jobs import decode_event
+        from fstream_provider.bus.job_state import decode_event
 
         client, keys = await self.get_client(), await self.get_keys()
         resp = await client.xread({keys.job_events(job_id): after}, count=count, block=block_ms)

@@ -243,24 +243,24 @@ class FStreamTransferOperator(BaseOperator):
         return self._poll(job_id, spec.target_throughput_bps, context)
 
     def _poll(self, job_id: str, target_bps: float | None, context: Context) -> dict[str, Any]:
-        after, prev, seen = "0-0", None, []
-        block_ms = max(1, int(self.poll_interval * 1000))
-        while True:
-            batch = self.hook.events(job_id, after=after, block_ms=block_ms, count=500)
-            if not batch:
-                if self.hook.get_job(job_id) is None:
-                    raise AirflowException(f"FStream job {job_id} disappeared from the bus while running: its state "
-                                           "vanished from Redis (flushed, or restarted without its data); "
-                                           "`fstream reconcile` reports what is left, a task retry resubmits it")
-                continue
-            for eid, ev in batch:
-                after = eid
-                seen.append((eid, ev))
-                if ev.get("kind") == "interval":
-                    self.log.info("%s", format_interval(ev, target_bps, prev))
-                    prev = ev
-                elif ev.get("kind") == "done":
-                    return self._finish(job_id, seen, target_bps, context, log_intervals=False)
+        from fstream_provider.bus.follow import follow_job
+
+        prev, seen = None, []
+
+        def on_event(eid: str, ev: dict[str, Any]) -> None:
+            nonlocal prev
+            seen.append((eid, ev))
+            if ev.get("kind") == "interval":
+                self.log.info("%s", format_interval(ev, target_bps, prev))
+                prev = ev
+
+        try:
+            follow_job(self.hook.store, job_id, on_event=on_event, block_ms=max(1, int(self.poll_interval * 1000)))
+        except LookupError as exc:  # JobLostError (or JobNotFoundError): its state vanished from the bus
+            raise AirflowException(f"FStream job {job_id} disappeared from the bus while running: its state "
+                                   "vanished from Redis (flushed, or restarted without its data); "
+                                   "`fstream reconcile` reports what is left, a task retry resubmits it") from exc
+        return self._finish(job_id, seen, target_bps, context, log_intervals=False)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         job_id = event.get("job_id") or self._job_id

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from fstream_provider.bus.follow_async import afollow_job
+from fstream_provider.bus.job_state import JobLostError, JobNotFoundError
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.model.tasklog import format_interval
-
-
-def raise_if_cancelled() -> None:
-    """Re-raise a cancellation of the current task that an awaited call swallowed.
-
-    ``redis.asyncio`` can lose a ``CancelledError`` that lands while a blocking command's internal
-    timeout fires (redis/redis-py#2551, #2028): the command returns normally and a trigger the
-    triggerer cancelled (shutdown, reassignment) would keep running and fire later. ``Task.cancelling()``
-    still counts the request, so checking it after every Redis call restores the cancellation.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError("trigger cancelled (the cancellation was swallowed by the Redis client)")
 
 
 class FStreamTransferTrigger(BaseTrigger):
@@ -79,41 +67,35 @@ class FStreamTransferTrigger(BaseTrigger):
         yield TriggerEvent(event)
 
     async def _follow(self, hook: Any) -> dict[str, Any]:
-        after = self.last_event_id
         prev: dict[str, Any] | None = None
-        missing = await hook.get_state(self.job_id) is None
-        raise_if_cancelled()
-        if missing:
-            return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": after,
+
+        def on_event(eid: str, ev: dict[str, Any]) -> None:
+            nonlocal prev
+            self.last_event_id = eid
+            kind = ev.get("kind")
+            if kind == "interval":
+                self.log.info("%s", format_interval(ev, self.target_throughput_bps, prev))
+                prev = ev
+            elif kind in ("error", "retry", "tuning"):
+                self.log.info("%s: %s", kind, ev.get("reason") or ev.get("message") or ev.get("error") or "")
+
+        try:
+            eid, done = await afollow_job(hook.get_state, hook.read_events, self.job_id, on_event=on_event,
+                                          after=self.last_event_id, block_ms=self.block_ms)
+        except JobNotFoundError:
+            return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
                     "message": f"FStream job {self.job_id} does not exist on the bus (expired or wrong connection)"}
-        while True:
-            batch = await hook.read_events(self.job_id, after=after, block_ms=self.block_ms, count=500)
-            raise_if_cancelled()
-            if not batch:
-                state = await hook.get_state(self.job_id)
-                raise_if_cancelled()
-                if state is None:
-                    return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": after,
-                            "message": f"FStream job {self.job_id} disappeared from the bus while running: its "
-                                       "state vanished from Redis (flushed, or restarted without its data); "
-                                       "`fstream reconcile` reports what is left, a task retry resubmits it"}
-                continue
-            for eid, ev in batch:
-                after = eid
-                self.last_event_id = eid
-                kind = ev.get("kind")
-                if kind == "interval":
-                    self.log.info("%s", format_interval(ev, self.target_throughput_bps, prev))
-                    prev = ev
-                elif kind in ("error", "retry", "tuning"):
-                    self.log.info("%s: %s", kind, ev.get("reason") or ev.get("message") or ev.get("error") or "")
-                elif kind == "done":
-                    state = ev.get("state")
-                    ok = state == "succeeded"
-                    msg = (f"FStream job {self.job_id} {state}" if ok
-                           else f"FStream job {self.job_id} {state}: {ev.get('error') or 'no error text'}")
-                    return {"status": "success" if ok else "error", "message": msg, "job_id": self.job_id,
-                            "state": state, "last_event_id": eid}
+        except JobLostError:
+            return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
+                    "message": f"FStream job {self.job_id} disappeared from the bus while running: its "
+                               "state vanished from Redis (flushed, or restarted without its data); "
+                               "`fstream reconcile` reports what is left, a task retry resubmits it"}
+        state = done.get("state")
+        ok = state == "succeeded"
+        msg = (f"FStream job {self.job_id} {state}" if ok
+               else f"FStream job {self.job_id} {state}: {done.get('error') or 'no error text'}")
+        return {"status": "success" if ok else "error", "message": msg, "job_id": self.job_id,
+                "state": state, "last_event_id": eid}
 
     async def on_kill(self) -> None:
         """The user killed the deferred task (mark failed/success, clear): cancel the job too."""

@@ -18,7 +18,8 @@ import pytest
 
 from fstream_provider.bus.client import connect
 from fstream_provider.bus.embedded import RedisServer
-from fstream_provider.bus.jobs import JobLostError, JobStore
+from fstream_provider.bus.job_state import JobLostError
+from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.reconcile import reconcile
 from jobkit import (DEADLINE, agent_thread, check_destination, check_jobs, cli_agent, dataset, files_of, kinds,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +13,8 @@ from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import FStreamError
 
 if TYPE_CHECKING:  # redis (imported by the job model) costs half a second: only commands that use it load it
-    from fstream_provider.bus.jobs import JobState, JobStore
+    from fstream_provider.bus.job_state import JobState
+    from fstream_provider.bus.jobs import JobStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -77,7 +77,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   max_retries=args.max_retries, keys=Keys(args.namespace))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("transfer_agent.daemon.worker").setLevel(logging.INFO)
+    logging.getLogger("transfer_agent.daemon").setLevel(logging.INFO)
     previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
     print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}", file=sys.stderr, flush=True)
     try:
@@ -103,37 +103,9 @@ def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def follow(store: JobStore, job_id: str, on_event: Any = None, timeout: float | None = None,
-           after: str = "0-0") -> JobState:
-    """Follow a job's events (calling ``on_event(kind, event)``) until ``done`` or ``timeout``; returns its state."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-        evs = store.events(job_id, after=after, block_ms=1000, count=500)
-        for entry_id, ev in evs:
-            after = entry_id
-            if on_event is not None:
-                on_event(ev["kind"], ev)
-            if ev["kind"] == "done":
-                state = store.get(job_id)
-                if state is None:
-                    raise FStreamError(f"job {job_id}: finished but its state expired")
-                return state
-        if not evs:
-            state = store.get(job_id)
-            if state is None:
-                raise FStreamError(f"job {job_id}: not found (expired or wrong Redis/namespace)")
-            if state.terminal:  # its event stream was trimmed past "done"
-                return state
-    state = store.get(job_id)
-    if state is None:
-        raise FStreamError(f"job {job_id}: not found (expired or wrong Redis/namespace)")
-    return state
-
-
 def _event_printer(progress: Any) -> Any:
-    def on_event(kind: str, ev: dict) -> None:
+    def on_event(_entry_id: str, ev: dict) -> None:
+        kind = ev["kind"]
         if kind == "claimed":
             print(f"claimed by {ev.get('worker')} (attempt {ev.get('attempt')})", file=sys.stderr, flush=True)
         elif kind == "retry":
@@ -186,9 +158,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from transfer_agent.cli.progress import Progress
 
     progress = Progress(not args.json and (args.progress or sys.stderr.isatty()))
+    from fstream_provider.bus.follow import follow_job
+    from fstream_provider.bus.job_state import JobLostError, JobNotFoundError
+
     try:
-        job = follow(store, job_id, _event_printer(progress),
-                     timeout=parse_duration(args.timeout) if args.timeout else None)
+        job = follow_job(store, job_id, on_event=_event_printer(progress),
+                         timeout=parse_duration(args.timeout) if args.timeout else None)
+    except (JobNotFoundError, JobLostError) as exc:
+        raise FStreamError(str(exc)) from exc
     except KeyboardInterrupt:
         print(f"\nstopped following; job {job_id} continues (`fstream cancel {job_id}` to cancel)", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -1,0 +1,147 @@
+"""The job model's Lua scripts: every state change of a job is one of these, atomic with the event it emits."""
+
+from __future__ import annotations
+
+# Lua helper shared by the scripts: move the job (KEYS[1]) to a terminal state, emit "done" on
+# KEYS[2], expire job + events + idempotency key. result_json is already JSON (or "").
+_FINISH_FN = """
+local function finish(state, err, result_json, now, retention, maxlen, idem)
+  redis.call('HSET', KEYS[1], 'state', state, 'updated_at', now, 'error', err, 'result', result_json)
+  local rj = result_json
+  if rj == '' then rj = 'null' end
+  local ej = 'null'
+  if err ~= '' then ej = cjson.encode(err) end
+  local data = '{"state":' .. cjson.encode(state) .. ',"error":' .. ej .. ',"result":' .. rj .. '}'
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'kind', 'done', 'ts', now, 'data', data)
+  redis.call('EXPIRE', KEYS[1], retention)
+  redis.call('EXPIRE', KEYS[2], retention)
+  if idem then redis.call('EXPIRE', idem, retention) end
+end
+local function terminal(st)
+  return st == 'succeeded' or st == 'failed' or st == 'cancelled'
+end
+"""
+
+# KEYS: job, events, jobs stream, index, [idem]
+# ARGV: job_id, spec_json, now, priority, idem_key, maxlen, index_cutoff, queued_data
+SUBMIT = """
+if KEYS[5] then
+  local existing = redis.call('GET', KEYS[5])
+  if existing then return {existing, 0} end
+end
+redis.call('HSET', KEYS[1], 'job_id', ARGV[1], 'state', 'queued', 'attempt', 0, 'deliveries', 0,
+  'spec', ARGV[2], 'created_at', ARGV[3], 'updated_at', ARGV[3], 'priority_class', ARGV[4],
+  'idempotency_key', ARGV[5], 'cancel_requested', 0, 'worker', '', 'error', '', 'result', '')
+local sid = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[1])
+redis.call('HSET', KEYS[1], 'stream_id', sid)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'kind', 'queued', 'ts', ARGV[3], 'data', ARGV[8])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[7])
+if KEYS[5] then redis.call('SET', KEYS[5], ARGV[1]) end
+return {ARGV[1], 1}
+"""
+
+# KEYS: job, events, jobs stream, dead letter, [idem]
+# ARGV: worker, now, max_deliveries, maxlen, group, entry_id, retention, dead_maxlen
+CLAIM = _FINISH_FN + """
+local idem = KEYS[5]
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then
+  redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])
+  return {'missing'}
+end
+if terminal(st) then
+  redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])
+  return {'terminal', st}
+end
+local d = redis.call('HINCRBY', KEYS[1], 'deliveries', 1)
+if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
+  local reason = redis.call('HGET', KEYS[1], 'cancel_reason') or 'cancelled'
+  finish('cancelled', reason, '', ARGV[2], ARGV[7], ARGV[4], idem)
+  redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])
+  return {'cancelled', reason}
+end
+local maxd = tonumber(ARGV[3])
+if d > maxd then
+  local last = redis.call('HGET', KEYS[1], 'worker') or ''
+  local msg = 'dead-lettered: job delivered ' .. d .. ' times (max_deliveries ' .. maxd ..
+    ') without finishing; last worker ' .. (last ~= '' and last or 'unknown')
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'job_id', redis.call('HGET', KEYS[1], 'job_id'),
+    'stream_id', ARGV[6], 'deliveries', d, 'reason', msg, 'ts', ARGV[2])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'error', 'ts', ARGV[2],
+    'data', cjson.encode({message = msg, retryable = false}))
+  finish('failed', msg, '', ARGV[2], ARGV[7], ARGV[4], idem)
+  redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])
+  return {'dead', msg}
+end
+local a = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'updated_at', ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'claimed', 'ts', ARGV[2],
+  'data', cjson.encode({worker = ARGV[1], attempt = a, deliveries = d}))
+return {'claimed', tostring(a), redis.call('HGET', KEYS[1], 'spec')}
+"""
+
+_FENCE = """
+local function fenced(attempt)
+  return redis.call('HGET', KEYS[1], 'attempt') == attempt and redis.call('HGET', KEYS[1], 'state') == 'running'
+end
+"""
+
+# KEYS: job, events.  ARGV: attempt, maxlen, now, nfields, f1, v1, ..., then (kind, ts, data) triples
+PUBLISH = _FENCE + """
+if not fenced(ARGV[1]) then return {0, 0} end
+local n = tonumber(ARGV[4])
+local i = 5
+if n > 0 then
+  local hs = {}
+  for j = 0, 2 * n - 1 do hs[#hs + 1] = ARGV[i + j] end
+  redis.call('HSET', KEYS[1], unpack(hs))
+  i = i + 2 * n
+end
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[3])
+while i + 2 <= #ARGV do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'kind', ARGV[i], 'ts', ARGV[i + 1], 'data', ARGV[i + 2])
+  i = i + 3
+end
+return {1, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested') or '0')}
+"""
+
+# KEYS: job, jobs stream.  ARGV: attempt, group, consumer, entry_id
+TOUCH = _FENCE + """
+if not fenced(ARGV[1]) then return {0, 0} end
+redis.call('XCLAIM', KEYS[2], ARGV[2], ARGV[3], 0, ARGV[4], 'JUSTID')
+return {1, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested') or '0')}
+"""
+
+# KEYS: job, events, jobs stream, [idem]
+# ARGV: attempt, state, error, result_json, now, group, entry_id, retention, maxlen
+FINISH = _FINISH_FN + _FENCE + """
+if not fenced(ARGV[1]) then return 0 end
+finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[8], ARGV[9], KEYS[4])
+redis.call('XACK', KEYS[3], ARGV[6], ARGV[7])
+return 1
+"""
+
+# KEYS: job, events.  ARGV: attempt, reason, now, maxlen
+RELEASE = _FENCE + """
+if not fenced(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'queued', 'worker', '', 'updated_at', ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'released', 'ts', ARGV[3],
+  'data', cjson.encode({reason = ARGV[2], attempt = tonumber(ARGV[1])}))
+return 1
+"""
+
+# KEYS: job, events, [idem].  ARGV: reason, now, retention, maxlen
+CANCEL = _FINISH_FN + """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'missing' end
+if terminal(st) then return 'terminal' end
+redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'cancel_reason', ARGV[1])
+if st == 'queued' then
+  finish('cancelled', ARGV[1], '', ARGV[2], ARGV[3], ARGV[4], KEYS[3])
+  return 'cancelled'
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'cancel', 'ts', ARGV[2],
+  'data', cjson.encode({reason = ARGV[1]}))
+return 'requested'
+"""

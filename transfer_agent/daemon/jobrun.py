@@ -1,0 +1,58 @@
+"""One claimed job while it runs on an agent: its fencing token, cancel event and buffered events."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+PUBLISH_BATCH = 500
+
+
+class PrefixedLog(logging.LoggerAdapter):
+    """Prefixes every line with ``[agent <name>]`` (a log prefix per worker)."""
+
+    def process(self, msg: str, kwargs: Any) -> tuple[str, Any]:
+        return f"[agent {self.extra['name']}] {msg}", kwargs
+
+
+class JobRun:
+    """One claimed job while it runs: fencing token, cancel event, buffered events.
+
+    :param job_id: the job.
+    :param attempt: the fencing number from the claim.
+    :param entry_id: the jobs-stream entry to acknowledge.
+    """
+
+    def __init__(self, job_id: str, attempt: int, entry_id: str) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.entry_id = entry_id
+        self.cancel = threading.Event()
+        self.lost = False  # another agent took the job over: write nothing more
+        self.cancel_requested = False
+        self.stopping = False
+        self._lock = threading.Lock()
+        self._events: list[tuple[str, float, dict]] = []
+        self._progress: dict | None = None
+        self.wake = threading.Event()
+
+    def add(self, kind: str, data: dict) -> None:
+        with self._lock:
+            self._events.append((kind, time.time(), data))
+            if kind == "interval":
+                self._progress = data
+            if len(self._events) >= PUBLISH_BATCH:
+                self.wake.set()
+
+    def take(self) -> tuple[list[tuple[str, float, dict]], dict | None]:
+        with self._lock:
+            events, self._events = self._events[:PUBLISH_BATCH], self._events[PUBLISH_BATCH:]
+            progress, self._progress = self._progress, None
+            return events, progress
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._events) or self._progress is not None
+

@@ -1,0 +1,238 @@
+"""Running one claimed job on the agent: claim, transfer with retries, events pumped, outcome recorded through outages."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+from fstream_provider.bus.client import redis_unreachable
+from fstream_provider.bus.job_state import Claim
+from fstream_provider.model.retry import RetryPolicy
+from fstream_provider.model.spec import TransferSpec
+from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
+from transfer_agent.errors import FStreamError
+
+log = logging.getLogger(__name__)
+
+
+# Writes of a finished job while Redis is unreachable: 0.2 s doubling to 5 s (times [0.5, 1]), as long as
+# the agent's ``redis_outage_s``. The agent's reconnect loop waits the same way.
+REDIS_BACKOFF = RetryPolicy(retryable=redis_unreachable, base_s=0.4, cap_s=5.0)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """The retry predicate: FStream errors say so themselves; plain OS/network errors are retryable."""
+    if isinstance(exc, FStreamError):
+        return bool(exc.retryable)
+    return isinstance(exc, (OSError, TimeoutError))
+
+
+class RetryableFailure(Exception):
+    """A try of a job's transfer failed and may be tried again (the retry policy's predicate).
+
+    :param error: what failed, naming the files/peer and the cause.
+    :param result: the transfer result of that try, if it returned one.
+    :param retry: which try failed (0 = the first).
+    """
+
+    def __init__(self, error: str, result: dict | None, retry: int) -> None:
+        super().__init__(error)
+        self.error, self.result, self.retry = error, result, retry
+
+
+class JobRunnerMixin:
+    """Takes one stream entry to its end for ``transfer_agent.daemon.worker.Agent``.
+
+    Uses the agent's settings (``name``, ``keys``, ``secret_file``, ``max_deliveries``, ``max_retries``,
+    ``retry_base_s``, ``retry_cap_s``, ``flush_interval``, ``redis_outage_s``, ``transfer_factory``,
+    ``rng``), its ``counters``, ``log``, ``_client``, ``_store``, ``_stop``, ``_current`` and ``_note_fence``.
+    """
+
+    def _handle(self, entry_id: str, fields: dict | None) -> None:
+        stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
+        job_id = (fields or {}).get("job_id")
+        if not job_id:
+            # a deleted entry (fields None) or garbage: nothing can ever run it
+            self._client.xack(stream, group, entry_id)
+            self.log.warning("acknowledged entry %s without a job id (%r)", entry_id, fields)
+            return
+        claim: Claim = self._store.claim(job_id, entry_id, worker=self.name, max_deliveries=self.max_deliveries)
+        if claim.outcome != "claimed":
+            self.counters[f"claim_{claim.outcome}"] += 1
+            if claim.outcome == "missing":
+                self.log.warning("job %s (entry %s): its state is gone from Redis (flushed, lost or expired); "
+                                 "entry acknowledged; `fstream reconcile` reports such orphans", job_id, entry_id)
+                return
+            level = logging.WARNING if claim.outcome == "dead" else logging.INFO
+            self.log.log(level, "job %s (entry %s): %s %s", job_id, entry_id, claim.outcome, claim.message)
+            return
+        run = JobRun(job_id, claim.attempt, entry_id)
+        self._current = run
+        if self._stop.is_set():
+            run.stopping = True
+            run.cancel.set()
+        pump_stop = threading.Event()
+        pump = threading.Thread(target=self._pump_loop, args=(run, pump_stop), name=f"events-{job_id}", daemon=True)
+        pump.start()
+        self.log.info("job %s attempt %d: started", job_id, claim.attempt)
+        try:
+            outcome = self._execute(run, claim.spec)
+        finally:
+            pump_stop.set()
+            run.wake.set()
+            pump.join()
+            try:
+                self._through_outage(run, "publishing its last events", lambda: self._flush(run))
+            finally:
+                self._current = None
+        self._through_outage(run, "recording its outcome", lambda: self._conclude(run, outcome))
+
+    def _through_outage(self, run: JobRun, what: str, write: Callable[[], None]) -> None:
+        """Run a job write; while Redis is unreachable, retry it with backoff (up to ``redis_outage_s``).
+
+        A transfer that finished while Redis was down (killed, restarting from its AOF) is recorded
+        once Redis is back, instead of being thrown away and run again. The writes are fenced by
+        attempt, so retrying one is safe. Gives up (re-raising) on stop or after ``redis_outage_s``;
+        the entry then stays pending and is finished by this agent's next look at its own pending
+        entries, or reclaimed.
+        """
+        tries = 0
+
+        def failed(n: int, exc: BaseException) -> None:
+            nonlocal tries
+            tries = n
+            self.counters["redis_outage_retries"] += 1
+
+        def retrying(n: int, exc: BaseException, delay: float) -> None:
+            self.log.warning("job %s attempt %d: Redis unreachable while %s (%s); retrying in %.1f s",
+                             run.job_id, run.attempt, what, exc, delay)
+
+        policy = dataclasses.replace(REDIS_BACKOFF, deadline_s=self.redis_outage_s)
+        policy.call(write, stop=self._stop, rng=self.rng, on_failure=failed, on_retry=retrying)
+        if tries:
+            self.log.info("job %s attempt %d: Redis is back; %s succeeded after %d tries", run.job_id,
+                          run.attempt, what, tries + 1)
+
+    def _conclude(self, run: JobRun, outcome: tuple[str, str | None, dict | None] | None) -> None:
+        if run.lost:
+            self.log.warning("job %s attempt %d: superseded by a newer attempt; not acknowledging", run.job_id,
+                             run.attempt)
+            return
+        if outcome is None:  # interrupted because the agent stops: give it back
+            if self._store.release(run.job_id, run.attempt, f"agent {self.name} stopping"):
+                self.log.info("job %s attempt %d: released (agent stopping)", run.job_id, run.attempt)
+            return
+        state, error, result = outcome
+        if self._store.finish(run.job_id, run.attempt, run.entry_id, state=state, error=error, result=result):
+            self.counters[f"jobs_{state}"] += 1
+            self.log.info("job %s attempt %d: %s%s", run.job_id, run.attempt, state, f" ({error})" if error else "")
+        else:
+            now = self._store.get(run.job_id)
+            if now is not None and now.terminal and now.attempt == run.attempt and now.worker == self.name:
+                # a retry after Redis went away mid-reply: the first try was recorded
+                self.counters[f"jobs_{now.state}"] += 1
+                self.log.info("job %s attempt %d: %s (recorded before Redis went away)", run.job_id, run.attempt,
+                              now.state)
+                return
+            self.counters["fenced_out" if now is not None else "vanished"] += 1
+            self.log.warning("job %s attempt %d: finished as %s but %s; not acknowledging", run.job_id,
+                             run.attempt, state, "a newer attempt owns it" if now is not None
+                             else "its state vanished from Redis (`fstream reconcile` reports orphans)")
+
+    def _execute(self, run: JobRun, spec: TransferSpec) -> tuple[str, str | None, dict | None] | None:
+        """Run the transfer with retries; ``(state, error, result)``, or None if the job must not be finished here."""
+        if not spec.secret_file and self.secret_file:
+            spec = dataclasses.replace(spec, secret_file=self.secret_file)
+        jlog = PrefixedLog(log, {"name": f"{self.name} job {run.job_id}#{run.attempt}"})
+
+        def on_event(kind: str, data: dict) -> None:
+            if kind == "log":
+                jlog.info("%s", data.get("message", data))
+            run.add(kind, data)
+
+        tries = itertools.count()
+        policy = RetryPolicy(retryable=lambda exc: isinstance(exc, RetryableFailure), base_s=self.retry_base_s,
+                             cap_s=self.retry_cap_s, attempts=self.max_retries + 1)
+
+        def retrying(n: int, exc: BaseException, delay: float) -> None:
+            error = exc.error if isinstance(exc, RetryableFailure) else str(exc)
+            run.add("retry", {"attempt": run.attempt, "try": n, "delay": delay, "message": error})
+            jlog.warning("retryable failure (%s); try %d of %d in %.1f s", error, n, self.max_retries, delay)
+
+        try:
+            return policy.call(lambda: self._try(run, spec, next(tries), on_event, jlog), stop=run.cancel,
+                               rng=self.rng, on_retry=retrying)
+        except RetryableFailure as failure:
+            if failure.retry >= self.max_retries:
+                return "failed", f"{failure.error} (gave up after {failure.retry + 1} tries)", failure.result
+            # the cancel event ended the wait before the next try
+            if run.lost or run.stopping:
+                return None
+            return "cancelled", self._cancel_reason(run), failure.result
+
+    def _try(self, run: JobRun, spec: TransferSpec, retry: int, on_event: Callable[[str, dict], None],
+             jlog: PrefixedLog) -> tuple[str, str | None, dict | None] | None:
+        """One try of the transfer: its outcome, None (not to be finished here), or ``RetryableFailure``."""
+        result_dict: dict | None = None
+        error: str | None = None
+        retryable = False
+        try:
+            transfer = self.transfer_factory(spec, job_id=run.job_id, attempt=run.attempt, on_event=on_event,
+                                             cancel=run.cancel, redis=self._client, log=jlog)
+            result = transfer.run()
+            result_dict = result.to_dict()
+            if result.ok:
+                return "succeeded", None, result_dict
+            failures = result_dict.get("failures") or []
+            retryable = bool(failures) and all(f.get("retryable") for f in failures)
+            shown = "; ".join(f"{f.get('path')}: {f.get('reason')}" for f in failures[:5])
+            more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+            if failures:
+                error = f"{len(failures)} file(s) failed: {shown}{more}"
+            else:
+                error = result_dict.get("error") or "transfer did not complete (no failure reported)"
+        except Exception as exc:
+            retryable = is_retryable(exc)
+            error = exc.describe() if isinstance(exc, FStreamError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, (FStreamError, OSError)):
+                self.counters["transfer_exceptions"] += 1
+                jlog.exception("transfer raised an unexpected error")
+        if run.lost or run.stopping:
+            return None
+        if run.cancel.is_set() and run.cancel_requested:
+            return "cancelled", self._cancel_reason(run), result_dict
+        run.add("error", {"message": error, "retryable": retryable, "try": retry})
+        if retryable:
+            raise RetryableFailure(error, result_dict, retry)
+        return "failed", error, result_dict
+
+    def _cancel_reason(self, run: JobRun) -> str:
+        return self._client.hget(self.keys.job(run.job_id), "cancel_reason") or "cancelled"
+
+    # ------------------------------------------------------------------ events
+    def _pump_loop(self, run: JobRun, pump_stop: threading.Event) -> None:
+        while not pump_stop.is_set():
+            run.wake.wait(self.flush_interval)
+            run.wake.clear()
+            try:
+                self._flush(run)
+            except Exception:
+                self.counters["publish_errors"] += 1
+                self.log.exception("job %s: publishing events failed; will retry", run.job_id)
+
+    def _flush(self, run: JobRun) -> None:
+        if run.lost:
+            return
+        first = True
+        while first or run.pending():
+            first = False
+            events, progress = run.take()
+            fields = {"progress": json.dumps(progress, default=str)} if progress is not None else None
+            owner, cancel = self._store.publish(run.job_id, run.attempt, events, fields)
+            self._note_fence(run, owner, cancel)
+            if run.lost:
+                return
