@@ -327,22 +327,23 @@ class Receiver(ControlSessions):
             self.swept.set()
 
     def _flush_loop(self) -> None:
+        """Every ``flush_interval``, persist the ranges of every in-flight file; every ``sweep_interval``, sweep."""
         next_sweep = time.monotonic() + self.sweep_interval
         while not self._stop.wait(self.flush_interval):
             if self.part_max_age is not None and time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + self.sweep_interval
                 self._sweep(whole_tree=False)
+            with self._lock:
+                sessions = list(self._sessions.values())
+            for s in sessions:
+                for f in list(s.files.values()):
+                    self._flush(f)
 
     def _sweep(self, whole_tree: bool) -> None:
         try:
             self.sweep_parts(whole_tree=whole_tree)
         except OSError as exc:
             self.log.warning("sweep of orphaned parts under %s failed: %s", self.root, exc)
-            with self._lock:
-                sessions = list(self._sessions.values())
-            for s in sessions:
-                for f in list(s.files.values()):
-                    self._flush(f)
 
     # -- teardown ------------------------------------------------------------------------------
     def _close_session(self, session: Session) -> None:
