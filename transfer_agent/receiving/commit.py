@@ -1,8 +1,8 @@
 """The commit path: verify each whole file, then group commit (concurrent fdatasync, renames, one fsync per directory).
 
-Commits are grouped: verify each file, flush the group's files together (concurrent ``fdatasync``), the renames,
-then one ``fsync`` per directory. A file appears under its final name only after every byte arrived and the
-end-to-end checksum matched.
+A file appears under its final name only after every byte arrived and the end-to-end checksum matched. Order in a
+group: verify each file, flush the group's files together (concurrent ``fdatasync``), rename each part to its
+final name and drop its sidecar, then one ``fsync`` per directory, and only then answer COMMITTED.
 """
 
 from __future__ import annotations

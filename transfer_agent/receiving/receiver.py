@@ -1,9 +1,7 @@
 """The listener: ``Receiver`` accepts connections, authenticates them and hands each to its session; lifecycle, sweeps.
 
-``Receiver`` is built in layers, one module each, each owning one responsibility and using only the layers below:
-``receiver`` (this: accept loop, pre-auth caps and deadlines, handshake, session teardown, the sweep schedule)
-→ ``control`` (a session's control connection) → ``data`` (its data connections) → ``commit`` (group commit)
-→ ``store`` (parts, claims and ranges sidecars) → ``state`` (``Session``, ``RecvFile``).
+``Receiver`` is the top of the layers listed in ``transfer_agent.receiving``; below it, ``control`` serves each
+session's control connection and ``data`` its data connections.
 
 Security (issue 8; what each mode protects against: ``transfer_agent.wire.secure``): every connection authenticates
 within ``handshake_timeout`` (HMAC handshake with the shared secret, or mutual TLS); unauthenticated connections
@@ -51,6 +49,10 @@ def _tune_keepalive(sock: socket.socket) -> None:
 
 class Receiver(ControlSessions):
     """Accept authenticated sessions and write their files under ``root``.
+
+    The top layer: ``ControlSessions`` (control) → ``DataStreams`` (data) → ``GroupCommit`` (commit)
+    → ``PartStore`` (store). Tests' receivers override the layers' hooks (``_claim``, ``_open``, ``_commit_batch``)
+    on a subclass.
 
     :param listen: (host, port) to bind; port 0 picks a free one (see ``port``).
     :param root: destination root directory; nothing is ever written outside it.
