@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from fstream_provider.model.spec import TransferSpec
-from transfer_agent.receiving.receiver import Receiver, RecvFile
+from transfer_agent.receiving.receiver import Receiver
+from transfer_agent.receiving.state import RecvFile
 from transfer_agent.sending.sender import Transfer, TransferResult
 
 

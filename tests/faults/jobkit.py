@@ -22,7 +22,8 @@ from typing import Any
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.model.spec import TransferSpec
-from transfer_agent.receiving.receiver import Receiver, RecvFile
+from transfer_agent.receiving.receiver import Receiver
+from transfer_agent.receiving.state import RecvFile
 
 DEADLINE = 30.0
 

@@ -1,1 +1,12 @@
-"""The receiving side: the listener, control sessions, data streams and the commit path."""
+"""The receiving side: the listener, control sessions, data streams and the commit path.
+
+``receiver.Receiver`` is built in layers, one module each, each importing only the ones below it:
+
+- ``receiver``: the listener (accept loop, pre-auth caps and deadlines, handshake, session teardown, lifecycle,
+  the flush and sweep schedule);
+- ``control``: a session's control connection (OPEN with validation, fencing and resumption, COMMIT, ABORT/SKIP);
+- ``data``: its data connections (splice or recv_into + pwrite, sealed blocks, dropped blocks of given-up files);
+- ``commit``: group commit (verify, concurrent fdatasync, renames, one fsync per directory);
+- ``store``: the parts (claims, current attempts, parent directories, ranges sidecars, removal, orphan sweep);
+- ``state``: ``Session`` and ``RecvFile``, what the receiver knows of each sender and file.
+"""

@@ -1,0 +1,127 @@
+"""What a receiver knows of one sender: its ``Session`` (links, open files, given-up ids) and each ``RecvFile``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from transfer_agent.errors import FStreamError
+from transfer_agent.storage.checksum import KEYED, PrefixHasher
+from transfer_agent.storage.ranges import RangeSet
+from transfer_agent.wire.protocol import ControlWriter, Frame
+from transfer_agent.wire.secure import ControlLink, SessionKeys
+
+SETTLED_MAX = 4096  # file ids a session remembers as aborted/skipped/failed, so their late blocks are dropped
+
+
+@dataclass(eq=False)
+class RecvFile:
+    """One file being received in a session."""
+
+    file_id: int
+    relpath: str
+    dir_fd: int
+    base: str
+    tmp: str
+    size: int
+    mtime_ns: int
+    algo: str
+    fd: int
+    ranges: RangeSet
+    session: "Session"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    expected_hash: str | None = None
+    commit_requested: bool = False
+    part_key: tuple[tuple[int, int], str] = ((0, 0), "")
+    queued: bool = False
+    done: bool = False
+    failed: bool = False
+    dirty: bool = False
+    users: int = 0
+    closing: bool = False
+    meta_written: bool = False
+    inflight: list[tuple[int, int]] = field(default_factory=list)
+    hasher: PrefixHasher | None = None
+
+    def acquire(self) -> int:
+        """Borrow the fd for one I/O; -1 once the file is closing. Pair with ``unuse``."""
+        with self.lock:
+            if self.fd < 0 or self.closing:
+                return -1
+            self.users += 1
+            return self.fd
+
+    def unuse(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.closing and self.users == 0:
+                self._close_now()
+
+    def close(self) -> bool:
+        """Close once nobody uses the fd any more (never under a concurrent pwrite). True the first time."""
+        with self.lock:
+            if self.closing:
+                return False
+            self.closing = True
+            if self.users == 0:
+                self._close_now()
+            return True
+
+    def _close_now(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            os.close(self.dir_fd)
+            self.fd = self.dir_fd = -1
+
+    def meta(self) -> dict[str, Any]:
+        return {"path": self.relpath, "size": self.size, "mtime_ns": self.mtime_ns, "algo": self.algo,
+                "job": self.session.job, "attempt": self.session.attempt, "ranges": self.ranges.ranges()}
+
+
+class Session:
+    """One sender's session: a control connection, its data connections, its open files."""
+
+    def __init__(self, sid: str, job: str, attempt: int, control: ControlLink | ControlWriter, peer: str,
+                 keys: SessionKeys | None = None) -> None:
+        self.id, self.job, self.attempt, self.control, self.peer = sid, job, attempt, control, peer
+        self.keys = keys  # the control connection's keys (None: TLS only)
+        self.files: dict[int, RecvFile] = {}
+        self.deferred: set[int] = set()  # opened, final already present: waiting for SKIP or a replacing OPEN
+        # ids of files this session opened and then aborted, skipped or failed (the newest SETTLED_MAX): blocks
+        # of them already on their way when the sender gave up are read and dropped, not a protocol error
+        self.settled: OrderedDict[int, None] = OrderedDict()
+        self.dirs: dict[str, tuple[int, tuple[int, int]]] = {}  # parent dirs walked (O_NOFOLLOW) this session
+        self.free_estimate = 0
+        self.data_socks: set[socket.socket] = set()
+        self.data_threads: set[threading.Thread] = set()
+        self.lock = threading.Lock()
+        self.closed = False
+        self.sock: socket.socket | None = None  # the control connection (fencing checks and shuts it)
+
+    def settle(self, fid: int) -> None:
+        """Remember that file ``fid`` was opened and is given up (aborted, skipped, failed) in this session."""
+        with self.lock:
+            self.settled[fid] = None
+            self.settled.move_to_end(fid)
+            while len(self.settled) > SETTLED_MAX:
+                self.settled.popitem(last=False)
+
+    def is_settled(self, fid: int) -> bool:
+        with self.lock:
+            return fid in self.settled
+
+    def reply(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
+        try:
+            self.control.send(ftype, body, file_id)
+        except FStreamError:
+            pass  # the sender is gone; its files stay resumable
+
+    def digest_key(self, algo: str) -> bytes | None:
+        """The key of ``algo`` in this session: the control connection's digest key for keyed algorithms."""
+        if algo in KEYED and self.keys is not None:
+            return self.keys.digest
+        return None
