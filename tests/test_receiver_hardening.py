@@ -552,3 +552,45 @@ def test_blocks_of_an_aborted_file_are_dropped_not_a_protocol_error(tmp_path: Pa
             assert got == b"", "data for a never-opened file id did not close the data connection"
         finally:
             data.close()
+
+
+def test_inflight_ranges_persisted_every_flush_interval_while_session_lives(tmp_path: Path, secret: Path) -> None:
+    """A receiver killed mid-file can resume only from ranges it already wrote down: the flush loop must
+    persist in-flight files' ranges every ``flush_interval`` while the session is alive, not only when it
+    closes (regression: the periodic flush sat inside the sweep's error handler and never ran)."""
+    size = 16 * MiB
+    src = make_files(tmp_path / "src", {"big.bin": size})
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 2, flush_interval=0.1)
+    cmd = [sys.executable, "-m", "transfer_agent.cli", "send", str(src / "big.bin"), "--to",
+           f"fstream://127.0.0.1:{rx.port}/out", "--secret-file", str(secret), "--tuner", "fixed",
+           "--cc", "1", "--p", "1", "--block-size", "1MiB", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert rx.reached.wait(60), "the sender never got half of the file across"
+        meta: list[dict] = []
+
+        def ranges_on_disk() -> bool:
+            parts = part_files(tmp_path / "dst")
+            side = Path(str(parts[0]) + ".meta") if parts else None
+            if side is not None and side.exists():
+                meta[:] = [json.loads(side.read_text())]
+                return bool(meta[0].get("ranges"))
+            return False
+
+        wait_until(ranges_on_disk, timeout=10,
+                   what="a ranges sidecar written while the session is alive and held mid-file")
+        assert rx._sessions, "the session must still be open: the sidecar has to come from the periodic flush"
+        got = sum(end - start for start, end in meta[0]["ranges"])
+        assert 0 < got <= size // 2 + MiB
+    finally:
+        rx.hold_after = None
+        rx.gate.set()
+        try:
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stdout.close()
+            proc.stderr.close()
+            rx.stop()
+    assert (tmp_path / "dst" / "out" / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
