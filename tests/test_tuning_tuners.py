@@ -198,13 +198,13 @@ def test_settings_always_within_bounds(name, files, thr, max_cc, target):
         layouts = sug.layouts
         names = {l.cluster for l in layouts}
         for f in batch:
-            assert t.cluster_of(f) in names or name == "fixed"
-        if name != "fixed":
-            assert sug.total_cc() <= max_cc
+            assert t.cluster_of(f) in names, f"{name}: no layout for the cluster of {f}"
+        assert sug.total_cc() <= max_cc
         for l in layouts:
-            if name != "fixed":
-                assert 0 <= l.cc and 1 <= l.p <= 8 and 0 <= l.pp <= 50
+            assert 0 <= l.cc and 1 <= l.p <= 8 and 0 <= l.pp <= 50
             assert l.cc >= 1 or len(layouts) > max_cc
+        if name == "fixed":  # fixed applies the settings it was given (cc; p, pp defaults), unchanged, every round
+            assert [(l.cc, l.p, l.pp) for l in layouts] == [(min(4, max_cc), 1, 4)]
 
 
 def test_short_observations_are_accumulated_into_one_measurement_window():
