@@ -30,8 +30,11 @@ def test_every_named_tuner_satisfies_the_protocol_and_finishes_w4():
         assert isinstance(t, Tuner)
         res = run(t, "w4")
         assert res.completed and res.files == len(make_workload("w4", scale=0.1).files)
-        if name != "fixed":  # fixed says why once, then nothing changes
+        assert res.intervals, name
+        if name != "fixed":
             assert all(iv["reason"] for iv in res.intervals), name
+        else:  # fixed says why once, naming its settings, then nothing changes
+            assert [iv["reason"] for iv in res.intervals if iv["reason"]] == ["fixed settings cc=4 p=1 pp=4"]
 
 
 def test_factory_refuses_harp_and_targets_for_non_fstream():
