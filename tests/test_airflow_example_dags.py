@@ -52,6 +52,7 @@ def test_asset_pipeline_is_driven_by_the_new_files_event_trigger(dagbag):
 
 
 def test_every_example_docstring_explains_the_connection():
+    assert any(n.endswith(".py") for n in os.listdir(EXAMPLES)), EXAMPLES
     for name in os.listdir(EXAMPLES):
         if name.endswith(".py"):
             with open(os.path.join(EXAMPLES, name)) as f:

@@ -111,9 +111,11 @@ def test_operator_sources_and_until():
 
 def test_operator_template_fields_exist():
     op = FStreamTransferOperator(task_id="t", sources="/a", destination="fstream://h:1/x")
+    assert {"sources", "destination"} <= set(op.template_fields)  # paths can come from Jinja (dag_run.conf...)
     for f in op.template_fields:
         assert hasattr(op, f)
     s = FStreamNewFilesSensor(task_id="s", path="/d")
+    assert "path" in s.template_fields
     for f in s.template_fields:
         assert hasattr(s, f)
 

@@ -219,6 +219,11 @@ def test_client_detects_receiver_with_other_secret(tmp_path: Path, secret: Path)
     try:
         with pytest.raises(AuthError, match="does not know our shared secret"):
             control(rx.port, secret)
+        # a whole transfer: the refusal reaches the sender's result as a terminal auth error, not retried
+        res = send(make_files(tmp_path / "src", {"a.dat": 1000}), rx.port, secret, max_session_retries=3)
+        assert not res.ok and "does not know our shared secret" in (res.error or ""), res.error
+        assert "(terminal: auth)" in (res.error or ""), res.error
+        assert [f["retryable"] for f in res.failures] == [False], res.failures
+        assert not any((tmp_path / "dst").rglob("*"))
     finally:
         rx.stop()
-    assert isinstance(AuthError("x"), FStreamError)

@@ -30,8 +30,11 @@ def test_every_named_tuner_satisfies_the_protocol_and_finishes_w4():
         assert isinstance(t, Tuner)
         res = run(t, "w4")
         assert res.completed and res.files == len(make_workload("w4", scale=0.1).files)
-        if name != "fixed":  # fixed says why once, then nothing changes
+        assert res.intervals, name
+        if name != "fixed":
             assert all(iv["reason"] for iv in res.intervals), name
+        else:  # fixed says why once, naming its settings, then nothing changes
+            assert [iv["reason"] for iv in res.intervals if iv["reason"]] == ["fixed settings cc=4 p=1 pp=4"]
 
 
 def test_factory_refuses_harp_and_targets_for_non_fstream():
@@ -198,13 +201,13 @@ def test_settings_always_within_bounds(name, files, thr, max_cc, target):
         layouts = sug.layouts
         names = {l.cluster for l in layouts}
         for f in batch:
-            assert t.cluster_of(f) in names or name == "fixed"
-        if name != "fixed":
-            assert sug.total_cc() <= max_cc
+            assert t.cluster_of(f) in names, f"{name}: no layout for the cluster of {f}"
+        assert sug.total_cc() <= max_cc
         for l in layouts:
-            if name != "fixed":
-                assert 0 <= l.cc and 1 <= l.p <= 8 and 0 <= l.pp <= 50
+            assert 0 <= l.cc and 1 <= l.p <= 8 and 0 <= l.pp <= 50
             assert l.cc >= 1 or len(layouts) > max_cc
+        if name == "fixed":  # fixed applies the settings it was given (cc; p, pp defaults), unchanged, every round
+            assert [(l.cc, l.p, l.pp) for l in layouts] == [(min(4, max_cc), 1, 4)]
 
 
 def test_short_observations_are_accumulated_into_one_measurement_window():
