@@ -22,6 +22,7 @@ import time
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
 from transfer_agent.receiving.control import ControlSessions
 from transfer_agent.receiving.state import Session
+from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.storage import durable as storage
 from transfer_agent.wire.auth import TLSConfig, server_handshake
 from transfer_agent.wire.protocol import MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, recv_frame
@@ -30,7 +31,8 @@ from transfer_agent.wire.watchdog import Deadlines, PreAuthLimits
 HANDSHAKE_TIMEOUT = 10.0  # total, from accept to authenticated (issue 8, defect 3)
 MAX_UNAUTH = 64  # unauthenticated connections held at once
 MAX_UNAUTH_PER_ADDR = 16  # ... from one source address
-ACCEPT_BACKOFF_MAX = 1.0  # seconds between accept attempts while out of file descriptors
+# Out of file descriptors: back off from 10 ms up to 1 s between accept attempts (the one retry policy, never gives up).
+ACCEPT_RETRY = RetryPolicy(base_s=0.02, cap_s=1.0)
 PART_MAX_AGE = 7 * 86400.0  # orphaned parts untouched this long are removed by the sweep
 SWEEP_INTERVAL = 3600.0
 KEEPALIVE = (30, 10, 3)  # idle s, interval s, probes: a vanished peer (host down, FIN lost) is noticed in ~1 min
@@ -162,7 +164,7 @@ class Receiver(ControlSessions):
         """Accept connections; over the pre-auth caps close them at once (no thread); out of file
         descriptors (EMFILE/ENFILE), back off exponentially instead of spinning, logging once per episode."""
         assert self._sock is not None and self._deadlines is not None
-        backoff = 0.0
+        failures = 0
         while not self._stop.is_set():
             try:
                 conn, addr = self._sock.accept()
@@ -170,15 +172,15 @@ class Receiver(ControlSessions):
                 if self._stop.is_set():
                     return
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    if backoff == 0.0:
+                    if failures == 0:
                         self.stats["errors"] += 1
                         self.log.warning("cannot accept connections: %s; backing off until descriptors free up",
                                          exc.strerror)
-                    backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 if backoff else 0.01)
-                    self._stop.wait(backoff)
+                    ACCEPT_RETRY.pause(failures, self._stop)
+                    failures += 1
                 continue
-            if backoff:
-                backoff = 0.0
+            if failures:
+                failures = 0
                 self.log.warning("accepting connections again")
             ip = str(addr[0])
             token = self._deadlines.add(conn.fileno(), self.handshake_timeout)
