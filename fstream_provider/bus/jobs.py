@@ -40,20 +40,20 @@ end
 """
 
 # KEYS: job, events, jobs stream, index, [idem]
-# ARGV: job_id, spec_json, now, priority, idem_key, maxlen, index_cutoff, queued_data
+# ARGV: job_id, spec_json, now, idem_key, maxlen, index_cutoff, queued_data
 _SUBMIT = """
 if KEYS[5] then
   local existing = redis.call('GET', KEYS[5])
   if existing then return {existing, 0} end
 end
 redis.call('HSET', KEYS[1], 'job_id', ARGV[1], 'state', 'queued', 'attempt', 0, 'deliveries', 0,
-  'spec', ARGV[2], 'created_at', ARGV[3], 'updated_at', ARGV[3], 'priority_class', ARGV[4],
-  'idempotency_key', ARGV[5], 'cancel_requested', 0, 'worker', '', 'error', '', 'result', '')
+  'spec', ARGV[2], 'created_at', ARGV[3], 'updated_at', ARGV[3],
+  'idempotency_key', ARGV[4], 'cancel_requested', 0, 'worker', '', 'error', '', 'result', '')
 local sid = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[1])
 redis.call('HSET', KEYS[1], 'stream_id', sid)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'kind', 'queued', 'ts', ARGV[3], 'data', ARGV[8])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'kind', 'queued', 'ts', ARGV[3], 'data', ARGV[7])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[7])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[6])
 if KEYS[5] then redis.call('SET', KEYS[5], ARGV[1]) end
 return {ARGV[1], 1}
 """
@@ -208,7 +208,6 @@ class JobState:
     :param error: the failure or cancellation reason, naming the file/peer and the cause.
     :param result: the transfer result (``TransferResult.to_dict()``) once finished.
     :param idempotency_key: the key given at submission, if any.
-    :param priority_class: interactive or batch.
     :param deliveries: how many times an agent took the job off the stream.
     :param cancel_requested: a cancel was asked for (the running worker stops).
     :param progress: the latest interval record, while running.
@@ -224,7 +223,6 @@ class JobState:
     error: str | None
     result: dict | None
     idempotency_key: str | None
-    priority_class: str
     deliveries: int
     cancel_requested: bool = False
     progress: dict | None = None
@@ -250,7 +248,6 @@ class JobState:
             error=h.get("error") or None,
             result=js("result"),
             idempotency_key=h.get("idempotency_key") or None,
-            priority_class=h.get("priority_class") or "batch",
             deliveries=_num(h.get("deliveries"), int),
             cancel_requested=h.get("cancel_requested") == "1",
             progress=js("progress"),
@@ -261,7 +258,7 @@ class JobState:
             "job_id": self.job_id, "state": self.state, "attempt": self.attempt, "spec": self.spec.to_dict(),
             "worker": self.worker, "created_at": self.created_at, "updated_at": self.updated_at,
             "error": self.error, "result": self.result, "idempotency_key": self.idempotency_key,
-            "priority_class": self.priority_class, "deliveries": self.deliveries,
+            "deliveries": self.deliveries,
             "cancel_requested": self.cancel_requested, "progress": self.progress,
         }
 
@@ -347,11 +344,9 @@ class JobStore:
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.job_index()]
         if idempotency_key:
             keys.append(k.idempotency(idempotency_key))
-        queued = json.dumps({"label": spec.label, "priority_class": spec.priority_class,
-                             "idempotency_key": idempotency_key})
-        out = self._submit(keys=keys, args=[job_id, spec.to_json(), repr(now), spec.priority_class,
-                                            idempotency_key or "", self.events_maxlen,
-                                            repr(now - self.retention_s), queued])
+        queued = json.dumps({"label": spec.label, "idempotency_key": idempotency_key})
+        out = self._submit(keys=keys, args=[job_id, spec.to_json(), repr(now), idempotency_key or "",
+                                            self.events_maxlen, repr(now - self.retention_s), queued])
         return str(out[0]), bool(int(out[1]))
 
     def get(self, job_id: str) -> JobState | None:

@@ -65,7 +65,7 @@ _ALL = (
     TunerInfo("static", "the heuristic per cluster on the initial dataset, then kept",
               lambda path, start, target, history, t0: StaticTuner(path=path),
               no_layout="it takes cc/p/pp from the heuristic once and never moves, so a starting point "
-                        "would be the whole transfer (that is --tuner fixed)"),
+                        "would be the whole transfer (that is the fixed tuner)"),
     TunerInfo("dynamic", "the heuristic again for every cluster that receives new files",
               lambda path, start, target, history, t0: DynamicTuner(path=path),
               no_layout="it takes cc/p/pp from the heuristic on every dataset and measures nothing, "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import logging
 import os
@@ -448,7 +447,7 @@ class Agent:
     def _execute(self, run: _JobRun, spec: TransferSpec) -> tuple[str, str | None, dict | None] | None:
         """Run the transfer with retries; ``(state, error, result)``, or None if the job must not be finished here."""
         if not spec.secret_file and self.secret_file:
-            spec = dataclasses.replace(spec, secret_file=self.secret_file)
+            spec = spec.replace(secret_file=self.secret_file)
         jlog = _Prefixed(log, {"name": f"{self.name} job {run.job_id}#{run.attempt}"})
 
         def on_event(kind: str, data: dict) -> None:
