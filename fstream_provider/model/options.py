@@ -1,4 +1,4 @@
-"""``TunerOptions``: the transfer options with no parameter of their own on the Airflow operator, validated by key and value."""
+"""``TunerOptions``: the transfer options with no operator parameter of their own, checked by key and value."""
 
 from __future__ import annotations
 

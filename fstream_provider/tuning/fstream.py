@@ -63,9 +63,9 @@ class FStreamTuner(ClusteredTuner):
     name = "fstream"
 
     def __init__(self, *, path: PathInfo, start: StartLayout | None = None,
-                 target_throughput_bps: float | None = None, history: ProfileHistory | None = None, utilisation: float = 0.9, band: float = 0.15,
-                 pacing: bool = True, jump: bool = True, profiling: bool = True,
-                 start_time: float = 0.0, min_window_s: float | None = None) -> None:
+                 target_throughput_bps: float | None = None, history: ProfileHistory | None = None,
+                 utilisation: float = 0.9, band: float = 0.15, pacing: bool = True, jump: bool = True,
+                 profiling: bool = True, start_time: float = 0.0, min_window_s: float | None = None) -> None:
         super().__init__(path=path)
         self.start = start or StartLayout()
         self.target = target_throughput_bps
