@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from fstream_provider.tuning.registry import TUNER_NAMES
 from fstream_provider.tuning.workloads import Workload
 from fstream_provider.model.units import parse_duration
 from fstream_bench.peers import fstream as fs_peer
@@ -31,7 +32,7 @@ from fstream_bench.peers.sshd import PrivateSshd
 from fstream_bench.report import machine_info
 from fstream_bench.workload_gen import Staged, build, materialize, release
 
-FSTREAM_TUNERS = ("fixed", "static", "dynamic", "fstream", "harp", "globus", "adaptivecc")
+FSTREAM_TUNERS = TUNER_NAMES  # ``fstream-<tuner>`` tools: every built tuner
 DEFAULT_TOOLS = ("iperf3", "gridftp-globus", "gridftp-static", "rsync", "sftp", "fstream-static",
                  "fstream-dynamic", "fstream-fstream", "fstream-globus", "fstream-adaptivecc")
 

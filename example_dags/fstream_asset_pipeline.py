@@ -54,8 +54,7 @@ with DAG(
         return files
 
     files = batch_files()
-    transfer = FStreamTransferOperator(task_id="transfer", sources=files, destination=DESTINATION,
-                                       priority_class="interactive")
+    transfer = FStreamTransferOperator(task_id="transfer", sources=files, destination=DESTINATION)
 
     @task
     def process(report: dict) -> int:

@@ -2,9 +2,9 @@
 
 The operator runs one long-lived FStream job in watch mode (the thesis' streaming data finder): the source
 agent rescans the run directory every 2 s, sends complete new files at once, and the QoS controller keeps
-the throughput at the target (priority ``interactive`` for the multi-transfer scheduler). The task defers
-while the stream runs; its log gets one line per interval (throughput vs target, cc/p/pp per cluster, files
-done/pending, the tuner's reasons), then a summary table and the path of a throughput/channels plot.
+the throughput at the target. The task defers while the stream runs; its log gets one line per interval
+(throughput vs target, cc/p/pp per cluster, files done/pending, the tuner's reasons), then a summary table
+and the path of a throughput/channels plot.
 
 Connection: ``fstream_default`` (the Redis bus of the agents), e.g.
 ``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.slac.example:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
@@ -41,7 +41,6 @@ with DAG(
         interval="2s",
         idle_exit="{{ params.idle_exit }}",
         until="{{ (dag_run.run_after + macros.timedelta(hours=12)).isoformat() }}",
-        priority_class="interactive",
         execution_timeout=timedelta(hours=13),
     )
 

@@ -3,9 +3,8 @@
 ``FStreamNewFilesSensor`` (deferrable) waits in the triggerer until at least ``min_files`` new, complete
 ``*.sra`` files sit in the outgoing directory (local, or ``sftp://USER@HOST/DIR``), claims them in a Redis
 seen-set so no later run ships them again, and hands the list to ``FStreamTransferOperator``. The default
-tuner is ``fstream`` (heuristic + online profiling + profiling history); set the ``tuner`` param to ``harp``
-to predict the settings from transfer history. The job is ``batch`` priority, so interactive streams go
-first in the multi-transfer scheduler.
+tuner is ``fstream`` (heuristic + online profiling + profiling history); the ``tuner`` param offers every
+built tuner (``fstream_provider.tuning.registry``), checked before the job is submitted.
 
 Connection: ``fstream_default`` (Redis of the agents, also holding the seen-set), e.g.
 ``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.ncbi.example:6379/1?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
@@ -19,6 +18,7 @@ from airflow.sdk import DAG, Param, task
 
 from fstream_provider.operators.transfer import FStreamTransferOperator
 from fstream_provider.sensors.new_files import FStreamNewFilesSensor
+from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES
 
 with DAG(
     dag_id="fstream_sra_batch",
@@ -31,7 +31,7 @@ with DAG(
         "outgoing": Param("/srv/sra/outgoing", type="string", description="directory or sftp://USER@HOST/DIR"),
         "destination": Param("fstream://compute-dtn.example:9000/sra", type="string"),
         "min_files": Param(1, type="integer", minimum=1),
-        "tuner": Param("fstream", enum=["fstream", "harp", "dynamic", "static"]),
+        "tuner": Param(DEFAULT_TUNER, enum=list(TUNER_NAMES)),
     },
 ):
     new_runs = FStreamNewFilesSensor(
@@ -50,7 +50,6 @@ with DAG(
         destination="{{ params.destination }}/{{ ds_nodash }}",
         tuner="{{ params.tuner }}",
         max_cc=16,
-        priority_class="batch",
     )
 
     @task

@@ -18,6 +18,7 @@ from datetime import datetime
 from airflow.sdk import DAG, Param
 
 from fstream_provider.operators.transfer import FStreamTransferOperator
+from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES
 
 with DAG(
     dag_id="fstream_transfer_example",
@@ -32,8 +33,9 @@ with DAG(
         "destination": Param(os.environ.get("FSTREAM_EXAMPLE_DESTINATION", "fstream://127.0.0.1:9000/incoming"),
                              type="string", description="fstream://HOST:PORT/DEST/PATH of the receiver"),
         "target_throughput": Param("800Mbps", type=["null", "string"],
-                                   description="QoS target such as 800Mbps or 1Gbit (empty: as fast as possible)"),
-        "tuner": Param("fstream", enum=["fstream", "harp", "dynamic", "static", "fixed", "globus", "adaptivecc"]),
+                                   description="QoS target such as 800Mbps or 1Gbit (empty: as fast as possible; "
+                                               "only the fstream tuner holds a target)"),
+        "tuner": Param(DEFAULT_TUNER, enum=list(TUNER_NAMES)),
     },
 ):
     FStreamTransferOperator(
@@ -42,5 +44,4 @@ with DAG(
         destination="{{ params.destination }}",
         target_throughput="{{ params.target_throughput or '' }}",
         tuner="{{ params.tuner }}",
-        priority_class="interactive",
     )

@@ -12,7 +12,8 @@ from typing import Any
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.receiving.receiver import Receiver
 from transfer_agent.receiving.state import RecvFile
-from transfer_agent.sending.sender import Transfer, TransferResult
+from transfer_agent.sending.result import TransferResult
+from transfer_agent.sending.sender import Transfer
 
 
 def wait_until(cond: Any, timeout: float = 10.0, what: str = "condition") -> None:

@@ -22,7 +22,19 @@ def store(redis_client: Any) -> JobStore:
 @pytest.fixture
 def spec() -> TransferSpec:
     return TransferSpec(sources=["/data/run1"], destination="fstream://127.0.0.1:9000/dst", tuner="fixed", cc=2,
-                        priority_class="interactive", label="run1")
+                        label="run1")
+
+
+def test_a_job_stored_by_an_older_version_still_reads(store, spec):
+    """Specs on Redis written before priority_class was removed (and the hash field) load unchanged."""
+    import json
+
+    job_id, _ = store.submit(spec)
+    legacy = {**json.loads(spec.to_json()), "priority_class": "interactive"}
+    store.client.hset(store.keys.job(job_id), mapping={"spec": json.dumps(legacy), "priority_class": "interactive"})
+    assert store.get(job_id).spec == spec
+    with pytest.raises(ValueError, match="unknown field.s. priority_class"):
+        TransferSpec(**legacy)  # given, not stored: refused
 
 
 def _take(store: JobStore, consumer: str = "w") -> tuple[str, str]:
@@ -37,7 +49,7 @@ def test_submit_creates_queued_job_with_spec_roundtrip(store, spec):
     job = store.get(job_id)
     assert isinstance(job, JobState)
     assert job.state == "queued" and job.attempt == 0 and job.deliveries == 0 and job.worker is None
-    assert job.spec == spec and job.priority_class == "interactive"
+    assert job.spec == spec and "priority_class" not in job.to_dict()  # never read: gone (issue #11)
     assert job.error is None and job.result is None and not job.terminal
     assert store.client.ttl(store.keys.job(job_id)) == -1  # no expiry while live
     evs = store.events(job_id)

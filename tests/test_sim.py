@@ -7,7 +7,7 @@ import time
 import pytest
 
 from fstream_provider.tuning.base import FileInfo, PathInfo
-from fstream_provider.tuning.factory import make_tuner
+from fstream_provider.tuning.registry import make_tuner
 from fstream_provider.tuning.fixed import FixedTuner
 from fstream_provider.tuning.sim import StorageModel, dtn_storage, simulate
 from fstream_provider.tuning.workloads import Batch, Workload, make_workload

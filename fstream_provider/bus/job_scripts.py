@@ -23,20 +23,20 @@ end
 """
 
 # KEYS: job, events, jobs stream, index, [idem]
-# ARGV: job_id, spec_json, now, priority, idem_key, maxlen, index_cutoff, queued_data
+# ARGV: job_id, spec_json, now, idem_key, maxlen, index_cutoff, queued_data
 SUBMIT = """
 if KEYS[5] then
   local existing = redis.call('GET', KEYS[5])
   if existing then return {existing, 0} end
 end
 redis.call('HSET', KEYS[1], 'job_id', ARGV[1], 'state', 'queued', 'attempt', 0, 'deliveries', 0,
-  'spec', ARGV[2], 'created_at', ARGV[3], 'updated_at', ARGV[3], 'priority_class', ARGV[4],
-  'idempotency_key', ARGV[5], 'cancel_requested', 0, 'worker', '', 'error', '', 'result', '')
+  'spec', ARGV[2], 'created_at', ARGV[3], 'updated_at', ARGV[3],
+  'idempotency_key', ARGV[4], 'cancel_requested', 0, 'worker', '', 'error', '', 'result', '')
 local sid = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[1])
 redis.call('HSET', KEYS[1], 'stream_id', sid)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'kind', 'queued', 'ts', ARGV[3], 'data', ARGV[8])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'kind', 'queued', 'ts', ARGV[3], 'data', ARGV[7])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[7])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[6])
 if KEYS[5] then redis.call('SET', KEYS[5], ARGV[1]) end
 return {ARGV[1], 1}
 """

@@ -73,7 +73,6 @@ class JobState:
     :param error: the failure or cancellation reason, naming the file/peer and the cause.
     :param result: the transfer result (``TransferResult.to_dict()``) once finished.
     :param idempotency_key: the key given at submission, if any.
-    :param priority_class: interactive or batch.
     :param deliveries: how many times an agent took the job off the stream.
     :param cancel_requested: a cancel was asked for (the running worker stops).
     :param progress: the latest interval record, while running.
@@ -89,7 +88,6 @@ class JobState:
     error: str | None
     result: dict | None
     idempotency_key: str | None
-    priority_class: str
     deliveries: int
     cancel_requested: bool = False
     progress: dict | None = None
@@ -115,7 +113,6 @@ class JobState:
             error=h.get("error") or None,
             result=js("result"),
             idempotency_key=h.get("idempotency_key") or None,
-            priority_class=h.get("priority_class") or "batch",
             deliveries=_num(h.get("deliveries"), int),
             cancel_requested=h.get("cancel_requested") == "1",
             progress=js("progress"),
@@ -126,7 +123,7 @@ class JobState:
             "job_id": self.job_id, "state": self.state, "attempt": self.attempt, "spec": self.spec.to_dict(),
             "worker": self.worker, "created_at": self.created_at, "updated_at": self.updated_at,
             "error": self.error, "result": self.result, "idempotency_key": self.idempotency_key,
-            "priority_class": self.priority_class, "deliveries": self.deliveries,
+            "deliveries": self.deliveries,
             "cancel_requested": self.cancel_requested, "progress": self.progress,
         }
 

@@ -68,11 +68,9 @@ class JobStore:
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.job_index()]
         if idempotency_key:
             keys.append(k.idempotency(idempotency_key))
-        queued = json.dumps({"label": spec.label, "priority_class": spec.priority_class,
-                             "idempotency_key": idempotency_key})
-        out = self._submit(keys=keys, args=[job_id, spec.to_json(), repr(now), spec.priority_class,
-                                            idempotency_key or "", self.events_maxlen,
-                                            repr(now - self.retention_s), queued])
+        queued = json.dumps({"label": spec.label, "idempotency_key": idempotency_key})
+        out = self._submit(keys=keys, args=[job_id, spec.to_json(), repr(now), idempotency_key or "",
+                                            self.events_maxlen, repr(now - self.retention_s), queued])
         return str(out[0]), bool(int(out[1]))
 
     def get(self, job_id: str) -> JobState | None:

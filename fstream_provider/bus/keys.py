@@ -16,7 +16,7 @@ dead_letter()           stream       ``job_id``, ``stream_id``, ``deliveries``, 
                                      ``ts``
 job(id)                 hash         job_id, state, attempt, deliveries, spec (JSON), worker,    JobStore, Agent      CLI, Airflow trigger,  no TTL while live; 7 days after a
                                      created_at, updated_at, error, result (JSON),               (fenced by attempt)  hook                   terminal state
-                                     idempotency_key, priority_class, cancel_requested,
+                                     idempotency_key, cancel_requested,
                                      cancel_reason, stream_id, progress (JSON)
 job_events(id)          stream       ``kind``, ``ts``, ``data`` (JSON); kinds: queued, claimed,  JobStore, Agent      CLI, Airflow trigger   MAXLEN ~ 100,000; 7 days after terminal
                                      interval, tuning, file, log, error, retry, cancel,

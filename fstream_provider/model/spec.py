@@ -1,20 +1,32 @@
 """The transfer specification: what a job asks for, shared by the CLI, the agent and Airflow.
 
-A ``TransferSpec`` round-trips through JSON (it is stored on the Redis job) and validates
-its input with errors that name the field and the reason.
+A ``TransferSpec`` is a pydantic model that refuses unknown fields; it round-trips through
+JSON (it is stored on the Redis job) and validates its input with errors that name the
+field, the value and what is accepted.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from fstream_provider.model.units import parse_duration, parse_rate
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-TUNERS = ("fixed", "static", "dynamic", "fstream", "harp", "globus", "adaptivecc")
-PRIORITY_CLASSES = ("interactive", "batch")
+from fstream_provider.model.units import parse_duration, parse_rate, parse_size
+from fstream_provider.model.validation import SpecError, explain
+from fstream_provider.tuning.registry import DEFAULT_TUNER, check_options, tuner_info
+
+BLOCK_SIZE_MIN = 4096
+BLOCK_SIZE_MAX = 64 * 2**20
+# Fields older versions wrote into the JSON on Redis and nothing reads any more: dropped when
+# a stored spec is read, refused when given (priority_class: SEAL/STEAL scheduling, issue #11).
+RETIRED_FIELDS = ("priority_class",)
+# User-facing option names (``from_options``) that are converted into a spec field.
+RATE_OPTIONS = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
+DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",
+                    "idle_exit": "idle_exit_s", "sample_interval": "sample_interval_s"}
 
 
 @dataclass(frozen=True)
@@ -45,20 +57,20 @@ class Destination:
         return f"fstream://{self.host}:{self.port}/{self.path}"
 
 
-@dataclass
-class TransferSpec:
-    """Everything a transfer needs; all rates in bits/s, durations in seconds.
+class TransferSpec(BaseModel):
+    """Everything a transfer needs; all rates in bits/s, durations in seconds, sizes in bytes.
 
     :param sources: files, directories or globs on the source host.
     :param destination: ``fstream://HOST:PORT/DEST/PATH``.
-    :param tuner: one of ``TUNERS``.
-    :param cc: channels (fixed tuner, or starting point).
-    :param p: TCP streams per channel.
-    :param pp: files queued ahead per channel.
+    :param tuner: a built tuner (``fstream_provider.tuning.registry.TUNER_NAMES``).
+    :param cc: channels: the layout of ``fixed``, the starting point of an adaptive tuner,
+        refused by the others (``registry.check_options``).
+    :param p: TCP streams per channel (likewise).
+    :param pp: files queued ahead per channel (likewise).
     :param max_cc: upper bound on channels for every tuner.
     :param bandwidth_bps: known path bandwidth (else measured/assumed).
     :param rtt_s: known round-trip time (else measured at connect).
-    :param target_throughput_bps: QoS target; enables the QoS controller.
+    :param target_throughput_bps: QoS target (tuners that hold one: ``fstream``).
     :param profile_interval_s: how often the tuner is consulted.
     :param sample_interval_s: how often an interval record is taken.
     :param watch: keep scanning the sources and ship new files.
@@ -71,14 +83,15 @@ class TransferSpec:
     :param tls_key: client key.
     :param tls_ca: CA bundle that signed the receiver's certificate.
     :param encrypt: seal data blocks and control bodies with ChaCha20-Poly1305 (shared-secret mode).
-    :param priority_class: ``interactive`` or ``batch`` (for the multi-transfer scheduler).
     :param block_size: bytes per data block on a stream.
     :param label: free text shown in logs.
     """
 
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
     sources: list[str]
     destination: str
-    tuner: str = "fstream"
+    tuner: str = DEFAULT_TUNER
     cc: int | None = None
     p: int | None = None
     pp: int | None = None
@@ -98,86 +111,117 @@ class TransferSpec:
     tls_key: str | None = None
     tls_ca: str | None = None
     encrypt: bool = False
-    priority_class: str = "batch"
     block_size: int = 4 * 2**20
     label: str = ""
 
-    def __post_init__(self) -> None:
-        self.validate()
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise SpecError(explain(exc, "transfer spec", type(self).model_fields)) from None
 
-    def validate(self) -> None:
-        if isinstance(self.sources, str):
-            self.sources = [self.sources]
-        if not self.sources:
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _sources(cls, v: Any) -> Any:
+        v = [v] if isinstance(v, str) else v
+        if isinstance(v, (list, tuple)) and not v:
             raise ValueError("sources: at least one source path is required")
-        for s in self.sources:
+        for s in v if isinstance(v, (list, tuple)) else ():
             if not isinstance(s, str) or not s or "\x00" in s:
                 raise ValueError(f"sources: {s!r} is not a valid path")
-        Destination.parse(self.destination)
-        if self.tuner not in TUNERS:
-            raise ValueError(f"tuner {self.tuner!r}: must be one of {', '.join(TUNERS)}")
-        for name in ("cc", "p", "pp", "max_cc"):
-            v = getattr(self, name)
-            if v is None:
-                continue
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise ValueError(f"{name} {v!r}: must be an integer")
-            low = 0 if name == "pp" else 1
-            if v < low or v > 1024:
-                raise ValueError(f"{name} {v}: must be between {low} and 1024")
-        for name in ("bandwidth_bps", "rtt_s", "target_throughput_bps", "idle_exit_s"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or v <= 0):
-                raise ValueError(f"{name} {v!r}: must be a positive number")
-        for name in ("profile_interval_s", "sample_interval_s", "interval_s"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or v <= 0:
-                raise ValueError(f"{name} {v!r}: must be a positive number of seconds")
-        if self.priority_class not in PRIORITY_CLASSES:
-            raise ValueError(f"priority_class {self.priority_class!r}: must be interactive or batch")
-        if not isinstance(self.encrypt, bool):
-            raise ValueError(f"encrypt {self.encrypt!r}: must be true or false")
+        return list(v) if isinstance(v, tuple) else v
+
+    @field_validator("destination")
+    @classmethod
+    def _destination(cls, v: str) -> str:
+        Destination.parse(v)
+        return v
+
+    @field_validator("tuner")
+    @classmethod
+    def _tuner(cls, v: str) -> str:
+        tuner_info(v)
+        return v
+
+    @field_validator("cc", "p", "pp", "max_cc")
+    @classmethod
+    def _layout(cls, v: int | None, info: Any) -> int | None:
+        low = 0 if info.field_name == "pp" else 1
+        if v is not None and not low <= v <= 1024:
+            raise ValueError(f"{info.field_name} {v}: must be between {low} and 1024")
+        return v
+
+    @field_validator("bandwidth_bps", "rtt_s", "target_throughput_bps", "idle_exit_s",
+                     "profile_interval_s", "sample_interval_s", "interval_s")
+    @classmethod
+    def _positive(cls, v: float | None, info: Any) -> float | None:
+        if v is not None and v <= 0:
+            unit = " of seconds" if info.field_name.endswith("_s") else ""
+            raise ValueError(f"{info.field_name} {v!r}: must be a positive number{unit}")
+        return v
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size(cls, v: int) -> int:
+        if not BLOCK_SIZE_MIN <= v <= BLOCK_SIZE_MAX:
+            raise ValueError(f"block_size {v}: must be between 4 KiB and 64 MiB")
+        return v
+
+    @model_validator(mode="after")
+    def _together(self) -> "TransferSpec":
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key must be given together")
-        if self.block_size < 4096 or self.block_size > 64 * 2**20:
-            raise ValueError(f"block_size {self.block_size}: must be between 4 KiB and 64 MiB")
+        if self.cc is not None and self.cc > self.max_cc:
+            raise ValueError(f"cc {self.cc}: more than max_cc {self.max_cc}")
+        check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp,
+                      target_throughput_bps=self.target_throughput_bps)
+        return self
 
     @property
     def dest(self) -> Destination:
         return Destination.parse(self.destination)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    def replace(self, **changes: Any) -> "TransferSpec":
+        """A validated copy with ``changes`` applied."""
+        return type(self)(**{**self.to_dict(), **changes})
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TransferSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"transfer spec: unknown field(s) {', '.join(unknown)}")
         return cls(**data)
 
     @classmethod
     def from_json(cls, text: str) -> "TransferSpec":
-        return cls.from_dict(json.loads(text))
+        """Read a spec stored on Redis (fields of older versions that nothing reads are dropped)."""
+        data = json.loads(text)
+        for name in RETIRED_FIELDS:
+            data.pop(name, None)
+        return cls.from_dict(data)
 
     @classmethod
     def from_options(cls, sources: list[str], destination: str, **opts: Any) -> "TransferSpec":
-        """Build from user-facing options: rates and durations may be strings (``1Gbit``, ``40ms``)."""
+        """Build from user-facing options: rates, durations and sizes may be strings (``1Gbit``, ``40ms``, ``4MiB``).
+
+        Each option is a spec field or one of ``RATE_OPTIONS`` / ``DURATION_OPTIONS``; None means "not given".
+        """
         conv: dict[str, Any] = {}
-        rate_keys = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
-        dur_keys = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",
-                    "idle_exit": "idle_exit_s", "sample_interval": "sample_interval_s"}
         for k, v in opts.items():
             if v is None:
                 continue
-            if k in rate_keys:
-                conv[rate_keys[k]] = parse_rate(v)
-            elif k in dur_keys:
-                conv[dur_keys[k]] = parse_duration(v)
-            else:
-                conv[k] = v
+            try:
+                if k in RATE_OPTIONS:
+                    conv[RATE_OPTIONS[k]] = parse_rate(v)
+                elif k in DURATION_OPTIONS:
+                    conv[DURATION_OPTIONS[k]] = parse_duration(v)
+                elif k == "block_size" and isinstance(v, str):
+                    conv[k] = parse_size(v)
+                else:
+                    conv[k] = v
+            except ValueError as exc:
+                raise SpecError(f"transfer spec: {k}: {exc}") from None
         return cls.from_dict({"sources": list(sources), "destination": destination, **conv})

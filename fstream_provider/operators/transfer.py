@@ -13,6 +13,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferralTimeout
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
+from fstream_provider.model.options import TunerOptions
+from fstream_provider.model.units import parse_rate
+from fstream_provider.tuning.registry import check_options
 from fstream_provider.model.tasklog import (
     build_report,
     format_interval,
@@ -29,6 +32,9 @@ if TYPE_CHECKING:
     from fstream_provider.model.spec import TransferSpec
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+# spec options the operator takes as parameters, so they are refused inside ``tuner_options``
+_OWN_PARAMETERS = ("sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p",
+                   "pp", "watch", "until", "idle_exit", "interval", "verify", "secret_file")
 
 
 def normalize_sources(sources: Any) -> list[str]:
@@ -64,6 +70,13 @@ def to_unix_time(until: Any) -> float | None:
     return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
+def _is_template(value: Any) -> bool:
+    """True when ``value`` is only known once Airflow renders it (Jinja text or an XCom reference)."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    return value is not None and not isinstance(value, (int, float))
+
+
 def _spec_field(spec: Any, name: str) -> Any:
     if spec is None:
         return None
@@ -89,22 +102,25 @@ class FStreamTransferOperator(BaseOperator):
     :param sources: files, directories or globs on the source agent's host; or the XCom list from
         ``FStreamNewFilesSensor`` (a list of paths) or a trigger payload (``{"files": [...]}``).
     :param destination: ``fstream://HOST:PORT/DEST/PATH`` of the receiver.
-    :param tuner: ``fstream`` (default), ``harp``, ``dynamic``, ``static``, ``fixed``, ``globus``, ``adaptivecc``.
-    :param target_throughput: QoS target such as ``800Mbps`` (enables the QoS controller).
+    :param tuner: a built tuner (``fstream_provider.tuning.registry.TUNER_NAMES``): ``fstream`` (default),
+        ``dynamic``, ``static``, ``fixed``, ``globus``, ``adaptivecc``.
+    :param target_throughput: QoS target such as ``800Mbps`` (``fstream`` only; enables the QoS controller).
     :param max_cc: upper bound on concurrent channels.
     :param bandwidth: known path bandwidth such as ``1Gbit``.
     :param rtt: known round-trip time such as ``40ms``.
-    :param cc: channels (``fixed`` tuner, or the starting point).
-    :param p: TCP streams per channel.
-    :param pp: files queued ahead per channel.
-    :param priority_class: ``interactive`` or ``batch``, for the multi-transfer scheduler.
+    :param cc: channels: the layout of ``fixed``, the starting point of ``fstream`` and ``adaptivecc``
+        (``static``, ``dynamic`` and ``globus`` refuse it).
+    :param p: TCP streams per channel (likewise).
+    :param pp: files queued ahead per channel (likewise).
     :param watch: keep watching the sources and ship new files as they appear (a long-running stream).
     :param until: in watch mode, stop at this time (datetime, ISO string or UNIX seconds).
     :param idle_exit: in watch mode, stop after this long with nothing new (``5m``).
     :param interval: in watch mode, scan interval (``2s``).
     :param verify: end-to-end checksum per file.
     :param secret_file: shared secret for the data channels (default: the connection's ``secret_file``).
-    :param tuner_options: any other ``TransferSpec`` option (``profile_interval``, ``block_size``...).
+    :param tuner_options: the options without a parameter of their own
+        (:class:`~fstream_provider.model.options.TunerOptions`: ``profile_interval``, ``sample_interval``,
+        ``block_size``, ``encrypt``, ``tls_cert``, ``tls_key``, ``tls_ca``, ``label``); unknown keys are refused.
     :param fstream_conn_id: the ``fstream`` connection.
     :param deferrable: wait in the triggerer (default) instead of polling in the worker.
     :param poll_interval: seconds one poll may block in non-deferrable mode.
@@ -113,7 +129,7 @@ class FStreamTransferOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "sources", "destination", "tuner", "target_throughput", "bandwidth", "rtt", "until", "idle_exit",
-        "priority_class", "secret_file", "plot_dir",
+        "secret_file", "plot_dir",
     )
     ui_color = "#c8e6f5"
 
@@ -130,7 +146,6 @@ class FStreamTransferOperator(BaseOperator):
         cc: int | None = None,
         p: int | None = None,
         pp: int | None = None,
-        priority_class: str = "batch",
         watch: bool = False,
         until: Any = None,
         idle_exit: str | float | None = None,
@@ -155,7 +170,6 @@ class FStreamTransferOperator(BaseOperator):
         self.cc = cc
         self.p = p
         self.pp = pp
-        self.priority_class = priority_class
         self.watch = watch
         self.until = until
         self.idle_exit = idle_exit
@@ -168,6 +182,22 @@ class FStreamTransferOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.plot_dir = plot_dir
         self._job_id: str | None = None
+        self._check_options()
+
+    def _check_options(self) -> None:
+        """Refuse at DAG parse what is known then: an unknown tuner, options it ignores, bad ``tuner_options``.
+
+        Pure and cheap (no I/O). Values Airflow renders later (Jinja, XCom) are checked by
+        ``build_spec`` at execute, before anything is submitted.
+        """
+        try:
+            TunerOptions.check(self.tuner_options, own_parameters=_OWN_PARAMETERS)
+            if _is_template(self.tuner) or _is_template(self.target_throughput):
+                return
+            target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
+            check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=target)
+        except ValueError as exc:
+            raise ValueError(f"{self.task_id}: invalid transfer options: {exc}") from None
 
     @cached_property
     def hook(self) -> FStreamHook:
@@ -184,11 +214,14 @@ class FStreamTransferOperator(BaseOperator):
         if context is not None:
             ti = context["ti"]
             label = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}"
-        opts: dict[str, Any] = dict(self.tuner_options)
+        try:
+            opts = TunerOptions.check(self.tuner_options, own_parameters=_OWN_PARAMETERS).as_options()
+        except ValueError as exc:
+            raise AirflowException(f"{self.task_id}: invalid transfer options: {exc}") from None
         opts.update(
             tuner=self.tuner, target_throughput=self.target_throughput or None, max_cc=self.max_cc,
             bandwidth=self.bandwidth or None, rtt=self.rtt or None, cc=self.cc, p=self.p, pp=self.pp,
-            priority_class=self.priority_class, watch=bool(self.watch), until=to_unix_time(self.until),
+            watch=bool(self.watch), until=to_unix_time(self.until),
             idle_exit=self.idle_exit or None, interval=self.interval or None, verify=self.verify,
             secret_file=self.secret_file or None, label=opts.get("label") or label,
         )
@@ -221,9 +254,9 @@ class FStreamTransferOperator(BaseOperator):
                 self.log.info("Re-attached to existing FStream job %s (%s) for %s: no second copy started",
                               job_id, state, key)
         if created:
-            self.log.info("Submitted FStream job %s (%s -> %s, tuner %s, %s) on %s", job_id,
+            self.log.info("Submitted FStream job %s (%s -> %s, tuner %s) on %s", job_id,
                           ", ".join(spec.sources[:3]) + (" ..." if len(spec.sources) > 3 else ""),
-                          spec.destination, spec.tuner, spec.priority_class, self.hook.settings.source)
+                          spec.destination, spec.tuner, self.hook.settings.source)
         return job_id
 
     # -- running ------------------------------------------------------------------------------

@@ -1,1 +1,1 @@
-"""Pure tuning algorithms: heuristic, clustering, online profiling, QoS, HARP, scheduling, simulator (no I/O)."""
+"""Pure tuning algorithms: the tuner registry, heuristic, clustering, online profiling, QoS, simulator (no I/O)."""

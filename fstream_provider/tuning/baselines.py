@@ -4,7 +4,8 @@
   two or four streams by average file size (SEAL §3.1), three size classes (HARP §V):
   below 50 MB cc=2 p=2 pp=20; 50-250 MB cc=2 p=4 pp=5; above 250 MB cc=2 p=4 pp=1. The
   class follows the average size of the pending dataset; no clustering.
-- ``adaptivecc`` (thesis §4.2): heuristic on the initial dataset, then while the utility
+- ``adaptivecc`` (thesis §4.2): heuristic on the initial dataset (or the user's starting
+  point, where given), then while the utility
   ``throughput * (1 - penalty) ** cc`` keeps improving by at least 5 %, double the
   concurrency once per interval; then keep the best value for the rest of the transfer.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from fstream_provider.tuning.base import Observation, PathInfo
 from fstream_provider.tuning.common import ClusteredTuner, fmt_bps, fmt_size
-from fstream_provider.tuning.heuristic import Settings, clamp
+from fstream_provider.tuning.heuristic import Settings, StartLayout, clamp
 
 MB = 1_000_000
 
@@ -53,14 +54,17 @@ class AdaptiveCCTuner(ClusteredTuner):
     """Heuristic start, concurrency searched once at the beginning with a utility, then kept.
 
     :param path: the path description.
+    :param start: where to start instead of the heuristic (values left None come from it).
     :param penalty: per-channel utility penalty.
     :param min_gain: relative utility gain needed to keep searching.
     """
 
     name = "adaptivecc"
 
-    def __init__(self, *, path: PathInfo, penalty: float = 0.02, min_gain: float = 0.05) -> None:
+    def __init__(self, *, path: PathInfo, start: StartLayout | None = None, penalty: float = 0.02,
+                 min_gain: float = 0.05) -> None:
         super().__init__(path=path, cluster=False)
+        self.start = start or StartLayout()
         self.penalty = penalty
         self.min_gain = min_gain
         self._searching = True
@@ -73,9 +77,11 @@ class AdaptiveCCTuner(ClusteredTuner):
             c = self._clustering.get("all")
             if c is None:
                 return
-            self._settings["all"] = self._heuristic(c)
-            s = self._settings["all"]
-            self._reason = f"adaptivecc: heuristic start cc={s.cc} p={s.p} pp={s.pp}"
+            s = self._settings["all"] = clamp(self.start.over(self._heuristic(c)), self.path)
+            if self.start:
+                self._reason = f"adaptivecc: start cc={s.cc} p={s.p} pp={s.pp} ({self.start.describe()})"
+            else:
+                self._reason = f"adaptivecc: heuristic start cc={s.cc} p={s.p} pp={s.pp}"
             return
         s = self._settings["all"]
         if not self._searching or obs.dt <= 0:

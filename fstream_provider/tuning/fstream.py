@@ -13,7 +13,7 @@ import math
 from fstream_provider.tuning.base import ClusterLayout, Observation, PathInfo
 from fstream_provider.tuning.clustering import SMALL, Cluster
 from fstream_provider.tuning.common import ClusteredTuner, describe, fmt_bps
-from fstream_provider.tuning.heuristic import Settings, clamp
+from fstream_provider.tuning.heuristic import Settings, StartLayout, clamp
 from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord, size_class
 from fstream_provider.tuning.profiler import OnlineProfiler, recommended_interval
 from fstream_provider.tuning.qos import PacedLayout, QosController
@@ -45,6 +45,9 @@ class FStreamTuner(ClusteredTuner):
     """Dynamic tuning with online profiling, profiling history and optional QoS.
 
     :param path: the path description (bandwidth is only an initial estimate).
+    :param start: the user's starting point: total channels (``cc``, instead of the heuristic's
+        or the history's) and ``p``/``pp`` of the initial dataset's clusters; profiling, QoS and
+        later arrivals move on from there. Values left None come from the heuristic.
     :param target_throughput_bps: hold this throughput (QoS, Alg. 3) instead of filling the path.
     :param history: profiling history to consult and to append to (None: no history).
     :param utilisation: share of the bandwidth profiling aims for.
@@ -59,11 +62,12 @@ class FStreamTuner(ClusteredTuner):
 
     name = "fstream"
 
-    def __init__(self, *, path: PathInfo, target_throughput_bps: float | None = None,
-                 history: ProfileHistory | None = None, utilisation: float = 0.9, band: float = 0.15,
-                 pacing: bool = True, jump: bool = True, profiling: bool = True,
-                 start_time: float = 0.0, min_window_s: float | None = None) -> None:
+    def __init__(self, *, path: PathInfo, start: StartLayout | None = None,
+                 target_throughput_bps: float | None = None, history: ProfileHistory | None = None,
+                 utilisation: float = 0.9, band: float = 0.15, pacing: bool = True, jump: bool = True,
+                 profiling: bool = True, start_time: float = 0.0, min_window_s: float | None = None) -> None:
         super().__init__(path=path)
+        self.start = start or StartLayout()
         self.target = target_throughput_bps
         self.history = history
         self.pacing = pacing
@@ -137,8 +141,12 @@ class FStreamTuner(ClusteredTuner):
             s, old = self._heuristic(c), self._settings.get(name)
             if old is not None and abs(s.p - old.p) <= 1:
                 s = Settings(s.cc, old.p, s.pp)  # a new p means new channels: not worth +-1
+            if self._total is None and self.start:  # the initial dataset starts where the user said
+                s = clamp(self.start.over(s), self.path)
+                reasons.append(f"start {describe(name, c, s)} ({self.start.describe()})")
+            else:
+                reasons.append("heuristic " + describe(name, c, s))
             self._settings[name] = s
-            reasons.append("heuristic " + describe(name, c, self._settings[name]))
         clusters = self._working()
         names = tuple(c.name for c in clusters)
         if names != self._names:
@@ -153,6 +161,11 @@ class FStreamTuner(ClusteredTuner):
         for name, st in obs.clusters.items():
             if st.active_channels and st.throughput_bps > 0:
                 self._per_channel[name] = st.throughput_bps / st.active_channels
+        if self._total is None and self.start.cc is not None:
+            self._total = min(max(self.start.cc, len(clusters)), self.path.max_cc)
+            reasons.append(f"total cc={self._total} (given)")
+            self._reason = "fstream: " + "; ".join(reasons)
+            return
         if self._total is None:
             self._total = sum(self._settings[c.name].cc for c in clusters)
             desired = self.target or self._profiler.desired_bps

@@ -27,6 +27,34 @@ class Settings:
     pp: int
 
 
+@dataclass(frozen=True)
+class StartLayout:
+    """A user-given starting point for an adaptive tuner; a value left None comes from the heuristic.
+
+    :param cc: channels to start with.
+    :param p: TCP streams per channel to start with.
+    :param pp: files queued ahead per channel to start with.
+    """
+
+    cc: int | None = None
+    p: int | None = None
+    pp: int | None = None
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.cc, self.p, self.pp))
+
+    def over(self, s: Settings) -> Settings:
+        """``s`` with every given value of this start put in its place."""
+        return Settings(s.cc if self.cc is None else self.cc, s.p if self.p is None else self.p,
+                        s.pp if self.pp is None else self.pp)
+
+    def describe(self) -> str:
+        """``"given cc=8 p=2"``, plus where the other values come from when some were left out."""
+        given = " ".join(f"{k}={v}" for k, v in (("cc", self.cc), ("p", self.p), ("pp", self.pp)) if v is not None)
+        rest = "" if None not in (self.cc, self.p, self.pp) else "; the rest from the heuristic"
+        return f"given {given}{rest}"
+
+
 def heuristic_raw(avg_file_size: float, file_count: int, bdp: float, tcp_buffer: int,
                   max_cc: int) -> Settings:
     """The three formulas exactly (no clamping beyond what they contain)."""

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from fstream_provider.tuning.base import PathInfo
-from fstream_provider.tuning.factory import make_tuner
+from fstream_provider.tuning.registry import make_tuner
 from fstream_provider.tuning.fixed import FixedTuner
 from fstream_provider.tuning.fstream import FStreamTuner
 from fstream_provider.tuning.profile_history import ProfileHistory

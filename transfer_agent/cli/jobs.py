@@ -204,7 +204,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows = [("state", job.state), ("attempt", str(job.attempt)), ("deliveries", str(job.deliveries)),
                 ("worker", job.worker or "-"), ("created", _when(job.created_at)), ("updated", _when(job.updated_at)),
                 ("sources", " ".join(job.spec.sources)), ("destination", job.spec.destination),
-                ("tuner", job.spec.tuner), ("priority", job.priority_class),
+                ("tuner", job.spec.tuner),
                 ("idempotency key", job.idempotency_key or "-"), ("cancel requested", str(job.cancel_requested)),
                 ("error", job.error or "-")]
         if job.progress:

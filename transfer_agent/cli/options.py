@@ -6,18 +6,35 @@ import argparse
 import os
 from pathlib import Path
 
-from fstream_provider.model.spec import TUNERS, TransferSpec
+from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.statedir import default_secret_file
+from fstream_provider.model.units import parse_size
+from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES, TUNERS
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _layout_help(what: str) -> str:
+    fixed = ", ".join(t.name for t in TUNERS.values() if t.layout == "settings")
+    start = ", ".join(t.name for t in TUNERS.values() if t.adaptive)
+    return f"{what}: used by --tuner {fixed}, the starting point of {start}; the other tuners refuse it"
 
 
 def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("sources", nargs="+", metavar="SRC", help="files, directories or globs to send")
     p.add_argument("--to", required=True, dest="destination", metavar="URL",
                    help="fstream://HOST:PORT/DEST/PATH")
-    p.add_argument("--tuner", choices=TUNERS, default="fstream", help="how to choose cc/p/pp (default fstream)")
-    p.add_argument("--cc", type=int, help="concurrency: channels (fixed tuner; starting point otherwise)")
-    p.add_argument("--p", type=int, help="parallelism: TCP streams per channel")
-    p.add_argument("--pp", type=int, help="pipelining: files queued ahead per channel")
+    p.add_argument("--tuner", choices=TUNER_NAMES, default=DEFAULT_TUNER,
+                   help=f"how to choose cc/p/pp (default {DEFAULT_TUNER}): "
+                        + "; ".join(f"{t.name}: {t.summary}" for t in TUNERS.values()))
+    p.add_argument("--cc", type=int, help=_layout_help("concurrency: channels"))
+    p.add_argument("--p", type=int, help=_layout_help("parallelism: TCP streams per channel"))
+    p.add_argument("--pp", type=int, help=_layout_help("pipelining: files queued ahead per channel"))
     p.add_argument("--max-cc", type=int, default=32, help="upper bound on channels (default 32)")
     p.add_argument("--bandwidth", metavar="RATE", help="path bandwidth, e.g. 1Gbit, 800Mbps, 100MB/s")
     p.add_argument("--rtt", metavar="DURATION", help="round-trip time, e.g. 40ms (default: measured)")
@@ -37,14 +54,11 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", metavar="C")
     p.add_argument("--tls-key", metavar="K")
     p.add_argument("--tls-ca", metavar="CA")
-    p.add_argument("--priority-class", choices=("interactive", "batch"), default="batch")
-    p.add_argument("--block-size", metavar="SIZE", default="4MiB", help="bytes per data block (default 4MiB)")
+    p.add_argument("--block-size", metavar="SIZE", type=_size, default="4MiB", help="bytes per data block (default 4MiB)")
 
 
 def spec_from_args(args: argparse.Namespace) -> TransferSpec:
-    """Build a validated ``TransferSpec`` from parsed options (errors name the option)."""
-    from fstream_provider.model.units import parse_size
-
+    """Build a validated ``TransferSpec`` from parsed options (errors name the option and what is accepted)."""
     secret = args.secret_file
     if secret is None and not args.tls_cert and default_secret_file().exists():
         secret = str(default_secret_file())
@@ -56,6 +70,5 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         profile_interval=args.profile_interval, sample_interval=args.sample_interval,
         watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        tls_ca=args.tls_ca, encrypt=args.encrypt, priority_class=args.priority_class,
-        block_size=parse_size(args.block_size),
+        tls_ca=args.tls_ca, encrypt=args.encrypt, block_size=args.block_size,
     )

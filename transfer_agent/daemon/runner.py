@@ -146,7 +146,7 @@ class JobRunnerMixin:
     def _execute(self, run: JobRun, spec: TransferSpec) -> tuple[str, str | None, dict | None] | None:
         """Run the transfer with retries; ``(state, error, result)``, or None if the job must not be finished here."""
         if not spec.secret_file and self.secret_file:
-            spec = dataclasses.replace(spec, secret_file=self.secret_file)
+            spec = spec.replace(secret_file=self.secret_file)
         jlog = PrefixedLog(log, {"name": f"{self.name} job {run.job_id}#{run.attempt}"})
 
         def on_event(kind: str, data: dict) -> None:

@@ -18,11 +18,13 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
+from fstream_provider.tuning.profile_history import ProfileHistory
+from fstream_provider.tuning.registry import make_tuner, tuner_info
+from transfer_agent.sending.result import TransferResult
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channels import MAX_SEALED_BLOCK, ChannelPool, Connector, ControlSession, InFlight
 from transfer_agent.errors import CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
@@ -38,33 +40,6 @@ RETRY_MAX_S = 8.0
 DEFAULT_BANDWIDTH = 1e9
 
 
-@dataclass
-class TransferResult:
-    """What a transfer did; ``to_dict()`` is the ``--json`` output and the job's result."""
-
-    job_id: str
-    ok: bool = False
-    files: int = 0
-    bytes: int = 0
-    bytes_sent: int = 0
-    resumed_bytes: int = 0
-    seconds: float = 0.0
-    throughput_bps: float = 0.0
-    verified_files: int = 0
-    skipped_files: int = 0
-    failed_files: int = 0
-    failures: list[dict] = field(default_factory=list)
-    intervals: list[dict] = field(default_factory=list)
-    tuning: list[dict] = field(default_factory=list)
-    tuner: str = ""
-    checksum: str = "xxh3_128"
-    rtt_s: float = 0.0
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def tcp_buffer_max() -> int:
     """The kernel's maximum TCP send buffer (what caps one stream at buffer / RTT)."""
     try:
@@ -72,26 +47,6 @@ def tcp_buffer_max() -> int:
             return int(f.read().split()[2])
     except (OSError, ValueError, IndexError):
         return 4 << 20
-
-
-def make_tuner(spec: TransferSpec, path: PathInfo, redis: Any = None) -> Tuner:
-    """Build the tuner the spec names (profiling history loaded from Redis when given)."""
-    if spec.tuner == "fixed":
-        from fstream_provider.tuning.fixed import FixedTuner
-        return FixedTuner(cc=spec.cc or 4, p=spec.p or 1, pp=spec.pp if spec.pp is not None else 4)
-    try:
-        from fstream_provider.tuning.factory import make_tuner as factory
-    except ImportError:
-        raise FStreamError(f"tuner {spec.tuner!r} is not available in this build (use --tuner fixed)") from None
-    history = None
-    if redis is not None and spec.tuner in ("fstream", "harp"):
-        try:
-            from fstream_provider.bus.profiling_store import load_history
-            history = load_history(redis)
-        except Exception as exc:  # noqa: BLE001 - history is an optimisation, never a reason to fail
-            log.warning("profiling history not loaded: %s", exc)
-    return factory(spec.tuner, path=path, cc=spec.cc, p=spec.p, pp=spec.pp,
-                   target_throughput_bps=spec.target_throughput_bps, history=history, start_time=time.time())
 
 
 class Transfer:
@@ -223,7 +178,10 @@ class Transfer:
             self.result.rtt_s = rtt
             path = PathInfo(bandwidth_bps=self.spec.bandwidth_bps or DEFAULT_BANDWIDTH, rtt_s=max(rtt, 1e-4),
                             tcp_buffer=tcp_buffer_max(), max_cc=self.spec.max_cc)
-            tuner = self._tuner or make_tuner(self.spec, path, self.redis)
+            tuner = self._tuner or make_tuner(
+                self.spec.tuner, path=path, cc=self.spec.cc, p=self.spec.p, pp=self.spec.pp,
+                target_throughput_bps=self.spec.target_throughput_bps, history=self._load_history(),
+                start_time=time.time())
             self._tuner = tuner
             self.result.tuner = getattr(tuner, "name", self.spec.tuner)
             self._loop(tuner, pool, control, files, retry_files, watcher)
@@ -459,6 +417,17 @@ class Transfer:
             self._history_saved_at = time.monotonic()
             self._save_history()
         return s.reason
+
+    def _load_history(self) -> ProfileHistory | None:
+        """The profiling history from Redis, for a tuner that uses one (None without Redis or on error)."""
+        if self.redis is None or not tuner_info(self.spec.tuner).uses_history:
+            return None
+        try:
+            from fstream_provider.bus.profiling_store import load_history
+            return load_history(self.redis)
+        except Exception as exc:  # noqa: BLE001 - history is an optimisation, never a reason to fail
+            self.log.warning("profiling history not loaded: %s", exc)
+            return None
 
     def _save_history(self) -> None:
         """Persist what the tuner learned (profiling history) so a later stream starts near it."""

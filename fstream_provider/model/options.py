@@ -1,0 +1,87 @@
+"""``TunerOptions``: the transfer options with no operator parameter of their own, checked by key and value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+
+from fstream_provider.model.spec import BLOCK_SIZE_MAX, BLOCK_SIZE_MIN
+from fstream_provider.model.units import parse_duration, parse_size
+from fstream_provider.model.validation import SpecError, explain
+
+
+def _duration(v: Any) -> float:
+    try:
+        s = parse_duration(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{v!r}: expected a duration such as 500ms, 10s or 2m") from None
+    if s <= 0:
+        raise ValueError(f"{v!r}: expected a positive duration such as 500ms, 10s or 2m")
+    return s
+
+
+def _block_size(v: Any) -> int:
+    try:
+        n = parse_size(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else None
+    except ValueError:
+        n = None
+    if n is None or not BLOCK_SIZE_MIN <= n <= BLOCK_SIZE_MAX:
+        raise ValueError(f"{v!r}: expected a size between 4KiB and 64MiB such as 1MiB or 4MiB (or bytes)")
+    return n
+
+
+Duration = Annotated[float, BeforeValidator(_duration)]
+BlockSize = Annotated[int, BeforeValidator(_block_size)]
+
+
+class TunerOptions(BaseModel):
+    """Options an operator passes as ``tuner_options``; every key is optional, unknown keys are refused.
+
+    :param profile_interval: how often the tuner is consulted (``10s``).
+    :param sample_interval: how often an interval record is taken (``1s``).
+    :param block_size: bytes per data block on a stream (``4MiB`` or a number of bytes).
+    :param encrypt: seal data and control frames (needs the shared secret).
+    :param tls_cert: client certificate (mutual TLS).
+    :param tls_key: client key.
+    :param tls_ca: CA bundle that signed the receiver's certificate.
+    :param label: free text shown in logs (default: the Airflow task).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    profile_interval: Duration | None = None
+    sample_interval: Duration | None = None
+    block_size: BlockSize | None = None
+    encrypt: bool | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    label: str | None = None
+
+    @classmethod
+    def check(cls, options: Mapping[str, Any] | None, *, own_parameters: Iterable[str] = ()) -> "TunerOptions":
+        """Validate ``options``; a ``SpecError`` names each bad key, its value and what is accepted.
+
+        :param options: the ``tuner_options`` mapping (None: no options).
+        :param own_parameters: keys that must be given as their own parameter, not in ``tuner_options``.
+        """
+        if options is None:
+            return cls()
+        if not isinstance(options, Mapping):
+            raise SpecError(f"tuner_options {options!r}: expected a mapping of option name to value")
+        own = sorted(set(options) & set(own_parameters))
+        if own:
+            verb = "has its own parameter" if len(own) == 1 else "have their own parameters"
+            raise SpecError(f"tuner_options: {', '.join(own)} {verb}; pass {', '.join(f'{k}=' for k in own)} "
+                            f"instead (tuner_options accepts: {', '.join(cls.model_fields)})")
+        try:
+            return cls.model_validate(dict(options))
+        except ValidationError as exc:
+            raise SpecError(explain(exc, "tuner_options", cls.model_fields, noun="key")) from None
+
+    def as_options(self) -> dict[str, Any]:
+        """The given options, for ``TransferSpec.from_options``."""
+        return self.model_dump(exclude_none=True)
+

@@ -1,0 +1,142 @@
+"""The one list of built tuners: each one's name, factory, summary and the options it takes; ``make_tuner``.
+
+The CLI's ``--tuner`` choices, the transfer spec's validation, the Airflow operator, the
+example DAGs and the benchmarks all read ``TUNERS`` here, so a tuner that is not built cannot
+be offered anywhere, and an option a tuner would ignore is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from fstream_provider.tuning.base import PathInfo, Tuner
+from fstream_provider.tuning.baselines import AdaptiveCCTuner, GlobusTuner
+from fstream_provider.tuning.dynamic import DynamicTuner, StaticTuner
+from fstream_provider.tuning.fixed import FixedTuner
+from fstream_provider.tuning.fstream import FStreamTuner
+from fstream_provider.tuning.heuristic import StartLayout
+from fstream_provider.tuning.profile_history import ProfileHistory
+
+Factory = Callable[[PathInfo, StartLayout, float | None, ProfileHistory | None, float], Tuner]
+
+
+@dataclass(frozen=True)
+class TunerInfo:
+    """One built tuner.
+
+    :param name: what users type (``--tuner NAME``, ``tuner="NAME"``).
+    :param summary: one line saying what it does.
+    :param factory: ``factory(path, start, target_throughput_bps, history, start_time)``.
+    :param layout: what cc/p/pp mean to it: ``"settings"`` (used for the whole transfer),
+        ``"start"`` (the starting point it searches from), or ``""`` (refused: see ``no_layout``).
+    :param no_layout: why cc/p/pp are refused (when ``layout`` is empty).
+    :param holds_target: it can hold a target throughput (QoS).
+    :param uses_history: it reads and extends the profiling history.
+    """
+
+    name: str
+    summary: str
+    factory: Factory
+    layout: str = ""
+    no_layout: str = ""
+    holds_target: bool = False
+    uses_history: bool = False
+
+    @property
+    def adaptive(self) -> bool:
+        """It searches from measurements, so cc/p/pp are its starting point."""
+        return self.layout == "start"
+
+
+def _fixed(path, start, target, history, start_time) -> Tuner:  # noqa: ANN001 - see Factory
+    return FixedTuner(cc=4 if start.cc is None else start.cc, p=1 if start.p is None else start.p,
+                      pp=4 if start.pp is None else start.pp)
+
+
+def _fstream(path, start, target, history, start_time) -> Tuner:  # noqa: ANN001 - see Factory
+    return FStreamTuner(path=path, start=start, target_throughput_bps=target, history=history,
+                        start_time=start_time)
+
+
+_ALL = (
+    TunerInfo("fixed", "the given cc/p/pp (default 4/1/4) for every file, never changed", _fixed,
+              layout="settings"),
+    TunerInfo("static", "the heuristic per cluster on the initial dataset, then kept",
+              lambda path, start, target, history, t0: StaticTuner(path=path),
+              no_layout="it takes cc/p/pp from the heuristic once and never moves, so a starting point "
+                        "would be the whole transfer (that is the fixed tuner)"),
+    TunerInfo("dynamic", "the heuristic again for every cluster that receives new files",
+              lambda path, start, target, history, t0: DynamicTuner(path=path),
+              no_layout="it takes cc/p/pp from the heuristic on every dataset and measures nothing, "
+                        "so there is no search for a starting point to start"),
+    TunerInfo("fstream", "dynamic heuristic + online profiling + profiling history + QoS target", _fstream,
+              layout="start", holds_target=True, uses_history=True),
+    TunerInfo("globus", "Globus-like presets by average file size (2 files at once)",
+              lambda path, start, target, history, t0: GlobusTuner(path=path),
+              no_layout="its presets by file size are the point of the baseline"),
+    TunerInfo("adaptivecc", "heuristic start, concurrency doubled while a utility improves, then kept",
+              lambda path, start, target, history, t0: AdaptiveCCTuner(path=path, start=start),
+              layout="start"),
+)
+
+TUNERS: dict[str, TunerInfo] = {t.name: t for t in _ALL}
+TUNER_NAMES: tuple[str, ...] = tuple(TUNERS)
+DEFAULT_TUNER = "fstream"
+
+
+def tuner_info(name: str) -> TunerInfo:
+    """The built tuner called ``name``; a ``ValueError`` naming the value and the accepted ones otherwise."""
+    info = TUNERS.get(name) if isinstance(name, str) else None
+    if info is None:
+        raise ValueError(f"unknown tuner {name!r}: expected one of {', '.join(TUNER_NAMES)}")
+    return info
+
+
+def _names(pred: Callable[[TunerInfo], bool]) -> str:
+    return ", ".join(repr(t.name) for t in _ALL if pred(t))
+
+
+def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp: int | None = None,
+                  target_throughput_bps: float | None = None) -> TunerInfo:
+    """Refuse what tuner ``name`` would ignore, with the reason; return its ``TunerInfo``.
+
+    :param name: the tuner.
+    :param cc: channels (the layout of ``fixed``, the starting point of an adaptive tuner).
+    :param p: TCP streams per channel (likewise).
+    :param pp: files queued ahead per channel (likewise).
+    :param target_throughput_bps: a QoS target.
+    """
+    info = tuner_info(name)
+    given = {k: v for k, v in (("cc", cc), ("p", p), ("pp", pp)) if v is not None}
+    if given and not info.layout:
+        shown = ", ".join(f"{k}={v}" for k, v in given.items())
+        raise ValueError(
+            f"tuner {name!r} takes no cc/p/pp (got {shown}): {info.no_layout}; cc/p/pp are the settings of "
+            f"{_names(lambda t: t.layout == 'settings')} and the starting point of {_names(lambda t: t.adaptive)}")
+    if target_throughput_bps is not None:
+        if target_throughput_bps <= 0:
+            raise ValueError(f"target throughput must be > 0 bits/s, got {target_throughput_bps}")
+        if not info.holds_target:
+            raise ValueError(f"tuner {name!r} cannot hold a target throughput; only "
+                             f"{_names(lambda t: t.holds_target)} can")
+    return info
+
+
+def make_tuner(name: str, *, path: PathInfo, cc: int | None = None, p: int | None = None,
+               pp: int | None = None, target_throughput_bps: float | None = None,
+               history: ProfileHistory | None = None, start_time: float = 0.0) -> Tuner:
+    """Return a fresh tuner (options it would ignore are refused by ``check_options``).
+
+    :param name: one of ``TUNER_NAMES``.
+    :param path: the path description.
+    :param cc: channels: ``fixed`` uses it (default 4), adaptive tuners start from it.
+    :param p: streams per channel: ``fixed`` uses it (default 1), adaptive tuners start from it.
+    :param pp: pipelining: ``fixed`` uses it (default 4), adaptive tuners start from it.
+    :param target_throughput_bps: QoS target (only tuners with ``holds_target``).
+    :param history: profiling history (used by tuners with ``uses_history``).
+    :param start_time: wall-clock start, for history timestamps.
+    """
+    info = check_options(name, cc=cc, p=p, pp=pp, target_throughput_bps=target_throughput_bps)
+    return info.factory(path, StartLayout(cc, p, pp), target_throughput_bps,
+                        history if info.uses_history else None, start_time)

@@ -1,0 +1,33 @@
+"""What a transfer did: ``TransferResult``, the ``--json`` output of ``fstream send`` and a job's result."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TransferResult:
+    """What a transfer did; ``to_dict()`` is the ``--json`` output and the job's result."""
+
+    job_id: str
+    ok: bool = False
+    files: int = 0
+    bytes: int = 0
+    bytes_sent: int = 0
+    resumed_bytes: int = 0
+    seconds: float = 0.0
+    throughput_bps: float = 0.0
+    verified_files: int = 0
+    skipped_files: int = 0
+    failed_files: int = 0
+    failures: list[dict] = field(default_factory=list)
+    intervals: list[dict] = field(default_factory=list)
+    tuning: list[dict] = field(default_factory=list)
+    tuner: str = ""
+    checksum: str = "xxh3_128"
+    rtt_s: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
