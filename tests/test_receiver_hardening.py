@@ -269,7 +269,7 @@ def test_retryable_refusal_backs_off_with_jitter() -> None:
     while (d := sender.Transfer._retry_delay(sf, busy, now=clock[0])) is not None:
         delays.append(d)
         clock[0] += d
-    assert delays[0] < 0.2 and max(delays) <= sender.RETRY_MAX_S * 1.5
+    assert delays[0] < 0.2 and max(delays) <= sender.FILE_RETRY.cap_s
     assert sum(delays) <= sender.RETRY_BUDGET_S + 1e-6 and sum(delays) >= sender.RETRY_BUDGET_S - 1e-6
     assert 6 <= len(delays) <= 40
     assert all(delays[i] > delays[i - 1] * 0.3 for i in range(1, 5))  # growing, not a storm within ms

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import collections
 import logging
-import random
 import resource
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable
 
+from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.profile_history import ProfileHistory
@@ -35,8 +36,11 @@ log = logging.getLogger("fstream.sender")
 EventCallback = Callable[[str, dict], None]
 MAX_FILE_TRIES = 3  # tries of a file after checksum mismatches (and other counted failures)
 RETRY_BUDGET_S = 60.0  # a file refused as retryable (e.g. "busy") is retried with backoff within this time
-RETRY_BASE_S = 0.1
-RETRY_MAX_S = 8.0
+# The one retry policy (fstream_provider.model.retry): a file refused as retryable waits 75-150 ms, doubling up to
+# 6-12 s; a session that failed retryably reconnects after 0.75-1.5 s, doubling up to 7.5-15 s.
+FILE_RETRY = RetryPolicy(base_s=0.15, cap_s=12.0)
+SESSION_RETRY = RetryPolicy(retryable=lambda exc: isinstance(exc, FStreamError) and exc.retryable
+                            and not isinstance(exc, CancelledError), base_s=1.5, cap_s=15.0)
 DEFAULT_BANDWIDTH = 1e9
 
 
@@ -119,22 +123,22 @@ class Transfer:
         pending: list[SrcFile] = list(initial)
         self._files_total = len(pending)
         hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fstream-hash")
-        tries = 0
+
+        def on_retry(tries: int, exc: BaseException, delay: float) -> None:
+            self.log.warning("session failed (%s); reconnecting in %.1f s (try %d of %d)",
+                             exc, delay, tries, self.max_session_retries)
+            self.on_event("log", {"level": "warning", "message": f"session failed: {exc}; retry {tries}"})
+
+        policy = replace(SESSION_RETRY, attempts=self.max_session_retries + 1)
         try:
-            while True:
-                try:
-                    pending = self._session(dest.host, dest.port, secret, ssl_ctx, hasher, pending, watcher)
-                    break
-                except FStreamError as exc:
-                    if isinstance(exc, CancelledError) or not exc.retryable or tries >= self.max_session_retries:
-                        raise
-                    tries += 1
-                    delay = min(10.0, 0.5 * 2 ** tries) * (0.5 + random.random())
-                    self.log.warning("session failed (%s); reconnecting in %.1f s (try %d of %d)",
-                                     exc, delay, tries, self.max_session_retries)
-                    self.on_event("log", {"level": "warning", "message": f"session failed: {exc}; retry {tries}"})
-                    if self.cancel.wait(delay):
-                        raise CancelledError("transfer cancelled") from None
+            try:
+                pending = policy.call(
+                    lambda: self._session(dest.host, dest.port, secret, ssl_ctx, hasher, pending, watcher),
+                    stop=self.cancel, on_retry=on_retry)
+            except FStreamError as exc:
+                if self.cancel.is_set() and exc.retryable and not isinstance(exc, CancelledError):
+                    raise CancelledError("transfer cancelled") from None  # cancelled while waiting to reconnect
+                raise
         except Exception as exc:  # noqa: BLE001 - the result must say what happened, whatever it was
             err = exc if isinstance(exc, FStreamError) else FStreamError(f"internal error: {type(exc).__name__}: {exc}")
             if not isinstance(exc, FStreamError):
@@ -345,7 +349,7 @@ class Transfer:
                 sf.retry_since = now
             if now - sf.retry_since >= RETRY_BUDGET_S:
                 return None
-        delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (sf.retries - 1)) * (0.5 + random.random())
+        delay = FILE_RETRY.delay(sf.retries - 1)
         if sf.retry_since:
             delay = min(delay, max(0.0, sf.retry_since + RETRY_BUDGET_S - now))
         return delay
