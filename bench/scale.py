@@ -64,7 +64,7 @@ def _add(src: Path, protos: Path, start: int, count: int, size: int, block: byte
 
 def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dict:
     """Time a SourceWatcher's polls over ``src``: first (all files), idle, and after new files."""
-    from fstream_provider.watch.scanner import SourceWatcher
+    from fstream_provider.watch.source_watcher import SourceWatcher
 
     w = SourceWatcher([str(src) + "/"], "scan", use_inotify=inotify)
     try:
@@ -82,7 +82,7 @@ def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dic
 
 def run(workdir: Path, *, files: int = 100_000, size: int = 64 * 2**10, checkpoints=(10_000, 50_000, 100_000),
         batch: int = 2000, interval: str = "1s", log=print) -> dict:
-    from fstream_provider.watch.scanner import SourceWatcher
+    from fstream_provider.watch.source_watcher import SourceWatcher
 
     workdir = Path(workdir)
     src, dst = workdir / "src", workdir / "dst"

@@ -25,7 +25,8 @@ def provider_info(version: str) -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": integration,
-                "python-modules": ["fstream_provider.hooks.fstream", "fstream_provider.hooks.fstream_async"],
+                "python-modules": ["fstream_provider.hooks.fstream", "fstream_provider.hooks.fstream_async",
+                                   "fstream_provider.hooks.sftp"],
             }
         ],
         "operators": [{"integration-name": integration, "python-modules": ["fstream_provider.operators.transfer"]}],

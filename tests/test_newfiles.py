@@ -11,16 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fstream_provider.bus.keys import Keys
-from fstream_provider.watch.newfiles import (
-    FileStat,
-    Location,
-    Scanner,
-    StabilityTracker,
-    claim,
-    default_scope,
-    list_local,
-    unseen,
-)
+from fstream_provider.hooks.sftp import Scanner
+from fstream_provider.watch.listing import list_local
+from fstream_provider.watch.location import Location, default_scope
+from fstream_provider.watch.seen import claim, unseen
+from fstream_provider.watch.stability import FileStat, StabilityTracker
 
 
 def _write(path, data: bytes, mtime: float | None = None) -> str:

@@ -62,7 +62,7 @@ def test_importing_the_package_does_not_import_airflow():
     import subprocess
     import sys
 
-    code = "import sys, fstream_provider, fstream_provider.provider_info, fstream_provider.watch.newfiles, " \
+    code = "import sys, fstream_provider, fstream_provider.provider_info, fstream_provider.watch.watcher, " \
            "fstream_provider.model.tasklog; print('airflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

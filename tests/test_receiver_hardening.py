@@ -260,7 +260,7 @@ def test_retryable_refusal_backs_off_with_jitter() -> None:
     """Retries of a file refused "busy" spread out exponentially (with jitter) within the bound, then stop."""
     from transfer_agent.sending import sender
     from transfer_agent.errors import ChecksumError
-    from fstream_provider.watch.scanner import SrcFile
+    from fstream_provider.watch.sources import SrcFile
 
     clock = [1000.0]
     sf = SrcFile("/s/x", "x", 1, 1)

@@ -11,16 +11,10 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
-from fstream_provider.watch.newfiles import (
-    Location,
-    Scanner,
-    StabilityTracker,
-    batch_payload,
-    claim,
-    default_scope,
-    select_batch,
-    unseen,
-)
+from fstream_provider.hooks.sftp import Scanner
+from fstream_provider.watch.location import Location, default_scope
+from fstream_provider.watch.seen import RedisSeenStore
+from fstream_provider.watch.watcher import Watcher, batch_payload
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -79,8 +73,9 @@ class FStreamNewFilesSensor(BaseSensorOperator):
                        key_file=self.ssh_key_file, known_hosts=self.known_hosts)
 
     @cached_property
-    def tracker(self) -> StabilityTracker:
-        return StabilityTracker(min_age=self.min_age)
+    def watcher(self) -> Watcher:
+        store = RedisSeenStore.scoped(self.hook.client, self.hook.keys, self.effective_scope())
+        return Watcher(self.scanner, store=store, min_age=self.min_age)
 
     def effective_scope(self) -> str:
         return self.scope or default_scope(self.path, self.pattern, self.recursive)
@@ -113,13 +108,11 @@ class FStreamNewFilesSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         min_files, max_files = self._counts()
-        key = self.hook.keys.seen(self.effective_scope())
-        stable = self.tracker.observe(unseen(self.hook.client, key, self.scanner.scan()))
-        if len(stable) < min_files:
-            self.log.info("%d new complete file(s) in %s, waiting for %d", len(stable), self.path, min_files)
+        won = self.watcher.poll(min_files, max_files)
+        if self.watcher.last_complete < min_files:
+            self.log.info("%d new complete file(s) in %s, waiting for %d", self.watcher.last_complete, self.path,
+                          min_files)
             return PokeReturnValue(is_done=False)
-        won = claim(self.hook.client, key, select_batch(stable, max_files))
-        self.tracker.forget(f.path for f in won)
         if not won:
             return PokeReturnValue(is_done=False)
         payload = batch_payload(won, scope=self.effective_scope(), location=self.scanner.location.url())

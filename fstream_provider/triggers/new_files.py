@@ -11,16 +11,10 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from redis.exceptions import RedisError
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
-from fstream_provider.watch.newfiles import (
-    Location,
-    Scanner,
-    StabilityTracker,
-    aclaim,
-    aunseen,
-    batch_payload,
-    default_scope,
-    select_batch,
-)
+from fstream_provider.hooks.sftp import Scanner
+from fstream_provider.watch.location import Location, default_scope
+from fstream_provider.watch.seen import RedisSeenStore
+from fstream_provider.watch.watcher import Watcher, batch_payload
 
 
 class FStreamNewFilesTrigger(BaseEventTrigger):
@@ -98,25 +92,21 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
         scope = self.effective_scope()
         scanner = Scanner(location, pattern=self.pattern, recursive=self.recursive, key_file=self.ssh_key_file,
                           known_hosts=self.known_hosts)
-        tracker = StabilityTracker(min_age=self.min_age)
         hook = FStreamAsyncHook(fstream_conn_id=self.fstream_conn_id)
         last_warning = 0.0
         try:
             client, keys = await hook.get_client(), await hook.get_keys()
-            key = keys.seen(scope)
-            self.log.info("watching %s for %r (scope %s, seen-set %s)", location.url(), self.pattern, scope, key)
+            store = RedisSeenStore.scoped(client, keys, scope)
+            watcher = Watcher(scanner, store=store, min_age=self.min_age)
+            self.log.info("watching %s for %r (scope %s, seen-set %s)", location.url(), self.pattern, scope, store.key)
             while True:
                 try:
-                    files = await asyncio.to_thread(scanner.scan)  # file system / paramiko I/O is blocking
-                    stable = tracker.observe(await aunseen(client, key, files))
-                    if len(stable) >= self.min_files:
-                        won = await aclaim(client, key, select_batch(stable, self.max_files))
-                        tracker.forget(f.path for f in won)
-                        if won:
-                            payload = batch_payload(won, scope=scope, location=location.url())
-                            self.log.info("%s", payload["message"])
-                            yield TriggerEvent(payload)
-                            return
+                    won = await watcher.apoll(self.min_files, self.max_files)  # lists in a thread: I/O blocks
+                    if won:
+                        payload = batch_payload(won, scope=scope, location=location.url())
+                        self.log.info("%s", payload["message"])
+                        yield TriggerEvent(payload)
+                        return
                 except (OSError, EOFError, RedisError) as exc:  # missing directory, SFTP or Redis hiccup: keep watching
                     if time.monotonic() - last_warning > 60:
                         self.log.warning("watching %s: %s (will keep retrying)", location.url(), exc)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.sending.channels import InFlight
 from transfer_agent.errors import NetworkError
-from fstream_provider.watch.scanner import SrcFile
+from fstream_provider.watch.sources import SrcFile
 from transfer_agent.sending.sender import Transfer
 
 

@@ -39,7 +39,7 @@ from transfer_agent.storage.checksum import hash_fd
 from transfer_agent.errors import (AuthError, ChecksumError, FStreamError, NetworkError, ProtocolError,
                                    RefusedError, SourceModifiedError, SourceVanishedError)
 from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, Frame, error_from_body, pack_header
-from fstream_provider.watch.scanner import SrcFile
+from fstream_provider.watch.sources import SrcFile
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer
 
 log = logging.getLogger("fstream.sender")

@@ -29,7 +29,8 @@ from transfer_agent.sending.result import TransferResult
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channels import MAX_SEALED_BLOCK, ChannelPool, Connector, ControlSession, InFlight
 from transfer_agent.errors import CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
-from fstream_provider.watch.scanner import SourceWatcher, SrcFile, expand_sources
+from fstream_provider.watch.source_watcher import SourceWatcher
+from fstream_provider.watch.sources import SrcFile, expand_sources
 
 log = logging.getLogger("fstream.sender")
 

@@ -1,0 +1,99 @@
+"""The agent's source files (``SrcFile``) and where each goes: rsync-style placement and one-shot expansion.
+
+Placement follows ``rsync -a SRC/ DEST/``: a directory's contents land under the destination
+path with their relative paths; a file (or a glob match that is a file) lands directly under
+it; a glob match that is a directory lands as ``DEST/<dirname>/...``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from fstream_provider.tuning.base import FileInfo
+
+
+@dataclass
+class SrcFile:
+    """A source file and where it goes.
+
+    :param src: absolute source path.
+    :param rel: destination path relative to the receiver root.
+    :param size: size in bytes when found.
+    :param mtime_ns: modification time when found.
+    """
+
+    src: str
+    rel: str
+    size: int
+    mtime_ns: int
+    cluster: str = "all"
+    tries: int = 0  # counted failures (checksum mismatch)
+    retries: int = 0  # every retry, for the backoff
+    retry_since: float = 0.0  # monotonic time of the first retryable refusal
+    retry_at: float = 0.0  # monotonic time before which it is not sent again
+
+    @property
+    def info(self) -> FileInfo:
+        ext = os.path.splitext(self.src)[1].lstrip(".").lower()
+        return FileInfo(self.src, self.size, ext)
+
+
+def join_dest(prefix: str, rel: str) -> str:
+    """``rel`` under the destination ``prefix`` (no prefix: ``rel`` itself)."""
+    return f"{prefix.rstrip('/')}/{rel}" if prefix.strip("/") else rel
+
+
+def source_roots(sources: Iterable[str], dest_prefix: str) -> Iterator[tuple[str, str, bool]]:
+    """Yield (path, destination prefix, is_dir) for each source after glob expansion."""
+    for s in sources:
+        matches = sorted(glob.glob(s, recursive=True)) if glob.has_magic(s) else [s]
+        if not matches and glob.has_magic(s):
+            continue
+        for m in matches:
+            path = os.path.abspath(m)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"source {m!r}: no such file or directory") from None
+            if stat.S_ISDIR(st.st_mode):
+                prefix = dest_prefix if (m == s and not glob.has_magic(s)) else join_dest(dest_prefix,
+                                                                                         os.path.basename(path))
+                yield path, prefix, True
+            elif stat.S_ISREG(st.st_mode):
+                yield path, dest_prefix, False
+            else:
+                raise ValueError(f"source {m!r}: not a regular file or directory")
+
+
+def _walk(root: str) -> Iterator[os.DirEntry]:
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file(follow_symlinks=True):
+                        yield e
+        except FileNotFoundError:
+            continue
+
+
+def expand_sources(sources: Iterable[str], dest_prefix: str) -> list[SrcFile]:
+    """All files the sources name now, with their destination paths (one-shot mode)."""
+    out: list[SrcFile] = []
+    for path, prefix, is_dir in source_roots(sources, dest_prefix):
+        if is_dir:
+            for e in _walk(path):
+                st = e.stat()
+                out.append(SrcFile(e.path, join_dest(prefix, os.path.relpath(e.path, path).replace(os.sep, "/")),
+                                   st.st_size, st.st_mtime_ns))
+        else:
+            st = os.stat(path)
+            out.append(SrcFile(path, join_dest(prefix, os.path.basename(path)), st.st_size, st.st_mtime_ns))
+    return out
