@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from transfer_agent.sending.channels import Channel
+from transfer_agent.sending.channel import Channel
 from transfer_agent.errors import NetworkError
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from agentkit import GatedReceiver, make_files, part_files, send, start_receiver, wait_until
 from transfer_agent.wire.auth import load_secret
-from transfer_agent.sending.channels import Connector
+from transfer_agent.sending.connector import Connector
 from transfer_agent.errors import FStreamError
 from transfer_agent.wire.protocol import Frame
 from transfer_agent.wire.secure import ControlLink

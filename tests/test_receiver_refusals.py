@@ -12,7 +12,7 @@ import pytest
 
 from agentkit import make_files, part_files, send, start_receiver, write_secret, wait_until
 from transfer_agent.wire.auth import TLSConfig, load_secret
-from transfer_agent.sending.channels import Connector
+from transfer_agent.sending.connector import Connector
 from transfer_agent.errors import AuthError, FStreamError, RefusedError
 from transfer_agent.wire.protocol import HEADER, VERSION, Frame, pack_header
 from transfer_agent.receiving.receiver import Receiver

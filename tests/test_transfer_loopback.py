@@ -291,7 +291,7 @@ def test_profiling_history_is_saved_for_later_streams(tmp_path: Path, secret: Pa
 
 
 def test_blocks_are_cut_so_every_stream_gets_a_share() -> None:
-    from transfer_agent.sending.channels import MIN_STRIPE, cut_blocks
+    from transfer_agent.sending.inflight import MIN_STRIPE, cut_blocks
 
     # a 3 MiB file on 4 streams with 4 MiB blocks: four 768 KiB blocks, not one 3 MiB block
     assert cut_blocks([(0, 3 * MiB)], 4, 4 * MiB) == [(i * 768 * KiB, 768 * KiB) for i in range(4)]

@@ -7,7 +7,7 @@ import threading
 from types import SimpleNamespace
 
 from fstream_provider.model.spec import TransferSpec
-from transfer_agent.sending.channels import InFlight
+from transfer_agent.sending.inflight import InFlight
 from transfer_agent.errors import NetworkError
 from fstream_provider.watch.sources import SrcFile
 from transfer_agent.sending.sender import Transfer

@@ -201,7 +201,9 @@ class _OpenProbe:
         self.port, self.secret = port, secret
 
     def open(self, body: dict) -> tuple[str, dict | None, str]:
-        from transfer_agent.sending.channels import Connector, ControlSession, InFlight
+        from transfer_agent.sending.connector import Connector
+        from transfer_agent.sending.control import ControlSession
+        from transfer_agent.sending.inflight import InFlight
 
         finished: list = []
         conn = Connector("127.0.0.1", self.port, self.secret, None,

@@ -426,7 +426,7 @@ def test_tampered_control_frame_detected(tmp_path: Path, secret: Path, proxied, 
 
 
 def test_unkeyed_digest_refused_with_secret(tmp_path: Path, secret: Path, rx: Receiver) -> None:
-    from transfer_agent.sending.channels import Connector
+    from transfer_agent.sending.connector import Connector
 
     conn = Connector("127.0.0.1", rx.port, load_secret(secret), None, {"session": "s", "job": "j", "attempt": 1})
     link = conn.connect_link(role="control").link

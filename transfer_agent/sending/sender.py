@@ -27,7 +27,11 @@ from fstream_provider.tuning.profile_history import ProfileHistory
 from fstream_provider.tuning.registry import make_tuner, tuner_info
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.wire.auth import TLSConfig, load_secret
-from transfer_agent.sending.channels import MAX_SEALED_BLOCK, ChannelPool, Connector, ControlSession, InFlight
+from transfer_agent.sending.channel import MAX_SEALED_BLOCK
+from transfer_agent.sending.channels import ChannelPool
+from transfer_agent.sending.connector import Connector
+from transfer_agent.sending.control import ControlSession
+from transfer_agent.sending.inflight import InFlight
 from transfer_agent.errors import CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
 from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.sources import SrcFile, expand_sources

@@ -1,0 +1,274 @@
+"""One channel: p data streams sharing a block queue, a driver keeping pp files opened ahead, sendfile or sealed blocks."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import select
+import socket
+import ssl
+import threading
+from typing import Protocol
+
+from fstream_provider.watch.sources import SrcFile
+from transfer_agent.errors import FStreamError, NetworkError, SourceModifiedError
+from transfer_agent.sending.connector import Connector
+from transfer_agent.sending.control import ControlSession
+from transfer_agent.sending.inflight import InFlight, cut_blocks
+from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, Frame, pack_header
+from transfer_agent.wire.secure import TAG_BYTES, DataSealer
+
+log = logging.getLogger("fstream.sender")
+TLS_CHUNK = 1 << 20  # bytes read and encrypted per call when the channel is TLS (no zero-copy there)
+IDLE_CHECK = 0.25  # seconds: how often an idle data stream checks that its connection still stands
+
+
+MAX_SEALED_BLOCK = MAX_BLOCK - TAG_BYTES  # a sealed block and its tag must fit the frame limit
+
+
+class PoolView(Protocol):
+    """What a channel needs from the pool that owns it (``channels.ChannelPool``), so the arrow runs one way."""
+
+    connector: Connector
+    control: ControlSession
+    stopping: threading.Event
+    block_size: int
+
+    def next_file(self, cluster: str) -> SrcFile | None: ...
+    def unopenable(self, sf: SrcFile, exc: FStreamError) -> None: ...
+    def wait_for_work(self, timeout: float) -> None: ...
+    def requeue_unstarted(self, f: InFlight) -> None: ...
+    def count(self, f: InFlight, n: int) -> None: ...
+    def pace(self, nbytes: int) -> float: ...
+
+
+class Channel:
+    """p data streams fed from one block queue, driven by a thread that pipelines files.
+
+    :param cid: channel id.
+    :param p: streams.
+    :param pool: the owning pool (``channels.ChannelPool``; gives files, counters and pacing).
+    """
+
+    def __init__(self, cid: int, p: int, pool: PoolView) -> None:
+        self.id, self.p, self.pool = cid, p, pool
+        self.cluster: str | None = None
+        self.pp = 0
+        self.blocks: queue.Queue[tuple[InFlight, int, int] | None] = queue.Queue(maxsize=max(2, 2 * p))
+        self.socks: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+        self.closing = False
+        self.busy = False
+        self.moved = 0  # bytes this channel put on the wire
+
+    def start(self) -> None:
+        sealers: list[DataSealer | None] = []
+        for i in range(self.p):
+            hs = self.pool.connector.connect_link(role="data", channel=self.id, stream=i)
+            self.socks.append(hs.link.sock)
+            sealers.append(DataSealer(hs.keys) if hs.keys is not None and hs.keys.encrypt else None)
+        for i, s in enumerate(self.socks):
+            t = threading.Thread(target=self._stream_loop, args=(s, sealers[i]), name=f"fstream-ch{self.id}-s{i}",
+                                 daemon=True)
+            t.start()
+            self.threads.append(t)
+        d = threading.Thread(target=self._drive, name=f"fstream-ch{self.id}-driver", daemon=True)
+        d.start()
+        self.threads.append(d)
+
+    # -- driver: pipelining ------------------------------------------------------------------
+    def _drive(self) -> None:
+        pool = self.pool
+        pipeline: collections.deque[InFlight] = collections.deque()
+        try:
+            while not self.closing and not pool.stopping.is_set():
+                cluster = self.cluster
+                while cluster is not None and len(pipeline) < self.pp + 1:
+                    sf = pool.next_file(cluster)
+                    if sf is None:
+                        break
+                    try:
+                        pipeline.append(pool.control.open(sf))
+                    except SourceModifiedError as exc:
+                        pool.unopenable(sf, exc)  # that file only; the channel goes on
+                if not pipeline:
+                    self.busy = False
+                    pool.wait_for_work(0.25)
+                    continue
+                self.busy = True
+                cur = pipeline.popleft()
+                while not cur.opened.wait(0.25):
+                    if pool.stopping.is_set():
+                        return
+                if cur.finished.is_set() or cur.reply is None:
+                    continue  # refused or failed at open; already reported
+                self._send_file(cur)
+                if self.pp == 0:
+                    while not cur.finished.wait(0.25):  # no pipelining: wait for the round trip
+                        if pool.stopping.is_set():
+                            return
+            for f in pipeline:
+                pool.requeue_unstarted(f)
+        except FStreamError as exc:
+            pool.control.fail(exc)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("channel %d driver failed", self.id)
+            pool.control.fail(FStreamError(f"channel {self.id} failed: {exc}", retryable=True))
+        finally:
+            self.busy = False
+
+    def _send_file(self, f: InFlight) -> None:
+        reply = f.reply or {}
+        existing = reply.get("existing_hash")
+        if existing:
+            if self.pool.control.verify and f.hash_future.result() == existing:
+                self.pool.control.skip(f)
+                return
+            self.pool.control.reopen(f)  # our copy differs: now the receiver makes room for it
+            while not f.opened.wait(0.25):
+                if self.pool.stopping.is_set():
+                    return
+            if f.finished.is_set() or f.reply is None:
+                return
+            reply = f.reply
+        missing = [(int(a), int(b)) for a, b in reply.get("missing", [])]
+        blocks = [(f, off, n) for off, n in cut_blocks(missing, self.p, self.pool.block_size)]
+        if not blocks:
+            self.pool.control.all_sent(f)
+            return
+        f.blocks_left = len(blocks)
+        for b in blocks:
+            while True:
+                try:
+                    self.blocks.put(b, timeout=0.25)
+                    break
+                except queue.Full:
+                    if self.pool.stopping.is_set() or self.pool.control.failed.is_set():
+                        return
+
+    # -- streams -------------------------------------------------------------------------------
+    def _send_sealed(self, sock: socket.socket, sealer: DataSealer, f: InFlight, off: int, length: int) -> None:
+        """One block read with pread, sealed (AAD = its header, whose length counts the tag) and sent."""
+        chunks, got = [], 0
+        while got < length:
+            chunk = os.pread(f.fd, length - got, off + got)
+            if not chunk:
+                raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
+            chunks.append(chunk)
+            got += len(chunk)
+        header = pack_header(Frame.DATA, f.file_id, off, length + TAG_BYTES)
+        sealed = sealer.seal(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        sock.sendall(header, 0 if isinstance(sock, ssl.SSLSocket) else MSG_MORE)
+        sock.sendall(sealed)
+        self.pool.count(f, length)
+        self.moved += length
+
+    @staticmethod
+    def _peer_closed(poller: select.poll) -> str | None:
+        """Why the data connection is unusable (the receiver closed or reset it), or None. The receiver never
+        sends on a data connection, so a hang-up, an error or end-of-stream is the only news it can bring."""
+        for _fd, ev in poller.poll(0):
+            if ev & select.POLLERR:
+                return "connection error"
+            if ev & (select.POLLHUP | getattr(select, "POLLRDHUP", 0)):
+                return "closed by the receiver"
+        return None
+
+    def _next_block(self, sock: socket.socket) -> tuple[InFlight, int, int] | None:
+        """The next block to send; while idle, notice a data connection the receiver closed and fail the
+        session at once (it reconnects and resumes) instead of when the stall detector fires (issue 8, fault
+        row "source modified mid-send")."""
+        poller = select.poll()
+        poller.register(sock.fileno(), getattr(select, "POLLRDHUP", 0))  # POLLHUP, POLLERR: always reported
+        while True:
+            try:
+                return self.blocks.get(timeout=IDLE_CHECK)
+            except queue.Empty:
+                pass
+            why = self._peer_closed(poller)
+            if why is not None:
+                raise ConnectionResetError(f"idle data stream {why}")
+
+    def _stream_loop(self, sock: socket.socket, sealer: DataSealer | None = None) -> None:
+        pool = self.pool
+        tls = isinstance(sock, ssl.SSLSocket)
+        fileno = sock.fileno()
+        try:
+            while True:
+                item = self._next_block(sock)
+                if item is None:
+                    return
+                f, off, length = item
+                if not f.aborted and not f.finished.is_set():
+                    delay = pool.pace(length)
+                    if delay > 0 and pool.stopping.wait(delay):  # QoS pacing; stopping cuts it short
+                        return
+                    sent = length
+                    if sealer is not None:
+                        self._send_sealed(sock, sealer, f, off, length)
+                    else:
+                        sock.sendall(pack_header(Frame.DATA, f.file_id, off, length), 0 if tls else MSG_MORE)
+                        sent = 0
+                    while sent < length:
+                        if tls:
+                            # pread, never a file object: streams share the fd, and a shared seek
+                            # offset would interleave two blocks' bytes (caught by the checksum)
+                            chunk = os.pread(f.fd, min(TLS_CHUNK, length - sent), off + sent)
+                            sock.sendall(chunk)
+                            n = len(chunk)
+                        else:
+                            n = os.sendfile(fileno, f.fd, off + sent, length - sent)
+                        if n == 0:
+                            raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
+                        sent += n
+                        pool.count(f, n)
+                        self.moved += n
+                    with f.lock:
+                        f.bytes_sent += length
+                        f.blocks_left -= 1
+                        last = f.blocks_left == 0
+                    if last:
+                        pool.control.all_sent(f)
+        except SourceModifiedError as exc:
+            pool.control.abort(item[0], exc)  # type: ignore[possibly-undefined]
+            pool.control.fail(NetworkError(f"data stream closed after a short read: {exc}"))
+        except OSError as exc:
+            if not (self.closing or pool.stopping.is_set()):
+                pool.control.fail(NetworkError(f"data stream of channel {self.id} lost: {exc}"))
+
+    def stop(self) -> None:
+        """Close the channel: let queued blocks drain, then end streams."""
+        self.closing = True
+        for _ in range(self.p):
+            self.blocks.put(None)
+
+    def kill(self) -> None:
+        self.closing = True
+        for s in self.socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        while True:
+            try:
+                self.blocks.get_nowait()
+            except queue.Empty:
+                break
+        for _ in range(self.p):
+            try:
+                self.blocks.put_nowait(None)
+            except queue.Full:
+                break
+
+    def join(self, timeout: float = 10.0) -> None:
+        for t in self.threads:
+            t.join(timeout)
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+

@@ -1,0 +1,70 @@
+"""Opening authenticated connections to the receiver (control link and data streams) for one session."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any
+
+from transfer_agent.errors import AuthError, NetworkError
+from transfer_agent.wire.auth import Handshake, client_handshake
+
+
+class Connector:
+    """Opens authenticated connections to one receiver.
+
+    :param host: receiver host.
+    :param port: receiver port.
+    :param secret: shared secret (HMAC) or None with TLS.
+    :param ssl_ctx: client TLS context for mutual TLS, or None.
+    :param hello: fields every HELLO carries (job, attempt, session).
+    :param encrypt: seal data blocks and control bodies (needs ``secret``).
+    """
+
+    def __init__(self, host: str, port: int, secret: bytes | None, ssl_ctx: ssl.SSLContext | None,
+                 hello: dict[str, Any], timeout: float = 15.0, encrypt: bool = False) -> None:
+        self.host, self.port, self.secret, self.ssl_ctx, self.hello, self.timeout = (
+            host, port, secret, ssl_ctx, hello, timeout)
+        self.encrypt = encrypt
+
+    @property
+    def peer(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def connect(self, **extra: Any) -> socket.socket:
+        """An authenticated connection (its keys and control link: ``connect_link``)."""
+        return self.connect_link(**extra).link.sock
+
+    def connect_link(self, **extra: Any) -> Handshake:
+        """Connect and authenticate; the result carries the socket (``.link.sock``), keys and control link."""
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        except OSError as exc:
+            raise NetworkError(f"cannot connect to receiver {self.host}:{self.port}: {exc.strerror or exc}") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if self.ssl_ctx is not None:
+                try:
+                    sock = self.ssl_ctx.wrap_socket(sock, server_hostname=self.host)
+                except (ssl.SSLError, OSError) as exc:
+                    raise AuthError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
+            try:
+                hs = client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None,
+                                      encrypt=self.encrypt, peer=self.peer)
+            except NetworkError as exc:
+                if self.ssl_ctx is None:
+                    raise
+                raise AuthError(f"TLS: receiver {self.host}:{self.port} closed the connection during the handshake "
+                                f"(our certificate was probably rejected): {exc}") from None
+            except AuthError as exc:
+                if self.peer in str(exc):
+                    raise
+                raise AuthError(f"receiver {self.peer}: {exc}") from None
+            sock.settimeout(None)
+            return hs
+        except BaseException:
+            sock.close()
+            raise
+
+

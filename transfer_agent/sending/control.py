@@ -1,0 +1,229 @@
+"""The sender's control session: OPEN/COMMIT/ABORT/SKIP over the authenticated control link, pipelined, and their answers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from fstream_provider.watch.sources import SrcFile
+from transfer_agent import faultpoints
+from transfer_agent.errors import (
+    ChecksumError,
+    FStreamError,
+    NetworkError,
+    ProtocolError,
+    RefusedError,
+    SourceModifiedError,
+    SourceVanishedError,
+)
+from transfer_agent.sending.connector import Connector
+from transfer_agent.sending.inflight import InFlight, settle
+from transfer_agent.storage.checksum import hash_fd
+from transfer_agent.wire.protocol import Frame, error_from_body
+
+log = logging.getLogger("fstream.sender")
+
+
+class ControlSession:
+    """The control connection: sends OPEN/COMMIT/ABORT, dispatches replies to in-flight files.
+
+    :param connector: opens the connection.
+    :param on_finished: called with each InFlight once its outcome is known.
+    :param hasher: executor used to checksum source files.
+    :param algo: checksum algorithm; default ``blake3-keyed`` (keyed with this connection's digest key)
+        with a shared secret, ``xxh3_128`` with TLS only.
+    :param verify: end-to-end checksums (off: the receiver only checks that every byte arrived).
+    """
+
+    def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
+                 algo: str | None = None, verify: bool = True) -> None:
+        self.connector = connector
+        self.on_finished = on_finished
+        self.hasher = hasher
+        self.verify = verify
+        hs = connector.connect_link(role="control")
+        self.keys = hs.keys
+        self.sock = hs.link.sock
+        self.writer = hs.link  # MAC'd (or sealed) control frames; same send() as a ControlWriter
+        self.digest_key = self.keys.digest if self.keys is not None else None
+        self.algo = algo or ("blake3-keyed" if self.digest_key is not None else "xxh3_128")
+        if self.algo != "blake3-keyed":
+            self.digest_key = None
+        self._files: dict[int, InFlight] = {}
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._pongs: dict[int, threading.Event] = {}
+        self.error: FStreamError | None = None
+        self.failed = threading.Event()
+        self.bye = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, name="fstream-control-reader", daemon=True)
+        self._reader.start()
+
+    # -- requests ------------------------------------------------------------------------------
+    def rtt(self, samples: int = 3) -> float:
+        best = float("inf")
+        for i in range(samples):
+            ev = threading.Event()
+            self._pongs[i] = ev
+            t0 = time.perf_counter()
+            self.writer.send(Frame.PING, {"n": i})
+            if not ev.wait(10):
+                raise NetworkError("receiver did not answer PING within 10 s")
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def open(self, sf: SrcFile) -> InFlight:
+        """Open the source, send OPEN, start its checksum; the reply arrives asynchronously."""
+        try:
+            fd = os.open(sf.src, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SourceVanishedError(f"{sf.src}: source vanished before it was sent (renamed or deleted)") from None
+        except OSError as exc:
+            raise SourceModifiedError(f"{sf.src}: cannot open source ({exc.strerror})") from None
+        st = os.fstat(fd)
+        with self._lock:
+            fid = self._next_id
+            self._next_id += 1
+            f = InFlight(sf, fid, fd, st.st_size, st.st_mtime_ns)
+            self._files[fid] = f
+        if self.verify:
+            f.hash_future = self.hasher.submit(hash_fd, fd, st.st_size, self.algo, self.digest_key)
+        else:
+            f.hash_future = Future()
+            f.hash_future.set_result(None)
+        self.writer.send(Frame.OPEN, {"path": sf.rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                      "algo": self.algo}, fid)
+        return f
+
+    def reopen(self, f: InFlight) -> None:
+        """Ask again to open a file whose destination copy differs: this time it is replaced."""
+        f.reply = None
+        f.opened.clear()
+        self.writer.send(Frame.OPEN, {"path": f.sf.rel, "size": f.st_size, "mtime_ns": f.st_mtime_ns,
+                                      "algo": self.algo, "replace": True}, f.file_id)
+
+    def all_sent(self, f: InFlight) -> None:
+        """Every block of ``f`` is on the wire: when its checksum is ready, check the source and COMMIT."""
+        f.hash_future.add_done_callback(lambda fut: self._commit(f, fut))
+
+    def _commit(self, f: InFlight, fut: Any) -> None:
+        try:
+            digest = fut.result()
+            st = os.fstat(f.fd)
+            if st.st_size != f.st_size or st.st_mtime_ns != f.st_mtime_ns:
+                raise SourceModifiedError(f"{f.sf.src}: source modified while being sent ("
+                                          + (f"size {f.st_size}→{st.st_size}" if st.st_size != f.st_size
+                                             else "mtime changed") + "); not committed")
+            faultpoints.hit("commit.before_send")
+            self.writer.send(Frame.COMMIT, {"hash": digest}, f.file_id)
+        except (SourceModifiedError, EOFError) as exc:
+            err = exc if isinstance(exc, SourceModifiedError) else SourceModifiedError(
+                f"{f.sf.src}: source modified while being sent ({exc}); not committed")
+            self.abort(f, err)
+        except FStreamError as exc:
+            self.fail(exc)
+
+    def skip(self, f: InFlight) -> None:
+        self.writer.send(Frame.SKIP, {}, f.file_id)
+        self._finish(f, "skipped", None)
+
+    def abort(self, f: InFlight, err: FStreamError) -> None:
+        f.aborted = True
+        try:
+            self.writer.send(Frame.ABORT, {"reason": str(err)}, f.file_id)
+        except FStreamError:
+            pass
+        self._finish(f, "failed", err)
+
+    def _finish(self, f: InFlight, outcome: str, err: FStreamError | None) -> None:
+        with self._lock:
+            if self._files.pop(f.file_id, None) is None:
+                return
+        f.outcome, f.error = outcome, err
+        settle(f)
+        self.on_finished(f)
+
+    def outstanding(self) -> list[InFlight]:
+        with self._lock:
+            return list(self._files.values())
+
+    # -- replies -------------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                ftype, fid, body = self.writer.recv()
+                if ftype == Frame.BYE:
+                    self.bye.set()
+                    return
+                if ftype == Frame.PONG:
+                    ev = self._pongs.pop(int(body.get("n", -1)), None)
+                    if ev:
+                        ev.set()
+                    continue
+                with self._lock:
+                    f = self._files.get(fid)
+                if ftype == Frame.ERROR and fid == 0:
+                    raise error_from_body(body)
+                if f is None:
+                    # a late reply about a file already settled (e.g. a second stream's write error
+                    # after the first refused it): never a reason to fail the session's other files
+                    log.debug("reply %s for file id %d that is no longer in flight", ftype.name, fid)
+                    continue
+                if ftype == Frame.OPEN_OK:
+                    f.reply = body
+                    f.resumed = int(body.get("resumed", 0))
+                    f.opened.set()
+                elif ftype == Frame.ERROR:
+                    err = error_from_body(body)
+                    if err.retryable:
+                        self._finish(f, "retry", err)
+                    else:
+                        self._finish(f, "failed", err)
+                elif ftype == Frame.COMMITTED:
+                    if body.get("ok"):
+                        self._finish(f, "committed", None)
+                    else:
+                        kind = body.get("kind", "")
+                        cls = ChecksumError if kind == "checksum" else RefusedError
+                        err = cls(f"receiver: {body.get('error', 'commit refused')}",
+                                  retryable=bool(body.get("retryable")))
+                        self._finish(f, "retry" if err.retryable else "failed", err)
+                else:
+                    raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
+        except FStreamError as exc:
+            self.fail(exc)
+        except OSError as exc:
+            self.fail(NetworkError(f"control connection lost: {exc}"))
+
+    def fail(self, exc: FStreamError) -> None:
+        if self.error is None:
+            self.error = exc
+        self.failed.set()
+
+    def close(self, graceful: bool = True) -> list[InFlight]:
+        """Close the connection; return the files whose outcome never arrived (their fds are closed)."""
+        if graceful and not self.failed.is_set():
+            try:
+                self.writer.send(Frame.BYE, {})
+                self.bye.wait(10)  # the receiver answers BYE once it handled every earlier frame
+            except FStreamError:
+                pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self._reader.join(timeout=5)
+        with self._lock:
+            unfinished = list(self._files.values())
+            self._files.clear()
+        for f in unfinished:
+            settle(f)
+        return unfinished
+
+
