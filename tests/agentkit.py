@@ -125,3 +125,13 @@ def start_receiver(root: Path, secret_file: Path, cls: type[Receiver] = Receiver
 
     os.makedirs(root, exist_ok=True)
     return cls(listen=("127.0.0.1", 0), root=str(root), secret=load_secret(secret_file), **kw).start()
+
+
+def write_file(path: Any, data: bytes, mtime: float | None = None) -> str:
+    """Write ``data`` to ``path`` (parents created), optionally back-dating its mtime; return the path."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return str(path)

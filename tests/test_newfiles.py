@@ -16,15 +16,7 @@ from fstream_provider.watch.listing import list_local
 from fstream_provider.watch.location import Location, default_scope
 from fstream_provider.watch.seen import claim, unseen
 from fstream_provider.watch.stability import FileStat, StabilityTracker
-
-
-def _write(path, data: bytes, mtime: float | None = None) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-    if mtime is not None:
-        os.utime(path, (mtime, mtime))
-    return str(path)
+from agentkit import write_file as _write
 
 
 def test_list_local_matches_pattern_and_skips_temps(tmp_path):

@@ -17,15 +17,7 @@ from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.stability import FileStat, StabilityTracker
 from fstream_provider.watch.tree import TreeLister
 from fstream_provider.watch.watcher import Watcher, watch_path
-
-
-def _write(path, data: bytes, mtime: float | None = None) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-    if mtime is not None:
-        os.utime(path, (mtime, mtime))
-    return str(path)
+from agentkit import write_file as _write
 
 
 # --------------------------------------------------------------------------- the stability rule
