@@ -16,7 +16,7 @@ from fstream_provider.watch.sources import SrcFile
 from transfer_agent.errors import FStreamError, NetworkError, SourceModifiedError
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
-from transfer_agent.sending.inflight import InFlight, cut_blocks
+from transfer_agent.sending.inflight import InFlight, cut_blocks, hold, release
 from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, Frame, pack_header
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer
 
@@ -201,7 +201,9 @@ class Channel:
                 if item is None:
                     return
                 f, off, length = item
-                if not f.aborted and not f.finished.is_set():
+                if not hold(f):  # settled (refused, aborted): its blocks are dropped
+                    continue
+                try:
                     delay = pool.pace(length)
                     if delay > 0 and pool.stopping.wait(delay):  # QoS pacing; stopping cuts it short
                         return
@@ -231,6 +233,8 @@ class Channel:
                         last = f.blocks_left == 0
                     if last:
                         pool.control.all_sent(f)
+                finally:
+                    release(f)
         except SourceModifiedError as exc:
             pool.control.abort(item[0], exc)  # type: ignore[possibly-undefined]
             pool.control.fail(NetworkError(f"data stream closed after a short read: {exc}"))

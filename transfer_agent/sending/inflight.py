@@ -33,6 +33,9 @@ class InFlight:
     outcome: str = ""  # committed | skipped | failed
     aborted: bool = False
     resumed: int = 0
+    holds: int = 0  # data streams using ``fd`` right now (see ``hold``)
+    settled: bool = False
+    fd_closed: bool = False
 
 
 def cut_blocks(missing: list[tuple[int, int]], p: int, block_size: int) -> list[tuple[int, int]]:
@@ -46,13 +49,47 @@ def cut_blocks(missing: list[tuple[int, int]], p: int, block_size: int) -> list[
     return [(off, min(bs, end - off)) for a, end in missing for off in range(a, end, bs)]
 
 
+def hold(f: InFlight) -> bool:
+    """Take a hold on ``f``'s source descriptor for one block; False once the file is settled (skip the block).
+
+    The control thread settles a file (a refusal, an abort) while a data stream may be inside
+    ``sendfile`` on its descriptor: closing it then failed the stream with EBADF, failing the whole
+    session, and a reused descriptor number could have sent another file's bytes. The descriptor is
+    closed by the last of ``settle`` and ``release``.
+    """
+    with f.lock:
+        if f.settled or f.aborted:
+            return False
+        f.holds += 1
+        return True
+
+
+def release(f: InFlight) -> None:
+    """End a hold taken by ``hold``; closes the descriptor if the file was settled meanwhile."""
+    with f.lock:
+        f.holds -= 1
+        close = f.settled and f.holds == 0 and not f.fd_closed
+        if close:
+            f.fd_closed = True
+    if close:
+        _close_quiet(f.fd)
+
+
 def settle(f: InFlight) -> None:
-    """Close the source and wake whoever waits on the file; its outcome is decided."""
-    try:
-        os.close(f.fd)
-    except OSError:
-        pass
+    """Close the source (at once, or when the last stream holding it lets go) and wake whoever waits on the file."""
+    with f.lock:
+        f.settled = True
+        close = f.holds == 0 and not f.fd_closed
+        if close:
+            f.fd_closed = True
+    if close:
+        _close_quiet(f.fd)
     f.opened.set()
     f.finished.set()
 
 
+def _close_quiet(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
