@@ -26,10 +26,10 @@ job_index()             sorted set   job ids scored by created_at               
 idempotency(key)        string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state
 agent(name)             hash         name, host, pid, started_at, seen, job_id, attempt          Agent heartbeat      reclaim, status        TTL = heartbeat_ttl (refreshed ttl/3)
 agents()                set          agent names                                                 Agent                status, reclaim        members removed on clean stop
-history()               stream       one HARP transfer-history row per field set (JSON           sender / HARP        HARP optimizer,        MAXLEN ~ 1,000,000
-                                     ``row``)                                                                         history export
+history()               stream       reserved (issue #10, HARP): transfer-history rows (JSON     nothing yet          nothing yet            MAXLEN ~ 1,000,000 once written
+                                     ``row``)
 profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
-pool(src, dst)          hash         ADAPT stream pool: s_pmax, s_cmax, s_u, client grants       ADAPT policy         ADAPT policy, pools    while clients hold grants
+pool(src, dst)          hash         reserved (issue #11, ADAPT): s_pmax, s_cmax, s_u, grants    nothing yet          nothing yet            while clients hold grants
 seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
                                                                                                  trigger
 cancel_channel(id)      pub/sub      message ``cancel``                                          JobStore.cancel      Agent (optional)       none (pub/sub)
