@@ -92,8 +92,7 @@ def watch_path(path: str, *, stable_for: float = 0.0, min_age: float = 0.0, incl
     Each file's ``rel`` is its path relative to the directory (or, for a glob, under the matched
     directory's name, the way ``fstream send`` places it).
     """
-    lister = TreeLister([path], "", use_inotify=use_inotify, include_hidden=include_hidden)
     store = store if store is not None else MemorySeenStore()
-    if isinstance(store, MemorySeenStore):
-        lister.known = store.__contains__
+    known = store.__contains__ if isinstance(store, MemorySeenStore) else None  # skip shipped files while listing
+    lister = TreeLister([path], "", use_inotify=use_inotify, include_hidden=include_hidden, known=known)
     return Watcher(lister, store=store, min_age=min_age, stable_for=stable_for)
