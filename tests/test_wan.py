@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -98,12 +99,19 @@ def test_bad_run_id_is_refused():
 def test_selfcheck_measures_the_configured_path(wan_path):
     from fstream_bench.wan.selfcheck import SelfcheckError, selfcheck
 
-    try:
-        res = selfcheck(wan_path, duration=3.0)
-    except SelfcheckError as exc:
-        if "load average" not in str(exc):
-            raise
-        res = selfcheck(wan_path, duration=3.0)  # CPU-starved endpoints on a busy machine: once more
+    # The delay line and iperf3 are user-space processes on a shared 2-core machine: one measurement
+    # can come out starved (CI once saw RTT 22.6 ms and 0.87 of the rate with load under 2). A path
+    # that is really wrong fails every try (the next test shows the check catching a 28 ms path).
+    failures = []
+    for _ in range(3):
+        try:
+            res = selfcheck(wan_path, duration=3.0)
+            break
+        except SelfcheckError as exc:
+            failures.append(str(exc))
+            time.sleep(2.0)
+    else:
+        raise AssertionError("selfcheck failed three times running:\n" + "\n".join(failures))
     assert res["ok"], res["failures"]
     assert abs(res["rtt_ms"] - 20.0) <= 2.0
     assert abs(res["parallel_bps"] / wan_path.config.expected_goodput_bps - 1) <= 0.05

@@ -22,7 +22,7 @@ from transfer_agent.errors import (
     SourceVanishedError,
 )
 from transfer_agent.sending.connector import Connector
-from transfer_agent.sending.inflight import InFlight, settle
+from transfer_agent.sending.inflight import InFlight, hold, release, settle
 from transfer_agent.storage.checksum import hash_fd
 from transfer_agent.wire.protocol import Frame, error_from_body
 
@@ -92,7 +92,7 @@ class ControlSession:
             f = InFlight(sf, fid, fd, st.st_size, st.st_mtime_ns)
             self._files[fid] = f
         if self.verify:
-            f.hash_future = self.hasher.submit(hash_fd, fd, st.st_size, self.algo, self.digest_key)
+            f.hash_future = self.hasher.submit(self._hash, f)
         else:
             f.hash_future = Future()
             f.hash_future.set_result(None)
@@ -107,26 +107,45 @@ class ControlSession:
         self.writer.send(Frame.OPEN, {"path": f.sf.rel, "size": f.st_size, "mtime_ns": f.st_mtime_ns,
                                       "algo": self.algo, "replace": True}, f.file_id)
 
+    def _hash(self, f: InFlight) -> str | None:
+        """Checksum ``f``'s source under a hold, so a session closing meanwhile cannot close (and the
+        next open reuse) the descriptor under the hasher; None if the file was settled first."""
+        if not hold(f):
+            return None
+        try:
+            return hash_fd(f.fd, f.st_size, self.algo, self.digest_key)
+        finally:
+            release(f)
+
     def all_sent(self, f: InFlight) -> None:
         """Every block of ``f`` is on the wire: when its checksum is ready, check the source and COMMIT."""
         f.hash_future.add_done_callback(lambda fut: self._commit(f, fut))
 
     def _commit(self, f: InFlight, fut: Any) -> None:
+        # The checksum may finish (or be cancelled) after the session settled the file — a session
+        # that failed, was fenced or cancelled closes every source: nothing is left to commit then,
+        # and the descriptor number may already belong to another file.
+        if fut.cancelled() or not hold(f):
+            return
         try:
-            digest = fut.result()
-            st = os.fstat(f.fd)
+            try:
+                digest = fut.result()
+                st = os.fstat(f.fd)
+            except (EOFError, OSError) as exc:
+                raise SourceModifiedError(f"{f.sf.src}: source modified while being sent ({exc}); "
+                                          "not committed") from None
             if st.st_size != f.st_size or st.st_mtime_ns != f.st_mtime_ns:
                 raise SourceModifiedError(f"{f.sf.src}: source modified while being sent ("
                                           + (f"size {f.st_size}→{st.st_size}" if st.st_size != f.st_size
                                              else "mtime changed") + "); not committed")
             faultpoints.hit("commit.before_send")
             self.writer.send(Frame.COMMIT, {"hash": digest}, f.file_id)
-        except (SourceModifiedError, EOFError) as exc:
-            err = exc if isinstance(exc, SourceModifiedError) else SourceModifiedError(
-                f"{f.sf.src}: source modified while being sent ({exc}); not committed")
-            self.abort(f, err)
+        except SourceModifiedError as exc:
+            self.abort(f, exc)
         except FStreamError as exc:
             self.fail(exc)
+        finally:
+            release(f)
 
     def skip(self, f: InFlight) -> None:
         self.writer.send(Frame.SKIP, {}, f.file_id)
