@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
+import zipfile
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
 pytest.importorskip("airflow")
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "example_dags")
+EXAMPLES = str(Path(__file__).resolve().parent.parent / "fstream_provider" / "example_dags")
 EXPECTED = {"fstream_transfer_example", "fstream_lcls_stream", "fstream_sra_batch", "fstream_asset_pipeline"}
 
 
@@ -54,7 +58,7 @@ def test_asset_pipeline_is_driven_by_the_new_files_event_trigger(dagbag):
 def test_every_example_docstring_explains_the_connection():
     assert any(n.endswith(".py") for n in os.listdir(EXAMPLES)), EXAMPLES
     for name in os.listdir(EXAMPLES):
-        if name.endswith(".py"):
+        if name.endswith(".py") and name != "__init__.py":
             with open(os.path.join(EXAMPLES, name)) as f:
                 text = f.read()
             assert "AIRFLOW_CONN_FSTREAM_DEFAULT" in text.split('"""')[1], name
@@ -111,3 +115,32 @@ def test_every_templated_field_renders_for_a_manual_run_without_logical_date(dag
                                 f"{type(exc).__name__}: {exc}")
                 rendered += 1
     assert rendered >= 8, rendered
+
+
+def test_demo_finds_the_example_dags_through_the_package():
+    """``fstream demo`` takes its dags folder from the installed package, not from a path next to a checkout."""
+    import fstream_provider.example_dags as pkg
+    from fstream_demo.airflow_demo import example_dags_dir
+
+    assert example_dags_dir() == Path(pkg.__file__).resolve().parent
+    assert {f"{d}.py" for d in EXPECTED} <= {p.name for p in example_dags_dir().iterdir()}
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_example_dags_and_the_demo_finds_them(tmp_path):
+    """Build the wheel, check the example DAG files are in it, and run ``example_dags_dir()`` from the unpacked
+    wheel alone (outside the source tree): the demo works from an installed wheel."""
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(root)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("fstream-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        z.extractall(tmp_path / "site")
+    for dag_id in EXPECTED:
+        assert f"fstream_provider/example_dags/{dag_id}.py" in names, sorted(n for n in names if "example" in n)
+    code = "from fstream_demo.airflow_demo import example_dags_dir; print(example_dags_dir())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()) == tmp_path / "site" / "fstream_provider" / "example_dags"
