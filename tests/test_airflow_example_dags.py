@@ -139,6 +139,8 @@ def test_the_wheel_ships_the_example_dags_and_the_demo_finds_them(tmp_path):
         z.extractall(tmp_path / "site")
     for dag_id in EXPECTED:
         assert f"fstream_provider/example_dags/{dag_id}.py" in names, sorted(n for n in names if "example" in n)
+    for page in ("index", "connection", "operators", "sensors", "triggers", "hooks"):  # the provider info links them
+        assert f"fstream-0.1.0.data/data/share/doc/fstream/airflow/{page}.md" in names, page
     code = "from fstream_demo.airflow_demo import example_dags_dir; print(example_dags_dir())"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")))
