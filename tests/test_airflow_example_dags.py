@@ -146,3 +146,83 @@ def test_the_wheel_ships_the_example_dags_and_the_demo_finds_them(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")))
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip()) == tmp_path / "site" / "fstream_provider" / "example_dags"
+
+
+_MANUAL_RUNS = r"""
+import json, os, sys
+from airflow.dag_processing.dagbag import DagBag
+from airflow.utils.session import create_session
+runs = json.loads(sys.argv[1])
+bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+assert not bag.import_errors, bag.import_errors
+for dag_id, conf in runs.items():
+    dr = bag.dags[dag_id].test(logical_date=None, run_conf=conf)  # what a UI/API trigger gets: no logical date
+    with create_session() as s:
+        tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=s)}
+    print("RESULT_JSON " + json.dumps({"dag_id": dag_id, "state": str(dr.state), "run_type": str(dr.run_type),
+                                       "logical_date": str(dr.logical_date), "tis": tis}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_every_example_dag_runs_end_to_end_as_a_manual_run(tmp_path, redis_url):
+    """Each example DAG under ``dag.test(logical_date=None)`` with a real Redis, receiver and agent: the run
+    succeeds and the files land (the asset pipeline, triggered by hand, has no asset event: it skips)."""
+    import json
+    import re
+    import threading
+
+    from transfer_agent.daemon.worker import Agent
+    from transfer_agent.receiving.receiver import Receiver
+
+    secret = b"fstream-example-dags-manual-run-secret-0123"
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(secret)
+    secret_file.chmod(0o600)
+    src, out_dir, run_dir, home = (tmp_path / d for d in ("src", "outgoing", "run", "airflow"))
+    for d, prefix, suffix in ((src, "a", ".dat"), (out_dir, "s", ".sra"), (run_dir, "r", ".xtc")):
+        d.mkdir()
+        for i in range(3):
+            (d / f"{prefix}{i}{suffix}").write_bytes(os.urandom(40_000 + i))
+    home.mkdir()
+    receiver = Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=secret).start()
+    agent = Agent(redis_url, name="manual-run-agent", secret_file=str(secret_file), block_ms=200, poll_interval=0.1)
+    agent_thread = threading.Thread(target=agent.run, name="agent", daemon=True)
+    dest = f"fstream://127.0.0.1:{receiver.port}"
+    env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+               AIRFLOW__CORE__DAGS_FOLDER=EXAMPLES, AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+               FSTREAM_STATE_DIR=str(tmp_path / "state"), FSTREAM_EXAMPLE_WATCH_DIR=str(tmp_path / "watch"),
+               FSTREAM_EXAMPLE_DESTINATION=f"{dest}/assets",
+               AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
+               + f"?secret_file={secret_file}")
+    runs = {
+        "fstream_transfer_example": {"source": str(src), "destination": f"{dest}/transfer"},
+        "fstream_sra_batch": {"outgoing": str(out_dir), "destination": f"{dest}/sra", "min_files": 3},
+        "fstream_lcls_stream": {"run_dir": str(run_dir), "destination": f"{dest}/lcls", "idle_exit": "2s"},
+        "fstream_asset_pipeline": {},
+    }
+    assert set(runs) == EXPECTED
+    try:
+        agent_thread.start()
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
+                       timeout=300)
+        p = subprocess.run([sys.executable, "-c", _MANUAL_RUNS, json.dumps(runs)], env=env, capture_output=True,
+                           text=True, timeout=600)
+    finally:
+        agent.stop()
+        agent_thread.join(timeout=30)
+        receiver.stop()
+    results = {r["dag_id"]: r for r in map(json.loads, re.findall(r"^RESULT_JSON (.*)$", p.stdout, re.M))}
+    log = (p.stdout + p.stderr)[-6000:]
+    assert set(results) == EXPECTED, log
+    for dag_id, r in results.items():
+        assert r["logical_date"] == "None" and "manual" in r["run_type"], r
+        assert r["state"] == "success", f"{dag_id}: {r}\n{log}"
+    assert results["fstream_asset_pipeline"]["tis"] == {"batch_files": "success", "transfer": "skipped",
+                                                        "process": "skipped"}, results["fstream_asset_pipeline"]
+    assert all(state == "success" for dag_id, r in results.items() if dag_id != "fstream_asset_pipeline"
+               for state in r["tis"].values()), results
+    landed = {p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*") if p.is_file()}
+    assert {f"transfer/a{i}.dat" for i in range(3)} <= landed, sorted(landed)
+    assert {f"lcls/r{i}.xtc" for i in range(3)} <= landed, sorted(landed)
+    assert len([n for n in landed if n.startswith("sra/") and n.endswith(".sra")]) == 3, sorted(landed)
