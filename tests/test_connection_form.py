@@ -122,3 +122,28 @@ def test_the_api_server_serves_the_fstream_form(api_server):
     standard = form["standard_fields"]  # the UI calls the schema field url_schema
     assert (standard["host"]["title"], standard["port"]["placeholder"], standard["url_schema"]["title"]) == (
         "Redis host", "6379", "Redis database")
+
+
+@pytest.mark.xfail(strict=True, reason="issue #9: the hook does not yet give jobs the connection's tls_cert/tls_key/"
+                                       "tls_ca the way it gives secret_file (hooks/fstream.py, another helper's part); "
+                                       "remove this mark when it does")
+def test_the_connection_tls_files_reach_jobs_that_name_none(monkeypatch, redis_url):
+    """Like ``secret_file``, the TLS fields of the form are defaults for the jobs submitted through the hook."""
+    from urllib.parse import quote, urlparse
+
+    from fstream_provider.hooks.fstream import FStreamHook
+    from fstream_provider.model.spec import TransferSpec
+
+    u = urlparse(redis_url)
+    tls = {"tls_cert": "/etc/fstream/tls/client.pem", "tls_key": "/etc/fstream/tls/client.key",
+           "tls_ca": "/etc/fstream/tls/ca.pem"}
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in tls.items())
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_TLSFORM", f"fstream://{u.hostname}:{u.port}/0?namespace=tlsform&{query}")
+    hook = FStreamHook(fstream_conn_id="fstream_tlsform")
+    try:
+        job_id, _ = hook.submit(TransferSpec(sources=["/data/a"], destination="fstream://127.0.0.1:9/x"),
+                                idempotency_key="tls-form-test")
+        spec = hook.get_job(job_id).spec
+        assert {k: getattr(spec, k) for k in tls} == tls
+    finally:
+        hook.close()
