@@ -43,10 +43,13 @@ _LEVEL = re.compile(r"\[(info|warning|error)\s*\]")
 
 
 def example_dags_dir() -> Path:
-    """``example_dags/`` next to the package (a source checkout or editable install)."""
-    d = Path(__file__).resolve().parent.parent / "example_dags"
-    if not (d / "fstream_lcls_stream.py").exists():
-        raise FileNotFoundError(f"example DAGs not found in {d}: run the demo from a source checkout")
+    """The example DAGs installed with the provider (``fstream_provider.example_dags``), wheel or checkout alike."""
+    from importlib.resources import files
+
+    d = Path(str(files("fstream_provider.example_dags")))
+    if not (d / "fstream_lcls_stream.py").is_file():
+        raise FileNotFoundError(f"example DAG fstream_lcls_stream.py missing from {d}: the fstream package "
+                                "was installed without its example DAGs")
     return d
 
 

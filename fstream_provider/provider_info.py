@@ -1,13 +1,83 @@
-"""The provider description Airflow reads through the ``apache_airflow_provider`` entry point (no Airflow import)."""
+"""The provider description Airflow reads through the ``apache_airflow_provider`` entry point (no Airflow import).
+
+It is the ``provider.yaml`` of an official provider in code: versions, the integration and where its docs
+are, every hook, operator, sensor and trigger module, and the ``fstream`` connection type with its form
+(``conn-fields`` and ``ui-field-behaviour``: Airflow 3.2+ builds the connection form from these without
+importing the hook, and skips the hook's ``get_ui_field_behaviour`` when the FAB provider is absent).
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
+
+INTEGRATION = "FStream"
+DOC_PAGES = ("index.md", "connection.md", "operators.md", "sensors.md", "triggers.md", "hooks.md")
+"""The how-to pages under ``docs/airflow/``; installed with the wheel in ``share/doc/fstream/airflow``."""
+
+
+def docs_dir() -> Path:
+    """Where the how-to pages are on this machine: the installed copy, or ``docs/airflow`` of a source checkout.
+
+    The project has no public web site, so the integration's doc URL is the ``file:`` URI of these pages
+    rather than an invented address.
+    """
+    installed = Path(sys.prefix) / "share" / "doc" / "fstream" / "airflow"
+    if (installed / "index.md").is_file():
+        return installed
+    return Path(__file__).resolve().parent.parent / "docs" / "airflow"
+
+
+def _string(label: str, description: str, **schema: Any) -> dict[str, Any]:
+    return {"label": label, "description": description, "schema": {"type": ["string", "null"], **schema}}
+
+
+CONN_FIELDS: dict[str, dict[str, Any]] = {
+    "url": _string("Redis URL", "A full Redis URL (redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/"
+                   "mymaster); overrides host, port, login, password and database above.", format="url"),
+    "secret_file": _string("Secret file", "Path, on the agents' hosts, of the shared secret the agents authenticate "
+                           "with; jobs that name none get it."),
+    "namespace": _string("Key namespace", "Prefix of every FStream key on this Redis (several deployments can "
+                         "share one server).", default="fstream"),
+    "agent_group": _string("Agent group", "Name of the agent group on this bus (shown by Test connection)."),
+    "ssl": {"label": "Redis over TLS", "description": "Connect with rediss:// when host and port are given.",
+            "schema": {"type": ["boolean", "null"], "default": False}},
+    "tls_cert": _string("TLS client certificate", "Client certificate for mutual TLS on the data channels; jobs "
+                        "whose tuner_options name none get it."),
+    "tls_key": _string("TLS client key", "Key of the TLS client certificate (given together with it)."),
+    "tls_ca": _string("TLS CA bundle", "CA bundle that signed the receivers' certificates."),
+}
+"""The ``fstream`` connection's extra fields, in Airflow's ``conn-fields`` form (stored in ``Connection.extra``)."""
+
+UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": [],
+    "relabeling": {
+        "host": "Redis host",
+        "port": "Redis port",
+        "schema": "Redis database",
+        "login": "Redis user (ACL, optional)",
+        "password": "Redis password (optional)",
+    },
+    "placeholders": {
+        "host": "redis.example.org",
+        "port": "6379",
+        "schema": "0",
+        "url": "redis+sentinel://h1:26379,h2:26379/mymaster",
+        "secret_file": "/etc/fstream/secret",
+        "namespace": "fstream",
+        "agent_group": "agents",
+        "tls_cert": "/etc/fstream/tls/client.pem",
+        "tls_key": "/etc/fstream/tls/client.key",
+        "tls_ca": "/etc/fstream/tls/ca.pem",
+    },
+}
+"""Relabels and placeholders of the standard connection form fields (``ui-field-behaviour``)."""
 
 
 def provider_info(version: str) -> dict[str, Any]:
     """Every hook, operator, sensor and trigger module of the provider, and the ``fstream`` connection type."""
-    integration = "FStream"
+    docs = docs_dir()
     return {
         "package-name": "fstream",
         "name": "FStream",
@@ -16,24 +86,24 @@ def provider_info(version: str) -> dict[str, Any]:
         "versions": [version],
         "integrations": [
             {
-                "integration-name": integration,
-                "external-doc-url": "https://airflow.apache.org/docs/apache-airflow/stable/authoring-and-scheduling/"
-                                    "event-scheduling.html",
+                "integration-name": INTEGRATION,
+                "external-doc-url": (docs / "index.md").as_uri(),
+                "how-to-guide": [(docs / page).as_uri() for page in DOC_PAGES[1:]],
                 "tags": ["protocol", "software"],
             }
         ],
         "hooks": [
             {
-                "integration-name": integration,
+                "integration-name": INTEGRATION,
                 "python-modules": ["fstream_provider.hooks.fstream", "fstream_provider.hooks.fstream_async",
                                    "fstream_provider.hooks.sftp"],
             }
         ],
-        "operators": [{"integration-name": integration, "python-modules": ["fstream_provider.operators.transfer"]}],
-        "sensors": [{"integration-name": integration, "python-modules": ["fstream_provider.sensors.new_files"]}],
+        "operators": [{"integration-name": INTEGRATION, "python-modules": ["fstream_provider.operators.transfer"]}],
+        "sensors": [{"integration-name": INTEGRATION, "python-modules": ["fstream_provider.sensors.new_files"]}],
         "triggers": [
             {
-                "integration-name": integration,
+                "integration-name": INTEGRATION,
                 "python-modules": ["fstream_provider.triggers.transfer", "fstream_provider.triggers.new_files"],
             }
         ],
@@ -42,6 +112,8 @@ def provider_info(version: str) -> dict[str, Any]:
                 "connection-type": "fstream",
                 "hook-class-name": "fstream_provider.hooks.fstream.FStreamHook",
                 "hook-name": "FStream",
+                "conn-fields": CONN_FIELDS,
+                "ui-field-behaviour": UI_FIELD_BEHAVIOUR,
             }
         ],
     }

@@ -58,7 +58,7 @@ def airflow_env(tmp_path_factory):
     """A private AIRFLOW_HOME with a migrated sqlite database and the example DAGs folder."""
     home = tmp_path_factory.mktemp("airflow-home")
     env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
-               AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "example_dags"),
+               AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "fstream_provider" / "example_dags"),
                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
                FSTREAM_STATE_DIR=str(home / "fstream-state"))
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,

@@ -136,7 +136,7 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
     watch, dags, work = tmp_path / "watch", tmp_path / "dags", tmp_path / "airflow"
     for d in (watch, dags, work):
         d.mkdir()
-    shutil.copy(REPO / "example_dags" / "fstream_asset_pipeline.py", dags)
+    shutil.copy(REPO / "fstream_provider" / "example_dags" / "fstream_asset_pipeline.py", dags)
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
     secret.chmod(0o600)  # load_secret refuses a secret others can read

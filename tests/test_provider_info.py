@@ -78,3 +78,76 @@ def test_airflow_discovers_the_provider_and_connection_type():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False"))
     assert out.stdout.strip().splitlines()[-1] == "True fstream_provider.hooks.fstream.FStreamHook"
+
+
+def _airflow_schema(name: str) -> dict:
+    import airflow
+
+    with open(os.path.join(os.path.dirname(airflow.__file__), name)) as f:
+        return json.load(f)
+
+
+FORM_FIELDS = {"url", "secret_file", "namespace", "agent_group", "ssl", "tls_cert", "tls_key", "tls_ca"}
+
+
+def test_connection_type_declares_its_form_like_a_provider_yaml():
+    """``conn-fields`` and ``ui-field-behaviour`` follow the schema Airflow 3.3 validates ``provider.yaml`` with
+    (``provider_info.schema.json`` does not describe them, so a typo there would pass the other check)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = _airflow_schema("provider.yaml.schema.json")["properties"]["connection-types"]
+    info = provider_info(fstream_provider.__version__)
+    jsonschema.validate(info["connection-types"], schema)
+    (ct,) = info["connection-types"]
+    assert set(ct["conn-fields"]) == FORM_FIELDS
+    for name, field in ct["conn-fields"].items():
+        assert field["label"] and field.get("description"), name
+    relabeled = set(ct["ui-field-behaviour"]["relabeling"])
+    assert {"host", "port", "schema", "login", "password"} <= relabeled
+
+
+def test_hook_ui_field_behaviour_is_the_provider_infos():
+    """Where FAB is installed Airflow calls ``get_ui_field_behaviour``; it must say what the provider info says."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from fstream_provider.hooks.fstream import FStreamHook
+
+    got = FStreamHook.get_ui_field_behaviour()
+    jsonschema.validate(got, _airflow_schema("customized_form_field_behaviours.schema.json"))
+    (ct,) = provider_info(fstream_provider.__version__)["connection-types"]
+    want = ct["ui-field-behaviour"]
+    assert got == {"hidden_fields": want["hidden-fields"], "relabeling": want["relabeling"],
+                   "placeholders": want["placeholders"]}
+
+
+def test_integration_docs_are_real_pages_not_a_placeholder():
+    """The project has no web site: the doc links are ``file:`` URIs of the how-to pages, and they exist."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    (integration,) = provider_info(fstream_provider.__version__)["integrations"]
+    urls = [integration["external-doc-url"], *integration["how-to-guide"]]
+    assert len(urls) == 6
+    for url in urls:
+        parsed = urlparse(url)
+        assert parsed.scheme == "file", url
+        path = url2pathname(parsed.path)
+        assert os.path.isfile(path), url
+        with open(path) as f:
+            assert len(f.read()) > 400, f"{path} is a stub"
+
+
+def test_airflow_builds_the_fstream_form_from_provider_info_without_the_hook():
+    """Airflow's ProvidersManager (as the api-server uses it) turns the provider info into the form's widgets and
+    field behaviour; no FAB needed."""
+    import subprocess
+    import sys
+
+    code = ("import json; from airflow.providers_manager import ProvidersManager as P; p = P(); "
+            "w = p.connection_form_widgets; "
+            "print(json.dumps({'widgets': sorted(k for k in w if k.startswith('extra__fstream__')), "
+            "'behaviour': p.field_behaviours.get('fstream')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False"))
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["widgets"] == sorted(f"extra__fstream__{f}" for f in FORM_FIELDS)
+    assert got["behaviour"]["relabeling"]["host"] == "Redis host"
+    assert got["behaviour"]["placeholders"]["extra__fstream__secret_file"] == "/etc/fstream/secret"

@@ -101,23 +101,17 @@ class FStreamHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """Relabel the generic connection form for a Redis bus."""
+        """Relabel the generic connection form for a Redis bus (the provider info's ``ui-field-behaviour``).
+
+        Airflow 3.2+ reads the form from ``get_provider_info`` and calls this only where the FAB provider is
+        installed; both come from ``fstream_provider.provider_info`` so they cannot drift apart.
+        """
+        from fstream_provider.provider_info import UI_FIELD_BEHAVIOUR
+
         return {
-            "hidden_fields": [],
-            "relabeling": {
-                "host": "Redis host",
-                "port": "Redis port",
-                "schema": "Redis database",
-                "login": "Redis user (ACL, optional)",
-                "password": "Redis password (optional)",
-            },
-            "placeholders": {
-                "host": "redis.example.org",
-                "port": "6379",
-                "schema": "0",
-                "extra": '{"secret_file": "/etc/fstream/secret", "namespace": "fstream", '
-                         '"agent_group": "agents", "ssl": false}',
-            },
+            "hidden_fields": list(UI_FIELD_BEHAVIOUR["hidden-fields"]),
+            "relabeling": dict(UI_FIELD_BEHAVIOUR["relabeling"]),
+            "placeholders": dict(UI_FIELD_BEHAVIOUR["placeholders"]),
         }
 
     @cached_property

@@ -4,7 +4,10 @@
 ``*.sra`` files sit in the outgoing directory (local, or ``sftp://USER@HOST/DIR``), claims them in a Redis
 seen-set so no later run ships them again, and hands the list to ``FStreamTransferOperator``. The default
 tuner is ``fstream`` (heuristic + online profiling + profiling history); the ``tuner`` param offers every
-built tuner (``fstream_provider.tuning.registry``), checked before the job is submitted.
+built tuner (``fstream_provider.tuning.registry``), checked before the job is submitted. Each run lands in a
+day directory named from ``dag_run.run_after``: a run triggered by hand or through the API has no logical
+date in Airflow 3 (``{{ ds_nodash }}`` is undefined there), while ``run_after`` is set for every run and
+equals the logical date of a scheduled one.
 
 Connection: ``fstream_default`` (Redis of the agents, also holding the seen-set), e.g.
 ``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.ncbi.example:6379/1?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
@@ -47,7 +50,7 @@ with DAG(
     transfer = FStreamTransferOperator(
         task_id="transfer",
         sources=new_runs.output,
-        destination="{{ params.destination }}/{{ ds_nodash }}",
+        destination="{{ params.destination }}/{{ dag_run.run_after | ds_nodash }}",
         tuner="{{ params.tuner }}",
         max_cc=16,
     )
