@@ -1,0 +1,51 @@
+"""Where the transfer plot goes (``ObjectStoragePath``: local, ``file://``, ``s3://``, ...) and the task's link to it.
+
+The plot is written through Airflow's ``ObjectStoragePath`` so a remote ``plot_dir`` works with distributed
+executors (the worker that resumes the task need not share a disk with the UI). The operator extra link
+shows the plot's URL, read from the task's XCom (key ``plot``). The Airflow UI opens only ``http(s)`` URLs
+as links; for ``file://`` and object-store URLs (``s3://``, ``gs://``) the button carries the URL so the
+user can copy it, nothing more.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperatorLink, ObjectStoragePath
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+    from airflow.sdk.definitions.taskinstancekey import TaskInstanceKey
+
+PLOT_XCOM_KEY = "plot"
+
+
+def _safe(s: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))
+
+
+def plot_location(base: str, dag_id: str, run_id: str, task_id: str, job_id: str) -> ObjectStoragePath:
+    """``base/dag/run/task-job.png`` as an ``ObjectStoragePath`` (each part made safe for any store)."""
+    if not str(base).strip():
+        raise ValueError("plot_dir is empty: give a local directory or a URL such as s3://bucket/plots")
+    return ObjectStoragePath(str(base)) / _safe(dag_id) / _safe(run_id) / f"{_safe(task_id)}-{_safe(job_id)}.png"
+
+
+def write_plot(path: ObjectStoragePath, data: bytes) -> str:
+    """Write the PNG bytes at ``path`` (making its parents) and return its URL (``file:///...`` when local)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fh:
+        fh.write(data)
+    return path.as_uri() if not path.protocol else str(path)
+
+
+class FStreamPlotLink(BaseOperatorLink):
+    """"Transfer plot" button of ``FStreamTransferOperator``: the URL of the plot its run wrote (XCom ``plot``)."""
+
+    name = "Transfer plot"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.sdk.bases.xcom import BaseXCom
+
+        return BaseXCom.get_value(ti_key=ti_key, key=PLOT_XCOM_KEY) or ""
