@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
 from fstream_provider.model.plot import decisions, layout_key, save_plot  # noqa: F401 - save_plot re-exported
 from fstream_provider.model.units import format_bytes, format_rate
@@ -83,7 +84,7 @@ def live_event_line(ev: dict[str, Any], target_bps: float | None = None,
 
     Intervals and tuning decisions at INFO; a retry or an error of the job at WARNING (the job may still
     succeed: the task fails, if it does, with the error as its message); a file that failed for good at
-    ERROR. The trigger (deferred) and the operator's poll loop (not deferred) log these live; the summary
+    ERROR; the agent's ``log`` events (a session reconnecting) at the level the agent gave them. The trigger (deferred) and the operator's poll loop (not deferred) log these live; the summary
     written when the task resumes does not repeat them.
     """
     kind = ev.get("kind")
@@ -100,6 +101,9 @@ def live_event_line(ev: dict[str, Any], target_bps: float | None = None,
         return logging.WARNING, f"error: {ev.get('message') or ev.get('error') or ev}"
     if kind == "file" and ev.get("status") == "failed":
         return logging.ERROR, f"file {ev.get('path')} failed: {ev.get('reason', '')}"
+    if kind == "log":  # the agent's own notes (a session reconnecting, a file that vanished), at its level
+        level = logging.getLevelName(str(ev.get("level") or "info").upper())
+        return (level if isinstance(level, int) else logging.INFO), f"agent: {ev.get('message', '')}"
     if kind == "claimed":
         return logging.INFO, f"claimed by agent {ev.get('worker') or ev.get('agent') or '?'}"
     return None
@@ -203,10 +207,12 @@ def landed_files(events: Iterable[tuple[str, dict[str, Any]]], destination: str 
     """The files at the destination, from the job's ``file`` events (``committed``, or ``skipped``: already there).
 
     Each is ``{"path", "destination", "source", "size", "status"}`` plus ``checksum`` when the agent sent one;
-    ``destination`` is the file's URL under the job's ``fstream://host:port/dir`` destination. The last event
-    of a path wins (a file retried in a later attempt is listed once).
+    ``destination`` is the file's URL at the receiver: the event's ``path`` is already relative to the
+    receiver's root (it includes the ``/dir`` of ``fstream://host:port/dir``), so only scheme and host:port
+    are taken from ``destination``. The last event of a path wins (a file retried later is listed once).
     """
-    base = (destination or "").rstrip("/")
+    parts = urlsplit(destination or "")
+    base = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
     out: dict[str, dict[str, Any]] = {}
     for _id, ev in events:
         if ev.get("kind") != "file" or ev.get("status") not in ("committed", "skipped"):

@@ -2,7 +2,7 @@
 
 The plot is written through Airflow's ``ObjectStoragePath`` so a remote ``plot_dir`` works with distributed
 executors (the worker that resumes the task need not share a disk with the UI). The operator extra link
-shows the plot's URL, read from the task's XCom (key ``plot``). The Airflow UI opens only ``http(s)`` URLs
+shows the plot's URL (also in the task's XCom ``plot``). The Airflow UI opens only ``http(s)`` URLs
 as links; for ``file://`` and object-store URLs (``s3://``, ``gs://``) the button carries the URL so the
 user can copy it, nothing more.
 """
@@ -41,11 +41,16 @@ def write_plot(path: ObjectStoragePath, data: bytes) -> str:
 
 
 class FStreamPlotLink(BaseOperatorLink):
-    """"Transfer plot" button of ``FStreamTransferOperator``: the URL of the plot its run wrote (XCom ``plot``)."""
+    """"Transfer plot" button of ``FStreamTransferOperator``: the URL of the plot its run wrote.
+
+    Airflow 3 calls ``get_link`` once, in the worker when the task instance finishes, and stores the result
+    as the XCom ``_link_FStreamPlotLink`` that the UI reads. The URL is taken from the report the operator
+    just built (the same value as its XCom ``plot``); when the task only deferred there is no report yet
+    and the link is empty (looking the XCom up then would log a "not found" error on every deferral).
+    """
 
     name = "Transfer plot"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        from airflow.sdk.bases.xcom import BaseXCom
-
-        return BaseXCom.get_value(ti_key=ti_key, key=PLOT_XCOM_KEY) or ""
+        report = getattr(operator, "_report", None)
+        return str((report or {}).get("plot") or "")

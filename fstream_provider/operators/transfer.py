@@ -351,7 +351,7 @@ class FStreamTransferOperator(BaseOperator):
     def _emit_asset_events(self, context: Context, report: dict[str, Any]) -> None:
         """Each outlet asset's event gets ``extra`` = the landed files (destination URL, size) and the job id."""
         outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
-        if not outlet_events:
+        if outlet_events is None:  # not ``not``: the accessors are an empty mapping until an asset is looked up
             return
         from airflow.sdk import Asset
 
