@@ -51,7 +51,8 @@ with create_session() as s:
     print("ASSET_JSON " + json.dumps([e.extra for e in s.query(AssetEvent).all()], default=str))
 """
 
-INTERVAL_LINE = re.compile(r"\] (t=\s*[\d.]+s .*?cc/p/pp (.+?)  files .*?)\s+\[fstream_provider\.")
+# an interval line, whoever logs it (trigger or operator): the text, and its cc/p/pp layout
+INTERVAL_LINE = re.compile(r"\] (t=\s*[\d.]+s .*?cc/p/pp (.+?)  files .*?)\s+\[[\w.]+\] loc=")
 
 
 def _dag_env(airflow_env, redis_url, secret_file, tmp_path, dag_text: str) -> dict:
