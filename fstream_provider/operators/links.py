@@ -2,9 +2,9 @@
 
 The plot is written through Airflow's ``ObjectStoragePath`` so a remote ``plot_dir`` works with distributed
 executors (the worker that resumes the task need not share a disk with the UI). The operator extra link
-shows the plot's URL (also in the task's XCom ``plot``). The Airflow UI opens only ``http(s)`` URLs
-as links; for ``file://`` and object-store URLs (``s3://``, ``gs://``) the button carries the URL so the
-user can copy it, nothing more.
+shows where the plot is (also in the task's XCom ``plot``): its path when local, else its URL. The Airflow
+UI opens only ``http(s)`` URLs as links; for a local path and object-store URLs (``s3://``, ``gs://``) the
+button carries the location so the user can copy it, nothing more.
 """
 
 from __future__ import annotations
@@ -33,11 +33,17 @@ def plot_location(base: str, dag_id: str, run_id: str, task_id: str, job_id: str
 
 
 def write_plot(path: ObjectStoragePath, data: bytes) -> str:
-    """Write the PNG bytes at ``path`` (making its parents) and return its URL (``file:///...`` when local)."""
+    """Write the PNG bytes at ``path`` (making its parents); return where it is.
+
+    A local plot (a plain directory or ``file://``) is given as its absolute path, which a user can open or
+    copy from the task log; anything else as its URL (``s3://bucket/plots/...``).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as fh:
         fh.write(data)
-    return path.as_uri() if not path.protocol else str(path)
+    if path.protocol in ("", "file", "local"):
+        return path.path
+    return str(path)
 
 
 class FStreamPlotLink(BaseOperatorLink):
