@@ -99,7 +99,10 @@ def provider_info(version: str) -> dict[str, Any]:
                                    "fstream_provider.hooks.sftp"],
             }
         ],
-        "operators": [{"integration-name": INTEGRATION, "python-modules": ["fstream_provider.operators.transfer"]}],
+        "operators": [{"integration-name": INTEGRATION,
+                       "python-modules": ["fstream_provider.operators.transfer", "fstream_provider.operators.links",
+                                          "fstream_provider.operators.lineage"]}],
+        "extra-links": ["fstream_provider.operators.links.FStreamPlotLink"],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": ["fstream_provider.sensors.new_files"]}],
         "triggers": [
             {

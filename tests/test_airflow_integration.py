@@ -129,7 +129,7 @@ def test_dag_test_transfer_example_moves_verified_files(airflow_env, redis_url, 
     report = out["xcom"]["transfer:return_value"]
     assert report["files"] == report["verified_files"] == len(src) and report["failed_files"] == 0
     assert report["bytes"] == sum(50_000 * (i + 1) for i in range(len(src)))
-    assert report["intervals"] and report["target_throughput_bps"] == 800e6
+    assert report["timeline"]["intervals"] and report["target_throughput_bps"] == 800e6
     assert out["xcom"]["transfer:job_id"] == report["job_id"]
     # The task log an operator reads: interval lines, the summary table, the plot path.
     assert re.search(r"t=\s*\d+\.\ds\s+[\d.]+ [kMG]?bit/s \(target 800\.00 Mbit/s", log), log[-3000:]

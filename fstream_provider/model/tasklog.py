@@ -5,9 +5,11 @@ Pure formatting (no Redis, no Airflow); the PNG uses matplotlib's Agg backend wh
 
 from __future__ import annotations
 
-import os
+import logging
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
+from fstream_provider.model.plot import decisions, layout_key, save_plot  # noqa: F401 - save_plot re-exported
 from fstream_provider.model.units import format_bytes, format_rate
 
 
@@ -51,7 +53,7 @@ def format_interval(rec: dict[str, Any], target_bps: float | None = None, prev: 
     if done is not None or pending is not None:
         line += f"  files {int(_num(done))} done, {int(_num(pending))} pending"
     reason = rec.get("reason")
-    changed = prev is not None and format_clusters(prev) != format_clusters(rec)
+    changed = prev is not None and layout_key(prev) != layout_key(rec)
     if reason and (changed or prev is None or reason != (prev or {}).get("reason")):
         line += f"  tuner: {reason}"
     elif changed:
@@ -76,22 +78,35 @@ def done_event(events: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any] |
     return None
 
 
-def other_event_lines(events: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Readable lines for the non-interval events worth showing (tuning, errors, retries, failed files)."""
-    lines = []
-    for _id, ev in events:
-        kind = ev.get("kind")
-        if kind == "tuning":
-            lines.append(f"tuning: {ev.get('reason', '')}".rstrip())
-        elif kind == "error":
-            lines.append(f"error: {ev.get('message') or ev.get('error') or ev}")
-        elif kind == "retry":
-            lines.append(f"retry: {ev.get('reason') or ev.get('message') or ev.get('error') or ''}".rstrip())
-        elif kind == "file" and ev.get("status") == "failed":
-            lines.append(f"file {ev.get('path')}: {ev.get('status')} ({ev.get('reason', '')})")
-        elif kind == "claimed":
-            lines.append(f"claimed by agent {ev.get('worker') or ev.get('agent') or '?'}")
-    return lines
+def live_event_line(ev: dict[str, Any], target_bps: float | None = None,
+                    prev: dict[str, Any] | None = None) -> tuple[int, str] | None:
+    """``(logging level, line)`` for one event as it arrives, or ``None`` for events not worth a line.
+
+    Intervals and tuning decisions at INFO; a retry or an error of the job at WARNING (the job may still
+    succeed: the task fails, if it does, with the error as its message); a file that failed for good at
+    ERROR; the agent's ``log`` events (a session reconnecting) at the level the agent gave them. The trigger (deferred) and the operator's poll loop (not deferred) log these live; the summary
+    written when the task resumes does not repeat them.
+    """
+    kind = ev.get("kind")
+    if kind == "interval":
+        rec = ev.get("interval") if isinstance(ev.get("interval"), dict) else ev
+        return logging.INFO, format_interval(rec, target_bps, prev)
+    if kind == "tuning":
+        return logging.INFO, f"tuning: {ev.get('reason', '')}".rstrip()
+    if kind == "retry":
+        what = ev.get("message") or ev.get("reason") or ev.get("error") or ""
+        delay = f" (try {ev['try']}, in {_num(ev.get('delay')):.1f} s)" if ev.get("try") is not None else ""
+        return logging.WARNING, f"retry{delay}: {what}".rstrip()
+    if kind == "error":
+        return logging.WARNING, f"error: {ev.get('message') or ev.get('error') or ev}"
+    if kind == "file" and ev.get("status") == "failed":
+        return logging.ERROR, f"file {ev.get('path')} failed: {ev.get('reason', '')}"
+    if kind == "log":  # the agent's own notes (a session reconnecting, a file that vanished), at its level
+        level = logging.getLevelName(str(ev.get("level") or "info").upper())
+        return (level if isinstance(level, int) else logging.INFO), f"agent: {ev.get('message', '')}"
+    if kind == "claimed":
+        return logging.INFO, f"claimed by agent {ev.get('worker') or ev.get('agent') or '?'}"
+    return None
 
 
 def target_warnings(result: dict[str, Any], intervals: list[dict[str, Any]], target_bps: float | None) -> list[str]:
@@ -130,9 +145,30 @@ def target_warnings(result: dict[str, Any], intervals: list[dict[str, Any]], tar
     return [msg]
 
 
+def interval_stats(intervals: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the summary says about the timeline, from the per-cluster layouts of the interval events.
+
+    ``final_layout`` is the last interval's per-cluster cc/p/pp (``small 4/1/8 · large 2/4/1``) and
+    ``parameter_changes`` counts the intervals whose per-cluster layout differs from the one before:
+    exactly the changes the interval lines show (a report stripped of ``clusters`` undercounted them).
+    """
+    if not intervals:
+        return {"intervals": 0}
+    tp = [_num(r.get("throughput_bps")) for r in intervals]
+    return {
+        "intervals": len(intervals),
+        "min_throughput_bps": min(tp),
+        "max_throughput_bps": max(tp),
+        "mean_throughput_bps": sum(tp) / len(tp),
+        "final_layout": format_clusters(intervals[-1]),
+        "parameter_changes": len(decisions(intervals)),
+        "last_reason": next((str(r["reason"]) for r in reversed(intervals) if r.get("reason")), None),
+    }
+
+
 def summary_table(result: dict[str, Any], intervals: list[dict[str, Any]], target_bps: float | None = None,
                   job_id: str | None = None) -> str:
-    """A fixed-width table summarising the transfer and its parameter timeline."""
+    """A fixed-width table summarising the transfer and its parameter timeline (per cluster)."""
     rows = []
     if job_id:
         rows.append(("job", job_id))
@@ -148,11 +184,11 @@ def summary_table(result: dict[str, Any], intervals: list[dict[str, Any]], targe
         rows.append(("target", f"{format_rate(target_bps)} "
                                f"({100.0 * _num(result.get('throughput_bps')) / target_bps:.0f}% reached)"))
     if intervals:
-        tp = [_num(r.get("throughput_bps")) for r in intervals]
-        rows.append(("intervals", f"{len(intervals)} (min {format_rate(min(tp))}, max {format_rate(max(tp))})"))
-        rows.append(("final cc/p/pp", format_clusters(intervals[-1])))
-        changes = sum(1 for a, b in zip(intervals, intervals[1:]) if format_clusters(a) != format_clusters(b))
-        rows.append(("parameter changes", str(changes)))
+        st = interval_stats(intervals)
+        rows.append(("intervals", f"{st['intervals']} (min {format_rate(st['min_throughput_bps'])}, "
+                                  f"max {format_rate(st['max_throughput_bps'])})"))
+        rows.append(("final cc/p/pp", st["final_layout"]))
+        rows.append(("parameter changes", str(st["parameter_changes"])))
     width = max(len(k) for k, _ in rows)
     vwidth = max(len(v) for _, v in rows)
     sep = f"+-{'-' * width}-+-{'-' * vwidth}-+"
@@ -167,55 +203,47 @@ def summary_table(result: dict[str, Any], intervals: list[dict[str, Any]], targe
         lines.append(f"... and {len(failures) - 20} more failed file(s)")
     return "\n".join(lines)
 
+def landed_files(events: Iterable[tuple[str, dict[str, Any]]], destination: str | None = None) -> list[dict[str, Any]]:
+    """The files at the destination, from the job's ``file`` events (``committed``, or ``skipped``: already there).
 
-def save_plot(intervals: list[dict[str, Any]], path: str, target_bps: float | None = None,
-              title: str = "FStream transfer") -> str | None:
-    """Write a PNG of throughput and channels over time; return its path, or ``None`` without matplotlib/data."""
-    if not intervals:
-        return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
-    t = [_num(r.get("t")) for r in intervals]
-    mbps = [_num(r.get("throughput_bps")) / 1e6 for r in intervals]
-    cc = [_num(r.get("cc")) for r in intervals]
-    par = [_num(r.get("cc")) * max(1.0, _num(r.get("p"), 1.0)) for r in intervals]
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot(t, mbps, color="tab:blue", marker=".", label="throughput")
-    if target_bps:
-        ax.axhline(target_bps / 1e6, color="tab:red", linestyle="--", label="target")
-    ax.set_xlabel("elapsed (s)")
-    ax.set_ylabel("Mbit/s")
-    ax.set_ylim(bottom=0)
-    ax2 = ax.twinx()
-    ax2.step(t, cc, where="post", color="tab:green", label="cc (channels)")
-    ax2.step(t, par, where="post", color="tab:orange", linestyle=":", label="cc×p (TCP streams)")
-    ax2.set_ylabel("channels / streams")
-    ax2.set_ylim(bottom=0)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="lower right", fontsize="small")
-    ax.set_title(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    return path
+    Each is ``{"path", "destination", "source", "size", "status"}`` plus ``checksum`` when the agent sent one;
+    ``destination`` is the file's URL at the receiver: the event's ``path`` is already relative to the
+    receiver's root (it includes the ``/dir`` of ``fstream://host:port/dir``), so only scheme and host:port
+    are taken from ``destination``. The last event of a path wins (a file retried later is listed once).
+    """
+    parts = urlsplit(destination or "")
+    base = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+    out: dict[str, dict[str, Any]] = {}
+    for _id, ev in events:
+        if ev.get("kind") != "file" or ev.get("status") not in ("committed", "skipped"):
+            continue
+        rel = str(ev.get("path") or "").lstrip("/")
+        rec = {"path": rel, "destination": f"{base}/{rel}" if base else rel, "source": ev.get("source"),
+               "size": int(_num(ev.get("size"))), "status": ev.get("status")}
+        for k in ("checksum", "digest", "algo"):
+            if ev.get(k):
+                rec[k] = ev[k]
+        out[rel] = rec
+    return list(out.values())
 
 
-def build_report(job_id: str, events: list[tuple[str, dict[str, Any]]], target_bps: float | None) -> dict[str, Any]:
-    """The XCom report: the agent's result plus the job id, state and parameter timeline."""
+def build_report(job_id: str, events: list[tuple[str, dict[str, Any]]], target_bps: float | None,
+                 destination: str | None = None, *, max_files: int = 10_000) -> dict[str, Any]:
+    """The XCom report: the agent's result, the landed files and timeline statistics, bounded in size.
+
+    The full interval timeline is *not* in it (a 12-hour stream sampled every second would put megabytes
+    into Airflow's metadata database): it stays in the job's event stream on Redis and in the plot.
+    ``landed_files`` is capped at ``max_files`` (``landed_files_truncated`` says when).
+    """
     done = done_event(events) or {}
     result = dict(done.get("result") or {})
-    intervals = result.get("intervals") or intervals_from_events(events)
-    report = {
+    intervals = intervals_from_events(events) or list(result.get("intervals") or [])
+    landed = landed_files(events, destination)
+    return {
         "job_id": job_id,
         "state": done.get("state"),
         "error": done.get("error"),
+        "destination": destination,
         "files": int(_num(result.get("files"))),
         "bytes": int(_num(result.get("bytes"))),
         "seconds": _num(result.get("seconds")),
@@ -223,11 +251,9 @@ def build_report(job_id: str, events: list[tuple[str, dict[str, Any]]], target_b
         "verified_files": int(_num(result.get("verified_files"))),
         "skipped_files": int(_num(result.get("skipped_files"))),
         "failed_files": int(_num(result.get("failed_files"))),
-        "failures": result.get("failures") or [],
+        "failures": (result.get("failures") or [])[:100],
         "target_throughput_bps": target_bps,
-        "intervals": [
-            {k: r.get(k) for k in ("t", "throughput_bps", "cc", "p", "pp", "reason", "files_done", "files_pending")}
-            for r in intervals
-        ],
+        "timeline": interval_stats(intervals),
+        "landed_files": landed[:max_files],
+        "landed_files_truncated": len(landed) > max_files,
     }
-    return report

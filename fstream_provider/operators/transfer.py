@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -16,15 +15,8 @@ from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.model.options import TunerOptions
 from fstream_provider.model.units import parse_rate
 from fstream_provider.tuning.registry import check_options
-from fstream_provider.model.tasklog import (
-    build_report,
-    format_interval,
-    intervals_from_events,
-    other_event_lines,
-    save_plot,
-    summary_table,
-    target_warnings,
-)
+from fstream_provider.model.tasklog import build_report, live_event_line, summary_table, target_warnings
+from fstream_provider.operators.links import PLOT_XCOM_KEY, FStreamPlotLink, plot_location, write_plot
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -95,9 +87,12 @@ class FStreamTransferOperator(BaseOperator):
     :class:`~fstream_provider.triggers.transfer.FStreamTransferTrigger` and frees its worker slot.
     When the job ends, the task log gets one line per measurement interval (throughput vs target,
     cc/p/pp per cluster, files done/pending, the tuner's reason for each change), a summary table,
-    a warning if the target was missed, and the path of a PNG plot. The XCom is the report:
-    ``files``, ``bytes``, ``seconds``, ``throughput_bps``, ``verified_files``, ``failed_files``,
-    ``intervals`` (the parameter timeline), ``job_id``, ``plot``.
+    a warning if the target was missed, and the URL of a PNG plot (also the "Transfer plot" extra link).
+    The XCom is the report: ``job_id``, ``files``, ``bytes``, ``seconds``, ``throughput_bps``,
+    ``verified_files``, ``failed_files``, ``landed_files`` (destination URL, size, source of each file),
+    ``timeline`` (statistics: interval count, min/max/mean throughput, final per-cluster layout, changes)
+    and ``plot``; the full interval timeline stays in Redis and the plot. Outlet assets get an event whose
+    ``extra`` lists the landed files; OpenLineage gets the source and landed files as datasets.
 
     :param sources: files, directories or globs on the source agent's host; or the XCom list from
         ``FStreamNewFilesSensor`` (a list of paths) or a trigger payload (``{"files": [...]}``).
@@ -124,7 +119,8 @@ class FStreamTransferOperator(BaseOperator):
     :param fstream_conn_id: the ``fstream`` connection.
     :param deferrable: wait in the triggerer (default) instead of polling in the worker.
     :param poll_interval: seconds one poll may block in non-deferrable mode.
-    :param plot_dir: where the PNG plot goes (default ``$FSTREAM_STATE_DIR/plots``).
+    :param plot_dir: where the PNG plot goes: a directory or an ``ObjectStoragePath`` URL (``s3://``, ``file://``;
+        default ``$FSTREAM_STATE_DIR/plots``).
     """
 
     template_fields: Sequence[str] = (
@@ -132,6 +128,7 @@ class FStreamTransferOperator(BaseOperator):
         "secret_file", "plot_dir",
     )
     ui_color = "#c8e6f5"
+    operator_extra_links = (FStreamPlotLink(),)
 
     def __init__(
         self,
@@ -283,8 +280,10 @@ class FStreamTransferOperator(BaseOperator):
         def on_event(eid: str, ev: dict[str, Any]) -> None:
             nonlocal prev
             seen.append((eid, ev))
+            line = live_event_line(ev, target_bps, prev)  # the same lines, at the same levels, as the trigger's
+            if line is not None:
+                self.log.log(*line)
             if ev.get("kind") == "interval":
-                self.log.info("%s", format_interval(ev, target_bps, prev))
                 prev = ev
 
         try:
@@ -293,9 +292,16 @@ class FStreamTransferOperator(BaseOperator):
             raise AirflowException(f"FStream job {job_id} disappeared from the bus while running: its state "
                                    "vanished from Redis (flushed, or restarted without its data); "
                                    "`fstream reconcile` reports what is left, a task retry resubmits it") from exc
-        return self._finish(job_id, seen, target_bps, context, log_intervals=False)
+        return self._finish(job_id, seen, target_bps, context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after the trigger: write the summary (the trigger already logged every event line live).
+
+        The interval, retry and error lines are not repeated here: the triggerer wrote them into this task's
+        log as they happened. If that part of the log is missing (a triggerer restarted without shipping
+        its log), the summary still gives the interval count, final per-cluster layout and changes, the
+        plot has the whole timeline, and ``fstream status JOB`` replays the events from Redis.
+        """
         job_id = event.get("job_id") or self._job_id
         if not job_id:
             raise AirflowException(f"{self.task_id}: trigger returned no job id ({event.get('message')})")
@@ -303,47 +309,76 @@ class FStreamTransferOperator(BaseOperator):
         target = _spec_field(getattr(self.hook.get_job(job_id), "spec", None), "target_throughput_bps")
         if event.get("status") != "success" and not any(e.get("kind") == "done" for _, e in events):
             raise AirflowException(event.get("message") or f"FStream job {job_id} failed")
-        return self._finish(job_id, events, target, context, log_intervals=True)
+        return self._finish(job_id, events, target, context)
 
     def _finish(self, job_id: str, events: list[tuple[str, dict[str, Any]]], target_bps: float | None,
-                context: Context, *, log_intervals: bool) -> dict[str, Any]:
+                context: Context) -> dict[str, Any]:
+        """Summary table, target warnings, plot, XCom report and asset events; raise if the job did not succeed.
+
+        Event lines were logged live (``live_event_line``), so only the summary is written here.
+        """
+        from fstream_provider.model.plot import plot_png
+        from fstream_provider.model.tasklog import intervals_from_events
+
+        job = self.hook.get_job(job_id)
+        report = build_report(job_id, events, target_bps, _spec_field(getattr(job, "spec", None), "destination"))
+        report["agent"] = getattr(job, "worker", None)
         intervals = intervals_from_events(events)
-        if log_intervals:
-            prev = None
-            for rec in intervals:
-                self.log.info("%s", format_interval(rec, target_bps, prev))
-                prev = rec
-        for line in other_event_lines(events):
-            self.log.info("%s", line)
-        report = build_report(job_id, events, target_bps)
-        for line in summary_table(report, report["intervals"] or intervals, target_bps, job_id=job_id).splitlines():
+        self.log.info("FStream job %s: %d interval line(s) above (logged live); summary:", job_id, len(intervals))
+        for line in summary_table(report, intervals, target_bps, job_id=job_id).splitlines():
             self.log.info("%s", line)
         for w in target_warnings(report, intervals, target_bps):
             self.log.warning("%s", w)
         report["plot"] = None
         try:
-            report["plot"] = save_plot(intervals, self._plot_path(context, job_id), target_bps,
-                                       title=f"FStream job {job_id} ({self.task_id})")
+            data = plot_png(intervals, target_bps, title=f"FStream job {job_id} ({self.task_id})")
+            if data:
+                report["plot"] = write_plot(self._plot_path(context, job_id), data)
         except Exception as exc:  # a plot must never fail a transfer that succeeded
             self.log.warning("could not save the throughput plot: %s", exc)
         if report["plot"]:
             self.log.info("Throughput/channels plot: %s", report["plot"])
+            context["ti"].xcom_push(key=PLOT_XCOM_KEY, value=report["plot"])
+        self._report = report
         if report["state"] != "succeeded":
             raise AirflowException(f"FStream job {job_id} {report['state']}: {report['error'] or 'no error text'}")
         if report["failed_files"]:
             raise AirflowException(f"FStream job {job_id}: {report['failed_files']} file(s) failed: "
                                    f"{report['failures'][:5]}")
+        self._emit_asset_events(context, report)
         return report
 
-    def _plot_path(self, context: Context, job_id: str) -> str:
+    def _emit_asset_events(self, context: Context, report: dict[str, Any]) -> None:
+        """Each outlet asset's event gets ``extra`` = the landed files (destination URL, size) and the job id."""
+        outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
+        if outlet_events is None:  # not ``not``: the accessors are an empty mapping until an asset is looked up
+            return
+        from airflow.sdk import Asset
+
+        extra = {"job_id": report["job_id"], "files": [{"destination": f["destination"], "size": f["size"]}
+                                                       for f in report["landed_files"]]}
+        for outlet in getattr(self, "outlets", None) or []:
+            if isinstance(outlet, Asset):
+                outlet_events[outlet].extra = extra
+
+    def _plot_path(self, context: Context, job_id: str):
+        """``plot_dir/dag/run/task-job.png`` as an ``ObjectStoragePath`` (default ``$FSTREAM_STATE_DIR/plots``)."""
         base = self.plot_dir
         if not base:
             from fstream_provider.model.statedir import state_dir
 
             base = os.path.join(state_dir(), "plots")
         ti = context["ti"]
-        safe = lambda s: re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))  # noqa: E731
-        return os.path.join(base, safe(ti.dag_id), safe(ti.run_id), f"{safe(ti.task_id)}-{safe(job_id)}.png")
+        return plot_location(base, ti.dag_id, ti.run_id, ti.task_id, job_id)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any):
+        """OpenLineage: inputs ``file://<agent host>/<source>``, outputs ``fstream://host:port/<dest path>``."""
+        from fstream_provider.operators.lineage import operator_lineage
+
+        report = getattr(self, "_report", None)
+        if report is None:
+            report = task_instance.xcom_pull(task_ids=self.task_id, key="return_value")
+        return operator_lineage(report)
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
         """As Airflow's, plus: a deferral that timed out (``execution_timeout``) cancels the job it waited for."""

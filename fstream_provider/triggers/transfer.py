@@ -10,7 +10,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from fstream_provider.bus.follow_async import afollow_job
 from fstream_provider.bus.job_state import JobLostError, JobNotFoundError
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
-from fstream_provider.model.tasklog import format_interval
+from fstream_provider.model.tasklog import live_event_line
 
 
 class FStreamTransferTrigger(BaseTrigger):
@@ -72,12 +72,11 @@ class FStreamTransferTrigger(BaseTrigger):
         def on_event(eid: str, ev: dict[str, Any]) -> None:
             nonlocal prev
             self.last_event_id = eid
-            kind = ev.get("kind")
-            if kind == "interval":
-                self.log.info("%s", format_interval(ev, self.target_throughput_bps, prev))
+            line = live_event_line(ev, self.target_throughput_bps, prev)
+            if line is not None:
+                self.log.log(*line)
+            if ev.get("kind") == "interval":
                 prev = ev
-            elif kind in ("error", "retry", "tuning"):
-                self.log.info("%s: %s", kind, ev.get("reason") or ev.get("message") or ev.get("error") or "")
 
         try:
             eid, done = await afollow_job(hook.get_state, hook.read_events, self.job_id, on_event=on_event,
