@@ -31,11 +31,11 @@ for poll in POLLS:  # one DAG per sensor poke_interval (not a templated field)
         found = TimedNewFilesSensor(task_id="new_files", path="{{ dag_run.conf['watch_dir'] }}", pattern="*.dat",
                                     poke_interval=poll, deferrable=True)
         TimedTransferOperator(task_id="transfer", sources=found.output,
-                              destination="{{ dag_run.conf['destination'] }}", TRANSFER_KW)
+                              destination="{{ dag_run.conf['destination'] }}", deferrable=True, TRANSFER_KW)
 
 with DAG(dag_id="fstream_bench_overhead", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
     TimedTransferOperator(task_id="transfer", sources="{{ dag_run.conf['source'] }}",
-                          destination="{{ dag_run.conf['destination'] }}", TRANSFER_KW)
+                          destination="{{ dag_run.conf['destination'] }}", deferrable=True, TRANSFER_KW)
 '''
 
 

@@ -106,9 +106,9 @@ def _dataset(root: Path, n: int = 12) -> dict[str, str]:
     return out
 
 
-def _run_dag(env: dict, dag_id: str, conf: dict) -> tuple[dict, str]:
+def _run_dag(env: dict, dag_id: str, conf: dict, timeout: float = 240) -> tuple[dict, str]:
     p = subprocess.run([sys.executable, "-c", _RUN_DAG, dag_id, json.dumps(conf)], env=env, capture_output=True,
-                       text=True, timeout=240)
+                       text=True, timeout=timeout)
     text = p.stdout + p.stderr
     m = re.search(r"^RESULT_JSON (.*)$", p.stdout, re.M)
     assert m, f"dag.test produced no result (rc {p.returncode}):\n{text[-4000:]}"
@@ -153,6 +153,7 @@ class _TI:
 
 
 def _deferred_job_id(op, ti) -> str:
+    op.deferrable = True  # the default follows [operators] default_deferrable (False)
     with pytest.raises(TaskDeferred) as exc:
         op.execute({"ti": ti})
     return exc.value.trigger.job_id
@@ -160,7 +161,7 @@ def _deferred_job_id(op, ti) -> str:
 
 def test_retry_reattaches_instead_of_starting_a_second_job(monkeypatch, redis_url, redis_client, secret_file):
     monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
-    kw = dict(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x")
+    kw = dict(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x", deferrable=True)
     first = _deferred_job_id(FStreamTransferOperator(**kw), _TI(1))
     # try 2 (a retry after a worker crash, or a rerun): a fresh operator instance, same task instance key
     second = _deferred_job_id(FStreamTransferOperator(**kw), _TI(2))
@@ -280,10 +281,99 @@ def test_deferral_timeout_cancels_the_job(monkeypatch, redis_url, redis_client):
 
     monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
     ti = _TI(1)
-    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x")
+    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x",
+                                 deferrable=True)
     job_id = _deferred_job_id(op, ti)
     resumed = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x")
     with pytest.raises(TaskDeferralTimeout):
         resumed.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, {"ti": ti})
     st = JobStore(redis_client, keys=Keys()).get(job_id)
     assert st.state == "cancelled" and "timed out" in st.error
+
+
+# -- issue 9: what a DAG author meets in real use -------------------------------------------------------------
+_CORRECTNESS_DAGS = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from fstream_provider.operators.transfer import FStreamTransferOperator
+
+KW = dict(sources=["{{ params.source }}"], destination="{{ params.destination }}", retries=0)
+with DAG("fstream_typo_conn", schedule=None, start_date=datetime(2026, 1, 1), params={"source": "", "destination": ""}):
+    FStreamTransferOperator(task_id="transfer", fstream_conn_id="fstream_typo", deferrable=True, **KW)
+with DAG("fstream_no_agent", schedule=None, start_date=datetime(2026, 1, 1), params={"source": "", "destination": ""}):
+    FStreamTransferOperator(task_id="transfer", deferrable=True, agent_timeout="1s", **KW)
+with DAG("fstream_templated_layout", schedule=None, start_date=datetime(2026, 1, 1),
+         params={"source": "", "destination": "", "p": 3, "cc": 2}):
+    FStreamTransferOperator(task_id="transfer", tuner="fixed", cc="{{ params.cc }}", p="{{ params.p }}", pp=1,
+                            watch="{{ 'false' }}", agent_timeout="{{ '1s' }}", **KW)
+'''
+
+
+@pytest.fixture
+def correctness_env(airflow_env, tmp_path, redis_url, secret_file):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "fstream_correctness.py").write_text(_CORRECTNESS_DAGS)
+    return dict(airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags), FSTREAM_REDIS_URL=redis_url,
+                AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
+                + f"?secret_file={secret_file}")
+
+
+def test_a_misspelled_connection_fails_the_task_at_once_naming_it(correctness_env, tmp_path):
+    """It used to fall back to $FSTREAM_REDIS_URL / an embedded Redis and stay deferred for ever."""
+    t0 = time.monotonic()
+    out, log = _run_dag(correctness_env, "fstream_typo_conn",
+                        {"source": str(tmp_path), "destination": "fstream://127.0.0.1:9/x"}, timeout=90)
+    assert out["tis"]["transfer"] == "failed", log[-3000:]
+    assert "'fstream_typo' is not defined" in log and "AIRFLOW_CONN_FSTREAM_TYPO" in log, log[-3000:]
+    assert time.monotonic() - t0 < 80
+
+
+def test_no_live_agent_warns_at_submit_and_fails_after_agent_timeout_deferred(correctness_env, tmp_path, redis_client):
+    out, log = _run_dag(correctness_env, "fstream_no_agent",
+                        {"source": str(tmp_path), "destination": "fstream://127.0.0.1:9/x"}, timeout=120)
+    assert out["tis"]["transfer"] == "failed", log[-3000:]
+    assert "No FStream agent is alive" in log and "fstream agent --redis" in log, log[-3000:]
+    assert "no live agent on the bus (agent_timeout 1 s)" in log, log[-3000:]
+    job = JobStore(redis_client, keys=Keys()).get(out["xcom"]["transfer:job_id"])
+    assert job.state == "cancelled"  # nothing left queued for an agent that starts later
+
+
+def test_no_live_agent_fails_after_agent_timeout_polling(monkeypatch, redis_url, redis_client):
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x",
+                                 deferrable=False, poll_interval=0.2, agent_timeout="1s")
+    t0 = time.monotonic()
+    with pytest.raises(AirflowException, match="no live agent on the bus"):
+        op.execute({"ti": _TI(1)})
+    assert time.monotonic() - t0 < 15
+    assert JobStore(redis_client, keys=Keys()).get(op._job_id).state == "cancelled"
+
+
+def test_templated_layout_and_flags_render_and_reach_the_spec(correctness_env, tmp_path, redis_client):
+    conf = {"source": str(tmp_path), "destination": "fstream://127.0.0.1:9/x", "p": 3, "cc": 2}
+    out, log = _run_dag(correctness_env, "fstream_templated_layout", conf, timeout=120)
+    spec = JobStore(redis_client, keys=Keys()).get(out["xcom"]["transfer:job_id"]).spec
+    assert (spec.cc, spec.p, spec.pp, spec.watch) == (2, 3, 1, False), log[-3000:]
+    assert "agent_timeout 1 s" in log  # the templated agent_timeout was rendered and used (no agent here)
+    out, log = _run_dag(correctness_env, "fstream_templated_layout", dict(conf, p="three"), timeout=120)
+    assert out["tis"]["transfer"] == "failed" and "p='three' must be an integer" in log, log[-3000:]
+
+
+def test_clear_of_a_finished_task_redoes_the_work(monkeypatch, redis_url, redis_client, secret_file, receiver, agent,
+                                                 tmp_path):
+    """Clear raises the try number; a finished job under the task's key is not re-attached but redone."""
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
+                       + f"?secret_file={secret_file}")
+    src = _dataset(tmp_path / "src", n=4)
+    kw = dict(task_id="transfer", sources=[str(tmp_path / "src")], destination=f"fstream://127.0.0.1:{receiver.port}/c",
+              deferrable=False, poll_interval=0.2, plot_dir=str(tmp_path / "plots"), agent_timeout="1s")
+    first = FStreamTransferOperator(**kw)
+    assert first.execute({"ti": _TI(1)})["verified_files"] == 4  # with an agent alive, agent_timeout never fires
+    landed = tmp_path / "dst" / "c"
+    (landed / "shot002.xtc").unlink()  # someone deletes a landed file; the user clears the task
+    second = FStreamTransferOperator(**kw)
+    report = second.execute({"ti": _TI(2)})
+    assert second._job_id != first._job_id, "Clear re-attached to the finished job"
+    assert {p.name: _sha(p) for p in landed.iterdir()} == src
+    assert report["verified_files"] == 1 and report["skipped_files"] == 3, report

@@ -36,7 +36,7 @@ with DAG("fstream_report_test", schedule=None, start_date=dt.datetime(2024, 1, 1
     transfer = FStreamTransferOperator(
         task_id="transfer", sources=[{source!r}], destination={destination!r}, target_throughput="800Mbps",
         watch=True, interval="0.2s", idle_exit="1.5s", tuner_options={{"sample_interval": "0.2s"}},
-        plot_dir={plot_dir!r}, outlets=[LANDED], retries=0)
+        plot_dir={plot_dir!r}, outlets=[LANDED], retries=0, deferrable=True)
 
     @task
     def consume(report):

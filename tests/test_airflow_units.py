@@ -86,10 +86,18 @@ def test_hook_reads_the_connection_uri(monkeypatch):
     assert (s.namespace, s.secret_file, s.agent_group) == ("lab", "/etc/fs", "dtn")
 
 
-def test_hook_without_connection_uses_fstream_redis_url(monkeypatch):
+def test_a_missing_connection_fails_at_once_naming_it_and_never_falls_back(monkeypatch):
+    """Inside Airflow an undefined conn id used to fall back to $FSTREAM_REDIS_URL / an embedded Redis:
+    the job went to a bus no agent watched and the deferred task waited for ever."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from fstream_provider.hooks.fstream_async import FStreamAsyncHook
+
     monkeypatch.setenv("FSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
-    s = FStreamHook(fstream_conn_id="fstream_absent").settings
-    assert s.redis_url == "redis://127.0.0.1:1/0" and "fstream_absent" in s.source
+    with pytest.raises(AirflowNotFoundException, match="'fstream_absent' is not defined.*AIRFLOW_CONN_FSTREAM_ABSENT"):
+        FStreamHook(fstream_conn_id="fstream_absent").settings
+    with pytest.raises(AirflowNotFoundException, match="fstream_absent"):
+        asyncio.run(FStreamAsyncHook(fstream_conn_id="fstream_absent").get_settings())
 
 
 def test_hook_test_connection(fstream_conn, monkeypatch):

@@ -124,9 +124,6 @@ def test_the_api_server_serves_the_fstream_form(api_server):
         "Redis host", "6379", "Redis database")
 
 
-@pytest.mark.xfail(strict=True, reason="issue #9: the hook does not yet give jobs the connection's tls_cert/tls_key/"
-                                       "tls_ca the way it gives secret_file (hooks/fstream.py, another helper's part); "
-                                       "remove this mark when it does")
 def test_the_connection_tls_files_reach_jobs_that_name_none(monkeypatch, redis_url):
     """Like ``secret_file``, the TLS fields of the form are defaults for the jobs submitted through the hook."""
     from urllib.parse import quote, urlparse

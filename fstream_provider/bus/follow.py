@@ -79,7 +79,8 @@ class JobFollow:
 
 
 def follow_job(store: Any, job_id: str, *, on_event: OnEvent | None = None, timeout: float | None = None,
-               after: str = "0-0", block_ms: int = 1000, count: int = 500) -> JobState:
+               after: str = "0-0", block_ms: int = 1000, count: int = 500,
+               on_idle: Callable[[JobState], None] | None = None) -> JobState:
     """Follow a job's events until it ends (or ``timeout`` passes); returns its state.
 
     ``on_event(entry_id, event)`` sees every event after ``after`` (a job already finished is replayed;
@@ -89,6 +90,7 @@ def follow_job(store: Any, job_id: str, *, on_event: OnEvent | None = None, time
     :param store: a ``fstream_provider.bus.jobs.JobStore``.
     :param timeout: seconds to follow at most; then the current, non-terminal state is returned.
     :param block_ms: how long one read blocks before the job's hash is looked at.
+    :param on_idle: called with the fresh state after every read that brought nothing (may raise).
     """
     f = JobFollow(job_id, after)
     state = f.found(store.get(job_id))
@@ -108,5 +110,9 @@ def follow_job(store: Any, job_id: str, *, on_event: OnEvent | None = None, time
                 on_event(eid, ev)
         if f.done is not None:
             return f.still_there(store.get(job_id))
-        if not batch and f.after_empty_read(store.get(job_id)):
-            return f.state
+        if not batch:
+            state = store.get(job_id)
+            if f.after_empty_read(state):
+                return f.state
+            if on_idle is not None:
+                on_idle(state)

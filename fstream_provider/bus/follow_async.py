@@ -25,7 +25,8 @@ def raise_if_cancelled() -> None:
 async def afollow_job(get_state: Callable[[str], Awaitable[Any]],
                       read_events: Callable[..., Awaitable[list[tuple[str, dict]]]], job_id: str, *,
                       on_event: OnEvent | None = None, after: str = "0-0", block_ms: int = 5000,
-                      count: int = 500) -> tuple[str, dict]:
+                      count: int = 500, on_idle: Callable[[Any], Awaitable[None]] | None = None
+                      ) -> tuple[str, dict]:
     """Follow a job's events until it ends; returns ``(entry_id, done_event)``.
 
     Same rules as ``fstream_provider.bus.follow.follow_job`` (``JobFollow``): raises ``JobNotFoundError``
@@ -35,6 +36,7 @@ async def afollow_job(get_state: Callable[[str], Awaitable[Any]],
     :param get_state: ``await get_state(job_id)``: the ``JobState`` or None (``FStreamAsyncHook.get_state``).
     :param read_events: ``await read_events(job_id, after=, block_ms=, count=)`` (``FStreamAsyncHook.read_events``).
     :param on_event: called as ``on_event(entry_id, event)`` for every event after ``after``.
+    :param on_idle: awaited with the fresh state after every read that brought nothing (may raise).
     """
     f = JobFollow(job_id, after)
     state = await get_state(job_id)
@@ -54,3 +56,5 @@ async def afollow_job(get_state: Callable[[str], Awaitable[Any]],
             raise_if_cancelled()
             if f.after_empty_read(state):
                 return f.after, f.done_event()
+            if on_idle is not None:
+                await on_idle(state)

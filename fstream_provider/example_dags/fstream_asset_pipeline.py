@@ -54,7 +54,7 @@ with DAG(
         return files
 
     files = batch_files()
-    transfer = FStreamTransferOperator(task_id="transfer", sources=files, destination=DESTINATION)
+    transfer = FStreamTransferOperator(task_id="transfer", sources=files, destination=DESTINATION, deferrable=True)
 
     @task
     def process(report: dict) -> int:

@@ -42,6 +42,7 @@ with DAG(
         idle_exit="{{ params.idle_exit }}",
         until="{{ (dag_run.run_after + macros.timedelta(hours=12)).isoformat() }}",
         execution_timeout=timedelta(hours=13),
+        deferrable=True,  # a 12-hour stream waits in the triggerer, not in a worker slot
     )
 
     @task

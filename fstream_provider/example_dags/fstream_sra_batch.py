@@ -53,6 +53,7 @@ with DAG(
         destination="{{ params.destination }}/{{ dag_run.run_after | ds_nodash }}",
         tuner="{{ params.tuner }}",
         max_cc=16,
+        deferrable=True,
     )
 
     @task

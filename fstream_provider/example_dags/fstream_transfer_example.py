@@ -44,4 +44,5 @@ with DAG(
         destination="{{ params.destination }}",
         target_throughput="{{ params.target_throughput or '' }}",
         tuner="{{ params.tuner }}",
+        deferrable=True,  # wait in the triggerer (the default is Airflow's [operators] default_deferrable)
     )

@@ -8,8 +8,11 @@ host, port and schema are the Redis server and database number; login/password a
 and password. Extras: ``secret_file`` (the shared secret the agents authenticate with), ``namespace``
 (key prefix, default ``fstream``), ``agent_group`` (shown by ``test_connection``), ``ssl`` (``true``
 for ``rediss://``) and ``url`` (a full Redis URL, e.g. ``redis+sentinel://h1:26379,h2:26379/mymaster``,
-overriding host/port). Without any ``fstream_default`` connection the hook uses ``$FSTREAM_REDIS_URL``
-or FStream's embedded Redis, like the ``fstream`` CLI.
+overriding host/port), ``tls_cert``/``tls_key``/``tls_ca`` (data-channel TLS files, forwarded to jobs
+that name none). A connection id that does not exist fails at once with ``AirflowNotFoundException``
+naming it: inside Airflow there is no fallback to ``$FSTREAM_REDIS_URL`` or an embedded Redis (a job
+submitted to a private Redis no agent watches would wait for ever). The ``fstream`` CLI and the demo
+keep that fallback; they do not use this hook.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class FStreamSettings:
     :param namespace: key namespace on that Redis.
     :param secret_file: shared secret file the agents use (forwarded to jobs that name none).
     :param agent_group: the agent group name (informational).
+    :param tls_cert: client certificate for mutual TLS on the data channels (forwarded to jobs naming none).
+    :param tls_key: its key.
+    :param tls_ca: CA bundle that signed the receivers' certificates.
     :param source: where the settings came from, for log lines.
     """
 
@@ -48,6 +54,9 @@ class FStreamSettings:
     namespace: str = DEFAULT_NAMESPACE
     secret_file: str | None = None
     agent_group: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
     source: str = ""
 
 
@@ -71,23 +80,26 @@ def settings_from_connection(conn: Any) -> FStreamSettings:
         namespace=extra.get("namespace") or DEFAULT_NAMESPACE,
         secret_file=extra.get("secret_file") or None,
         agent_group=extra.get("agent_group") or None,
+        tls_cert=extra.get("tls_cert") or None,
+        tls_key=extra.get("tls_key") or None,
+        tls_ca=extra.get("tls_ca") or None,
         source=f"connection {conn.conn_id!r}",
     )
 
 
-def settings_without_connection(conn_id: str) -> FStreamSettings:
-    """The fallback when ``conn_id`` is not defined: ``$FSTREAM_REDIS_URL`` or the embedded Redis."""
-    from fstream_provider.bus.embedded import resolve_redis_url
-
-    return FStreamSettings(redis_url=resolve_redis_url(None),
-                           source=f"no connection {conn_id!r}: FSTREAM_REDIS_URL or embedded Redis")
+def missing_connection(conn_id: str) -> AirflowNotFoundException:
+    """The error for a connection id that is not defined: names it and says how to define one."""
+    return AirflowNotFoundException(
+        f"The FStream connection {conn_id!r} is not defined. Define it (Admin → Connections, type "
+        f"'FStream', or AIRFLOW_CONN_{conn_id.upper()}='fstream://REDIS_HOST:6379/0?secret_file=...') or "
+        "pass the right fstream_conn_id; tasks never fall back to a private Redis no agent watches.")
 
 
 class FStreamHook(BaseHook):
     """Submit, follow and cancel FStream jobs on the Redis bus named by an ``fstream`` connection.
 
-    :param fstream_conn_id: the connection id (default ``fstream_default``; if it does not exist the
-        hook falls back to ``$FSTREAM_REDIS_URL`` or the embedded Redis).
+    :param fstream_conn_id: the connection id (default ``fstream_default``; one that does not exist is
+        an ``AirflowNotFoundException`` at first use).
     """
 
     conn_name_attr = "fstream_conn_id"
@@ -119,7 +131,7 @@ class FStreamHook(BaseHook):
         try:
             conn = self.get_connection(self.fstream_conn_id)
         except AirflowNotFoundException:
-            return settings_without_connection(self.fstream_conn_id)
+            raise missing_connection(self.fstream_conn_id) from None
         return settings_from_connection(conn)
 
     @cached_property
@@ -146,8 +158,11 @@ class FStreamHook(BaseHook):
 
     def submit(self, spec: "TransferSpec", *, idempotency_key: str) -> tuple[str, bool]:
         """Queue ``spec``; the same key returns the existing job instead of a second one."""
-        if not spec.secret_file and self.settings.secret_file:
-            spec.secret_file = self.settings.secret_file
+        s = self.settings
+        if not spec.secret_file and s.secret_file:
+            spec.secret_file = s.secret_file
+        if not (spec.tls_cert or spec.tls_key or spec.tls_ca):  # the connection's TLS files, as one set
+            spec.tls_cert, spec.tls_key, spec.tls_ca = s.tls_cert, s.tls_key, s.tls_ca
         return self.store.submit(spec, idempotency_key=idempotency_key)
 
     def get_job(self, job_id: str) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -11,15 +10,15 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from fstream_provider.hooks.fstream import (
     DEFAULT_CONN_ID,
     FStreamSettings,
+    missing_connection,
     settings_from_connection,
-    settings_without_connection,
 )
 
 
 class FStreamAsyncHook(BaseHook):
     """Read job state and follow job events without blocking the triggerer's event loop.
 
-    :param fstream_conn_id: the ``fstream`` connection (missing: ``$FSTREAM_REDIS_URL`` / embedded Redis).
+    :param fstream_conn_id: the ``fstream`` connection (one that does not exist is an ``AirflowNotFoundException``).
     """
 
     conn_name_attr = "fstream_conn_id"
@@ -39,8 +38,7 @@ class FStreamAsyncHook(BaseHook):
             try:
                 conn = await self.aget_connection(self.fstream_conn_id)
             except AirflowNotFoundException:
-                # may start the embedded redis-server (a subprocess): keep it off the event loop
-                self._settings = await asyncio.to_thread(settings_without_connection, self.fstream_conn_id)
+                raise missing_connection(self.fstream_conn_id) from None
             else:
                 self._settings = settings_from_connection(conn)
         return self._settings

@@ -9,11 +9,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferralTimeout
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.model.options import TunerOptions
-from fstream_provider.model.units import parse_rate
+from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, live_agents, start_agent_hint
+from fstream_provider.model.units import parse_duration, parse_rate
 from fstream_provider.tuning.registry import check_options
 from fstream_provider.model.tasklog import build_report, live_event_line, summary_table, target_warnings
 from fstream_provider.operators.links import PLOT_XCOM_KEY, FStreamPlotLink, plot_location, write_plot
@@ -62,6 +64,30 @@ def to_unix_time(until: Any) -> float | None:
     return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
+def rendered_int(task_id: str, name: str, value: Any) -> int | None:
+    """An integer option after rendering (templates give strings): None stays None, anything else must be an int."""
+    if value in (None, "", "None"):
+        return None
+    if isinstance(value, bool):
+        raise AirflowException(f"{task_id}: {name}={value!r} must be an integer")
+    try:
+        return int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise AirflowException(f"{task_id}: {name}={value!r} must be an integer (after rendering)") from None
+
+
+def rendered_bool(task_id: str, name: str, value: Any) -> bool:
+    """A boolean option after rendering: True/False, or the strings true/false/1/0/yes/no."""
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    raise AirflowException(f"{task_id}: {name}={value!r} must be true or false (after rendering)")
+
+
 def _is_template(value: Any) -> bool:
     """True when ``value`` is only known once Airflow renders it (Jinja text or an XCom reference)."""
     if isinstance(value, str):
@@ -81,9 +107,11 @@ class FStreamTransferOperator(BaseOperator):
     """Move files with FStream: tuned parallel TCP channels, checksums, resume, live re-tuning.
 
     The task submits a job to the agents on the ``fstream`` connection's Redis with the idempotency key
-    ``dag_id/run_id/task_id/map_index``, so a retry or a rerun of the same task re-attaches to the
-    job already queued or running instead of starting a second copy (a retry after the job *failed*
-    submits a new attempt, keyed with the try number). By default it then defers to
+    ``dag_id/run_id/task_id/map_index``, so a retry of the same task re-attaches to the job still
+    queued or running instead of starting a second copy; once that job has *finished* (succeeded,
+    failed or cancelled), a Clear or a retry submits a new job keyed with the try number and the
+    work is redone (files already verified at the destination are skipped by the agent, so this is
+    cheap). With ``deferrable=True`` it then defers to
     :class:`~fstream_provider.triggers.transfer.FStreamTransferTrigger` and frees its worker slot.
     When the job ends, the task log gets one line per measurement interval (throughput vs target,
     cc/p/pp per cluster, files done/pending, the tuner's reason for each change), a summary table,
@@ -117,15 +145,21 @@ class FStreamTransferOperator(BaseOperator):
         (:class:`~fstream_provider.model.options.TunerOptions`: ``profile_interval``, ``sample_interval``,
         ``block_size``, ``encrypt``, ``tls_cert``, ``tls_key``, ``tls_ca``, ``label``); unknown keys are refused.
     :param fstream_conn_id: the ``fstream`` connection.
-    :param deferrable: wait in the triggerer (default) instead of polling in the worker.
+    :param deferrable: wait in the triggerer instead of polling in the worker; the default is Airflow's
+        ``[operators] default_deferrable`` (False unless set), as in official providers. Long streams
+        should defer.
+    :param agent_timeout: fail (and cancel the job) when it stays queued this long with no live agent on
+        the bus (``5m`` default; None waits for ever); a warning at submit already says how to start one.
+    :param cancel_on_kill: cancel the job when the task is killed or marked failed/success (default);
+        False leaves it running.
     :param poll_interval: seconds one poll may block in non-deferrable mode.
     :param plot_dir: where the PNG plot goes: a directory or an ``ObjectStoragePath`` URL (``s3://``, ``file://``;
         default ``$FSTREAM_STATE_DIR/plots``).
     """
 
     template_fields: Sequence[str] = (
-        "sources", "destination", "tuner", "target_throughput", "bandwidth", "rtt", "until", "idle_exit",
-        "secret_file", "plot_dir",
+        "sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p", "pp",
+        "watch", "until", "idle_exit", "interval", "secret_file", "tuner_options", "agent_timeout", "plot_dir",
     )
     ui_color = "#c8e6f5"
     operator_extra_links = (FStreamPlotLink(),)
@@ -151,9 +185,11 @@ class FStreamTransferOperator(BaseOperator):
         secret_file: str | None = None,
         tuner_options: dict[str, Any] | None = None,
         fstream_conn_id: str = DEFAULT_CONN_ID,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 1.0,
         plot_dir: str | None = None,
+        agent_timeout: str | float | None = "5m",
+        cancel_on_kill: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -178,6 +214,8 @@ class FStreamTransferOperator(BaseOperator):
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.plot_dir = plot_dir
+        self.agent_timeout = agent_timeout
+        self.cancel_on_kill = cancel_on_kill
         self._job_id: str | None = None
         self._check_options()
 
@@ -188,8 +226,9 @@ class FStreamTransferOperator(BaseOperator):
         ``build_spec`` at execute, before anything is submitted.
         """
         try:
-            TunerOptions.check(self.tuner_options, own_parameters=_OWN_PARAMETERS)
-            if _is_template(self.tuner) or _is_template(self.target_throughput):
+            if not isinstance(self.tuner_options, str):  # a Jinja string is checked once rendered
+                TunerOptions.check(self.tuner_options, own_parameters=_OWN_PARAMETERS)
+            if any(_is_template(v) for v in (self.tuner, self.target_throughput, self.cc, self.p, self.pp)):
                 return
             target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
             check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=target)
@@ -215,10 +254,11 @@ class FStreamTransferOperator(BaseOperator):
             opts = TunerOptions.check(self.tuner_options, own_parameters=_OWN_PARAMETERS).as_options()
         except ValueError as exc:
             raise AirflowException(f"{self.task_id}: invalid transfer options: {exc}") from None
+        cc, p, pp, max_cc = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp", "max_cc"))
         opts.update(
-            tuner=self.tuner, target_throughput=self.target_throughput or None, max_cc=self.max_cc,
-            bandwidth=self.bandwidth or None, rtt=self.rtt or None, cc=self.cc, p=self.p, pp=self.pp,
-            watch=bool(self.watch), until=to_unix_time(self.until),
+            tuner=self.tuner, target_throughput=self.target_throughput or None, max_cc=max_cc,
+            bandwidth=self.bandwidth or None, rtt=self.rtt or None, cc=cc, p=p, pp=pp,
+            watch=rendered_bool(self.task_id, "watch", self.watch), until=to_unix_time(self.until),
             idle_exit=self.idle_exit or None, interval=self.interval or None, verify=self.verify,
             secret_file=self.secret_file or None, label=opts.get("label") or label,
         )
@@ -239,8 +279,10 @@ class FStreamTransferOperator(BaseOperator):
         if not created:
             job = self.hook.get_job(job_id)
             state = getattr(job, "state", None)
-            if job is None or state in ("failed", "cancelled"):
-                # ended in failure, or its state vanished from Redis (the key outlived it): a retry must retry
+            if job is None or state in TERMINAL:
+                # Finished (a Clear or a retry redoes the work: files already verified at the destination
+                # are skipped by the agent), or its state vanished from Redis: submit a new job. Only a
+                # job still queued or running is re-attached (the retry of a task whose job goes on).
                 try_number = getattr(context["ti"], "try_number", 0)
                 retry_key = f"{key}#try{try_number}"
                 self.log.warning("FStream job %s for %s %s (%s); submitting a new attempt (key %s)", job_id, key,
@@ -254,7 +296,26 @@ class FStreamTransferOperator(BaseOperator):
             self.log.info("Submitted FStream job %s (%s -> %s, tuner %s) on %s", job_id,
                           ", ".join(spec.sources[:3]) + (" ..." if len(spec.sources) > 3 else ""),
                           spec.destination, spec.tuner, self.hook.settings.source)
+        if not live_agents(self.hook.client, self.hook.keys):
+            timeout = self._agent_timeout()
+            self.log.warning("No FStream agent is alive on %s: job %s waits in the queue%s; %s",
+                             self.hook.settings.source, job_id,
+                             f" and fails after agent_timeout {timeout:g} s" if timeout is not None else "",
+                             self._agent_hint())
         return job_id
+
+    def _agent_timeout(self) -> float | None:
+        if self.agent_timeout in (None, "", "None"):
+            return None
+        try:
+            return parse_duration(self.agent_timeout)
+        except ValueError as exc:
+            raise AirflowException(f"{self.task_id}: agent_timeout {self.agent_timeout!r}: {exc}") from None
+
+    def _agent_hint(self) -> str:
+        from fstream_provider.bus.client import describe
+
+        return start_agent_hint(describe(self.hook.settings.redis_url), self.hook.settings.namespace)
 
     # -- running ------------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -266,7 +327,9 @@ class FStreamTransferOperator(BaseOperator):
 
             self.defer(
                 trigger=FStreamTransferTrigger(job_id=job_id, fstream_conn_id=self.fstream_conn_id,
-                                               target_throughput_bps=spec.target_throughput_bps),
+                                               target_throughput_bps=spec.target_throughput_bps,
+                                               agent_timeout=self._agent_timeout(), agent_hint=self._agent_hint(),
+                                               cancel_on_kill=bool(self.cancel_on_kill)),
                 method_name="execute_complete",
                 timeout=self.execution_timeout,
             )
@@ -286,8 +349,18 @@ class FStreamTransferOperator(BaseOperator):
             if ev.get("kind") == "interval":
                 prev = ev
 
+        watch = NoAgentWatch(self._agent_timeout(), self._agent_hint())
+
+        def on_idle(state: Any) -> None:
+            if state.state == "queued":  # only then is a missing agent a reason to give up
+                watch.check(job_id, state.state, len(live_agents(self.hook.client, self.hook.keys)))
+
         try:
-            follow_job(self.hook.store, job_id, on_event=on_event, block_ms=max(1, int(self.poll_interval * 1000)))
+            follow_job(self.hook.store, job_id, on_event=on_event, block_ms=max(1, int(self.poll_interval * 1000)),
+                       on_idle=on_idle)
+        except NoAgentError as exc:
+            self.hook.cancel(job_id, str(exc))
+            raise AirflowException(str(exc)) from None
         except LookupError as exc:  # JobLostError (or JobNotFoundError): its state vanished from the bus
             raise AirflowException(f"FStream job {job_id} disappeared from the bus while running: its state "
                                    "vanished from Redis (flushed, or restarted without its data); "
@@ -393,7 +466,10 @@ class FStreamTransferOperator(BaseOperator):
             raise
 
     def on_kill(self) -> None:
-        """Cancel the job when the task is killed while polling (deferred tasks: the trigger's ``on_kill``)."""
-        if self._job_id:
+        """Cancel the job when the task is killed while polling (deferred tasks: the trigger's ``on_kill``).
+
+        With ``cancel_on_kill=False`` the job keeps running (a long stream that must outlive the task).
+        """
+        if self._job_id and self.cancel_on_kill:
             self.log.info("Cancelling FStream job %s", self._job_id)
             self.hook.cancel(self._job_id, f"Airflow task {self.task_id} was killed")

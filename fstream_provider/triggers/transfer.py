@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, alive_agents
 from fstream_provider.bus.follow_async import afollow_job
 from fstream_provider.bus.job_state import JobLostError, JobNotFoundError
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
@@ -27,11 +28,19 @@ class FStreamTransferTrigger(BaseTrigger):
     :param last_event_id: stream id to read after (``0-0``: from the start).
     :param target_throughput_bps: the job's target, shown in the per-interval lines.
     :param block_ms: how long one ``XREAD`` blocks before re-checking the job hash.
+    :param agent_timeout: seconds the job may stay queued with no live agent before the trigger fires an
+        error (and cancels the job); None waits for ever. Counted from when this trigger (re)started.
+    :param agent_hint: how to start an agent, for that error.
+    :param cancel_on_kill: cancel the job when the user kills the deferred task (mark failed/success, clear).
     """
 
     def __init__(self, *, job_id: str, fstream_conn_id: str = DEFAULT_CONN_ID, last_event_id: str = "0-0",
-                 target_throughput_bps: float | None = None, block_ms: int = 5000) -> None:
+                 target_throughput_bps: float | None = None, block_ms: int = 5000,
+                 agent_timeout: float | None = None, agent_hint: str = "", cancel_on_kill: bool = True) -> None:
         super().__init__()
+        self.agent_timeout = agent_timeout
+        self.agent_hint = agent_hint
+        self.cancel_on_kill = cancel_on_kill
         self.job_id = job_id
         self.fstream_conn_id = fstream_conn_id
         self.last_event_id = last_event_id
@@ -47,6 +56,9 @@ class FStreamTransferTrigger(BaseTrigger):
                 "last_event_id": self.last_event_id,
                 "target_throughput_bps": self.target_throughput_bps,
                 "block_ms": self.block_ms,
+                "agent_timeout": self.agent_timeout,
+                "agent_hint": self.agent_hint,
+                "cancel_on_kill": self.cancel_on_kill,
             },
         )
 
@@ -78,9 +90,20 @@ class FStreamTransferTrigger(BaseTrigger):
             if ev.get("kind") == "interval":
                 prev = ev
 
+        watch = NoAgentWatch(self.agent_timeout, self.agent_hint)
+
+        async def on_idle(state: Any) -> None:
+            if state.state == "queued":  # only then is a missing agent a reason to give up
+                alive = await alive_agents(await hook.get_client(), await hook.get_keys())
+                watch.check(self.job_id, state.state, len(alive))
+
         try:
             eid, done = await afollow_job(hook.get_state, hook.read_events, self.job_id, on_event=on_event,
-                                          after=self.last_event_id, block_ms=self.block_ms)
+                                          after=self.last_event_id, block_ms=self.block_ms, on_idle=on_idle)
+        except NoAgentError as exc:
+            await hook.request_cancel(self.job_id, str(exc))
+            return {"status": "error", "job_id": self.job_id, "state": "cancelled",
+                    "last_event_id": self.last_event_id, "message": str(exc)}
         except JobNotFoundError:
             return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
                     "message": f"FStream job {self.job_id} does not exist on the bus (expired or wrong connection)"}
@@ -97,7 +120,11 @@ class FStreamTransferTrigger(BaseTrigger):
                 "state": state, "last_event_id": eid}
 
     async def on_kill(self) -> None:
-        """The user killed the deferred task (mark failed/success, clear): cancel the job too."""
+        """The user killed the deferred task (mark failed/success, clear): cancel the job too (unless
+        ``cancel_on_kill`` is False). Airflow calls this from 3.3.0 on (``BaseTrigger.on_kill``)."""
+        if not self.cancel_on_kill:
+            self.log.info("task killed; FStream job %s keeps running (cancel_on_kill=False)", self.job_id)
+            return
         hook = self._hook()
         try:
             await hook.request_cancel(self.job_id, "Airflow task was killed by a user action while deferred")

@@ -62,6 +62,7 @@ class _TI:
 
 
 def _defer(op: FStreamTransferOperator, ti: _TI) -> FStreamTransferTrigger:
+    op.deferrable = True  # the default follows [operators] default_deferrable (False)
     with pytest.raises(TaskDeferred) as exc:
         op.execute({"ti": ti})
     return exc.value.trigger
