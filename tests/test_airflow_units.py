@@ -245,6 +245,19 @@ def test_transfer_trigger_on_kill_cancels_the_job(fstream_conn, redis_client):
     assert st.state == "cancelled" and "killed" in st.error
 
 
+def test_cancel_on_kill_false_leaves_the_job_running(fstream_conn, redis_client):
+    store = JobStore(redis_client, keys=Keys(NS))
+    job_id, _ = store.submit(TransferSpec(sources=["/a"], destination="fstream://127.0.0.1:9/x"),
+                             idempotency_key="d/r/keep/-1")
+    asyncio.run(FStreamTransferTrigger(job_id=job_id, cancel_on_kill=False).on_kill())
+    assert store.get(job_id).state == "queued"
+    op = FStreamTransferOperator(task_id="t", sources=["/a"], destination="fstream://127.0.0.1:9/x",
+                                 cancel_on_kill=False)
+    op._job_id = job_id
+    op.on_kill()
+    assert store.get(job_id).state == "queued"
+
+
 def test_sensor_poke_mode_reports_complete_files_once(fstream_conn, tmp_path):
     _write(tmp_path / "r1.sra", b"1" * 100)
     sensor = FStreamNewFilesSensor(task_id="s", path=str(tmp_path), pattern="*.sra", deferrable=False,

@@ -158,11 +158,13 @@ class FStreamHook(BaseHook):
 
     def submit(self, spec: "TransferSpec", *, idempotency_key: str) -> tuple[str, bool]:
         """Queue ``spec``; the same key returns the existing job instead of a second one."""
-        s = self.settings
+        s, updates = self.settings, {}
         if not spec.secret_file and s.secret_file:
-            spec.secret_file = s.secret_file
-        if not (spec.tls_cert or spec.tls_key or spec.tls_ca):  # the connection's TLS files, as one set
-            spec.tls_cert, spec.tls_key, spec.tls_ca = s.tls_cert, s.tls_key, s.tls_ca
+            updates["secret_file"] = s.secret_file
+        if not (spec.tls_cert or spec.tls_key or spec.tls_ca) and (s.tls_cert or s.tls_key or s.tls_ca):
+            updates.update(tls_cert=s.tls_cert, tls_key=s.tls_key, tls_ca=s.tls_ca)  # the connection's set, whole
+        if updates:  # validated again: a connection with a certificate but no key is refused, naming both
+            spec = type(spec).model_validate({**spec.model_dump(), **updates})
         return self.store.submit(spec, idempotency_key=idempotency_key)
 
     def get_job(self, job_id: str) -> Any:
