@@ -377,3 +377,62 @@ def test_clear_of_a_finished_task_redoes_the_work(monkeypatch, redis_url, redis_
     assert second._job_id != first._job_id, "Clear re-attached to the finished job"
     assert {p.name: _sha(p) for p in landed.iterdir()} == src
     assert report["verified_files"] == 1 and report["skipped_files"] == 3, report
+
+
+_SENSOR_DAGS = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from fstream_provider.sensors.new_files import FStreamNewFilesSensor
+
+for mode, deferrable in (("deferred", True), ("poke", False), ("reschedule", False)):
+    with DAG(f"fstream_sensor_{mode}", schedule=None, start_date=datetime(2026, 1, 1), params={"path": ""}):
+        FStreamNewFilesSensor(task_id="found", path="{{ params.path }}", pattern="*.dat", deferrable=deferrable,
+                              mode="poke" if mode == "deferred" else mode, poke_interval=1.0, timeout=30,
+                              scope=f"modes-{mode}")
+'''
+
+
+@pytest.mark.parametrize("mode", ["deferred", "poke", "reschedule"])
+def test_the_sensor_reports_a_complete_file_once_in_every_mode(mode, airflow_env, tmp_path, redis_url):
+    """In ``mode="reschedule"`` each poke is a new process: stability looks kept in memory never saw a file
+    twice, so the sensor timed out on a complete file. The looks now live in Redis."""
+    dags, watch = tmp_path / "dags", tmp_path / "watch"
+    dags.mkdir()
+    watch.mkdir()
+    (dags / "sensor_modes.py").write_text(_SENSOR_DAGS)
+    (watch / "a.dat").write_bytes(b"x" * 1000)
+    env = dict(airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+               AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1))
+    out, log = _run_dag(env, f"fstream_sensor_{mode}", {"path": str(watch)}, timeout=120)
+    assert out["tis"]["found"] == "success", log[-3000:]
+    assert out["xcom"]["found:return_value"] == [str(watch / "a.dat")]
+    seen = connect(redis_url).smembers(Keys().seen(f"modes-{mode}"))
+    assert [m for m in seen if str(watch / "a.dat") in m], seen  # claimed: no later poke reports it again
+
+
+def test_a_growing_file_waits_and_sftp_gets_the_remote_poll_default(tmp_path, monkeypatch, redis_url):
+    from fstream_provider.sensors.new_files import FStreamNewFilesSensor
+    from fstream_provider.triggers.new_files import FStreamNewFilesTrigger
+    from fstream_provider.watch.location import default_poll_interval
+
+    assert FStreamNewFilesSensor(task_id="s", path="sftp://u@h/d").poke_interval == 5.0
+    assert FStreamNewFilesSensor(task_id="s", path=str(tmp_path)).poke_interval == 0.25
+    assert FStreamNewFilesSensor(task_id="s", path="sftp://u@h/d", poke_interval=2).poke_interval == 2
+    trig = FStreamNewFilesTrigger(path="sftp://u@h/d")
+    assert default_poll_interval(trig.path, trig.poll_interval) == 5.0
+    # reschedule mode, faithfully: a fresh sensor object per poke; the file grows between pokes
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    f = tmp_path / "g.dat"
+
+    def poke() -> object:
+        s = FStreamNewFilesSensor(task_id="s", path=str(tmp_path), pattern="*.dat", deferrable=False,
+                                  mode="reschedule", scope="growing")
+        return s.poke({})
+
+    f.write_bytes(b"x" * 10)
+    assert not poke().is_done
+    with f.open("ab") as fh:
+        fh.write(b"y" * 10)
+    assert not poke().is_done  # still growing: not complete
+    got = poke()
+    assert got.is_done and got.xcom_value == [str(f)]

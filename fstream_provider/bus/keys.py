@@ -124,3 +124,7 @@ class Keys:
     # sensors
     def seen(self, scope: str) -> str:
         return self.prefix + "seen:" + _part(scope)
+
+    def looks(self, scope: str) -> str:
+        """The last look at a scope's not-yet-complete files (a rescheduled sensor's stability memory)."""
+        return self.prefix + "looks:" + _part(scope)

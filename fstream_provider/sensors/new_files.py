@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import cached_property
@@ -12,7 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.hooks.sftp import Scanner
-from fstream_provider.watch.location import Location, default_scope
+from fstream_provider.watch.location import Location, default_poll_interval, default_scope
 from fstream_provider.watch.seen import RedisSeenStore
 from fstream_provider.watch.watcher import Watcher, batch_payload
 
@@ -39,7 +40,10 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     :param fstream_conn_id: the ``fstream`` connection (Redis with the seen-set).
     :param ssh_key_file: private key for SFTP.
     :param known_hosts: known_hosts file for SFTP (default: the system's; unknown keys are refused).
-    :param deferrable: wait in the triggerer (default) instead of poking from a worker.
+    :param deferrable: wait in the triggerer (default) instead of poking from a worker (``mode="poke"`` or
+        ``mode="reschedule"``; both keep the stability looks in Redis, so a rescheduled poke in a new
+        process still sees a file that held still).
+    :param poke_interval: seconds between looks (default 0.25 s local, 5 s for ``sftp://``).
     """
 
     template_fields: Sequence[str] = ("path", "pattern", "scope", "min_files", "max_files")
@@ -48,9 +52,10 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
                  min_files: int = 1, max_files: int | None = None, min_age: float = 0.0,
                  fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
-                 known_hosts: str | None = None, deferrable: bool = True, poke_interval: float = 0.25,
+                 known_hosts: str | None = None, deferrable: bool = True, poke_interval: float | None = None,
                  **kwargs: Any) -> None:
-        super().__init__(poke_interval=poke_interval, **kwargs)
+        super().__init__(poke_interval=default_poll_interval(path, poke_interval), **kwargs)
+        self._poke_interval_given = poke_interval
         self.path = path
         self.pattern = pattern
         self.recursive = recursive
@@ -91,6 +96,8 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         return low, high
 
     def execute(self, context: Context) -> Any:
+        # ``path`` may have been a template: choose the local/remote default from the rendered one
+        self.poke_interval = default_poll_interval(self.path, self._poke_interval_given)
         if not self.deferrable:
             return super().execute(context)
         from fstream_provider.triggers.new_files import FStreamNewFilesTrigger
@@ -107,8 +114,17 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         )
 
     def poke(self, context: Context) -> PokeReturnValue:
+        """One look. The previous look (what makes a file "held still") is kept in Redis, not in this
+        object: with ``mode="reschedule"`` every poke runs in a new process, and a sensor that kept it
+        in memory never saw a file twice, so it timed out on a complete file."""
         min_files, max_files = self._counts()
+        client, looks_key = self.hook.client, self.hook.keys.looks(self.effective_scope())
+        raw = client.get(looks_key)
+        self.watcher.tracker.load(json.loads(raw) if raw else None)
         won = self.watcher.poll(min_files, max_files)
+        # bounded: only files not yet complete or claimed; kept long enough to span a rescheduled poke
+        client.set(looks_key, json.dumps(self.watcher.tracker.export()),
+                   ex=int(max(3600, 10 * float(self.poke_interval))))
         if self.watcher.last_complete < min_files:
             self.log.info("%d new complete file(s) in %s, waiting for %d", self.watcher.last_complete, self.path,
                           min_files)

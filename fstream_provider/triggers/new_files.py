@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.hooks.sftp import Scanner
-from fstream_provider.watch.location import Location, default_scope
+from fstream_provider.watch.location import Location, default_poll_interval, default_scope
 from fstream_provider.watch.seen import RedisSeenStore
 from fstream_provider.watch.watcher import Watcher, batch_payload
 
@@ -40,7 +40,7 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
         place share one memory; give distinct scopes to let two pipelines each see every file).
     :param min_files: wait until this many new complete files are available.
     :param max_files: at most this many files per batch (oldest first).
-    :param poll_interval: seconds between looks.
+    :param poll_interval: seconds between looks (default 0.25 s local, 5 s for ``sftp://``).
     :param min_age: files older than this many seconds count as complete on the first look.
     :param fstream_conn_id: the ``fstream`` connection (Redis holding the seen-set).
     :param ssh_key_file: private key for SFTP.
@@ -48,7 +48,7 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
     """
 
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
-                 min_files: int = 1, max_files: int | None = None, poll_interval: float = 0.25,
+                 min_files: int = 1, max_files: int | None = None, poll_interval: float | None = None,
                  min_age: float = 0.0, fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
                  known_hosts: str | None = None) -> None:
         super().__init__()
@@ -111,7 +111,7 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
                     if time.monotonic() - last_warning > 60:
                         self.log.warning("watching %s: %s (will keep retrying)", location.url(), exc)
                         last_warning = time.monotonic()
-                await asyncio.sleep(self.poll_interval)
+                await asyncio.sleep(default_poll_interval(self.path, self.poll_interval))
         finally:
             await asyncio.to_thread(scanner.close)
             await hook.close()

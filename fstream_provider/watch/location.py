@@ -8,6 +8,18 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 
+LOCAL_POLL_S = 0.25  # a local listing (or inotify) is cheap: look often, the latency goal is 1 s
+REMOTE_POLL_S = 5.0  # an SFTP listing is a round trip and a directory read on someone else's host (Airflow's
+                     # SFTPTrigger polls every 5 s too)
+
+
+def default_poll_interval(path: str, given: float | None) -> float:
+    """``given`` if set, else the default for where ``path`` is: local 0.25 s, ``sftp://`` 5 s."""
+    if given not in (None, ""):
+        return float(given)
+    return REMOTE_POLL_S if str(path).startswith("sftp://") else LOCAL_POLL_S
+
+
 @dataclass(frozen=True)
 class Location:
     """Where to look: a local directory, or ``sftp://USER@HOST:PORT/DIR``.

@@ -80,3 +80,17 @@ class StabilityTracker:
     def forget(self, paths: Iterable[str]) -> None:
         for p in paths:
             self._last.pop(p, None)
+
+    def export(self) -> dict[str, list]:
+        """The previous look as JSON-able data (path -> [size, mtime, since]), for a watcher that
+        does not live between looks (a rescheduled sensor: a new process per poke)."""
+        return {path: [sig[0], sig[1], since] for path, (sig, since) in self._last.items()}
+
+    def load(self, data: dict[str, list] | None) -> None:
+        """Resume from :meth:`export`'s data (entries that do not parse are dropped: one more look)."""
+        self._last = {}
+        for path, v in (data or {}).items():
+            try:
+                self._last[str(path)] = ((int(v[0]), v[1]), float(v[2]))
+            except (TypeError, ValueError, IndexError):
+                continue
