@@ -125,6 +125,10 @@ class Keys:
     def seen(self, scope: str) -> str:
         return self.prefix + "seen:" + _part(scope)
 
+    def pending(self, scope: str) -> str:
+        """Batches a new-files trigger claimed and handed to Airflow, not yet known to be delivered."""
+        return self.prefix + "pending:" + _part(scope)
+
     def looks(self, scope: str) -> str:
         """The last look at a scope's not-yet-complete files (a rescheduled sensor's stability memory)."""
         return self.prefix + "looks:" + _part(scope)

@@ -139,5 +139,7 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> list[str]:
         if event.get("status") != "success":
             raise AirflowException(event.get("message") or "new-files trigger failed")
+        if event.get("batch_id"):  # the task resumed with it: delivered (the trigger is not run again to ack it)
+            self.hook.client.hdel(self.hook.keys.pending(self.effective_scope()), event["batch_id"])
         self.log.info("%s: %s", event.get("message"), ", ".join(event.get("files", [])[:10]))
         return list(event.get("files", []))

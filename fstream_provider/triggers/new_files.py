@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.hooks.sftp import Scanner
 from fstream_provider.watch.location import Location, default_poll_interval, default_scope
-from fstream_provider.watch.seen import RedisSeenStore
+from fstream_provider.watch.pending import YIELDED, PendingBatches
 from fstream_provider.watch.watcher import Watcher, batch_payload
 
 
@@ -22,11 +22,15 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
 
     Files count once they are complete (size and mtime unchanged between two looks ``poll_interval``
     apart, or older than ``min_age``) and not yet in the scope's Redis seen-set. The batch is claimed
-    in that set (``SADD``) right before the event, so a file is reported once across restarts,
+    in that set (``SADD``) right before the event, so a file is claimed once across restarts,
     duplicate triggers (two triggerers, two assets watching the same place) and the re-run an
     ``AssetWatcher`` does after every event: the fix for apache/airflow issue 49900 lives in Redis,
-    not in the trigger's memory. The trigger yields one event and returns, like Airflow's own
-    event triggers; the triggerer starts it again for the next batch.
+    not in the trigger's memory. The same Lua call records the batch as *pending*
+    (:mod:`fstream_provider.watch.pending`): the next run in this triggerer process acknowledges it,
+    and a batch whose process died before that is yielded again with the same ``batch_id`` after
+    ``redeliver_after`` — at-least-once delivery with a stable batch id, where it used to be
+    at-most-once. The trigger yields one event and returns, like Airflow's own event triggers; the
+    triggerer starts it again for the next batch.
 
     Use it in an asset watcher::
 
@@ -45,13 +49,19 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
     :param fstream_conn_id: the ``fstream`` connection (Redis holding the seen-set).
     :param ssh_key_file: private key for SFTP.
     :param known_hosts: known_hosts file for SFTP (default: the system's).
+    :param identity: what "the same file" means: ``path`` (default; a file is reported once, as instruments
+        that write each file once expect) or ``version`` (path + size + mtime: a rewritten file is new).
+    :param redeliver_after: seconds a pending batch no trigger of this process yielded waits before it
+        is yielded again (its triggerer died between the claim and Airflow's next run).
     """
 
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
                  min_files: int = 1, max_files: int | None = None, poll_interval: float | None = None,
                  min_age: float = 0.0, fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
-                 known_hosts: str | None = None) -> None:
+                 known_hosts: str | None = None, identity: str = "path", redeliver_after: float = 60.0) -> None:
         super().__init__()
+        self.identity = identity
+        self.redeliver_after = redeliver_after
         self.path = path
         self.pattern = pattern
         self.recursive = recursive
@@ -79,11 +89,22 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
                 "fstream_conn_id": self.fstream_conn_id,
                 "ssh_key_file": self.ssh_key_file,
                 "known_hosts": self.known_hosts,
+                "identity": self.identity,
+                "redeliver_after": self.redeliver_after,
             },
         )
 
     def effective_scope(self) -> str:
         return self.scope or default_scope(self.path, self.pattern, self.recursive)
+
+    async def _settle_pending(self, store: PendingBatches) -> tuple[str, list] | None:
+        """Acknowledge the batches this process yielded; return one to yield again, if a dead process left it."""
+        for bid, claimed_at, files in await store.pending():
+            if bid in YIELDED:
+                await store.ack(bid)  # Airflow took our event and ran this trigger again: delivered
+            elif time.time() - claimed_at >= self.redeliver_after:
+                return bid, files
+        return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from fstream_provider.hooks.fstream_async import FStreamAsyncHook
@@ -96,15 +117,28 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
         last_warning = 0.0
         try:
             client, keys = await hook.get_client(), await hook.get_keys()
-            store = RedisSeenStore.scoped(client, keys, scope)
+            store = PendingBatches(client, keys.seen(scope), keys.pending(scope), self.identity)
             watcher = Watcher(scanner, store=store, min_age=self.min_age)
-            self.log.info("watching %s for %r (scope %s, seen-set %s)", location.url(), self.pattern, scope, store.key)
+            self.log.info("watching %s for %r (scope %s, seen-set %s)", location.url(), self.pattern, scope,
+                          store.seen_key)
             while True:
                 try:
+                    again = await self._settle_pending(store)
+                    if again is not None:
+                        bid, files = again
+                        payload = dict(batch_payload(files, scope=scope, location=location.url()), batch_id=bid,
+                                       redelivered=True)
+                        self.log.warning("re-delivering batch %s (%d file(s)): the triggerer that claimed it "
+                                         "stopped before Airflow ran this trigger again", bid, len(files))
+                        YIELDED.add(bid)
+                        yield TriggerEvent(payload)
+                        return
                     won = await watcher.apoll(self.min_files, self.max_files)  # lists in a thread: I/O blocks
                     if won:
-                        payload = batch_payload(won, scope=scope, location=location.url())
-                        self.log.info("%s", payload["message"])
+                        payload = dict(batch_payload(won, scope=scope, location=location.url()),
+                                       batch_id=store.last_batch_id)
+                        self.log.info("%s (batch %s)", payload["message"], store.last_batch_id)
+                        YIELDED.add(store.last_batch_id)
                         yield TriggerEvent(payload)
                         return
                 except (OSError, EOFError, RedisError) as exc:  # missing directory, SFTP or Redis hiccup: keep watching

@@ -169,10 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
-    from transfer_agent.cli import jobs  # the job commands (agent, submit, status, ...)
+    from transfer_agent.cli import jobs, seen  # the job commands (agent, submit, status, ...) and seen-sets
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
-                jobs.add_reconcile_parser, jobs.add_redis_parser):
+                jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser):
         add(sub)
     for name, register in plugin_commands().items():
         register(sub)

@@ -1,0 +1,39 @@
+"""``fstream seen list|reset``: what the new-files sensors and triggers of a scope remember, and forgetting it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+EXIT_OK = 0
+
+
+def add_seen_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("seen", help="a new-files scope's memory: list it, or reset it so files are reported again")
+    p.add_argument("action", choices=("list", "reset"))
+    p.add_argument("--scope", required=True, help="the sensor's/trigger's scope (its scope= or the derived one)")
+    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
+    p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
+    p.set_defaults(func=cmd_seen)
+    return p
+
+
+def cmd_seen(args: argparse.Namespace) -> int:
+    from fstream_provider.bus.client import connect
+    from fstream_provider.bus.embedded import resolve_redis_url
+    from fstream_provider.bus.keys import Keys
+
+    client, keys = connect(resolve_redis_url(args.redis)), Keys(args.namespace)
+    seen, pending, looks = keys.seen(args.scope), keys.pending(args.scope), keys.looks(args.scope)
+    counts = {"seen": client.scard(seen), "pending batches": client.hlen(pending), "looks": client.exists(looks)}
+    if args.action == "list":
+        for m in sorted(client.smembers(seen)):
+            print(f"seen     {m}")
+        for bid in sorted(client.hkeys(pending)):
+            print(f"pending  batch {bid}")
+        print(f"scope {args.scope!r}: {counts['seen']} seen file(s), {counts['pending batches']} pending batch(es)")
+        return EXIT_OK
+    client.delete(seen, pending, looks)
+    print(f"scope {args.scope!r} reset: removed {counts['seen']} seen file(s), {counts['pending batches']} pending "
+          f"batch(es){' and the last look' if counts['looks'] else ''}; its files will be reported again")
+    return EXIT_OK
