@@ -174,9 +174,21 @@ def test_mutual_tls(tmp_path: Path) -> None:
         src = make_files(tmp_path / "src", {"a.dat": 24 * MiB, "b.dat": 1000})  # several blocks per stream
         spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rx.port}/o", tuner="fixed", cc=2, p=4,
                                          tls_cert=c["client.pem"], tls_key=c["client.key"], tls_ca=c["ca.pem"])
-        res = Transfer(spec).run()
+        events: list = []
+        res = Transfer(spec, on_event=lambda kind, data: events.append((kind, data))).run()
         assert res.ok and res.verified_files == 2
         assert (tmp_path / "dst" / "o" / "a.dat").read_bytes() == (src / "a.dat").read_bytes()
+        # with TLS the checksum is a plain xxh3_128: the file events (and so the Airflow XCom) carry it
+        from transfer_agent.storage.checksum import hash_fd
+
+        for kind, data in events:
+            if kind == "file":
+                fd = os.open(data["source"], os.O_RDONLY)
+                try:
+                    assert data["algo"] == "xxh3_128" and data["checksum"] == hash_fd(fd, data["size"], "xxh3_128")
+                finally:
+                    os.close(fd)
+        assert sum(kind == "file" for kind, _ in events) == 2
         # a client with a certificate from another CA is refused, nothing written
         other = tmp_path / "other"
         other.mkdir()

@@ -45,6 +45,7 @@ with DAG(
         min_age=5.0,
         poke_interval=2.0,
         timeout=timedelta(hours=6).total_seconds(),
+        deferrable=True,  # wait in the triggerer, not in a worker slot
     )
 
     transfer = FStreamTransferOperator(

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
@@ -26,8 +27,8 @@ class FStreamNewFilesSensor(BaseSensorOperator):
 
     "Seen" lives in a Redis set on the ``fstream`` connection (scope: ``scope``, or derived from path,
     pattern and recursive), so retries, reruns, restarts and parallel sensors agree. The XCom value
-    is the list of paths, ready for ``FStreamTransferOperator(sources=sensor.output)``. Deferrable by
-    default: waits in the triggerer via
+    is the list of paths, ready for ``FStreamTransferOperator(sources=sensor.output)``. With
+    ``deferrable=True`` it waits in the triggerer via
     :class:`~fstream_provider.triggers.new_files.FStreamNewFilesTrigger`.
 
     :param path: local directory, or ``sftp://USER@HOST:PORT/DIR``.
@@ -40,9 +41,10 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     :param fstream_conn_id: the ``fstream`` connection (Redis with the seen-set).
     :param ssh_key_file: private key for SFTP.
     :param known_hosts: known_hosts file for SFTP (default: the system's; unknown keys are refused).
-    :param deferrable: wait in the triggerer (default) instead of poking from a worker (``mode="poke"`` or
-        ``mode="reschedule"``; both keep the stability looks in Redis, so a rescheduled poke in a new
-        process still sees a file that held still).
+    :param deferrable: wait in the triggerer instead of poking from a worker (default: Airflow's
+        ``[operators] default_deferrable``, False unless set, as in official providers). Poking works in
+        ``mode="poke"`` and ``mode="reschedule"``: both keep the stability looks in Redis, so a
+        rescheduled poke in a new process still sees a file that held still.
     :param poke_interval: seconds between looks (default 0.25 s local, 5 s for ``sftp://``).
     """
 
@@ -52,7 +54,9 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
                  min_files: int = 1, max_files: int | None = None, min_age: float = 0.0,
                  fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
-                 known_hosts: str | None = None, deferrable: bool = True, poke_interval: float | None = None,
+                 known_hosts: str | None = None,
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 poke_interval: float | None = None,
                  **kwargs: Any) -> None:
         super().__init__(poke_interval=default_poll_interval(path, poke_interval), **kwargs)
         self._poke_interval_given = poke_interval

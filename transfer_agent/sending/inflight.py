@@ -93,3 +93,14 @@ def _close_quiet(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def public_checksum(f: InFlight, algo: str | None) -> dict[str, str]:
+    """``{"checksum", "algo"}`` of a committed file for downstream users, when it is a plain content hash
+    (``xxh3_128`` with TLS or no auth). The default ``blake3-keyed`` digest is keyed with the session's
+    key: it proves the bytes to the receiver but means nothing to anyone else, so it is not reported."""
+    fut = f.hash_future
+    if not algo or algo.endswith("-keyed") or fut is None or not fut.done() or fut.cancelled():
+        return {}
+    digest = fut.result()
+    return {"checksum": digest, "algo": algo} if digest else {}

@@ -31,7 +31,7 @@ from transfer_agent.sending.channel import MAX_SEALED_BLOCK
 from transfer_agent.sending.channels import ChannelPool
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
-from transfer_agent.sending.inflight import InFlight
+from transfer_agent.sending.inflight import InFlight, public_checksum
 from transfer_agent.errors import CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
 from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.sources import SrcFile, expand_sources
@@ -324,7 +324,7 @@ class Transfer:
             self.result.verified_files += 1
             self.result.bytes += sf.size
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "committed",
-                                   "resumed": f.resumed})
+                                   "resumed": f.resumed, **public_checksum(f, self.result.checksum)})
         elif outcome == "skipped":
             self.result.skipped_files += 1
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "skipped",
