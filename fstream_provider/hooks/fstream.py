@@ -167,6 +167,12 @@ class FStreamHook(BaseHook):
             spec = type(spec).model_validate({**spec.model_dump(), **updates})
         return self.store.submit(spec, idempotency_key=idempotency_key)
 
+    def jobs_under_keys(self, idempotency_keys: list[str]) -> list[str | None]:
+        """The job id each idempotency key points at (None where unknown or expired), in one ``MGET``."""
+        if not idempotency_keys:
+            return []
+        return list(self.client.mget([self.keys.idempotency(k) for k in idempotency_keys]))
+
     def get_job(self, job_id: str) -> Any:
         return self.store.get(job_id)
 

@@ -274,24 +274,33 @@ class FStreamTransferOperator(BaseOperator):
         return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
 
     def submit(self, spec: "TransferSpec", context: Context) -> str:
-        key = self.idempotency_key(context)
-        job_id, created = self.hook.submit(spec, idempotency_key=key)
-        if not created:
-            job = self.hook.get_job(job_id)
+        """Submit the task's job, or re-attach to the task's newest job if it is still queued or running.
+
+        The first job goes under ``dag_id/run_id/task_id/map_index``, each redo under that key plus
+        ``#tryN`` (Airflow raises the try number on every retry and Clear). The newest of these decides:
+        queued/running is re-attached (a retry must not start a second copy), finished or vanished is
+        redone under this try's key (the agent skips files already verified at the destination).
+        """
+        base = self.idempotency_key(context)
+        try_number = max(1, int(getattr(context["ti"], "try_number", 1) or 1))
+        keys = [base] + [f"{base}#try{n}" for n in range(1, try_number + 1)]
+        found = [(k, j) for k, j in zip(keys, self.hook.jobs_under_keys(keys)) if j]
+        key, job_id, created = base, None, False
+        if found:
+            last_key, last_id = found[-1]
+            job = self.hook.get_job(last_id)
             state = getattr(job, "state", None)
-            if job is None or state in TERMINAL:
-                # Finished (a Clear or a retry redoes the work: files already verified at the destination
-                # are skipped by the agent), or its state vanished from Redis: submit a new job. Only a
-                # job still queued or running is re-attached (the retry of a task whose job goes on).
-                try_number = getattr(context["ti"], "try_number", 0)
-                retry_key = f"{key}#try{try_number}"
-                self.log.warning("FStream job %s for %s %s (%s); submitting a new attempt (key %s)", job_id, key,
-                                 f"ended {state}" if job is not None else "vanished from the bus",
-                                 getattr(job, "error", None) if job is not None else "state gone", retry_key)
-                job_id, created = self.hook.submit(spec, idempotency_key=retry_key)
-            else:
+            if (job is not None and state not in TERMINAL) or last_key == keys[-1]:  # same try: report its end
                 self.log.info("Re-attached to existing FStream job %s (%s) for %s: no second copy started",
-                              job_id, state, key)
+                              last_id, state, last_key)
+                job_id = last_id
+            else:
+                key = keys[-1]
+                self.log.warning("FStream job %s for %s %s (%s); submitting a new job (key %s)", last_id, last_key,
+                                 f"ended {state}" if job is not None else "vanished from the bus",
+                                 getattr(job, "error", None) or "no error text", key)
+        if job_id is None:
+            job_id, created = self.hook.submit(spec, idempotency_key=key)
         if created:
             self.log.info("Submitted FStream job %s (%s -> %s, tuner %s) on %s", job_id,
                           ", ".join(spec.sources[:3]) + (" ..." if len(spec.sources) > 3 else ""),
