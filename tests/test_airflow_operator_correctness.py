@@ -63,3 +63,43 @@ def test_a_retry_after_a_clear_reattaches_the_redone_job_instead_of_starting_ano
     third = _submitted(3)  # a retry while the redo is still queued
     assert third == second, "the retry started a second copy of a job still queued"
     assert [j.job_id for j in store.list() if j.state == "queued"] == [second]
+
+
+def test_known_bad_values_fail_at_parse_naming_the_argument_and_templates_wait_for_rendering():
+    """Only templates may wait for execute: a literal of the wrong kind used to pass the parse and fail the run."""
+    kw = dict(task_id="t", sources=["/a"], destination=DEST)
+    for bad, named in ((dict(p="x"), "p='x' must be an integer"), (dict(max_cc="abc"), "max_cc='abc'"),
+                       (dict(agent_timeout="5 minutes"), "agent_timeout='5 minutes'"),
+                       (dict(interval="fast"), "interval='fast'"), (dict(watch="maybe"), "watch='maybe'"),
+                       (dict(until="tomorrow"), "until='tomorrow'"), (dict(verify="sure"), "verify='sure'")):
+        with pytest.raises(ValueError, match="^t: .*" + named.replace("(", r"\(")):
+            FStreamTransferOperator(**kw, **bad)
+    # the same arguments as templates (also inside tuner_options) are accepted now and checked once rendered
+    FStreamTransferOperator(**kw, p="{{ params.p }}", max_cc="{{ params.m }}", agent_timeout="{{ params.t }}",
+                            interval="{{ params.i }}", watch="{{ params.w }}", verify="{{ params.v }}",
+                            tuner_options={"sample_interval": "{{ params.si }}", "encrypt": "{{ params.e }}"})
+    with pytest.raises(ValueError, match="unknown key.*bogus"):  # a templated value does not hide an unknown key
+        FStreamTransferOperator(**kw, tuner_options={"bogus": "{{ params.b }}"})
+
+
+def test_templated_arguments_are_rendered_by_airflow_and_reach_the_spec(conn, redis_client):
+    """Airflow's own Jinja rendering of the operator's template_fields, then execute: strings become the spec's types."""
+    op = FStreamTransferOperator(task_id="transfer", sources=["{{ params.src }}"], destination=DEST, deferrable=True,
+                                 tuner="fixed", cc="{{ params.cc }}", p="{{ params.p }}", pp="{{ params.pp }}",
+                                 max_cc="{{ params.max_cc }}", verify="{{ params.verify }}", agent_timeout="{{ params.t }}",
+                                 tuner_options={"sample_interval": "{{ params.si }}", "encrypt": "{{ params.enc }}"})
+    params = {"src": "/data/run7", "cc": 2, "p": 3, "pp": 1, "max_cc": 4, "verify": False, "t": "30s", "si": "0.5s",
+              "enc": "true"}
+    ti = _TI(1)
+    op.render_template_fields({"params": params, "ti": ti})
+    assert (op.p, op.verify, op.tuner_options["encrypt"]) == ("3", "False", "true")  # Jinja renders text
+    with pytest.raises(TaskDeferred) as exc:
+        op.execute({"ti": ti, "params": params})
+    trigger = exc.value.trigger
+    spec = JobStore(redis_client, keys=Keys()).get(trigger.job_id).spec
+    assert (spec.sources, spec.cc, spec.p, spec.pp, spec.max_cc, spec.verify) == (["/data/run7"], 2, 3, 1, 4, False)
+    assert (spec.sample_interval_s, spec.encrypt) == (0.5, True) and trigger.agent_timeout == 30.0
+    bad = FStreamTransferOperator(task_id="transfer", sources=["/a"], destination=DEST, verify="{{ params.v }}")
+    bad.render_template_fields({"params": {"v": "perhaps"}, "ti": ti})
+    with pytest.raises(Exception, match="transfer: verify='perhaps' must be true or false"):
+        bad.execute({"ti": ti})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections.abc import Sequence
 from functools import cached_property
@@ -18,6 +17,9 @@ from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, live_agents,
 from fstream_provider.model.units import parse_duration, parse_rate
 from fstream_provider.tuning.registry import check_options
 from fstream_provider.model.tasklog import build_report, live_event_line, summary_table, target_warnings
+from fstream_provider.operators._arguments import (  # noqa: F401  (normalize_sources, to_unix_time: public here too)
+    check_known_arguments, is_template, normalize_sources, rendered_bool, rendered_int, rendered_tuner_options,
+    to_unix_time)
 from fstream_provider.operators.links import PLOT_XCOM_KEY, FStreamPlotLink, plot_location, write_plot
 
 if TYPE_CHECKING:
@@ -29,70 +31,6 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 # spec options the operator takes as parameters, so they are refused inside ``tuner_options``
 _OWN_PARAMETERS = ("sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p",
                    "pp", "watch", "until", "idle_exit", "interval", "verify", "secret_file")
-
-
-def normalize_sources(sources: Any) -> list[str]:
-    """Paths from a string, a list, or a sensor/trigger payload (``{"files": [...]}``), flattened."""
-    if sources is None:
-        return []
-    if isinstance(sources, str):
-        return [sources] if sources.strip() else []
-    if isinstance(sources, dict):
-        return normalize_sources(sources.get("files"))
-    out: list[str] = []
-    for s in sources:
-        out.extend(normalize_sources(s))
-    return out
-
-
-def to_unix_time(until: Any) -> float | None:
-    """``until`` as UNIX seconds: a datetime, an ISO-8601 string, or a number."""
-    if until in (None, ""):
-        return None
-    if isinstance(until, (int, float)):
-        return float(until)
-    if isinstance(until, dt.datetime):
-        return (until if until.tzinfo else until.replace(tzinfo=dt.timezone.utc)).timestamp()
-    try:
-        return float(until)
-    except (TypeError, ValueError):
-        pass
-    try:
-        d = dt.datetime.fromisoformat(str(until))
-    except ValueError:
-        raise ValueError(f"until {until!r}: expected a datetime, an ISO-8601 string or UNIX seconds") from None
-    return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
-
-
-def rendered_int(task_id: str, name: str, value: Any) -> int | None:
-    """An integer option after rendering (templates give strings): None stays None, anything else must be an int."""
-    if value in (None, "", "None"):
-        return None
-    if isinstance(value, bool):
-        raise AirflowException(f"{task_id}: {name}={value!r} must be an integer")
-    try:
-        return int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        raise AirflowException(f"{task_id}: {name}={value!r} must be an integer (after rendering)") from None
-
-
-def rendered_bool(task_id: str, name: str, value: Any) -> bool:
-    """A boolean option after rendering: True/False, or the strings true/false/1/0/yes/no."""
-    if isinstance(value, bool) or value is None:
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off", ""):
-        return False
-    raise AirflowException(f"{task_id}: {name}={value!r} must be true or false (after rendering)")
-
-
-def _is_template(value: Any) -> bool:
-    """True when ``value`` is only known once Airflow renders it (Jinja text or an XCom reference)."""
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    return value is not None and not isinstance(value, (int, float))
 
 
 def _spec_field(spec: Any, name: str) -> Any:
@@ -159,7 +97,8 @@ class FStreamTransferOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p", "pp",
-        "watch", "until", "idle_exit", "interval", "secret_file", "tuner_options", "agent_timeout", "plot_dir",
+        "watch", "until", "idle_exit", "interval", "verify", "secret_file", "tuner_options", "agent_timeout",
+        "plot_dir",
     )
     ui_color = "#c8e6f5"
     operator_extra_links = (FStreamPlotLink(),)
@@ -220,18 +159,28 @@ class FStreamTransferOperator(BaseOperator):
         self._check_options()
 
     def _check_options(self) -> None:
-        """Refuse at DAG parse what is known then: an unknown tuner, options it ignores, bad ``tuner_options``.
+        """Refuse at DAG parse what is known then: an unknown tuner, options it ignores, bad ``tuner_options``,
+        a value of the wrong kind (``p="x"``, ``agent_timeout="5 minutes"``).
 
-        Pure and cheap (no I/O). Values Airflow renders later (Jinja, XCom) are checked by
-        ``build_spec`` at execute, before anything is submitted.
+        Pure and cheap (no I/O). Values Airflow renders later (Jinja, XCom; also inside ``tuner_options``) are
+        checked by ``build_spec`` at execute, before anything is submitted.
         """
+        check_known_arguments(self.task_id, {n: getattr(self, n) for n in (
+            "cc", "p", "pp", "max_cc", "watch", "verify", "interval", "idle_exit", "agent_timeout", "rtt",
+            "target_throughput", "bandwidth", "until")})
         try:
-            if not isinstance(self.tuner_options, str):  # a Jinja string is checked once rendered
-                TunerOptions.check(self.tuner_options, own_parameters=_OWN_PARAMETERS)
-            if any(_is_template(v) for v in (self.tuner, self.target_throughput, self.cc, self.p, self.pp)):
+            opts = self.tuner_options
+            if isinstance(opts, dict):  # a templated value is checked once rendered; its key is checked now
+                known = TunerOptions.model_fields
+                TunerOptions.check({k: v for k, v in opts.items() if not (is_template(v) and k in known)},
+                                   own_parameters=_OWN_PARAMETERS)
+            elif not is_template(opts):
+                TunerOptions.check(opts, own_parameters=_OWN_PARAMETERS)
+            if any(is_template(v) for v in (self.tuner, self.target_throughput, self.cc, self.p, self.pp)):
                 return
             target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
-            check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=target)
+            cc, p, pp = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp"))
+            check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target)
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: invalid transfer options: {exc}") from None
 
@@ -251,7 +200,8 @@ class FStreamTransferOperator(BaseOperator):
             ti = context["ti"]
             label = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}"
         try:
-            opts = TunerOptions.check(self.tuner_options, own_parameters=_OWN_PARAMETERS).as_options()
+            opts = TunerOptions.check(rendered_tuner_options(self.task_id, self.tuner_options),
+                                      own_parameters=_OWN_PARAMETERS).as_options()
         except ValueError as exc:
             raise AirflowException(f"{self.task_id}: invalid transfer options: {exc}") from None
         cc, p, pp, max_cc = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp", "max_cc"))
@@ -259,7 +209,8 @@ class FStreamTransferOperator(BaseOperator):
             tuner=self.tuner, target_throughput=self.target_throughput or None, max_cc=max_cc,
             bandwidth=self.bandwidth or None, rtt=self.rtt or None, cc=cc, p=p, pp=pp,
             watch=rendered_bool(self.task_id, "watch", self.watch), until=to_unix_time(self.until),
-            idle_exit=self.idle_exit or None, interval=self.interval or None, verify=self.verify,
+            idle_exit=self.idle_exit or None, interval=self.interval or None,
+            verify=rendered_bool(self.task_id, "verify", self.verify),
             secret_file=self.secret_file or None, label=opts.get("label") or label,
         )
         try:
