@@ -103,3 +103,76 @@ def test_templated_arguments_are_rendered_by_airflow_and_reach_the_spec(conn, re
     bad.render_template_fields({"params": {"v": "perhaps"}, "ti": ti})
     with pytest.raises(Exception, match="transfer: verify='perhaps' must be true or false"):
         bad.execute({"ti": ti})
+
+
+def _heartbeat(client, name: str = "busy-agent", ttl_ms: int = 60_000) -> str:
+    """An agent's presence as the agent writes it (``transfer_agent.daemon.heartbeat``): its key with a TTL, in the set."""
+    keys = Keys()
+    client.hset(keys.agent(name), mapping={"name": name, "job_id": "another-job"})
+    client.pexpire(keys.agent(name), ttl_ms)
+    client.sadd(keys.agents(), name)
+    return keys.agent(name)
+
+
+def _queued_job(client) -> str:
+    job_id, _ = JobStore(client, keys=Keys()).submit(TransferSpec(sources=["/a"], destination=DEST),
+                                                    idempotency_key="d/r/wait/-1")
+    return job_id
+
+
+async def _first_event(trigger, within: float):
+    gen = trigger.run()
+    try:
+        return (await asyncio.wait_for(gen.__anext__(), within)).payload
+    finally:
+        await gen.aclose()
+
+
+def test_trigger_fails_a_job_queued_with_no_live_agent_after_agent_timeout(conn, redis_client):
+    job_id = _queued_job(redis_client)
+    trigger = FStreamTransferTrigger(job_id=job_id, block_ms=100, agent_timeout=0.5,
+                                     agent_hint="start one: `fstream agent --redis URL`")
+    event = asyncio.run(_first_event(trigger, within=15))
+    assert event["status"] == "error" and "no live agent on the bus (agent_timeout 0.5 s)" in event["message"]
+    assert "fstream agent --redis" in event["message"]
+    assert JobStore(redis_client, keys=Keys()).get(job_id).state == "cancelled"
+
+
+def test_trigger_waits_while_an_agent_is_alive_even_if_the_job_stays_queued(conn, redis_client):
+    """A busy agent (alive, on another job) is no reason to give up; once its heartbeat expires the job fails."""
+    job_id = _queued_job(redis_client)
+    hb = _heartbeat(redis_client)
+    trigger = FStreamTransferTrigger(job_id=job_id, block_ms=100, agent_timeout=0.3)
+
+    async def scenario():
+        task = asyncio.ensure_future(_first_event(trigger, within=20))
+        done, _ = await asyncio.wait({task}, timeout=2.0)  # > 6 x agent_timeout with the agent alive
+        assert not done, f"the trigger gave up while an agent was alive: {task.result()}"
+        await asyncio.to_thread(redis_client.delete, hb)  # the agent died: its heartbeat key is gone
+        return await task
+
+    event = asyncio.run(scenario())
+    assert event["status"] == "error" and "no live agent" in event["message"]
+
+
+def test_polling_waits_while_an_agent_is_alive_and_fails_once_none_is(conn, redis_client):
+    import threading
+
+    hb = _heartbeat(redis_client)
+    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination=DEST, deferrable=False,
+                                 poll_interval=0.1, agent_timeout="0.3s")
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            op.execute({"ti": _TI(1)})
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(2.0)
+    assert t.is_alive() and not errors, f"polling gave up while an agent was alive: {errors}"
+    redis_client.delete(hb)
+    t.join(15)
+    assert not t.is_alive() and errors and "no live agent on the bus (agent_timeout 0.3 s)" in str(errors[0])
