@@ -176,3 +176,134 @@ def test_polling_waits_while_an_agent_is_alive_and_fails_once_none_is(conn, redi
     redis_client.delete(hb)
     t.join(15)
     assert not t.is_alive() and errors and "no live agent on the bus (agent_timeout 0.3 s)" in str(errors[0])
+
+
+# -- Clear on real Airflow: dag.test, the UI's Clear (clear_task_instances), dag.test again on the same run ----------
+_CLEAR_DAG = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from fstream_provider.operators.transfer import FStreamTransferOperator
+
+with DAG("fstream_clear", schedule=None, start_date=datetime(2026, 1, 1), params={"source": "", "destination": ""}):
+    FStreamTransferOperator(task_id="transfer", sources=["{{ params.source }}"], destination="{{ params.destination }}",
+                            deferrable=True, agent_timeout="30s", retries=0)
+'''
+
+_RUN_CLEAR_RERUN = r"""
+import datetime as dt, json, os, sys
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.dagbag import DBDagBag
+from airflow.models.dagrun import DagRun
+from airflow.models.taskinstance import clear_task_instances
+from airflow.sdk.definitions.dag import _run_task
+from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState, TaskInstanceState
+conf, delete = json.loads(sys.argv[1]), sys.argv[2]
+dag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["fstream_clear"]
+out = []
+
+def record(dr):
+    with create_session() as s:
+        (ti,) = s.merge(dr).get_task_instances(session=s)
+        out.append({"run_id": dr.run_id, "state": str(ti.state), "try_number": ti.try_number})
+
+dr = dag.test(run_conf=conf)
+record(dr)
+os.remove(delete)  # someone deletes a landed file, then clears the task in the UI:
+with create_session() as s:
+    dr = s.merge(dr)
+    clear_task_instances(dr.get_task_instances(session=s), s, dag_run_state=DagRunState.QUEUED)  # what Clear calls
+    dr.state = DagRunState.RUNNING  # the scheduler starts the queued run again
+# ... and schedules the cleared task: the loop of dag.test (which itself would delete and recreate the run),
+# standing in for the scheduler on the same run
+run_pk, serialized = dr.id, None
+while True:
+    with create_session() as s:
+        dr = s.get(DagRun, run_pk)
+        if dr.state != DagRunState.RUNNING:
+            break
+        serialized = serialized or DBDagBag().get_dag_for_run(dag_run=dr, session=s)  # as the scheduler loads it
+        dr.dag = serialized
+        schedulable, _ = dr.update_state(session=s)
+        for ti in schedulable:
+            ti.try_number += 1  # as the scheduler does when it schedules a task again
+            ti.state = TaskInstanceState.SCHEDULED
+        s.commit()
+        scheduled = [t for t in dr.get_task_instances(session=s) if t.state == TaskInstanceState.SCHEDULED]
+    for ti in scheduled:
+        _run_task(ti=ti, task=dag.task_dict[ti.task_id], run_triggerer=True)
+record(dr)
+print("RESULT_JSON " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory):
+    """A private AIRFLOW_HOME with a migrated sqlite database and a DAG folder holding the Clear DAG."""
+    import subprocess
+    import sys
+
+    home = tmp_path_factory.mktemp("airflow-home")
+    (home / "dags").mkdir()
+    (home / "dags" / "fstream_clear.py").write_text(_CLEAR_DAG)
+    env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+               AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+               FSTREAM_STATE_DIR=str(home / "fstream-state"))
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
+                   timeout=300)
+    return env
+
+
+@pytest.mark.slow
+def test_clear_of_a_succeeded_task_redoes_the_transfer_on_real_airflow(airflow_home, redis_url, redis_client, secret,
+                                                                      rx, tmp_path):
+    """It used to re-attach to the succeeded job of the first run: the deleted file stayed missing."""
+    import hashlib
+    import json
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    from agentkit import make_files
+    from transfer_agent.daemon.worker import Agent
+
+    src = make_files(tmp_path / "src", {f"shot{i}.xtc": 40_000 * (i + 1) for i in range(3)})
+    agent = Agent(redis_url, name="clear-test-agent", secret_file=str(secret), block_ms=200, poll_interval=0.1)
+    t = threading.Thread(target=agent.run, name="agent", daemon=True)
+    t.start()
+    try:
+        env = dict(airflow_home, AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
+                   + f"?secret_file={secret}")
+        conf = {"source": str(src), "destination": f"fstream://127.0.0.1:{rx.port}/landed"}
+        landed = tmp_path / "dst" / "landed"
+        p = subprocess.run([sys.executable, "-c", _RUN_CLEAR_RERUN, json.dumps(conf), str(landed / "shot1.xtc")],
+                           env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        agent.stop()
+        t.join(timeout=30)
+    log = p.stdout + p.stderr
+    m = re.search(r"^RESULT_JSON (.*)$", p.stdout, re.M)
+    assert m, f"rc {p.returncode}:\n{log[-4000:]}"
+    first, second = json.loads(m.group(1))
+    assert first["run_id"] == second["run_id"] and second["try_number"] > first["try_number"], (first, second)
+    assert first["state"] == second["state"] == "success", log[-4000:]
+    jobs = sorted(JobStore(redis_client, keys=Keys()).list(), key=lambda j: j.created_at)
+    assert len(jobs) == 2 and {j.state for j in jobs} == {"succeeded"}, [(j.job_id, j.state) for j in jobs]
+    assert jobs[1].idempotency_key.endswith(f"#try{second['try_number']}"), jobs[1].idempotency_key
+    digest = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in src.iterdir()}
+    assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in landed.iterdir()} == digest
+
+
+def test_the_same_try_run_again_after_its_job_ended_redoes_it_every_time(conn, redis_client):
+    """A run deleted and recreated under its run_id (as dag.test does for a logical date) starts at try 1 again:
+    the third such run used to re-attach to the second run's finished job and move nothing."""
+    store = JobStore(redis_client, keys=Keys())
+    seen = []
+    for _ in range(3):
+        seen.append(_submitted(1))
+        store.cancel(seen[-1], "ended")
+    assert len(set(seen)) == 3, seen
+    again = _submitted(1)
+    assert again not in seen and _submitted(1) == again  # a new job, then re-attached while it is queued

@@ -228,26 +228,29 @@ class FStreamTransferOperator(BaseOperator):
         """Submit the task's job, or re-attach to the task's newest job if it is still queued or running.
 
         The first job goes under ``dag_id/run_id/task_id/map_index``, each redo under that key plus
-        ``#tryN`` (Airflow raises the try number on every retry and Clear). The newest of these decides:
+        ``#tryN`` (Airflow raises the try number on every retry and Clear; ``#tryN.2``... when the same try
+        runs again, as when a run is deleted and recreated under its run_id). The newest of these decides:
         queued/running is re-attached (a retry must not start a second copy), finished or vanished is
-        redone under this try's key (the agent skips files already verified at the destination).
+        redone under the next key (the agent skips files already verified at the destination).
         """
         base = self.idempotency_key(context)
         try_number = max(1, int(getattr(context["ti"], "try_number", 1) or 1))
-        keys = [base] + [f"{base}#try{n}" for n in range(1, try_number + 1)]
-        found = [(k, j) for k, j in zip(keys, self.hook.jobs_under_keys(keys)) if j]
+        keys = ([base] + [f"{base}#try{n}" for n in range(1, try_number + 1)]
+                + [f"{base}#try{try_number}.{r}" for r in range(2, 10)])
+        found = [(i, j) for i, j in enumerate(self.hook.jobs_under_keys(keys)) if j]
         key, job_id, created = base, None, False
         if found:
-            last_key, last_id = found[-1]
+            last, last_id = found[-1]
             job = self.hook.get_job(last_id)
             state = getattr(job, "state", None)
-            if (job is not None and state not in TERMINAL) or last_key == keys[-1]:  # same try: report its end
+            nxt = max(last + 1, try_number)  # keys[try_number] is base#tryN
+            if (job is not None and state not in TERMINAL) or nxt >= len(keys):
                 self.log.info("Re-attached to existing FStream job %s (%s) for %s: no second copy started",
-                              last_id, state, last_key)
+                              last_id, state, keys[last])
                 job_id = last_id
             else:
-                key = keys[-1]
-                self.log.warning("FStream job %s for %s %s (%s); submitting a new job (key %s)", last_id, last_key,
+                key = keys[nxt]
+                self.log.warning("FStream job %s for %s %s (%s); submitting a new job (key %s)", last_id, keys[last],
                                  f"ended {state}" if job is not None else "vanished from the bus",
                                  getattr(job, "error", None) or "no error text", key)
         if job_id is None:
