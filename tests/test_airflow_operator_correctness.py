@@ -307,3 +307,12 @@ def test_the_same_try_run_again_after_its_job_ended_redoes_it_every_time(conn, r
     assert len(set(seen)) == 3, seen
     again = _submitted(1)
     assert again not in seen and _submitted(1) == again  # a new job, then re-attached while it is queued
+
+
+def test_a_trigger_on_a_misspelled_connection_fires_an_error_naming_it_at_once(conn, redis_client):
+    """The async hook has no fallback either: a trigger rebuilt with a conn id that does not exist fails its task
+    with the id and how to define it, instead of following a job on a private Redis for ever."""
+    trigger = FStreamTransferTrigger(job_id=_queued_job(redis_client), fstream_conn_id="fstream_typo", block_ms=100)
+    event = asyncio.run(_first_event(trigger, within=10))
+    assert event["status"] == "error" and "'fstream_typo' is not defined" in event["message"], event
+    assert "AIRFLOW_CONN_FSTREAM_TYPO" in event["message"]
