@@ -2,35 +2,42 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
-from redis.exceptions import RedisError
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
-from fstream_provider.hooks.sftp import Scanner
-from fstream_provider.watch.location import Location, default_poll_interval, default_scope
-from fstream_provider.watch.pending import YIELDED, PendingBatches
-from fstream_provider.watch.watcher import Watcher, batch_payload
+from fstream_provider.triggers.new_files_stream import NewFilesProducer, NewFilesWatch
+
+DEFAULT_REDELIVER_AFTER_S = 300.0  # = Airflow's [triggerer] shared_stream_ack_timeout default: a batch Airflow
+                                   # may still confirm is never taken again by another watcher
 
 
 class FStreamNewFilesTrigger(BaseEventTrigger):
-    """Yield one event ``{"status", "message", "files", "details", "bytes", "scope", "location"}`` per batch.
+    """Yield one event ``{"status", "message", "files", "details", "bytes", "scope", "location", "batch_id"}``
+    per batch.
 
     Files count once they are complete (size and mtime unchanged between two looks ``poll_interval``
-    apart, or older than ``min_age``) and not yet in the scope's Redis seen-set. The batch is claimed
-    in that set (``SADD``) right before the event, so a file is claimed once across restarts,
-    duplicate triggers (two triggerers, two assets watching the same place) and the re-run an
-    ``AssetWatcher`` does after every event: the fix for apache/airflow issue 49900 lives in Redis,
-    not in the trigger's memory. The same Lua call records the batch as *pending*
-    (:mod:`fstream_provider.watch.pending`): the next run in this triggerer process acknowledges it,
-    and a batch whose process died before that is yielded again with the same ``batch_id`` after
-    ``redeliver_after`` — at-least-once delivery with a stable batch id, where it used to be
-    at-most-once. The trigger yields one event and returns, like Airflow's own event triggers; the
-    triggerer starts it again for the next batch.
+    apart, or older than ``min_age``) and not yet in the scope's Redis seen-set. A batch is claimed in
+    that set (``SADD``), so a file is claimed once across restarts, duplicate triggers and the re-runs
+    of an ``AssetWatcher`` (apache/airflow issue 49900: the memory lives in Redis, not in the trigger).
+    The same Lua call records the batch as *pending* (:mod:`fstream_provider.watch.pending`) under a
+    random ``batch_id``; it leaves ``pending`` only when its delivery is acknowledged:
+
+    * **as an asset watcher** the trigger runs in Airflow 3.3's shared-stream *ack mode*
+      (:mod:`fstream_provider.triggers.new_files_stream`): the batch is acknowledged after the
+      triggerer's supervisor confirmed the asset event stored in the metadata database; an event
+      that was not stored is delivered again at once;
+    * **deferred by** :class:`~fstream_provider.sensors.new_files.FStreamNewFilesSensor`, the
+      sensor's ``execute_complete`` acknowledges it (the task resumed with it).
+
+    A batch not acknowledged ``redeliver_after`` seconds after its last delivery (its triggerer died,
+    or the deferred task never resumed) is delivered again, with the same ``batch_id`` and
+    ``"redelivered": true``. The guarantee is **at-least-once** delivery of each batch with a stable
+    ``batch_id``: exactly once per file version for consumers that skip a ``batch_id`` they already
+    handled. A duplicate needs a crash (or an event not acknowledged within ``redeliver_after``).
 
     Use it in an asset watcher::
 
@@ -44,21 +51,24 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
         place share one memory; give distinct scopes to let two pipelines each see every file).
     :param min_files: wait until this many new complete files are available.
     :param max_files: at most this many files per batch (oldest first).
-    :param poll_interval: seconds between looks (default 0.25 s local, 5 s for ``sftp://``).
+    :param poll_interval: seconds between looks (default 0.25 s local, 5 s for ``sftp://`` as Airflow's
+        ``SFTPTrigger``: a remote listing is a round trip on someone else's host).
     :param min_age: files older than this many seconds count as complete on the first look.
     :param fstream_conn_id: the ``fstream`` connection (Redis holding the seen-set).
     :param ssh_key_file: private key for SFTP.
     :param known_hosts: known_hosts file for SFTP (default: the system's).
-    :param identity: what "the same file" means: ``path`` (default; a file is reported once, as instruments
-        that write each file once expect) or ``version`` (path + size + mtime: a rewritten file is new).
-    :param redeliver_after: seconds a pending batch no trigger of this process yielded waits before it
-        is yielded again (its triggerer died between the claim and Airflow's next run).
+    :param identity: what "the same file" means: ``path`` (default: a file is reported once, whatever
+        happens to it later — instruments write each file once, and a touched or re-copied file is not
+        transferred twice) or ``path+size+mtime`` (a rewritten file is a new version, reported again).
+    :param redeliver_after: seconds after its last delivery an unacknowledged batch is delivered again
+        (default 300 s, Airflow's ``[triggerer] shared_stream_ack_timeout``).
     """
 
     def __init__(self, *, path: str, pattern: str = "*", recursive: bool = False, scope: str | None = None,
                  min_files: int = 1, max_files: int | None = None, poll_interval: float | None = None,
                  min_age: float = 0.0, fstream_conn_id: str = DEFAULT_CONN_ID, ssh_key_file: str | None = None,
-                 known_hosts: str | None = None, identity: str = "path", redeliver_after: float = 60.0) -> None:
+                 known_hosts: str | None = None, identity: str = "path",
+                 redeliver_after: float = DEFAULT_REDELIVER_AFTER_S) -> None:
         super().__init__()
         self.identity = identity
         self.redeliver_after = redeliver_after
@@ -94,58 +104,41 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
             },
         )
 
-    def effective_scope(self) -> str:
-        return self.scope or default_scope(self.path, self.pattern, self.recursive)
+    # -- asset watcher: Airflow 3.3 shared-stream ack mode -------------------------------------------
+    def shared_stream_key(self) -> Hashable | None:
+        """The same trigger (same settings) shares one poll loop; a deferred task's trigger runs alone.
 
-    async def _settle_pending(self, store: PendingBatches) -> tuple[str, list] | None:
-        """Acknowledge the batches this process yielded; return one to yield again, if a dead process left it."""
-        for bid, claimed_at, files in await store.pending():
-            if bid in YIELDED:
-                await store.ack(bid)  # Airflow took our event and ran this trigger again: delivered
-            elif time.time() - claimed_at >= self.redeliver_after:
-                return bid, files
-        return None
+        A deferred sensor's trigger runs :meth:`run` (the sensor's ``execute_complete`` acknowledges);
+        two sensors with the same settings must each get their own batches, not the same one."""
+        if self.task_instance is not None:
+            return None
+        return ("fstream.new_files", json.dumps(self.serialize()[1], sort_keys=True, default=str))
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> NewFilesProducer:
+        """Opts into ack mode: the producer acknowledges a batch once Airflow stored its event."""
+        return NewFilesProducer(cls(**kwargs))
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        """Every batch is this trigger's event; keep consuming (moving past an event lets it be acknowledged)."""
+        async for payload in shared_stream:
+            yield TriggerEvent(payload)
+
+    # -- standalone: a deferred sensor, dag.test() ---------------------------------------------------
+    def effective_scope(self) -> str:
+        return NewFilesWatch.scope_of(self)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from fstream_provider.hooks.fstream_async import FStreamAsyncHook
-
-        location = Location.parse(self.path)
-        scope = self.effective_scope()
-        scanner = Scanner(location, pattern=self.pattern, recursive=self.recursive, key_file=self.ssh_key_file,
-                          known_hosts=self.known_hosts)
-        hook = FStreamAsyncHook(fstream_conn_id=self.fstream_conn_id)
-        last_warning = 0.0
+        """One batch, then return: a batch due for redelivery first, else the next batch of new files."""
+        watch = NewFilesWatch(self)
+        self.log.info("watching %s for %r (scope %s)", watch.location.url(), self.pattern, watch.scope)
         try:
-            client, keys = await hook.get_client(), await hook.get_keys()
-            store = PendingBatches(client, keys.seen(scope), keys.pending(scope), self.identity)
-            watcher = Watcher(scanner, store=store, min_age=self.min_age)
-            self.log.info("watching %s for %r (scope %s, seen-set %s)", location.url(), self.pattern, scope,
-                          store.seen_key)
             while True:
-                try:
-                    again = await self._settle_pending(store)
-                    if again is not None:
-                        bid, files = again
-                        payload = dict(batch_payload(files, scope=scope, location=location.url()), batch_id=bid,
-                                       redelivered=True)
-                        self.log.warning("re-delivering batch %s (%d file(s)): the triggerer that claimed it "
-                                         "stopped before Airflow ran this trigger again", bid, len(files))
-                        YIELDED.add(bid)
-                        yield TriggerEvent(payload)
-                        return
-                    won = await watcher.apoll(self.min_files, self.max_files)  # lists in a thread: I/O blocks
-                    if won:
-                        payload = dict(batch_payload(won, scope=scope, location=location.url()),
-                                       batch_id=store.last_batch_id)
-                        self.log.info("%s (batch %s)", payload["message"], store.last_batch_id)
-                        YIELDED.add(store.last_batch_id)
-                        yield TriggerEvent(payload)
-                        return
-                except (OSError, EOFError, RedisError) as exc:  # missing directory, SFTP or Redis hiccup: keep watching
-                    if time.monotonic() - last_warning > 60:
-                        self.log.warning("watching %s: %s (will keep retrying)", location.url(), exc)
-                        last_warning = time.monotonic()
-                await asyncio.sleep(default_poll_interval(self.path, self.poll_interval))
+                payload = await watch.next_batch()
+                if payload is not None:
+                    self.log.info("%s (batch %s)", payload["message"], payload["batch_id"])
+                    yield TriggerEvent(payload)
+                    return
+                await watch.sleep()
         finally:
-            await asyncio.to_thread(scanner.close)
-            await hook.close()
+            await watch.close()
