@@ -186,3 +186,38 @@ def test_identity_path_size_mtime_reports_a_rewritten_file_again_and_seen_reset_
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert out.returncode == 0 and "removed 1 seen file(s)" in out.stdout, out.stdout + out.stderr
     assert files("path") == [[str(f)]]
+
+
+def test_a_cancelled_watch_stops_although_redis_py_can_swallow_the_cancellation(redis_url):
+    """redis-py's async client can lose a ``CancelledError`` that lands mid-command (redis/redis-py#2028):
+    the trigger kept polling after the triggerer cancelled it, and the triggerer waited for it forever."""
+    import random
+
+    from fstream_provider.bus.client import connect_async
+    from fstream_provider.watch.pending import PendingBatches
+    from fstream_provider.watch.stability import FileStat
+
+    async def main() -> int:
+        client = connect_async(redis_url)
+        store = PendingBatches(client, "{t}:seen", "{t}:pending")
+
+        async def poll_forever() -> None:
+            while True:
+                await store.take_redeliverable(0)
+                await store.aunseen([FileStat("/x", 1, 1.0)])
+
+        kept_running = 0
+        rng = random.Random(9)
+        for _ in range(1500):
+            task = asyncio.create_task(poll_forever())
+            await asyncio.sleep(rng.random() * 0.003)
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=0.5)
+            if not done:
+                kept_running += 1
+                task.cancel()
+                await asyncio.wait([task], timeout=0.5)
+        await client.aclose()
+        return kept_running
+
+    assert asyncio.run(main()) == 0

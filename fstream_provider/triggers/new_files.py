@@ -10,6 +10,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.triggers.new_files_stream import NewFilesProducer, NewFilesWatch
+from fstream_provider.watch.location import default_poll_interval
 
 DEFAULT_REDELIVER_AFTER_S = 300.0  # = Airflow's [triggerer] shared_stream_ack_timeout default: a batch Airflow
                                    # may still confirm is never taken again by another watcher
@@ -127,6 +128,10 @@ class FStreamNewFilesTrigger(BaseEventTrigger):
     # -- standalone: a deferred sensor, dag.test() ---------------------------------------------------
     def effective_scope(self) -> str:
         return NewFilesWatch.scope_of(self)
+
+    def effective_poll_interval(self) -> float:
+        """``poll_interval`` if given, else 0.25 s for a local directory and 5 s for ``sftp://``."""
+        return default_poll_interval(self.path, self.poll_interval)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """One batch, then return: a batch due for redelivery first, else the next batch of new files."""

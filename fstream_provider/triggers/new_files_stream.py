@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from fstream_provider.hooks.fstream_async import FStreamAsyncHook
 from fstream_provider.hooks.sftp import Scanner
-from fstream_provider.watch.location import Location, default_poll_interval, default_scope
+from fstream_provider.watch.location import Location, default_scope
 from fstream_provider.watch.pending import PendingBatches, normalize_identity
 from fstream_provider.watch.watcher import Watcher, batch_payload
 
@@ -94,7 +94,7 @@ class NewFilesWatch:
         return None
 
     async def sleep(self) -> None:
-        await asyncio.sleep(default_poll_interval(self.t.path, self.t.poll_interval))
+        await asyncio.sleep(self.t.effective_poll_interval())
 
     async def close(self) -> None:
         await asyncio.to_thread(self.scanner.close)

@@ -20,6 +20,7 @@ rewritten file is a new version and is reported again).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -76,6 +77,21 @@ return 1
 """
 
 
+async def _call(awaitable: Any) -> Any:
+    """Await a ``redis.asyncio`` call and re-raise a cancellation it swallowed.
+
+    redis-py's async client can lose a ``CancelledError`` that lands mid-command (redis/redis-py#2028,
+    #2551; reproduced with redis 8.1 here): the command returns and the task goes on, so a cancelled
+    trigger kept polling and the triggerer's cancel or shutdown waited on it forever. The task still
+    counts the request (``Task.cancelling()``), so honour it here.
+    """
+    result = await awaitable
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("cancelled during a Redis call")
+    return result
+
+
 def normalize_identity(identity: str) -> str:
     """``identity`` as one of :data:`IDENTITIES` (``version`` is accepted for ``path+size+mtime``)."""
     name = _ALIASES.get(identity, identity)
@@ -120,7 +136,7 @@ class PendingBatches:
     async def aunseen(self, files: list[FileStat]) -> list[FileStat]:
         if not files:
             return []
-        flags = await self.client.smismember(self.seen_key, [member(f, self.identity) for f in files])
+        flags = await _call(self.client.smismember(self.seen_key, [member(f, self.identity) for f in files]))
         return [f for f, seen in zip(files, flags) if not int(seen)]
 
     async def aclaim(self, files: list[FileStat]) -> list[FileStat]:
@@ -135,7 +151,7 @@ class PendingBatches:
             doc = _doc(f)
             by_doc[doc] = f
             argv += [member(f, self.identity), doc]
-        won_docs = await self.client.eval(_CLAIM, 2, self.seen_key, self.pending_key, *argv)
+        won_docs = await _call(self.client.eval(_CLAIM, 2, self.seen_key, self.pending_key, *argv))
         won = [by_doc[d] for d in won_docs]
         if won:
             self.last_batch_id = batch_id
@@ -145,7 +161,8 @@ class PendingBatches:
                                  exclude: Iterable[str] = ()) -> tuple[str, list[FileStat]] | None:
         """The oldest pending batch last delivered ``redeliver_after`` seconds ago or more (not in
         ``exclude``), stamped as delivered now; ``None`` if there is none."""
-        got = await self.client.eval(_TAKE, 1, self.pending_key, time.time(), float(redeliver_after), *exclude)
+        got = await _call(self.client.eval(_TAKE, 1, self.pending_key, time.time(), float(redeliver_after),
+                                          *exclude))
         if not got:
             return None
         batch_id, text = got
@@ -153,7 +170,7 @@ class PendingBatches:
 
     async def pending(self) -> list[tuple[str, float, list[FileStat]]]:
         """Pending batches, oldest first: (batch_id, claimed_at, files)."""
-        raw = await self.client.hgetall(self.pending_key)
+        raw = await _call(self.client.hgetall(self.pending_key))
         out = []
         for bid, text in raw.items():
             doc = json.loads(text)
@@ -162,8 +179,8 @@ class PendingBatches:
 
     async def ack(self, batch_id: str) -> None:
         """Delivered: the batch leaves the pending hash and is never delivered again."""
-        await self.client.hdel(self.pending_key, batch_id)
+        await _call(self.client.hdel(self.pending_key, batch_id))
 
     async def release(self, batch_id: str) -> None:
         """Not delivered (Airflow did not store its event): redeliverable at once."""
-        await self.client.eval(_RELEASE, 1, self.pending_key, batch_id)
+        await _call(self.client.eval(_RELEASE, 1, self.pending_key, batch_id))
