@@ -180,10 +180,15 @@ def test_identity_path_size_mtime_reports_a_rewritten_file_again_and_seen_reset_
     assert files("path", 2) == []  # identity path: reported once, whatever happens to it
     with pytest.raises(ValueError, match=r"identity 'size': expected one of 'path', 'path\+size\+mtime'"):
         asyncio.run(_triggerer(_trigger(tmp_path, "bad", identity="size"), 5))
+    def seen(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "transfer_agent.cli", "seen", *args, "--scope", "id-path",
+                               "--redis", redis_url], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+
+    out = seen("list")
+    assert out.returncode == 0 and f"seen     {f}" in out.stdout and "1 seen file(s), 0 pending" in out.stdout, out
     # `fstream seen reset` forgets the scope: the file is reported again
-    out = subprocess.run([sys.executable, "-m", "transfer_agent.cli", "seen", "reset", "--scope", "id-path",
-                          "--redis", redis_url], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    out = seen("reset")
     assert out.returncode == 0 and "removed 1 seen file(s)" in out.stdout, out.stdout + out.stderr
     assert files("path") == [[str(f)]]
 
