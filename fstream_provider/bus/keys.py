@@ -32,6 +32,9 @@ profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH
 pool(src, dst)          hash         reserved (issue #11, ADAPT): s_pmax, s_cmax, s_u, grants    nothing yet          nothing yet            while clients hold grants
 seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
                                                                                                  trigger
+pending(scope)          hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
+                                                                                                                      sensor, any watcher
+looks(scope)            string       JSON path -> [size, mtime, since], <= 10,000 files          new-files sensor     the next poke          TTL max(1 h, 10 x poke_interval)
 cancel_channel(id)      pub/sub      message ``cancel``                                          JobStore.cancel      Agent (optional)       none (pub/sub)
 ======================  ===========  ==========================================================  ===================  =====================  ==========================================
 """

@@ -21,6 +21,8 @@ from fstream_provider.watch.watcher import Watcher, batch_payload
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+LOOKS_MAX = 10_000  # files whose last look is kept in Redis between pokes (~1 MB of JSON at most)
+
 
 class FStreamNewFilesSensor(BaseSensorOperator):
     """Succeed with the list of new complete files matching ``pattern``; a file is never returned twice.
@@ -120,14 +122,20 @@ class FStreamNewFilesSensor(BaseSensorOperator):
     def poke(self, context: Context) -> PokeReturnValue:
         """One look. The previous look (what makes a file "held still") is kept in Redis, not in this
         object: with ``mode="reschedule"`` every poke runs in a new process, and a sensor that kept it
-        in memory never saw a file twice, so it timed out on a complete file."""
+        in memory never saw a file twice, so it timed out on a complete file.
+
+        Why Redis and not the file's age: an age rule (mtime older than N s) reports a file whose writer
+        paused longer than N s, and needs an N per instrument; two looks with the same size and mtime
+        is the rule the trigger and the agent use, so all three agree on "complete". The looks live in
+        ``looks:<scope>`` (one JSON value, at most ``LOOKS_MAX`` files, expiring after max(1 h, 10 poke
+        intervals)); ``min_age`` still lets old files count on the first look."""
         min_files, max_files = self._counts()
         client, looks_key = self.hook.client, self.hook.keys.looks(self.effective_scope())
         raw = client.get(looks_key)
         self.watcher.tracker.load(json.loads(raw) if raw else None)
         won = self.watcher.poll(min_files, max_files)
         # bounded: only files not yet complete or claimed; kept long enough to span a rescheduled poke
-        client.set(looks_key, json.dumps(self.watcher.tracker.export()),
+        client.set(looks_key, json.dumps(self.watcher.tracker.export(limit=LOOKS_MAX)),
                    ex=int(max(3600, 10 * float(self.poke_interval))))
         if self.watcher.last_complete < min_files:
             self.log.info("%d new complete file(s) in %s, waiting for %d", self.watcher.last_complete, self.path,

@@ -4,9 +4,11 @@
 reported and only the caller whose claim won reports it. The Redis store claims with ``SADD`` on the
 scope's seen-set (key from the bus schema, :meth:`fstream_provider.bus.keys.Keys.seen`), so restarts,
 retries, two triggerers running the same trigger, or an Airflow asset watcher re-running its trigger
-after every event (apache/airflow issue 49900) never report a file twice; the claim happens just
-before the event is emitted, so delivery is at-most-once (a crash in between loses the notification,
-never duplicates it). The Redis store remembers paths; the in-memory store (one agent's ``--watch``,
+after every event (apache/airflow issue 49900) never report a file twice; with this store alone the
+claim happens just before the batch is returned, so delivery is at-most-once (a crash in between loses
+the batch, never duplicates it); the event trigger claims through
+:class:`fstream_provider.watch.pending.PendingBatches` instead, which keeps each batch until its
+delivery is acknowledged (at-least-once). The Redis store remembers paths; the in-memory store (one agent's ``--watch``,
 a channel) remembers each path's size and mtime, so a file rewritten after it was reported is new again.
 """
 

@@ -81,10 +81,15 @@ class StabilityTracker:
         for p in paths:
             self._last.pop(p, None)
 
-    def export(self) -> dict[str, list]:
+    def export(self, limit: int | None = None) -> dict[str, list]:
         """The previous look as JSON-able data (path -> [size, mtime, since]), for a watcher that
-        does not live between looks (a rescheduled sensor: a new process per poke)."""
-        return {path: [sig[0], sig[1], since] for path, (sig, since) in self._last.items()}
+        does not live between looks (a rescheduled sensor: a new process per poke).
+
+        :param limit: keep at most this many files, the first seen (listings come oldest first); a file
+            left out only needs one more look.
+        """
+        items = list(self._last.items())[:limit] if limit is not None else self._last.items()
+        return {path: [sig[0], sig[1], since] for path, (sig, since) in items}
 
     def load(self, data: dict[str, list] | None) -> None:
         """Resume from :meth:`export`'s data (entries that do not parse are dropped: one more look)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from typing import Any
 
 EXIT_OK = 0
@@ -29,8 +31,14 @@ def cmd_seen(args: argparse.Namespace) -> int:
     if args.action == "list":
         for m in sorted(client.smembers(seen)):
             print(f"seen     {m}")
-        for bid in sorted(client.hkeys(pending)):
-            print(f"pending  batch {bid}")
+        for bid, text in sorted(client.hgetall(pending).items()):
+            try:
+                doc = json.loads(text)
+                files, claimed = doc["files"], time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(doc["claimed_at"]))
+            except (ValueError, KeyError, TypeError):
+                print(f"pending  batch {bid} (unreadable: {text[:60]!r})")
+                continue
+            print(f"pending  batch {bid}: {len(files)} file(s), claimed {claimed} UTC, not yet acknowledged")
         print(f"scope {args.scope!r}: {counts['seen']} seen file(s), {counts['pending batches']} pending batch(es)")
         return EXIT_OK
     client.delete(seen, pending, looks)
