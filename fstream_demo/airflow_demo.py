@@ -38,7 +38,9 @@ with create_session() as s:
 print("RESULT_JSON " + json.dumps(out, default=str), flush=True)
 """
 
-_TASK_LINE = re.compile(r"\[(?:info|warning|error)\s*\]\s(.*?)\s+\[airflow\.task\.operators\.fstream_provider")
+# the operator's lines and the transfer trigger's live lines (Airflow shows both in the task log)
+_TASK_LINE = re.compile(r"\[(?:info|warning|error)\s*\]\s(.*?)\s+"
+                        r"\[(?:airflow\.task\.operators\.fstream_provider|fstream_provider\.triggers\.transfer)")
 _LEVEL = re.compile(r"\[(info|warning|error)\s*\]")
 
 
