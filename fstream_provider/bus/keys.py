@@ -26,8 +26,8 @@ job_index()             sorted set   job ids scored by created_at               
 idempotency(key)        string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state
 agent(name)             hash         name, host, pid, started_at, seen, job_id, attempt          Agent heartbeat      reclaim, status        TTL = heartbeat_ttl (refreshed ttl/3)
 agents()                set          agent names                                                 Agent                status, reclaim        members removed on clean stop
-history()               stream       reserved (issue #10, HARP): transfer-history rows (JSON     nothing yet          nothing yet            MAXLEN ~ 1,000,000 once written
-                                     ``row``)
+history()               stream       ``row``: JSON ``HistoryRow`` (tuning.harp_history): the     agents (intervals),  HARP optimizer,        MAXLEN ~ 1,000,000 and MINID ~ 90 days
+                                     path, dataset chunk, cc/p/pp, throughput, time, group       fstream calibrate    fstream history        (TransferHistory limits, configurable)
 profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
 pool(src, dst)          hash         reserved (issue #11, ADAPT): s_pmax, s_cmax, s_u, grants    nothing yet          nothing yet            while clients hold grants
 seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
