@@ -1,10 +1,16 @@
 """Asset-triggered pipeline: each batch of new complete files starts one run: transfer, then process.
 
 ``FStreamNewFilesTrigger`` watches the instrument's output directory (local, or ``sftp://USER@HOST/DIR``)
-from the triggerer. A file counts once it stopped growing; it is claimed in a Redis seen-set before the
-event fires, so it starts exactly one DAG run: never again after triggerer restarts, the watcher's
-re-runs, or a second triggerer (apache/airflow issue 49900). The run's first task collects the files of
-the asset events that triggered it, the transfer moves them, and ``process`` runs downstream.
+from the triggerer. A file counts once it stopped growing; its batch is claimed in Redis (seen-set and
+pending batch) and acknowledged only after Airflow stored the asset event, so every batch starts a DAG
+run and a file never starts two: not after triggerer restarts or with a second triggerer (apache/airflow
+issue 49900). The run's first task collects the files of the asset events that triggered it, the
+transfer moves them, and ``process`` runs downstream.
+
+The transfer retries: Airflow 3.3 can fail a deferred task whose trigger fires before the scheduler saw
+the deferring worker exit (apache/airflow issues 71580 and 72716; a small batch transfers in well under a
+second). The retry attaches to the job if it still runs, else submits a new one, which skips every file
+already verified at the destination.
 
 Connection: ``fstream_default`` (Redis of the agents, also holding the seen-set), e.g.
 ``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://REDIS_HOST:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
@@ -14,7 +20,7 @@ The watch directory and destination come from ``FSTREAM_EXAMPLE_WATCH_DIR`` and 
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
@@ -54,7 +60,8 @@ with DAG(
         return files
 
     files = batch_files()
-    transfer = FStreamTransferOperator(task_id="transfer", sources=files, destination=DESTINATION, deferrable=True)
+    transfer = FStreamTransferOperator(task_id="transfer", sources=files, destination=DESTINATION, deferrable=True,
+                                       retries=2, retry_delay=timedelta(seconds=5))
 
     @task
     def process(report: dict) -> int:
