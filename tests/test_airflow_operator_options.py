@@ -18,7 +18,7 @@ from fstream_provider.tuning.registry import make_tuner  # noqa: E402
 from fstream_provider.tuning.base import ClusterStats, FileInfo, Observation, PathInfo  # noqa: E402
 
 DEST = "fstream://127.0.0.1:1/x"
-ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc"
+ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc, harp"
 
 
 def op(**kw):
@@ -26,7 +26,9 @@ def op(**kw):
 
 
 @pytest.mark.parametrize("kw, says", [
-    ({"tuner": "harp"}, f"t: invalid transfer options: unknown tuner 'harp': {ACCEPTED}"),
+    ({"tuner": "harpoon"}, f"t: invalid transfer options: unknown tuner 'harpoon': {ACCEPTED}"),
+    ({"tuner": "harp", "cc": 4}, "tuner 'harp' takes no cc/p/pp (got cc=4)"),
+    ({"tuner_options": {"tcp_buffer": "1KiB"}}, "tuner_options: tcp_buffer '1KiB': expected a size between 4KiB and 1GiB"),
     ({"tuner": "static", "cc": 4}, "tuner 'static' takes no cc/p/pp (got cc=4)"),
     ({"tuner": "dynamic", "target_throughput": "800Mbps"}, "tuner 'dynamic' cannot hold a target throughput"),
     ({"tuner_options": {"block_size": "4 bananas"}}, "tuner_options: block_size '4 bananas': expected a size"),
@@ -64,7 +66,7 @@ def test_a_templated_tuner_is_checked_at_execute_before_submitting():
         o.build_spec()  # execute() builds the spec before it submits anything
 
 
-def test_a_dag_with_an_unbuilt_tuner_is_an_import_error(tmp_path):
+def test_a_dag_with_an_unknown_tuner_is_an_import_error(tmp_path):
     from airflow.dag_processing.dagbag import DagBag
 
     (tmp_path / "harp_dag.py").write_text(textwrap.dedent(f'''
@@ -73,8 +75,8 @@ def test_a_dag_with_an_unbuilt_tuner_is_an_import_error(tmp_path):
         from fstream_provider.operators.transfer import FStreamTransferOperator
 
         with DAG(dag_id="uses_harp", schedule=None, start_date=datetime(2026, 1, 1)):
-            FStreamTransferOperator(task_id="t", sources=["/a"], destination="{DEST}", tuner="harp")
+            FStreamTransferOperator(task_id="t", sources=["/a"], destination="{DEST}", tuner="harpoon")
     '''))
     bag = DagBag(dag_folder=str(tmp_path))
     (err,) = bag.import_errors.values()
-    assert f"unknown tuner 'harp': {ACCEPTED}" in err and "uses_harp" not in bag.dags
+    assert f"unknown tuner 'harpoon': {ACCEPTED}" in err and "uses_harp" not in bag.dags

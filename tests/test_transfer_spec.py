@@ -11,11 +11,11 @@ from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.registry import TUNER_NAMES
 
 DEST = "fstream://127.0.0.1:9/x"
-ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc"
+ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc, harp"
 # the JSON fields every version so far wrote (priority_class aside, see test_jobs): none renamed or dropped
 FIELDS = {"sources", "destination", "tuner", "cc", "p", "pp", "max_cc", "bandwidth_bps", "rtt_s",
           "target_throughput_bps", "profile_interval_s", "sample_interval_s", "watch", "interval_s", "idle_exit_s",
-          "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "block_size", "label"}
+          "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "block_size", "tcp_buffer", "label"}
 
 
 def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
@@ -25,10 +25,13 @@ def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
     assert TransferSpec.from_json(spec.to_json()) == spec
     older = {**data, "bandwidth_bps": 1000000000, "rtt_s": 0.04, "priority_class": "batch"}  # ints, retired field
     assert TransferSpec.from_json(json.dumps(older)) == spec
+    before_harp = {k: v for k, v in data.items() if k != "tcp_buffer"}  # written before issue #10
+    assert TransferSpec.from_json(json.dumps(before_harp)) == spec and spec.tcp_buffer is None
 
 
-def test_an_unbuilt_or_unknown_tuner_is_refused_naming_it_and_the_accepted_ones():
-    for name in ("harp", "nope"):
+def test_an_unknown_tuner_is_refused_naming_it_and_the_accepted_ones():
+    assert TransferSpec.from_options(["/a"], DEST, tuner="harp").tuner == "harp"  # built (issue #10)
+    for name in ("harpoon", "nope"):
         with pytest.raises(ValueError, match=f"unknown tuner '{name}': {ACCEPTED}"):
             TransferSpec.from_options(["/a"], DEST, tuner=name)
 
@@ -79,16 +82,17 @@ def _parse(*argv: str):
     return build_parser().parse_args(["send", "/a", "--to", DEST, "--secret-file", "/dev/null", *argv])
 
 
-def test_cli_tuner_choices_are_the_registry_and_harp_is_not_one(capsys):
+def test_cli_tuner_choices_are_the_registry(capsys):
     args = _parse("--tuner", "adaptivecc", "--cc", "3", "--p", "2", "--pp", "1", "--block-size", "1MiB")
     from transfer_agent.cli.options import spec_from_args
 
     spec = spec_from_args(args)
     assert (spec.tuner, spec.cc, spec.p, spec.pp, spec.block_size) == ("adaptivecc", 3, 2, 1, 2**20)
+    assert spec_from_args(_parse("--tuner", "harp", "--tcp-buffer", "1MiB")).tcp_buffer == 2**20
     with pytest.raises(SystemExit):
-        _parse("--tuner", "harp")
+        _parse("--tuner", "harpoon")
     err = capsys.readouterr().err
-    assert "invalid choice: 'harp'" in err and all(n in err for n in TUNER_NAMES)
+    assert "invalid choice: 'harpoon'" in err and all(n in err for n in TUNER_NAMES) and "harp" in TUNER_NAMES
 
 
 @pytest.mark.parametrize("argv, says", [

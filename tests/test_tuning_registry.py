@@ -20,13 +20,13 @@ def _big() -> Workload:
 
 
 def test_registry_lists_only_built_tuners_each_with_a_summary():
-    assert TUNER_NAMES == ("fixed", "static", "dynamic", "fstream", "globus", "adaptivecc")
-    assert "harp" not in TUNERS
+    assert TUNER_NAMES == ("fixed", "static", "dynamic", "fstream", "globus", "adaptivecc", "harp")
     for name, info in TUNERS.items():
         assert info.name == name and info.summary
         assert make_tuner(name, path=PATH).name == name
         assert bool(info.layout) or info.no_layout  # a refusal always says why
-    assert ADAPTIVE == ["fstream", "adaptivecc"] and NO_LAYOUT == ["static", "dynamic", "globus"]
+    assert ADAPTIVE == ["fstream", "adaptivecc"] and NO_LAYOUT == ["static", "dynamic", "globus", "harp"]
+    assert [n for n in TUNER_NAMES if TUNERS[n].uses_transfer_history] == ["fstream", "harp"]
 
 
 @pytest.mark.parametrize("name", ADAPTIVE)
@@ -68,9 +68,9 @@ def test_tuners_without_a_starting_point_refuse_cc_p_pp_naming_the_tuner(name):
 
 
 def test_unknown_tuner_and_target_refusals_name_the_value_and_the_accepted():
-    with pytest.raises(ValueError, match=r"unknown tuner 'harp': expected one of fixed, static, dynamic, fstream, "
-                                         r"globus, adaptivecc"):
-        tuner_info("harp")
+    with pytest.raises(ValueError, match=r"unknown tuner 'harpoon': expected one of fixed, static, dynamic, fstream, "
+                                         r"globus, adaptivecc, harp"):
+        tuner_info("harpoon")
     with pytest.raises(ValueError, match=r"tuner 'adaptivecc' cannot hold a target throughput; only 'fstream' can"):
         check_options("adaptivecc", target_throughput_bps=1e8)
     assert check_options("fstream", cc=4, target_throughput_bps=1e8).name == "fstream"

@@ -37,10 +37,11 @@ def test_every_named_tuner_satisfies_the_protocol_and_finishes_w4():
             assert [iv["reason"] for iv in res.intervals if iv["reason"]] == ["fixed settings cc=4 p=1 pp=4"]
 
 
-def test_factory_refuses_harp_and_targets_for_non_fstream():
-    # harp is not built (issue #10): it is unknown like any other name, and the message lists what is
-    with pytest.raises(ValueError, match="unknown tuner 'harp': expected one of fixed, static, dynamic, fstream"):
-        make_tuner("harp", path=PATH)
+def test_factory_refuses_unknown_names_and_targets_for_non_fstream():
+    with pytest.raises(ValueError, match="unknown tuner 'harpoon': expected one of fixed, static, dynamic, fstream"):
+        make_tuner("harpoon", path=PATH)
+    with pytest.raises(ValueError, match="tuner 'harp' cannot hold a target throughput"):
+        make_tuner("harp", path=PATH, target_throughput_bps=1e8)
     with pytest.raises(ValueError, match="target"):
         make_tuner("static", path=PATH, target_throughput_bps=1e8)
     with pytest.raises(ValueError, match="unknown tuner 'nope'"):

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from fstream_provider.model.spec import BLOCK_SIZE_MAX, BLOCK_SIZE_MIN
+from fstream_provider.model.spec import BLOCK_SIZE_MAX, BLOCK_SIZE_MIN, TCP_BUFFER_MAX, TCP_BUFFER_MIN
 from fstream_provider.model.units import parse_duration, parse_size
 from fstream_provider.model.validation import SpecError, explain
 
@@ -32,7 +32,18 @@ def _block_size(v: Any) -> int:
     return n
 
 
+def _tcp_buffer(v: Any) -> int:
+    try:
+        n = parse_size(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else None
+    except ValueError:
+        n = None
+    if n is None or not TCP_BUFFER_MIN <= n <= TCP_BUFFER_MAX:
+        raise ValueError(f"{v!r}: expected a size between 4KiB and 1GiB such as 1MiB or 32MiB (or bytes)")
+    return n
+
+
 Duration = Annotated[float, BeforeValidator(_duration)]
+TcpBuffer = Annotated[int, BeforeValidator(_tcp_buffer)]
 BlockSize = Annotated[int, BeforeValidator(_block_size)]
 
 
@@ -42,6 +53,8 @@ class TunerOptions(BaseModel):
     :param profile_interval: how often the tuner is consulted (``10s``).
     :param sample_interval: how often an interval record is taken (``1s``).
     :param block_size: bytes per data block on a stream (``4MiB`` or a number of bytes).
+    :param tcp_buffer: the TCP buffer cap per stream the tuners assume (``32MiB``; default: the sending
+        host's kernel maximum).
     :param encrypt: seal data and control frames (needs the shared secret).
     :param tls_cert: client certificate (mutual TLS).
     :param tls_key: client key.
@@ -54,6 +67,7 @@ class TunerOptions(BaseModel):
     profile_interval: Duration | None = None
     sample_interval: Duration | None = None
     block_size: BlockSize | None = None
+    tcp_buffer: TcpBuffer | None = None
     encrypt: bool | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -20,6 +20,7 @@ from fstream_provider.tuning.registry import DEFAULT_TUNER, check_options, tuner
 
 BLOCK_SIZE_MIN = 4096
 BLOCK_SIZE_MAX = 64 * 2**20
+TCP_BUFFER_MIN, TCP_BUFFER_MAX = 4096, 2**30
 # Fields older versions wrote into the JSON on Redis and nothing reads any more: dropped when
 # a stored spec is read, refused when given (priority_class: SEAL/STEAL scheduling, issue #11).
 RETIRED_FIELDS = ("priority_class",)
@@ -84,6 +85,8 @@ class TransferSpec(BaseModel):
     :param tls_ca: CA bundle that signed the receiver's certificate.
     :param encrypt: seal data blocks and control bodies with ChaCha20-Poly1305 (shared-secret mode).
     :param block_size: bytes per data block on a stream.
+    :param tcp_buffer: the TCP buffer cap per stream the tuners assume, in bytes (default: the kernel's
+        ``net.ipv4.tcp_wmem`` maximum on the sending host); give it when the path's real cap is elsewhere.
     :param label: free text shown in logs.
     """
 
@@ -112,6 +115,7 @@ class TransferSpec(BaseModel):
     tls_ca: str | None = None
     encrypt: bool = False
     block_size: int = 4 * 2**20
+    tcp_buffer: int | None = None
     label: str = ""
 
     def __init__(self, **data: Any) -> None:
@@ -167,6 +171,13 @@ class TransferSpec(BaseModel):
             raise ValueError(f"block_size {v}: must be between 4 KiB and 64 MiB")
         return v
 
+    @field_validator("tcp_buffer")
+    @classmethod
+    def _tcp_buffer(cls, v: int | None) -> int | None:
+        if v is not None and not TCP_BUFFER_MIN <= v <= TCP_BUFFER_MAX:
+            raise ValueError(f"tcp_buffer {v}: must be between 4 KiB and 1 GiB")
+        return v
+
     @model_validator(mode="after")
     def _together(self) -> "TransferSpec":
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -218,7 +229,7 @@ class TransferSpec(BaseModel):
                     conv[RATE_OPTIONS[k]] = parse_rate(v)
                 elif k in DURATION_OPTIONS:
                     conv[DURATION_OPTIONS[k]] = parse_duration(v)
-                elif k == "block_size" and isinstance(v, str):
+                elif k in ("block_size", "tcp_buffer") and isinstance(v, str):
                     conv[k] = parse_size(v)
                 else:
                     conv[k] = v

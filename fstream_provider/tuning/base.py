@@ -75,11 +75,14 @@ class Suggestion:
     :param layouts: one layout per cluster that has work.
     :param reason: short human-readable reason; empty only when nothing changed.
     :param changed: True when this differs from the previous suggestion.
+    :param held: clusters the tuner deliberately gives no channel for now (HARP holds a chunk until its
+        sample transfers are measured); a driver opens none for them instead of rescuing their files.
     """
 
     layouts: tuple[ClusterLayout, ...]
     reason: str
     changed: bool = True
+    held: frozenset[str] = frozenset()
 
     def total_cc(self) -> int:
         return sum(l.cc for l in self.layouts)

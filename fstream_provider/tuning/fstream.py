@@ -9,6 +9,7 @@ rate). Intervals in which channels ran out of files are not used to profile.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from fstream_provider.tuning.base import ClusterLayout, Observation, PathInfo
 from fstream_provider.tuning.clustering import SMALL, Cluster
@@ -58,6 +59,9 @@ class FStreamTuner(ClusteredTuner):
     :param start_time: wall-clock seconds of the start, for history timestamps.
     :param min_window_s: decide only on measurements at least this long (observations that
         come sooner, e.g. on file arrivals, are accumulated); default ``recommended_interval(rtt)``.
+    :param seed: where the initial dataset's clusters start instead of the heuristic:
+        ``seed(cluster) -> (Settings, reason)`` or None (``harp.harp_start``: HARP's prediction from the
+        transfer history); online profiling continues from there.
     """
 
     name = "fstream"
@@ -65,7 +69,8 @@ class FStreamTuner(ClusteredTuner):
     def __init__(self, *, path: PathInfo, start: StartLayout | None = None,
                  target_throughput_bps: float | None = None, history: ProfileHistory | None = None,
                  utilisation: float = 0.9, band: float = 0.15, pacing: bool = True, jump: bool = True,
-                 profiling: bool = True, start_time: float = 0.0, min_window_s: float | None = None) -> None:
+                 profiling: bool = True, start_time: float = 0.0, min_window_s: float | None = None,
+                 seed: Callable[[Cluster], tuple[Settings, str] | None] | None = None) -> None:
         super().__init__(path=path)
         self.start = start or StartLayout()
         self.target = target_throughput_bps
@@ -73,6 +78,8 @@ class FStreamTuner(ClusteredTuner):
         self.pacing = pacing
         self.profiling = profiling
         self.start_time = start_time
+        self.seed = seed
+        self._seeded = False
         self._profiler = OnlineProfiler(bandwidth_bps=path.bandwidth_bps, max_cc=path.max_cc,
                                         utilisation=utilisation, band=band)
         self._qos = (QosController(target_bps=target_throughput_bps, max_cc=path.max_cc, jump=jump,
@@ -141,9 +148,14 @@ class FStreamTuner(ClusteredTuner):
             s, old = self._heuristic(c), self._settings.get(name)
             if old is not None and abs(s.p - old.p) <= 1:
                 s = Settings(s.cc, old.p, s.pp)  # a new p means new channels: not worth +-1
+            seeded = self.seed(c) if self._total is None and self.seed is not None and not self.start else None
             if self._total is None and self.start:  # the initial dataset starts where the user said
                 s = clamp(self.start.over(s), self.path)
                 reasons.append(f"start {describe(name, c, s)} ({self.start.describe()})")
+            elif seeded is not None:
+                s, why = clamp(seeded[0], self.path), seeded[1]
+                self._seeded = True
+                reasons.append(f"start {describe(name, c, s)} ({why})")
             else:
                 reasons.append("heuristic " + describe(name, c, s))
             self._settings[name] = s
@@ -170,7 +182,7 @@ class FStreamTuner(ClusteredTuner):
             self._total = sum(self._settings[c.name].cc for c in clusters)
             desired = self.target or self._profiler.desired_bps
             dom = self._dominant(clusters)
-            hcc, note, _ = self._history_cc(dom, desired)
+            hcc, note, _ = (None, "", None) if self._seeded else self._history_cc(dom, desired)
             if hcc is not None:
                 # history is per cluster: the dominant one gets it, the others keep the heuristic's
                 others = sum(self._settings[c.name].cc for c in clusters if c is not dom)

@@ -8,17 +8,18 @@ be offered anywhere, and an option a tuner would ignore is refused before anythi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from fstream_provider.tuning.base import PathInfo, Tuner
 from fstream_provider.tuning.baselines import AdaptiveCCTuner, GlobusTuner
 from fstream_provider.tuning.dynamic import DynamicTuner, StaticTuner
 from fstream_provider.tuning.fixed import FixedTuner
 from fstream_provider.tuning.fstream import FStreamTuner
+from fstream_provider.tuning.harp import HarpTuner, harp_start
 from fstream_provider.tuning.heuristic import StartLayout
 from fstream_provider.tuning.profile_history import ProfileHistory
 
-Factory = Callable[[PathInfo, StartLayout, float | None, ProfileHistory | None, float], Tuner]
+Factory = Callable[[PathInfo, StartLayout, float | None, ProfileHistory | None, float, Any], Tuner]
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,13 @@ class TunerInfo:
 
     :param name: what users type (``--tuner NAME``, ``tuner="NAME"``).
     :param summary: one line saying what it does.
-    :param factory: ``factory(path, start, target_throughput_bps, history, start_time)``.
+    :param factory: ``factory(path, start, target_throughput_bps, history, start_time, transfer_history)``.
     :param layout: what cc/p/pp mean to it: ``"settings"`` (used for the whole transfer),
         ``"start"`` (the starting point it searches from), or ``""`` (refused: see ``no_layout``).
     :param no_layout: why cc/p/pp are refused (when ``layout`` is empty).
     :param holds_target: it can hold a target throughput (QoS).
     :param uses_history: it reads and extends the profiling history.
+    :param uses_transfer_history: it reads HARP's transfer history (a DataFrame of ``harp_history.COLUMNS``).
     """
 
     name: str
@@ -42,6 +44,7 @@ class TunerInfo:
     no_layout: str = ""
     holds_target: bool = False
     uses_history: bool = False
+    uses_transfer_history: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -49,35 +52,43 @@ class TunerInfo:
         return self.layout == "start"
 
 
-def _fixed(path, start, target, history, start_time) -> Tuner:  # noqa: ANN001 - see Factory
+def _fixed(path, start, target, history, start_time, transfer_history) -> Tuner:  # noqa: ANN001 - see Factory
     return FixedTuner(cc=4 if start.cc is None else start.cc, p=1 if start.p is None else start.p,
                       pp=4 if start.pp is None else start.pp)
 
 
-def _fstream(path, start, target, history, start_time) -> Tuner:  # noqa: ANN001 - see Factory
+def _fstream(path, start, target, history, start_time, transfer_history) -> Tuner:  # noqa: ANN001 - see Factory
     return FStreamTuner(path=path, start=start, target_throughput_bps=target, history=history,
-                        start_time=start_time)
+                        start_time=start_time, seed=harp_start(path, transfer_history))
+
+
+def _harp(path, start, target, history, start_time, transfer_history) -> Tuner:  # noqa: ANN001 - see Factory
+    return HarpTuner(path=path, history=transfer_history)
 
 
 _ALL = (
     TunerInfo("fixed", "the given cc/p/pp (default 4/1/4) for every file, never changed", _fixed,
               layout="settings"),
     TunerInfo("static", "the heuristic per cluster on the initial dataset, then kept",
-              lambda path, start, target, history, t0: StaticTuner(path=path),
+              lambda path, start, target, history, t0, th: StaticTuner(path=path),
               no_layout="it takes cc/p/pp from the heuristic once and never moves, so a starting point "
                         "would be the whole transfer (that is the fixed tuner)"),
     TunerInfo("dynamic", "the heuristic again for every cluster that receives new files",
-              lambda path, start, target, history, t0: DynamicTuner(path=path),
+              lambda path, start, target, history, t0, th: DynamicTuner(path=path),
               no_layout="it takes cc/p/pp from the heuristic on every dataset and measures nothing, "
                         "so there is no search for a starting point to start"),
-    TunerInfo("fstream", "dynamic heuristic + online profiling + profiling history + QoS target", _fstream,
-              layout="start", holds_target=True, uses_history=True),
+    TunerInfo("fstream", "dynamic heuristic + online profiling + profiling history + QoS target; starts from "
+              "HARP's prediction when transfer history exists", _fstream,
+              layout="start", holds_target=True, uses_history=True, uses_transfer_history=True),
     TunerInfo("globus", "Globus-like presets by average file size (2 files at once)",
-              lambda path, start, target, history, t0: GlobusTuner(path=path),
+              lambda path, start, target, history, t0, th: GlobusTuner(path=path),
               no_layout="its presets by file size are the point of the baseline"),
     TunerInfo("adaptivecc", "heuristic start, concurrency doubled while a utility improves, then kept",
-              lambda path, start, target, history, t0: AdaptiveCCTuner(path=path, start=start),
+              lambda path, start, target, history, t0, th: AdaptiveCCTuner(path=path, start=start),
               layout="start"),
+    TunerInfo("harp", "HARP: one sample transfer per chunk, then settings from regression over transfer history",
+              _harp, no_layout="its settings come from the history and the sample transfers (the sample "
+                               "itself uses the heuristic, as in the paper)", uses_transfer_history=True),
 )
 
 TUNERS: dict[str, TunerInfo] = {t.name: t for t in _ALL}
@@ -125,7 +136,7 @@ def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp:
 
 def make_tuner(name: str, *, path: PathInfo, cc: int | None = None, p: int | None = None,
                pp: int | None = None, target_throughput_bps: float | None = None,
-               history: ProfileHistory | None = None, start_time: float = 0.0) -> Tuner:
+               history: ProfileHistory | None = None, start_time: float = 0.0, transfer_history: Any = None) -> Tuner:
     """Return a fresh tuner (options it would ignore are refused by ``check_options``).
 
     :param name: one of ``TUNER_NAMES``.
@@ -136,7 +147,9 @@ def make_tuner(name: str, *, path: PathInfo, cc: int | None = None, p: int | Non
     :param target_throughput_bps: QoS target (only tuners with ``holds_target``).
     :param history: profiling history (used by tuners with ``uses_history``).
     :param start_time: wall-clock start, for history timestamps.
+    :param transfer_history: HARP's transfer history (DataFrame), for tuners with ``uses_transfer_history``.
     """
     info = check_options(name, cc=cc, p=p, pp=pp, target_throughput_bps=target_throughput_bps)
     return info.factory(path, StartLayout(cc, p, pp), target_throughput_bps,
-                        history if info.uses_history else None, start_time)
+                        history if info.uses_history else None, start_time,
+                        transfer_history if info.uses_transfer_history else None)

@@ -55,6 +55,8 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", metavar="K")
     p.add_argument("--tls-ca", metavar="CA")
     p.add_argument("--block-size", metavar="SIZE", type=_size, default="4MiB", help="bytes per data block (default 4MiB)")
+    p.add_argument("--tcp-buffer", metavar="SIZE", type=_size,
+                   help="TCP buffer cap per stream the tuners assume (default: this host's net.ipv4.tcp_wmem max)")
 
 
 def spec_from_args(args: argparse.Namespace) -> TransferSpec:
@@ -70,5 +72,5 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         profile_interval=args.profile_interval, sample_interval=args.sample_interval,
         watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        tls_ca=args.tls_ca, encrypt=args.encrypt, block_size=args.block_size,
+        tls_ca=args.tls_ca, encrypt=args.encrypt, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
     )

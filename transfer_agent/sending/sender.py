@@ -186,7 +186,7 @@ class Transfer:
             rtt = self.spec.rtt_s or control.rtt()
             self.result.rtt_s = rtt
             path = PathInfo(bandwidth_bps=self.spec.bandwidth_bps or DEFAULT_BANDWIDTH, rtt_s=max(rtt, 1e-4),
-                            tcp_buffer=tcp_buffer_max(), max_cc=self.spec.max_cc)
+                            tcp_buffer=self.spec.tcp_buffer or tcp_buffer_max(), max_cc=self.spec.max_cc)
             tuner = self._tuner or make_tuner(
                 self.spec.tuner, path=path, cc=self.spec.cc, p=self.spec.p, pp=self.spec.pp,
                 target_throughput_bps=self.spec.target_throughput_bps, history=self._load_history(),
@@ -260,7 +260,8 @@ class Transfer:
                              pending_reason)
                 pending_reason = ""
                 last_sample, last_bytes, last_cluster = now, total, per_cluster
-            if new or now - last_profile >= spec.profile_interval_s:
+            every = min(spec.profile_interval_s, getattr(tuner, "observe_every_s", None) or spec.profile_interval_s)
+            if new or now - last_profile >= every:
                 obs = self._observe(tuner, pool, now, now - last_profile, total - prof_bytes,
                                     {c: b - prof_cluster.get(c, 0) for c, b in per_cluster.items()}, new)
                 reason = self._retune(tuner, pool, obs)
@@ -280,7 +281,7 @@ class Transfer:
                 raise StallError(f"stalled: {moved / 1e3:.1f} kbit/s over the last {self.stall_timeout:.0f} s with "
                                  f"files outstanding, below the progress floor of "
                                  f"{self.progress_floor_bps / 1e3:.0f} kbit/s; the path or the receiver is stuck")
-            deadline = min(last_sample + spec.sample_interval_s, last_profile + spec.profile_interval_s,
+            deadline = min(last_sample + spec.sample_interval_s, last_profile + every,
                            next_scan if watcher else float("inf"))
             self._wake.wait(max(0.01, min(0.5, deadline - time.monotonic())))
             self._wake.clear()
@@ -406,7 +407,7 @@ class Transfer:
         layouts = {l.cluster: (max(1, min(l.cc, self.spec.max_cc)), max(1, l.p), max(0, l.pp))
                    for l in s.layouts if l.cc > 0}
         for c, (n, _b) in pool.pending().items():
-            if n and c not in layouts:  # never strand files: a cluster with work always has a channel
+            if n and c not in layouts and c not in s.held:  # never strand files a tuner did not hold on purpose
                 self.log.warning("tuner %s gave no layout for cluster %r with %d files; using cc=1 p=1 pp=4",
                                  getattr(tuner, "name", "?"), c, n)
                 layouts[c] = (1, 1, 4)

@@ -1,0 +1,205 @@
+"""HARP benchmark (issue 10): calibrate one emulated WAN path, then HARP against the heuristic under load and a wrong buffer.
+
+1. ``fstream calibrate`` seeds an empty Redis with probes on the path, background traffic off.
+2. Each dataset (default: 2 MB files, a *small* chunk, and 64 MB files, *large*; about 1.5 GB each) is sent
+   by ``static`` (the heuristic, kept), ``harp`` (sample transfer + regression over the history),
+   ``fstream`` without history (heuristic start + online profiling) and ``fstream`` with the history
+   (HARP's prediction as its start) under three conditions: ``quiet``; ``background`` (N iperf3 flows
+   share the bottleneck); ``buffer`` (the tuners are told an 8 MiB TCP buffer while the path caps at 1 MiB).
+3. In-process on the same history: the Optimizer's time per chunk and the paper's validation accuracy.
+
+First-interval throughput = bytes over the first ``--first-window`` seconds after the settings were
+applied (HARP: after its allocation, the samples excluded). The amortisation size is Eq. 6–7 of the
+paper solved for D with the measured Thr_0 (static), Thr_S (the sample) and Thr_H (after the sample).
+
+Run: ``python -m fstream_bench.harp_bench`` (root; ``--loopback`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from fstream_bench.breakdown_bench import UnixRedis
+from fstream_bench.qos_bench import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
+from fstream_bench.report import machine_info
+
+from fstream_provider.model.units import parse_duration, parse_size
+
+TUNERS = ("static", "harp", "fstream", "fstream+harp")
+CONDITIONS = ("quiet", "background", "buffer")
+DATASETS = {"small": (2_000_000, 750), "large": (64_000_000, 24)}
+
+
+def make_dataset(root: Path, size: int, count: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    block = os.urandom(1 << 20)
+    for i in range(count):
+        with open(root / f"f{i:05d}.dat", "wb") as f:
+            left = size
+            while left > 0:
+                n = min(left, len(block))
+                f.write(block[:n])
+                left -= n
+            f.seek(0)
+            f.write(i.to_bytes(8, "big") + os.urandom(8))  # distinct content per file
+    return root
+
+
+def window_bps(intervals: list[dict], start: float, seconds: float) -> float:
+    """Bytes moved in [start, start + seconds] from the interval records (each ends at ``t``, lasts ``dt``)."""
+    got = sum(r["bytes"] for r in intervals if start < r["t"] <= start + seconds + 1e-6)
+    return got * 8 / seconds
+
+
+def harp_times(tuning: list[dict]) -> tuple[float | None, str]:
+    """(time of HARP's channel allocation, its reason); (None, "") when it never allocated."""
+    for d in tuning:
+        r = d.get("reason", "")
+        if r.startswith("harp:") and re.search(r"(?:^harp: |; )start ", r):
+            return d["t"], r
+    return None, ""
+
+
+def amortisation_bytes(thr0: float, thr_h: float, thr_s: float, ds: float, c: float) -> float | None:
+    """Smallest dataset (bytes) for which Eq. 7's t_H beats Eq. 6's t_0; None when HARP is not faster."""
+    if thr_h <= thr0 or thr_s <= 0:
+        return None
+    b0, bh, bs = 8 / thr0, 8 / thr_h, 8 / thr_s  # seconds per byte
+    return max(0.0, (ds * (bs - bh) + c) / (b0 - bh))
+
+
+def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
+    """The Optimizer's time and validation accuracy per dataset chunk, on the calibrated history."""
+    import redis
+
+    from fstream_provider.bus.transfer_history import TransferHistory
+    from fstream_provider.tuning.harp_history import chunk_of
+    from fstream_provider.tuning.harp_model import HarpOptimizer, validation_accuracy
+    from fstream_provider.tuning.harp_similarity import HarpRequest
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    frame = TransferHistory(client).frame()
+    out = []
+    for name, (size, count) in datasets.items():
+        chunk = chunk_of(size, bench.bandwidth_bps * bench.rtt_s / 8)
+        req = HarpRequest(bandwidth_bps=bench.bandwidth_bps, rtt_s=bench.rtt_s, tcp_buffer=1 << 20, chunk=chunk,
+                          avg_file_size=size, file_count=count)
+        opt = HarpOptimizer()
+        t0 = time.perf_counter()
+        fitted = opt.fit(frame, req)
+        pred = opt.predict(fitted, None)
+        secs = time.perf_counter() - t0
+        val = validation_accuracy(frame, req)
+        out.append({"dataset": name, "chunk": chunk, "rows": len(frame), "optimizer_seconds": secs,
+                    "prediction": {"cc": pred.cc, "p": pred.p, "pp": pred.pp, "bps": pred.throughput_bps,
+                                   "fallback": pred.fallback, "reason": pred.reason},
+                    "validation": val})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fstream_bench.harp_bench", description=__doc__.splitlines()[0])
+    add_path_args(ap, "tb10h")
+    ap.add_argument("--budget", default="4m", help="calibration budget (default 4m)")
+    ap.add_argument("--datasets", default=",".join(DATASETS))
+    ap.add_argument("--conditions", default=",".join(CONDITIONS))
+    ap.add_argument("--tuners", default=",".join(TUNERS))
+    ap.add_argument("--background-flows", type=int, default=4)
+    ap.add_argument("--told-buffer", default="8MiB", help="what the tuners are told in the 'buffer' condition")
+    ap.add_argument("--first-window", default="2s")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies the dataset file counts")
+    ap.add_argument("--timeout", default="300s", help="per run")
+    args = ap.parse_args(argv)
+    from fstream_bench.peers import fstream as fs_peer
+    from fstream_bench.peers.base import run_timed
+
+    datasets = {k: (DATASETS[k][0], max(2, int(DATASETS[k][1] * args.scale))) for k in args.datasets.split(",")}
+    conditions = [c for c in args.conditions.split(",") if c]
+    tuners = [t for t in args.tuners.split(",") if t]
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = Path(args.results) / f"harp-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.workdir or f"/dev/shm/fstream-harp-{stamp}")
+    first = parse_duration(args.first_window)
+    bench = open_bench(args)
+    summary: dict = {"machine": machine_info(), "machine_line": machine_line(), "selfcheck_line": selfcheck_line(bench.selfcheck),
+                     "command": "python -m fstream_bench.harp_bench " + " ".join(
+                         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+                     "path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
+                     "concurrent": concurrent_benchmarks(), "runs": [], "datasets": datasets}
+    print(summary["machine_line"], flush=True)
+    print(summary["selfcheck_line"], flush=True)
+    base = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
+            "profile_interval": "2s", "sample_interval": "0.5s"}
+    try:
+        with UnixRedis(work / "redis") as redis_srv, \
+                fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
+            chunks = sorted({__import__("fstream_provider.tuning.harp_history", fromlist=["chunk_of"]).chunk_of(
+                s, bench.bandwidth_bps * bench.rtt_s / 8) for s, _ in datasets.values()})
+            cal = [*fs_peer.fstream_argv(), "calibrate", "--to", rx.url("calibration"), "--secret-file", str(rx.secret),
+                   "--redis", redis_srv.url, "--budget", args.budget, "--bandwidth", base["bandwidth"],
+                   "--chunks", ",".join(chunks), "--json"]
+            print("calibrating:", " ".join(cal[-12:]), flush=True)
+            t0 = time.monotonic()
+            status, wall, text = run_timed(bench.sites.argv("src", cal), parse_duration(args.budget) + 300,
+                                           out / "calibrate.log", env={**os.environ})
+            summary["calibration"] = {"status": status, "seconds": time.monotonic() - t0, "tail": text[-2000:]}
+            print(f"calibration: status {status} in {time.monotonic() - t0:.0f} s", flush=True)
+            summary["optimizer"] = optimizer_report(redis_srv.url, bench, datasets)
+            for row in summary["optimizer"]:
+                print(f"optimizer {row['dataset']}: {row['optimizer_seconds']:.2f} s, "
+                      f"validation {row['validation'].get('accuracy')}", flush=True)
+            for dname, (size, count) in datasets.items():
+                src = make_dataset(work / "src" / dname, size, count)
+                for cond in conditions:
+                    if cond == "background" and bench.path is not None:
+                        from fstream_bench.wan.background import set_background
+                        set_background(bench.path, args.background_flows)
+                    try:
+                        for tuner in tuners:
+                            opts = dict(base)
+                            if tuner in ("harp", "fstream+harp"):
+                                opts["redis"] = redis_srv.url
+                            if cond == "buffer":
+                                opts["tcp_buffer"] = args.told_buffer
+                            label = f"{dname}-{cond}-{tuner.replace('+', '-')}"
+                            r = send_json(bench.sites, rx, [src], label, tuner=tuner.split("+")[0], options=opts,
+                                          label=label, timeout=parse_duration(args.timeout))
+                            shutil.rmtree(work / "dst" / label, ignore_errors=True)
+                            t_alloc, why = harp_times(r.tuning) if tuner == "harp" else (0.0, "")
+                            start = t_alloc or 0.0
+                            rec = {"dataset": dname, "condition": cond, "tuner": tuner, "ok": r.ok, "error": r.error,
+                                   "seconds": r.self_seconds, "throughput_bps": r.throughput_bps,
+                                   "first_bps": window_bps(r.intervals, start, first), "settings_at": start,
+                                   "first_reason": (r.tuning[0]["reason"] if r.tuning else ""),
+                                   "harp_reason": why, "tuning": r.tuning, "loadavg": os.getloadavg()}
+                            summary["runs"].append(rec)
+                            print(f"{label}: ok={r.ok} {rec['seconds'] or 0:.1f} s "
+                                  f"{(rec['throughput_bps'] or 0) / 1e6:.0f} Mbit/s, first {rec['first_bps'] / 1e6:.0f} "
+                                  f"Mbit/s from t={start:.1f}", flush=True)
+                            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+                    finally:
+                        if cond == "background" and bench.path is not None:
+                            from fstream_bench.wan.background import set_background
+                            set_background(bench.path, 0)
+                shutil.rmtree(src, ignore_errors=True)
+    finally:
+        bench.close()
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        summary["machine_line_end"] = machine_line()
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"results: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

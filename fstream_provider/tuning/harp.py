@@ -1,0 +1,344 @@
+"""The ``harp`` tuner: HARP's Scheduler (Arslan & Kosar, SC'16, §III-A, Algorithm 1) over FStream's sender.
+
+What it does, in the paper's order:
+
+1. **Partition** (line 3): every file goes to a chunk, *tiny*, *small*, *medium* or *large*, relative to
+   the path's BDP (``harp_history.chunk_of``).
+2. **Sample transfers** (lines 4–8): per chunk, the first files up to ``2 x bandwidth-seconds`` (the paper's
+   ``2 * Bandwidth(MB)``, scaled by ``sample_scale``; at least ``min_sample_files`` files) form the chunk's
+   sample, moved with the heuristic's settings for those files (``findParamsViaHeuristic``), one chunk
+   after the other. The sample files are real files of the dataset: no byte is sent twice. Their
+   throughput is measured from the per-cluster byte counts of the observations (the tuner asks its driver
+   to observe every ``observe_every_s`` while sampling).
+3. **Optimizer** (lines 11–16, ``harp_model``): while a chunk's sample is in flight, its sample-independent
+   part runs (similar entries, groups, cubic fits, maxima, relaxation); when the sample ends, the
+   sample-dependent part (errors at the sample's settings, DBSCAN classes, weighted average) gives
+   (cc, p, pp) and the unit throughput. This is the paper's pipelined cost analysis: the regression work
+   overlaps the sample transfers, and the transfer itself never stops (the driver keeps moving the
+   sample while ``update`` computes).
+4. **Channel allocation** (lines 17–23, ``harp_model.allocate_channels``), then every chunk starts with its
+   settings, and they are kept (HARP tunes once; ``fstream`` is the tuner that keeps adapting).
+
+The rest of each chunk is *held* (``Suggestion.held``) until the allocation: the paper starts the chunks
+only after every sample (line 23 needs every chunk's unit throughput). Without usable history (none, or
+no group that fits) a chunk falls back to the heuristic and the reason says why; without any history at
+all no sample is taken. Files that arrive later (``--watch``) join their chunk's settings; a chunk first
+seen later is predicted without a sample (equal group weights).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fstream_provider.tuning.base import ClusterLayout, FileInfo, Observation, PathInfo, Suggestion
+from fstream_provider.tuning.common import fit_cc, fmt_bps, fmt_size
+from fstream_provider.tuning.harp_history import CHUNKS, chunk_of
+from fstream_provider.tuning.heuristic import Settings, clamp, heuristic
+
+SAMPLE = ".sample"  # cluster-name suffix of a chunk's sample files
+
+
+@dataclass
+class _Chunk:
+    """One chunk's files, sample and decision."""
+
+    name: str
+    files: int = 0
+    bytes: int = 0
+    sample_files: int = 0
+    sample_bytes: int = 0
+    sample_closed: bool = False
+    sample_settings: Settings | None = None
+    sample_start: float | None = None
+    sample_moved: int = 0
+    sample_bps: float | None = None
+    fitted: Any = None
+    prediction: Any = None
+    settings: Settings | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def sampling(self) -> bool:
+        return self.sample_start is not None and self.sample_bps is None
+
+
+class HarpTuner:
+    """HARP's Scheduler as a ``Tuner``; the Optimizer is ``harp_model.HarpOptimizer``.
+
+    :param path: the path description (bandwidth, RTT, TCP buffer and bounds).
+    :param history: the transfer history (``harp_history.COLUMNS`` DataFrame); None or empty: no history.
+    :param optimizer: a ``HarpOptimizer`` (default one with the paper's settings).
+    :param sample_scale: the sample is ``2 x bandwidth-seconds x sample_scale`` bytes per chunk.
+    :param min_sample_files: at least this many files per sample (the paper: two).
+    :param source: this side's name, for the similarity's path features.
+    :param destination: the receiver's ``host:port``.
+    :param observe_every_s: how often the driver should observe while a sample runs.
+    :param clock: seconds counter for timing the optimizer (injected in tests).
+    """
+
+    name = "harp"
+
+    def __init__(self, *, path: PathInfo, history: Any = None, optimizer: Any = None, sample_scale: float = 1.0,
+                 min_sample_files: int = 2, source: str = "", destination: str = "",
+                 observe_every_s: float = 0.25, clock: Callable[[], float] = time.perf_counter) -> None:
+        if sample_scale <= 0 or min_sample_files < 1:
+            raise ValueError(f"harp: sample_scale ({sample_scale}) must be > 0 and min_sample_files "
+                             f"({min_sample_files}) >= 1")
+        if optimizer is None:
+            from fstream_provider.tuning.harp_model import HarpOptimizer
+            optimizer = HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp))
+        self.path = path
+        self.history = history
+        self.optimizer = optimizer
+        self.has_history = history is not None and len(history) > 0
+        self.sample_target = 2.0 * path.bandwidth_bps / 8.0 * sample_scale
+        self.min_sample_files = min_sample_files
+        self.source, self.destination = source, destination
+        self._observe_every = observe_every_s
+        self._clock = clock
+        self._chunks: dict[str, _Chunk] = {}
+        self._assigned: dict[str, str] = {}
+        self._started = False
+        self._allocated = False
+        self._layouts: dict[str, Settings] = {}
+        self._held: set[str] = set()
+        self._last: tuple | None = None
+        self._reason = "harp: waiting for files"
+        self.decisions: list[dict] = []  # what was predicted per chunk (for logs, tests and benchmarks)
+
+    # -- what the driver asks ----------------------------------------------------------------
+    @property
+    def observe_every_s(self) -> float | None:
+        """Observe this often while a sample runs (None: the driver's own interval)."""
+        return self._observe_every if any(c.sampling for c in self._chunks.values()) else None
+
+    def cluster_of(self, file: FileInfo) -> str:
+        known = self._assigned.get(file.path)
+        if known is not None:
+            return known
+        name = chunk_of(file.size, self.path.bdp_bytes)
+        c = self._chunks.setdefault(name, _Chunk(name))
+        c.files += 1
+        c.bytes += file.size
+        cluster = name
+        if (self.has_history and not c.sample_closed
+                and (c.sample_files < self.min_sample_files or c.sample_bytes < self.sample_target)):
+            c.sample_files += 1
+            c.sample_bytes += file.size
+            cluster = name + SAMPLE
+        self._assigned[file.path] = cluster
+        return cluster
+
+    def suggest(self) -> Suggestion:
+        layouts = tuple(ClusterLayout(n, s.cc, s.p, s.pp) for n, s in sorted(self._layouts.items()))
+        held = frozenset(self._held)
+        key = (layouts, held)
+        changed = key != self._last
+        self._last = key
+        return Suggestion(layouts, self._reason, changed, held=held)
+
+    # -- the Scheduler ----------------------------------------------------------------------
+    def update(self, observation: Observation) -> None:
+        obs = observation
+        notes: list[str] = []
+        if not self._started:
+            self._started = True
+            for c in self._chunks.values():
+                c.sample_closed = True  # later arrivals are transferred, not sampled
+            if not self.has_history:
+                notes.append("no transfer history (run `fstream calibrate` or any transfer first): heuristic")
+        self._measure(obs)
+        for c in self._ordered():
+            if c.sample_bps is not None and c.prediction is None and c.settings is None:
+                notes.append(self._predict(c, obs))
+        running = next((c for c in self._ordered() if c.sampling), None)
+        if running is None:
+            nxt = next((c for c in self._ordered() if c.sample_files and c.sample_start is None), None)
+            if nxt is not None:
+                notes.append(self._start_sample(nxt, obs))
+                running = nxt
+        if running is not None:
+            fit_note = self._fit_one()
+            if fit_note:
+                notes.append(fit_note)
+        elif not self._allocated:
+            notes.append(self._allocate())
+        else:
+            notes.extend(self._late_chunks())
+        self._refresh_layouts(obs)
+        if notes:
+            self._reason = "harp: " + "; ".join(notes)
+        elif not self._layouts:
+            self._reason = "harp: no pending files"
+
+    def _ordered(self) -> list[_Chunk]:
+        return [self._chunks[n] for n in CHUNKS if n in self._chunks]
+
+    def _measure(self, obs: Observation) -> None:
+        for c in self._ordered():
+            if not c.sampling:
+                continue
+            st = obs.clusters.get(c.name + SAMPLE)
+            if st is not None:
+                c.sample_moved += st.bytes
+            done = st is None or (st.pending_files == 0 and st.active_channels == 0)
+            if c.sample_moved >= c.sample_bytes or (done and obs.t > c.sample_start):
+                seconds = max(obs.t - c.sample_start, 1e-3)
+                c.sample_bps = c.sample_moved * 8 / seconds
+
+    def _start_sample(self, c: _Chunk, obs: Observation) -> str:
+        avg = c.sample_bytes / max(1, c.sample_files)
+        c.sample_settings = heuristic(avg, c.sample_files, self.path)
+        c.sample_start = obs.t
+        s = c.sample_settings
+        return (f"sample {c.name}: {c.sample_files} files {fmt_size(c.sample_bytes)} at cc={s.cc} p={s.p} "
+                f"pp={s.pp} (heuristic)")
+
+    def _request(self, c: _Chunk) -> Any:
+        from fstream_provider.tuning.harp_similarity import HarpRequest
+
+        return HarpRequest(bandwidth_bps=self.path.bandwidth_bps, rtt_s=self.path.rtt_s,
+                           tcp_buffer=self.path.tcp_buffer, chunk=c.name, avg_file_size=c.bytes / max(1, c.files),
+                           file_count=c.files, source=self.source, destination=self.destination)
+
+    def _fit_one(self) -> str:
+        """Fit the next chunk that has no model yet (one per call, so an update stays short)."""
+        c = next((c for c in self._ordered() if c.fitted is None and c.sample_files and self.has_history), None)
+        if c is None:
+            return ""
+        t0 = self._clock()
+        try:
+            c.fitted = self.optimizer.fit(self.history, self._request(c))
+        except ValueError as exc:
+            c.fitted = exc
+            return f"{c.name}: no model ({exc})"
+        return f"{c.name}: models fitted in {self._clock() - t0:.2f} s while its sample runs"
+
+    def _predict(self, c: _Chunk, obs: Observation) -> str:
+        if c.fitted is None:
+            self._fit_for(c)
+        s = c.sample_settings
+        sample_note = f"sample {c.name} {fmt_bps(c.sample_bps)} at cc={s.cc} p={s.p} pp={s.pp}"
+        if isinstance(c.fitted, Exception) or c.fitted is None:
+            c.settings = self._heuristic(c)
+            return f"{sample_note}; {c.name}: heuristic ({c.fitted or 'no history'})"
+        pred = self.optimizer.predict(c.fitted, (s.cc, s.p, s.pp, c.sample_bps))
+        c.prediction = pred
+        self.decisions.append({"chunk": c.name, "sample_bps": c.sample_bps, "cc": pred.cc, "p": pred.p,
+                               "pp": pred.pp, "predicted_bps": pred.throughput_bps, "fallback": pred.fallback,
+                               "reason": pred.reason, "t": obs.t})
+        if pred.fallback:
+            c.settings = self._heuristic(c)
+            return f"{sample_note}; {c.name}: heuristic ({pred.reason})"
+        c.settings = clamp(Settings(pred.cc, pred.p, pred.pp), self.path)
+        return f"{sample_note}; {c.name}: {pred.reason}"
+
+    def _fit_for(self, c: _Chunk) -> None:
+        if not self.has_history:
+            c.fitted = None
+            return
+        try:
+            c.fitted = self.optimizer.fit(self.history, self._request(c))
+        except ValueError as exc:
+            c.fitted = exc
+
+    def _heuristic(self, c: _Chunk) -> Settings:
+        rest = max(1, c.files - c.sample_files)
+        avg = max(1.0, (c.bytes - c.sample_bytes) / rest) if c.files > c.sample_files else c.bytes / max(1, c.files)
+        return heuristic(avg, rest, self.path)
+
+    def _allocate(self) -> str:
+        """Algorithm 1 lines 9–23: distribute the largest concurrency by chunk size and unit throughput."""
+        from fstream_provider.tuning.harp_model import allocate_channels
+
+        self._allocated = True
+        for c in self._ordered():
+            if c.settings is None:  # no sample (no history, or nothing left after it): heuristic
+                c.settings = self._heuristic(c)
+        predicted = [(c.name, float(max(1, c.bytes - c.sample_bytes)), c.prediction) for c in self._ordered()
+                     if c.prediction is not None and not c.prediction.fallback and c.files > c.sample_files]
+        notes = []
+        if predicted:
+            cc = allocate_channels(predicted)
+            for name, n in cc.items():
+                c = self._chunks[name]
+                c.settings = Settings(n, c.settings.p, c.settings.pp)
+            notes.append("Algorithm 1 channels " + ", ".join(f"{n}={v}" for n, v in cc.items()))
+        wanted = {c.name: c.settings.cc for c in self._ordered() if c.files > c.sample_files}
+        if sum(wanted.values()) > self.path.max_cc:  # applied per round by _refresh_layouts (fit_cc)
+            notes.append(f"shared within max_cc={self.path.max_cc} while chunks overlap")
+        shown = ", ".join(f"{c.name} cc={c.settings.cc} p={c.settings.p} pp={c.settings.pp}"
+                          for c in self._ordered() if c.files > c.sample_files)
+        return "start " + (shown or "nothing left after the samples") + (f" ({'; '.join(notes)})" if notes else "")
+
+    def _late_chunks(self) -> list[str]:
+        """A chunk first seen after the allocation: predicted without a sample, else the heuristic."""
+        notes = []
+        for c in self._ordered():
+            if c.settings is not None:
+                continue
+            self._fit_for(c)
+            if c.fitted is not None and not isinstance(c.fitted, Exception):
+                pred = self.optimizer.predict(c.fitted, None)
+                if not pred.fallback:
+                    c.prediction, c.settings = pred, clamp(Settings(pred.cc, pred.p, pred.pp), self.path)
+                    notes.append(f"{c.name} (arrived later, no sample): {pred.reason}")
+                    continue
+            c.settings = self._heuristic(c)
+            notes.append(f"{c.name} (arrived later): heuristic cc={c.settings.cc} p={c.settings.p} pp={c.settings.pp}")
+        return notes
+
+    def _refresh_layouts(self, obs: Observation) -> None:
+        layouts: dict[str, Settings] = {}
+        held: set[str] = set()
+        for c in self._ordered():
+            if c.sampling and c.sample_settings is not None:
+                layouts[c.name + SAMPLE] = c.sample_settings
+            elif c.sample_files and c.sample_start is None:
+                held.add(c.name + SAMPLE)
+            main = obs.clusters.get(c.name)
+            if main is None or (main.pending_files <= 0 and main.active_channels <= 0):
+                continue  # nothing of this chunk outside its sample waits or moves
+            if self._allocated and c.settings is not None:
+                layouts[c.name] = c.settings
+            else:
+                held.add(c.name)
+        if sum(s.cc for s in layouts.values()) > self.path.max_cc:  # never more channels than allowed in total
+            weights = {n: float(max(1, getattr(obs.clusters.get(n), "pending_bytes", 1))) for n in layouts}
+            fitted = fit_cc({n: s.cc for n, s in layouts.items()}, self.path.max_cc, weights)
+            layouts = {n: Settings(fitted[n], s.p, s.pp) for n, s in layouts.items()}
+        self._layouts, self._held = layouts, held
+
+
+def harp_start(path: PathInfo, history: Any, *, optimizer: Any = None, source: str = "",
+               destination: str = "") -> Callable[[Any], tuple[Settings, str] | None] | None:
+    """HARP's prediction as the ``fstream`` tuner's starting point (``FStreamTuner(seed=...)``); None without history.
+
+    No sample is taken here (the online profiling that follows measures today's load instead), so every
+    group the Optimizer keeps weighs the same; a chunk the history cannot model keeps the heuristic.
+    """
+    if history is None or len(history) == 0:
+        return None
+    if optimizer is None:
+        from fstream_provider.tuning.harp_model import HarpOptimizer
+        optimizer = HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp))
+    from fstream_provider.tuning.harp_similarity import HarpRequest
+
+    def seed(cluster: Any) -> tuple[Settings, str] | None:
+        avg = cluster.avg_size
+        if avg <= 0:
+            return None
+        req = HarpRequest(bandwidth_bps=path.bandwidth_bps, rtt_s=path.rtt_s, tcp_buffer=path.tcp_buffer,
+                          chunk=chunk_of(avg, path.bdp_bytes), avg_file_size=avg, file_count=max(1, cluster.files),
+                          source=source, destination=destination)
+        try:
+            pred = optimizer.optimize(history, req, None)
+        except ValueError:
+            return None
+        if pred.fallback:
+            return None
+        return Settings(pred.cc, pred.p, pred.pp), f"HARP start without sample: {pred.reason}"
+
+    return seed

@@ -1,0 +1,157 @@
+"""HARP's filtering and grouping of history (Arslan & Kosar, SC'16, §III-B1, Equation 1).
+
+*Filtering.* Each history entry and the intended transfer of one chunk are described by six features:
+bandwidth, RTT, BDP/buffer, chunk type (1..4), average file size and file count. Each feature is
+normalised by its largest value over the history and the request (the paper: "we normalize feature
+vectors ... to keep ranges of properties as close as possible"), then weighted by (2, 2, 10, 10, 3, 1)
+inside the cosine (Eq. 1 with per-feature weights: ``sum w a b / (sqrt(sum w a^2) sqrt(sum w b^2))``).
+Entries at or above a threshold are kept; the threshold starts at 0.99 and drops by 0.01 until at least
+``min_entries`` are kept (the paper: 3,000 of 21,000; we scale that to the history we have, see
+``HarpOptimizer``), never below ``floor``.
+
+*Departure:* file size and count are normalised on a log scale (``log1p``): their ranges span six
+orders of magnitude, and a linear max-normalisation puts every file below a tenth of the largest at
+about zero, so 1 kB and 10 MB files look alike, the misclassification the paper adds chunk type to
+avoid. The other four features are normalised linearly as in the paper.
+
+*Grouping.* The paper groups the kept entries that share dataset and network settings and were
+collected at about the same time (one group = one sweep, its own background load). Calibration probes
+(``kind == "probe"``) are grouped by their ``group`` label: one pass of ``fstream calibrate`` over the
+grid for one chunk. Rows of transfers (intervals, samples) are grouped by path and chunk within one
+``window_s`` time window: a single transfer rarely tries enough settings for a cubic, several transfers
+in one hour on one path together may.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fstream_provider.tuning.harp_history import CHUNK_ORDINAL, CHUNKS
+
+WEIGHTS = (2.0, 2.0, 10.0, 10.0, 3.0, 1.0)  # bandwidth, RTT, BDP/buffer, chunk type, file size, file count
+FEATURES = ("bandwidth_bps", "rtt_s", "bdp_buffer_ratio", "chunk", "avg_file_size", "file_count")
+
+
+@dataclass(frozen=True)
+class HarpRequest:
+    """The intended transfer of one chunk, as the Optimizer sees it.
+
+    :param bandwidth_bps: the path's bandwidth (bits/s).
+    :param rtt_s: round-trip time (s).
+    :param tcp_buffer: TCP buffer cap per stream (bytes).
+    :param chunk: ``tiny``, ``small``, ``medium`` or ``large``.
+    :param avg_file_size: average file size of the chunk (bytes).
+    :param file_count: files in the chunk.
+    :param source: this side's name (not a similarity feature; for reasons and reports).
+    :param destination: the receiver (likewise).
+    """
+
+    bandwidth_bps: float
+    rtt_s: float
+    tcp_buffer: int
+    chunk: str
+    avg_file_size: float
+    file_count: int
+    source: str = ""
+    destination: str = ""
+
+    def __post_init__(self) -> None:
+        if self.chunk not in CHUNKS:
+            raise ValueError(f"HARP request: chunk {self.chunk!r} is not one of {', '.join(CHUNKS)}")
+        for name in ("bandwidth_bps", "rtt_s", "tcp_buffer", "avg_file_size"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"HARP request: {name} must be > 0, got {getattr(self, name)!r}")
+        if self.file_count < 1:
+            raise ValueError(f"HARP request: file_count must be >= 1, got {self.file_count!r}")
+
+    @property
+    def bdp_buffer_ratio(self) -> float:
+        return self.bandwidth_bps * self.rtt_s / 8.0 / self.tcp_buffer
+
+    def vector(self) -> np.ndarray:
+        return np.array([self.bandwidth_bps, self.rtt_s, self.bdp_buffer_ratio, CHUNK_ORDINAL[self.chunk],
+                         self.avg_file_size, self.file_count], dtype=float)
+
+
+def _raw(history: pd.DataFrame) -> np.ndarray:
+    if "bdp_buffer_ratio" in history:
+        ratio = history["bdp_buffer_ratio"].to_numpy(float)
+    else:
+        ratio = (history["bandwidth_bps"] * history["rtt_s"] / 8.0 / history["tcp_buffer"]).to_numpy(float)
+    chunk = history["chunk"].map(CHUNK_ORDINAL)
+    if chunk.isna().any():
+        bad = sorted(set(history["chunk"][chunk.isna()].astype(str)))
+        raise ValueError(f"history: unknown chunk type(s) {', '.join(bad)} (expected {', '.join(CHUNKS)})")
+    return np.column_stack([history["bandwidth_bps"].to_numpy(float), history["rtt_s"].to_numpy(float), ratio,
+                            chunk.to_numpy(float), history["avg_file_size"].to_numpy(float),
+                            history["file_count"].to_numpy(float)])
+
+
+def similarity(history: pd.DataFrame, request: HarpRequest, weights=WEIGHTS) -> np.ndarray:
+    """Weighted cosine similarity (Eq. 1) of every history row to ``request``; one value in [0, 1] per row."""
+    if len(history) == 0:
+        return np.zeros(0)
+    raw = _raw(history)
+    req = request.vector()
+    if (raw < 0).any():
+        raise ValueError("history: negative feature values (bandwidth, RTT, buffer ratio, size, count must be >= 0)")
+    raw[:, 4:] = np.log1p(raw[:, 4:])
+    req = req.copy()
+    req[4:] = np.log1p(req[4:])
+    scale = np.maximum(raw.max(axis=0), req)
+    scale[scale == 0] = 1.0
+    a, b = raw / scale, req / scale
+    w = np.asarray(weights, dtype=float)
+    if w.shape != (6,) or (w < 0).any():
+        raise ValueError(f"similarity weights {weights!r}: expected six weights >= 0")
+    num = (a * b * w).sum(axis=1)
+    den = np.sqrt((a * a * w).sum(axis=1)) * np.sqrt((b * b * w).sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(den > 0, num / den, 0.0)
+    return np.clip(out, 0.0, 1.0)
+
+
+def select_similar(history: pd.DataFrame, request: HarpRequest, *, min_entries: int, start: float = 0.99,
+                   step: float = 0.01, floor: float = 0.5, weights=WEIGHTS) -> tuple[pd.DataFrame, float, str]:
+    """Rows with similarity >= a threshold lowered from ``start`` until ``min_entries`` are kept (or ``floor``).
+
+    :returns: (the kept rows with a ``similarity`` column, the threshold used, a reason).
+    """
+    if not 0 < floor <= start <= 1 or step <= 0:
+        raise ValueError(f"similarity threshold: need 0 < floor ({floor}) <= start ({start}) <= 1 and step > 0")
+    sim = similarity(history, request, weights)
+    if len(sim) == 0:
+        return history.assign(similarity=sim), start, "no history"
+    thr = start
+    while True:
+        kept = sim >= thr - 1e-12
+        if kept.sum() >= min_entries or thr - step < floor - 1e-12:
+            break
+        thr = round(thr - step, 6)
+    out = history[kept].assign(similarity=sim[kept])
+    note = (f"{int(kept.sum())} of {len(sim)} entries with similarity >= {thr:.2f}"
+            + ("" if kept.sum() >= min_entries else f" (fewer than {min_entries} even at the floor {floor:.2f})"))
+    return out, thr, note
+
+
+def group_rows(similar: pd.DataFrame, *, window_s: float = 3600.0) -> dict[str, pd.DataFrame]:
+    """The paper's experiment sets: same path and chunk, collected within one ``window_s`` window.
+
+    Rows are keyed by (source, destination, chunk, bandwidth, RTT, TCP buffer, time window); a ``group``
+    label whose rows span several windows is split, and different labels in one window are merged.
+    """
+    if window_s <= 0:
+        raise ValueError(f"group window {window_s!r}: must be > 0 seconds")
+    if len(similar) == 0:
+        return {}
+    win = np.floor(similar["time"].to_numpy(float) / window_s).astype(np.int64)
+    keys = (similar["source"].astype(str) + "|" + similar["destination"].astype(str) + "|"
+            + similar["chunk"].astype(str) + "|" + similar["bandwidth_bps"].round(-3).astype(str) + "|"
+            + similar["rtt_s"].round(5).astype(str) + "|" + similar["tcp_buffer"].astype(str) + "|w" + win.astype(str))
+    if "kind" in similar:  # a calibration pass is a designed experiment set: its label is its group
+        probe = (similar["kind"].astype(str) == "probe").to_numpy()
+        keys = pd.Series(np.where(probe, "probe|" + similar["group"].astype(str), keys), index=similar.index)
+    return {k: g for k, g in similar.groupby(keys.to_numpy(), sort=True)}
