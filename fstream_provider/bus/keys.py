@@ -28,6 +28,8 @@ agent(name)             hash         name, host, pid, started_at, seen, job_id, 
 agents()                set          agent names                                                 Agent                status, reclaim        members removed on clean stop
 history()               stream       ``row``: JSON ``HistoryRow`` (tuning.harp_history): the     agents (intervals),  HARP optimizer,        MAXLEN ~ 1,000,000 and MINID ~ 90 days
                                      path, dataset chunk, cc/p/pp, throughput, time, group       fstream calibrate    fstream history        (TransferHistory limits, configurable)
+calibration(path_id)    hash         ``run`` -> run id; ``pass|chunk|cc|p|pp`` -> the probe's    fstream calibrate    fstream calibrate      until ``--restart``
+                                     throughput (the probes done on this path)
 profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
 pool(src, dst)          hash         reserved (issue #11, ADAPT): s_pmax, s_cmax, s_u, grants    nothing yet          nothing yet            while clients hold grants
 seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
@@ -117,6 +119,10 @@ class Keys:
     # tuning state
     def history(self) -> str:
         return self.prefix + "history"
+
+    def calibration(self, path_id: str) -> str:
+        """``fstream calibrate``'s progress on one path (the probes done), so a second run continues."""
+        return self.prefix + "calibration:" + _part(path_id)
 
     def profiling(self, size_class: str, ftype: str) -> str:
         return self.prefix + "profiling:" + _part(size_class) + ":" + _part(ftype)

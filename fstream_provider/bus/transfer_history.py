@@ -83,11 +83,22 @@ class TransferHistory:
     def rows(self) -> list[HistoryRow]:
         return list(self.iter_rows())
 
-    def frame(self) -> Any:
-        """The whole history as a pandas ``DataFrame`` (``harp_history.COLUMNS``)."""
+    def newest(self, limit: int) -> list[HistoryRow]:
+        """The newest ``limit`` rows, oldest first."""
+        out = []
+        for entry_id, fields in reversed(self.client.xrevrange(self.key, count=limit)):
+            raw = fields.get("row", fields.get(b"row"))
+            try:
+                out.append(HistoryRow.from_dict(json.loads(raw)))
+            except (TypeError, ValueError) as exc:
+                log.warning("history entry %s skipped: %s", entry_id, exc)
+        return out
+
+    def frame(self, limit: int | None = None) -> Any:
+        """The history (or its newest ``limit`` rows) as a pandas ``DataFrame`` (``harp_history.COLUMNS``)."""
         from fstream_provider.tuning.harp_history import to_frame
 
-        return to_frame(self.iter_rows())
+        return to_frame(self.iter_rows() if limit is None else self.newest(limit))
 
     def count(self) -> int:
         return int(self.client.xlen(self.key))

@@ -126,7 +126,8 @@ class HarpOptimizer:
     :param weights: similarity weights (bandwidth, RTT, BDP/buffer, chunk, file size, file count).
     :param min_entries: lower the threshold until this many entries are similar. The paper asks for
         3,000 of its 21,000 (one 216-point grid sweep per group, >= 15 groups); our calibration sweeps
-        ~60 settings per chunk and pass, so 300 (~5 sweeps) plays the same role.
+        ~60-120 settings per chunk and pass, so 300 (a few sweeps) plays the same role; a smaller history
+        asks for a quarter of itself, at least two groups' worth (``entries_needed``).
     :param threshold_start: first similarity threshold (0.99).
     :param threshold_step: how much it drops each time (0.01).
     :param threshold_floor: never below this (then whatever matched is used, and the reason says so).
@@ -165,8 +166,8 @@ class HarpOptimizer:
         t0 = self.clock()
         usable = self._usable(history)
         start, step, floor = self.threshold
-        similar, thr, note = select_similar(usable, request, min_entries=self.min_entries, start=start, step=step,
-                                            floor=floor, weights=self.weights)
+        similar, thr, note = select_similar(usable, request, min_entries=self.entries_needed(len(usable)),
+                                            start=start, step=step, floor=floor, weights=self.weights)
         groups, dropped = [], {}
         for name, rows in group_rows(similar, window_s=self.window_s).items():
             model, why = self.fit_group(name, rows)
@@ -178,6 +179,12 @@ class HarpOptimizer:
         reason = (f"{note}, {len(groups)} of {len(groups) + len(dropped)} groups kept"
                   + (f" (dropped: {why_dropped}{'...' if len(dropped) > 3 else ''})" if dropped else ""))
         return FittedChunk(request, thr, len(similar), tuple(groups), dropped, reason, self.clock() - t0)
+
+    def entries_needed(self, usable: int) -> int:
+        """How many similar entries to look for: ``min_entries``, scaled down for a small history to a
+        quarter of it but at least two groups' worth of settings (else the threshold would fall to the
+        floor and take in other chunks and paths)."""
+        return int(min(self.min_entries, max(2 * self.min_settings, usable // 4)))
 
     @staticmethod
     def _usable(history: pd.DataFrame) -> pd.DataFrame:

@@ -58,6 +58,8 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="reclaim a dead agent's job after it was idle this long (default 30s)")
     p.add_argument("--max-deliveries", type=int, default=5, help="dead-letter a job taken this often (default 5)")
     p.add_argument("--max-retries", type=int, default=3, help="retries of retryable failures per claim (default 3)")
+    from transfer_agent.cli.options import add_history_options
+    add_history_options(p)
     p.set_defaults(func=cmd_agent)
     return p
 
@@ -70,11 +72,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from fstream_provider.bus.embedded import resolve_redis_url
     from transfer_agent.daemon.worker import Agent
 
+    from transfer_agent.cli.options import history_from_args
+    from transfer_agent.daemon.worker import default_agent_name
+
     url = resolve_redis_url(args.redis)
-    agent = Agent(url, name=args.name, secret_file=args.secret_file,
+    name = args.name or default_agent_name()
+    agent = Agent(url, name=name, secret_file=args.secret_file,
                   heartbeat_ttl=parse_duration(args.heartbeat_ttl),
                   claim_idle_ms=int(parse_duration(args.claim_idle) * 1000), max_deliveries=args.max_deliveries,
-                  max_retries=args.max_retries, keys=Keys(args.namespace))
+                  max_retries=args.max_retries, keys=Keys(args.namespace),
+                  history=history_from_args(args, keys=Keys(args.namespace), source=name))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("transfer_agent.daemon").setLevel(logging.INFO)

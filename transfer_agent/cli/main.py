@@ -94,7 +94,7 @@ def _clean_parts(root: str, max_age: float) -> int:
 # -- send ------------------------------------------------------------------------------------------
 def cmd_send(args: argparse.Namespace) -> int:
     from transfer_agent.cli.progress import Progress, print_summary
-    from transfer_agent.cli.options import spec_from_args
+    from transfer_agent.cli.options import history_from_args, spec_from_args
     from transfer_agent.sending.sender import Transfer
 
     spec = spec_from_args(args)
@@ -112,7 +112,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         if args.stall_timeout:
             from fstream_provider.model.units import parse_duration
             kw["stall_timeout"] = parse_duration(args.stall_timeout)
-        result = Transfer(spec, on_event=progress, cancel=cancel, redis=redis, **kw).run()
+        result = Transfer(spec, on_event=progress, cancel=cancel, redis=redis, history=history_from_args(args),
+                          **kw).run()
     finally:
         progress.stop()
     out = result.to_dict()
@@ -129,7 +130,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 # -- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from transfer_agent.cli.options import add_transfer_options
+    from transfer_agent.cli.options import add_history_options, add_transfer_options
 
     parser = argparse.ArgumentParser(prog="fstream", description="Stream files over tuned parallel TCP channels.")
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -161,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("send", help="send files now (source side)")
     add_transfer_options(s)
-    s.add_argument("--redis", metavar="URL", help="Redis for profiling history (default: none for send)")
+    s.add_argument("--redis", metavar="URL", help="Redis for the tuners' history: profiling, and HARP's transfer "
+                                                  "history read and recorded (default: none for send)")
+    add_history_options(s)
     s.add_argument("--json", action="store_true", help="print one JSON object when done")
     s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     s.add_argument("--stall-timeout", metavar="DURATION",
@@ -169,10 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
-    from transfer_agent.cli import jobs, seen  # the job commands (agent, submit, status, ...) and seen-sets
+    from transfer_agent.cli import calibrate, history, jobs, seen  # jobs, seen-sets, HARP history and calibration
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
-                jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser):
+                jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
+                calibrate.add_calibrate_parser):
         add(sub)
     for name, register in plugin_commands().items():
         register(sub)

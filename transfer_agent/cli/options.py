@@ -74,3 +74,33 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_ca=args.tls_ca, encrypt=args.encrypt, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
     )
+
+
+def add_history_options(p: argparse.ArgumentParser) -> None:
+    """``--no-history``, ``--history-max-rows``, ``--history-max-age`` (``fstream send --redis`` and ``fstream agent``)."""
+    from fstream_provider.bus.keys import HISTORY_MAXLEN
+
+    p.add_argument("--no-history", action="store_true",
+                   help="record no transfer history (HARP's rows in Redis; the tuners still read what exists)")
+    p.add_argument("--history-max-rows", type=int, default=HISTORY_MAXLEN, metavar="N",
+                   help=f"transfer-history rows kept in Redis, oldest trimmed first (default {HISTORY_MAXLEN:,})")
+    p.add_argument("--history-max-age", metavar="DURATION", default="90d",
+                   help="transfer-history rows older than this are trimmed (default 90d)")
+
+
+def history_from_args(args: argparse.Namespace, *, keys: object = None, source: str = "") -> object:
+    """``HistoryOptions`` from the options above (a bad value names the option)."""
+    from fstream_provider.bus.keys import Keys
+    from fstream_provider.model.units import parse_duration
+    from transfer_agent.sending.history_io import HistoryOptions
+
+    if args.history_max_rows < 1:
+        raise ValueError(f"--history-max-rows {args.history_max_rows}: must be >= 1")
+    try:
+        age = parse_duration(args.history_max_age)
+    except ValueError as exc:
+        raise ValueError(f"--history-max-age {args.history_max_age!r}: {exc}") from None
+    if age <= 0:
+        raise ValueError(f"--history-max-age {args.history_max_age!r}: must be a positive duration")
+    return HistoryOptions(record=not args.no_history, max_rows=args.history_max_rows, max_age_s=age,
+                          keys=keys if keys is not None else Keys(), source=source)

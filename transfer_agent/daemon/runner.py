@@ -182,7 +182,7 @@ class JobRunnerMixin:
         retryable = False
         try:
             transfer = self.transfer_factory(spec, job_id=run.job_id, attempt=run.attempt, on_event=on_event,
-                                             cancel=run.cancel, redis=self._client, log=jlog)
+                                             cancel=run.cancel, redis=self._client, log=jlog, history=self.history)
             result = transfer.run()
             result_dict = result.to_dict()
             if result.ok:

@@ -65,6 +65,8 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
     :param trim_interval: seconds between trims of acknowledged stream entries.
     :param redis_outage_s: how long a finished job's last writes are retried while Redis is unreachable.
     :param keys: the key schema (namespace).
+    :param history: how each job's transfer records HARP's transfer history
+        (``sending.history_io.HistoryOptions``; default: recorded in this namespace, named after this agent).
     :param transfer_factory: builds the transfer; default ``transfer_agent.sending.sender.Transfer``.
     :param rng: randomness for backoff jitter.
     """
@@ -74,7 +76,7 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
                  max_deliveries: int = 5, max_retries: int = 3, retry_base_s: float = 1.0,
                  retry_cap_s: float = 60.0, block_ms: int = 1000, poll_interval: float = 1.0,
                  flush_interval: float = 0.2, trim_interval: float = 60.0, redis_outage_s: float = 600.0,
-                 keys: Keys | None = None,
+                 keys: Keys | None = None, history: Any = None,
                  transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None) -> None:
         self.redis_url = redis_url
         self.name = name or default_agent_name()
@@ -92,6 +94,10 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
         self.trim_interval = trim_interval
         self.redis_outage_s = redis_outage_s
         self.keys = keys or Keys()
+        if history is None:
+            from transfer_agent.sending.history_io import HistoryOptions
+            history = HistoryOptions(keys=self.keys, source=self.name)
+        self.history = history
         self.transfer_factory = transfer_factory
         self.rng = rng or random.Random()
         self.counters: collections.Counter[str] = collections.Counter()

@@ -23,8 +23,8 @@ from typing import Any, Callable
 from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
-from fstream_provider.tuning.profile_history import ProfileHistory
 from fstream_provider.tuning.registry import make_tuner, tuner_info
+from transfer_agent.sending import history_io
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channel import MAX_SEALED_BLOCK
@@ -66,20 +66,21 @@ class Transfer:
     :param attempt: attempt number of the job.
     :param on_event: ``callback(kind, data)`` for "interval", "tuning", "file", "log".
     :param cancel: set to stop the transfer (files in flight stay resumable).
-    :param redis: optional Redis client for profiling history.
+    :param redis: optional Redis client for the tuners' history (profiling and HARP transfer history).
     :param tuner: a tuner object to use instead of the one the spec names (tests, simulator).
     :param stall_timeout: length of the progress window: if, with work outstanding, fewer than
         ``progress_floor_bps`` were moved over the last ``stall_timeout`` seconds and no file was
         committed, the session is declared stalled (retryable) — a trickle does not hide a stall.
     :param progress_floor_bps: the progress floor in bits/s (default 64 kbit/s).
     :param max_session_retries: reconnect-and-resume attempts for retryable session failures.
+    :param history: whether and how transfer history rows are recorded (``history_io.HistoryOptions``).
     """
 
     def __init__(self, spec: TransferSpec, *, job_id: str | None = None, attempt: int = 1,
                  on_event: EventCallback | None = None, cancel: threading.Event | None = None,
                  redis: Any = None, log: logging.Logger | None = None, tuner: Tuner | None = None,
                  stall_timeout: float = 60.0, progress_floor_bps: float = 64e3,
-                 max_session_retries: int = 4) -> None:
+                 max_session_retries: int = 4, history: history_io.HistoryOptions | None = None) -> None:
         self.spec = spec
         self.job_id = job_id or uuid.uuid4().hex
         self.attempt = attempt
@@ -100,6 +101,8 @@ class Transfer:
         self._files_total = 0
         self._history_saved_at = time.monotonic()
         self._watcher: SourceWatcher | None = None
+        self.history = history or history_io.HistoryOptions()
+        self._recorder: history_io.HistoryRecorder | None = None
 
     # -- public --------------------------------------------------------------------------------
     def run(self) -> TransferResult:
@@ -187,10 +190,16 @@ class Transfer:
             self.result.rtt_s = rtt
             path = PathInfo(bandwidth_bps=self.spec.bandwidth_bps or DEFAULT_BANDWIDTH, rtt_s=max(rtt, 1e-4),
                             tcp_buffer=self.spec.tcp_buffer or tcp_buffer_max(), max_cc=self.spec.max_cc)
+            info, redis = tuner_info(self.spec.tuner), self.redis
             tuner = self._tuner or make_tuner(
                 self.spec.tuner, path=path, cc=self.spec.cc, p=self.spec.p, pp=self.spec.pp,
-                target_throughput_bps=self.spec.target_throughput_bps, history=self._load_history(),
-                start_time=time.time())
+                target_throughput_bps=self.spec.target_throughput_bps, start_time=time.time(),
+                history=history_io.load_profiling(redis, self.log) if redis and info.uses_history else None,
+                transfer_history=(history_io.load_transfer_history(redis, self.log, self.history)
+                                  if redis and info.uses_transfer_history else None))
+            if redis is not None and self.history.record and self._recorder is None:
+                self._recorder = history_io.HistoryRecorder(redis, self.history, path=path, destination=f"{host}:{port}",
+                                                            job_id=self.job_id, log=self.log)
             self._tuner = tuner
             self.result.tuner = getattr(tuner, "name", self.spec.tuner)
             self._loop(tuner, pool, control, files, retry_files, watcher)
@@ -295,6 +304,8 @@ class Transfer:
     def _add_files(self, tuner: Tuner, pool: ChannelPool, files: list[SrcFile]) -> None:
         for sf in files:
             sf.cluster = tuner.cluster_of(sf.info)
+            if self._recorder is not None:
+                self._recorder.note_files(sf.cluster, sf.info.size)
         with self._lock:
             self._outstanding += len(files)
         pool.add_files(files)
@@ -428,29 +439,13 @@ class Transfer:
             self._save_history()
         return s.reason
 
-    def _load_history(self) -> ProfileHistory | None:
-        """The profiling history from Redis, for a tuner that uses one (None without Redis or on error)."""
-        if self.redis is None or not tuner_info(self.spec.tuner).uses_history:
-            return None
-        try:
-            from fstream_provider.bus.profiling_store import load_history
-            return load_history(self.redis)
-        except Exception as exc:  # noqa: BLE001 - history is an optimisation, never a reason to fail
-            self.log.warning("profiling history not loaded: %s", exc)
-            return None
-
     def _save_history(self) -> None:
-        """Persist what the tuner learned (profiling history) so a later stream starts near it."""
+        """Persist what the tuner learned (profiling history) and the transfer history rows not yet written."""
+        if self._recorder is not None:
+            self._recorder.flush()
         history = getattr(self._tuner, "history", None)
-        if self.redis is None or history is None:
-            return
-        try:
-            from fstream_provider.bus.profiling_store import save_history
-            n = save_history(self.redis, history)
-            if n:
-                self.log.info("saved %d profiling record(s) to Redis", n)
-        except Exception as exc:  # noqa: BLE001 - losing history only costs a slower start next time
-            self.log.warning("profiling history not saved: %s", exc)
+        if self.redis is not None and history is not None:
+            history_io.save_profiling(self.redis, history, self.log)
 
     def _record(self, now: float, dt: float, nbytes: int, per_cluster: dict[str, int], last_cluster: dict[str, int],
                 pool: ChannelPool, reason: str) -> None:
@@ -485,6 +480,8 @@ class Transfer:
             rec["scan_seconds"] = round(self._watcher.last_scan_seconds, 6)
             rec["scan_listed"] = self._watcher.last_scan_listed
         r.intervals.append(rec)
+        if self._recorder is not None:
+            self._recorder.interval(rec)
         self.on_event("interval", rec)
 
     @staticmethod

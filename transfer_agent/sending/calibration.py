@@ -1,0 +1,256 @@
+"""``fstream calibrate``: sweep (cc, p, pp) per chunk type on one path to seed HARP's history (HARP §III-B, data collection).
+
+The paper ran every dataset with every parameter combination, at least five times on different days
+(21K transfers over 12 weeks). We compress that into a budget of minutes on one path:
+
+* **Datasets.** One file size per chunk, relative to the path's BDP (``harp_history.chunk_of``): tiny
+  BDP/30, small BDP/3, medium 3 x BDP, large 12 x BDP (floors 64 KiB; large capped at 256 MiB), random bytes
+  in a temporary directory that is removed at the end.
+* **Probes.** A probe is a real transfer (the ``fixed`` tuner) of about ``probe_seconds`` of data at the
+  path's bandwidth (at least two files), into ``<dest>/.fstream-calibration/<chunk>/``. Before every probe
+  the first 16 bytes of each source file are rewritten with random bytes, so the destination's copy
+  differs and is replaced (the agent skips files already verified there): every probe moves its bytes,
+  and the receiver holds one dataset per chunk at most. Concurrency above the probe's file count cannot
+  be used, so the row records ``cc = min(cc, files)``: what actually ran.
+* **Order.** The grid is walked in passes; within a pass each chunk's grid is shuffled (seeded) and the
+  chunks are interleaved, so any prefix of the sweep covers every chunk and the whole grid evenly. One
+  pass of one chunk is one experiment set (its ``group``), as the paper's groups are one sweep each.
+* **Budget and resume.** No probe starts after the budget; done probes are kept in
+  ``Keys.calibration(path id)``, so a second run continues where the first stopped (``restart`` forgets).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fstream_provider.bus.keys import Keys
+from fstream_provider.bus.transfer_history import TransferHistory
+from fstream_provider.model.spec import Destination, TransferSpec
+from fstream_provider.tuning.harp_history import CHUNKS, HistoryRow, chunk_of
+
+DEFAULT_GRID = {"cc": (1, 2, 4, 8, 16, 32), "p": (1, 2, 4, 8, 16), "pp": (0, 1, 4, 16)}
+SIZE_OF_CHUNK = {"tiny": 1 / 30, "small": 1 / 3, "medium": 3.0, "large": 12.0}  # x BDP
+MIN_FILE, MAX_LARGE = 64 * 1024, 256 * 2**20
+
+
+def parse_grid(text: str | None) -> dict[str, tuple[int, ...]]:
+    """``cc=1,2,4:p=1,2:pp=0,4`` (any subset; the rest from ``DEFAULT_GRID``)."""
+    grid = dict(DEFAULT_GRID)
+    if not text:
+        return grid
+    for part in text.split(":"):
+        name, _, values = part.partition("=")
+        name = name.strip()
+        if name not in grid or not values:
+            raise ValueError(f"--grid {text!r}: expected cc=..:p=..:pp=.. with comma-separated integers, got {part!r}")
+        try:
+            vals = tuple(sorted({int(v) for v in values.split(",")}))
+        except ValueError:
+            raise ValueError(f"--grid {text!r}: {name} values must be integers") from None
+        low = 0 if name == "pp" else 1
+        if not vals or vals[0] < low:
+            raise ValueError(f"--grid {text!r}: {name} values must be >= {low}")
+        grid[name] = vals
+    return grid
+
+
+def file_size(chunk: str, bdp: float) -> int:
+    size = int(SIZE_OF_CHUNK[chunk] * bdp)
+    if chunk == "large":
+        size = min(size, MAX_LARGE)
+    size = max(size, MIN_FILE)
+    if chunk_of(size, bdp) != chunk:
+        raise ValueError(f"calibration: a {chunk} file does not exist on this path (BDP {bdp:.0f} bytes gives "
+                         f"{size} bytes, a {chunk_of(size, bdp)} file); leave {chunk} out with --chunks")
+    return size
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One grid point of one chunk in one pass."""
+
+    chunk: str
+    cc: int
+    p: int
+    pp: int
+    pass_no: int
+
+    @property
+    def field(self) -> str:
+        return f"{self.pass_no}|{self.chunk}|{self.cc}|{self.p}|{self.pp}"
+
+
+def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int, seed: int = 0) -> list[Probe]:
+    """Passes of the grid; each chunk's points shuffled per pass, chunks interleaved."""
+    points = [(cc, p, pp) for cc in grid["cc"] for p in grid["p"] for pp in grid["pp"]]
+    out: list[Probe] = []
+    for k in range(passes):
+        per = {}
+        for i, c in enumerate(chunks):
+            pts = list(points)
+            random.Random(seed * 1000 + k * 31 + i).shuffle(pts)
+            per[c] = pts
+        for j in range(len(points)):
+            out.extend(Probe(c, *per[c][j], k) for c in chunks)
+    return out
+
+
+class Calibration:
+    """One calibration sweep (see the module docstring).
+
+    :param destination: ``fstream://HOST:PORT/PATH`` of a receiver.
+    :param secret_file: the shared secret.
+    :param redis: a ``redis.Redis`` (history and progress).
+    :param keys: the key schema.
+    :param bandwidth_bps: the path's bandwidth.
+    :param rtt_s: its RTT (None: measured by a first small transfer).
+    :param tcp_buffer: the TCP buffer cap the rows record (None: this host's).
+    :param budget_s: no probe starts after this many seconds.
+    :param probe_seconds: data per probe, in seconds at ``bandwidth_bps``.
+    :param chunks: which chunk types.
+    :param grid: cc, p and pp values.
+    :param passes: passes over the grid (each pass of a chunk is one experiment set).
+    :param restart: forget the progress of earlier runs on this path.
+    :param out: one line per probe.
+    :param workdir: where the generated files go (default: a temporary directory).
+    """
+
+    def __init__(self, destination: str, *, secret_file: str | None, redis: Any, keys: Keys | None = None,
+                 bandwidth_bps: float, rtt_s: float | None = None, tcp_buffer: int | None = None,
+                 budget_s: float = 300.0, probe_seconds: float = 1.0, chunks: list[str] | None = None,
+                 grid: dict[str, tuple[int, ...]] | None = None, passes: int = 5, max_cc: int = 32,
+                 restart: bool = False, out: Callable[[str], None] = print, workdir: str | None = None,
+                 seed: int = 0) -> None:
+        self.dest = Destination.parse(destination)
+        for name, v in (("bandwidth", bandwidth_bps), ("budget", budget_s), ("probe_seconds", probe_seconds)):
+            if not v > 0:
+                raise ValueError(f"calibrate: {name} must be > 0, got {v!r}")
+        bad = [c for c in chunks or () if c not in CHUNKS]
+        if bad or chunks == []:
+            raise ValueError(f"calibrate: --chunks {','.join(chunks or [])!r}: expected some of {', '.join(CHUNKS)}")
+        self.destination, self.secret_file, self.redis = destination, secret_file, redis
+        self.keys = keys or Keys()
+        self.bandwidth_bps, self.rtt_s, self.tcp_buffer = bandwidth_bps, rtt_s, tcp_buffer
+        self.budget_s, self.probe_seconds, self.passes, self.max_cc = budget_s, probe_seconds, passes, max_cc
+        self.chunks = list(chunks or CHUNKS)
+        self.grid = grid or dict(DEFAULT_GRID)
+        self.grid = {**self.grid, "cc": tuple(v for v in self.grid["cc"] if v <= max_cc) or (1,)}
+        self.restart, self.out, self.workdir, self.seed = restart, out, workdir, seed
+        self.history = TransferHistory(redis, keys=self.keys)
+        self.summary: dict = {}
+
+    def _under(self, name: str) -> str:
+        return "/".join(p for p in (self.dest.path.strip("/"), ".fstream-calibration", name) if p)
+
+    @property
+    def path_id(self) -> str:
+        return f"{self.dest.host}:{self.dest.port}/{self.dest.path.strip('/')}|{self.bandwidth_bps:.0f}"
+
+    def _spec(self, src: Path, dest_path: str, cc: int, p: int, pp: int, rtt: float | None) -> TransferSpec:
+        return TransferSpec(sources=[str(src)], destination=f"fstream://{self.dest.host}:{self.dest.port}/{dest_path}",
+                            tuner="fixed", cc=cc, p=p, pp=pp, max_cc=max(cc, 1), bandwidth_bps=self.bandwidth_bps,
+                            rtt_s=rtt, secret_file=self.secret_file, tcp_buffer=self.tcp_buffer,
+                            label="fstream calibrate")
+
+    def _transfer(self, spec: TransferSpec) -> Any:
+        from transfer_agent.sending.history_io import HistoryOptions
+        from transfer_agent.sending.sender import Transfer
+
+        return Transfer(spec, redis=None, history=HistoryOptions(record=False), stall_timeout=30.0).run()
+
+    def run(self) -> dict:
+        t0 = time.monotonic()
+        progress = self.keys.calibration(self.path_id)
+        if self.restart:
+            self.redis.delete(progress)
+        run_id = self.redis.hget(progress, "run") or uuid.uuid4().hex[:8]
+        run_id = run_id.decode() if isinstance(run_id, bytes) else run_id
+        self.redis.hset(progress, "run", run_id)
+        done = {(k.decode() if isinstance(k, bytes) else k) for k in self.redis.hkeys(progress)}
+        work = Path(self.workdir or tempfile.mkdtemp(prefix="fstream-calibrate-"))
+        try:
+            return self._sweep(work, progress, run_id, done, t0)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _sweep(self, work: Path, progress: str, run_id: str, done: set[str], t0: float) -> dict:
+        ping = work / "ping"
+        ping.mkdir(parents=True, exist_ok=True)
+        (ping / "ping.dat").write_bytes(os.urandom(MIN_FILE))
+        first = self._transfer(self._spec(ping, self._under("ping"), 1, 1, 0,
+                                          self.rtt_s))
+        if not first.ok:
+            raise RuntimeError(f"calibrate: the first transfer to {self.destination} failed: {first.error}")
+        rtt = self.rtt_s or max(first.rtt_s or 0.0, 1e-4)
+        from transfer_agent.sending.sender import tcp_buffer_max
+
+        buffer = self.tcp_buffer or tcp_buffer_max()
+        bdp = self.bandwidth_bps * rtt / 8
+        sizes = {c: file_size(c, bdp) for c in self.chunks}
+        probe_bytes = self.probe_seconds * self.bandwidth_bps / 8
+        counts = {c: max(2, math.ceil(probe_bytes / s)) for c, s in sizes.items()}
+        for c in self.chunks:
+            d = work / c
+            d.mkdir()
+            block = os.urandom(1 << 20)
+            for i in range(counts[c]):
+                with open(d / f"cal{i:04d}.dat", "wb") as f:
+                    left = sizes[c]
+                    while left > 0:
+                        n = min(left, len(block))
+                        f.write(block[:n])
+                        left -= n
+        self.out(f"calibrating {self.destination}: RTT {rtt * 1e3:.1f} ms, BDP {bdp / 1e6:.2f} MB; "
+                 + ", ".join(f"{c} {counts[c]} x {sizes[c] / 1e6:.3g} MB" for c in self.chunks)
+                 + f"; budget {self.budget_s:.0f} s, run {run_id}")
+        order = probe_order(self.chunks, self.grid, self.passes, self.seed)
+        todo = [pr for pr in order if pr.field not in done]
+        ran, best, last_s = 0, {}, 0.0
+        for pr in todo:
+            elapsed = time.monotonic() - t0
+            if elapsed + last_s > self.budget_s:
+                break
+            files = counts[pr.chunk]
+            d = work / pr.chunk
+            for i in range(files):  # new content: the destination's copy differs, so the probe moves every byte
+                with open(d / f"cal{i:04d}.dat", "r+b") as f:
+                    f.write(os.urandom(16))
+            cc = min(pr.cc, files)
+            ts = time.monotonic()
+            r = self._transfer(self._spec(d, self._under(pr.chunk), cc,
+                                          pr.p, pr.pp, rtt))
+            last_s = time.monotonic() - ts
+            if not r.ok:
+                self.out(f"probe {pr.chunk} cc={cc} p={pr.p} pp={pr.pp}: failed ({r.error}); not recorded")
+                continue
+            bps = r.bytes * 8 / r.seconds if r.seconds > 0 else 0.0
+            row = HistoryRow(source=os.uname().nodename, destination=f"{self.dest.host}:{self.dest.port}",
+                             bandwidth_bps=self.bandwidth_bps, rtt_s=rtt, tcp_buffer=buffer, chunk=pr.chunk,
+                             avg_file_size=float(sizes[pr.chunk]), file_count=files, cc=cc, p=pr.p, pp=pr.pp,
+                             throughput_bps=bps, time=time.time(), duration_s=r.seconds,
+                             group=f"calibrate:{run_id}:{pr.chunk}:pass{pr.pass_no}", kind="probe")
+            self.history.append([row])
+            self.redis.hset(progress, pr.field, f"{bps:.0f}")
+            ran += 1
+            if bps > best.get(pr.chunk, (0.0,))[0]:
+                best[pr.chunk] = (bps, cc, pr.p, pr.pp)
+            self.out(f"probe {ran:4d} pass {pr.pass_no} {pr.chunk:<6} cc={cc:<2} p={pr.p:<2} pp={pr.pp:<2} "
+                     f"{bps / 1e6:9.1f} Mbit/s  {r.seconds:5.2f} s  bytes {r.bytes}")
+        total_done = len(done - {"run"}) + ran
+        self.summary = {"run": run_id, "probes_run": ran, "probes_done": total_done, "probes_total": len(order),
+                        "seconds": time.monotonic() - t0, "rtt_s": rtt, "bdp_bytes": bdp, "sizes": sizes,
+                        "files": counts, "best": {c: {"bps": b[0], "cc": b[1], "p": b[2], "pp": b[3]}
+                                                 for c, b in best.items()}}
+        self.out(f"calibration: {ran} probe(s) this run, {total_done} of {len(order)} done, "
+                 f"{self.summary['seconds']:.0f} s; best " + (", ".join(
+                     f"{c} cc={b[1]} p={b[2]} pp={b[3]} {b[0] / 1e6:.0f} Mbit/s" for c, b in best.items()) or "-"))
+        return self.summary
