@@ -1,0 +1,162 @@
+"""HARP's transfer history end to end: recorded by real transfers, bounded, exported and imported, calibrated, used.
+
+Real receiver over loopback, real ``redis-server`` (fixtures), real ``fstream`` CLI in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+from agentkit import make_files
+from fstream_provider.bus.keys import Keys
+from fstream_provider.bus.transfer_history import TransferHistory
+from fstream_provider.model.spec import TransferSpec
+from fstream_provider.tuning.harp_history import HistoryRow
+from transfer_agent.cli.main import main as fstream
+from transfer_agent.sending.history_io import HistoryOptions
+from transfer_agent.sending.sender import Transfer
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+def _send(src, rx, secret, redis_client, *, tuner="fixed", history=None, dest="out", **opts):
+    spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rx.port}/{dest}", secret_file=str(secret),
+                                     tuner=tuner, bandwidth="1Gbit", rtt="10ms", sample_interval="0.2s", **opts)
+    return Transfer(spec, redis=redis_client, history=history).run()
+
+
+def test_every_interval_of_a_transfer_becomes_history_rows_with_the_settings_used(tmp_path, secret, rx,
+                                                                                     redis_client):
+    src = make_files(tmp_path / "src", {f"f{i}.dat": 256 * KiB for i in range(400)})
+    res = _send(src, rx, secret, redis_client, cc=3, p=2, pp=1)
+    assert res.ok and res.intervals
+    rows = TransferHistory(redis_client).rows()
+    assert rows and len(rows) == sum(1 for iv in res.intervals if iv["dt"] > 0 and iv["clusters"])
+    for r in rows:
+        assert (r.cc, r.p, r.pp) == (3, 2, 1) and r.kind == "interval" and r.group == f"{res.job_id}:all"
+        assert r.chunk == "small" and r.avg_file_size == 256 * KiB and r.file_count == 400  # BDP 1.25 MB
+        assert r.destination == f"127.0.0.1:{rx.port}" and r.rtt_s == pytest.approx(0.01)
+    assert sum(r.throughput_bps * r.duration_s for r in rows) / 8 == pytest.approx(res.bytes, rel=0.02)
+
+
+def test_no_history_records_nothing_and_a_redis_outage_never_fails_the_transfer(tmp_path, secret, rx,
+                                                                                 redis_client):
+    src = make_files(tmp_path / "src", {f"f{i}.dat": 64 * KiB for i in range(50)})
+    assert _send(src, rx, secret, redis_client, history=HistoryOptions(record=False), cc=2).ok
+    assert TransferHistory(redis_client).count() == 0
+    dead = redis_py.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, decode_responses=True)
+    res = _send(src, rx, secret, dead, dest="out2", cc=2, p=1, pp=1)
+    assert res.ok and res.verified_files == 50
+
+
+def test_growth_is_bounded_by_rows_and_by_age(redis_client):
+    def row(i, t):
+        return HistoryRow("a", "b:1", 1e9, 0.04, 1 << 20, "small", 1e6, 10, 1 + i % 4, 1, 0, 1e8, t, 1.0, "g")
+    store = TransferHistory(redis_client, max_rows=50, max_age_s=0)
+    for chunk in range(10):
+        store.append([row(i, time.time()) for i in range(chunk * 20, chunk * 20 + 20)])
+    assert 50 <= store.count() < 200  # MAXLEN ~: trimmed in whole macro nodes, never unbounded
+    aged = TransferHistory(redis_client, keys=Keys("aged"), max_rows=0, max_age_s=3600)
+    aged.append([row(i, time.time()) for i in range(20)])
+    assert aged.count() == 20
+    aged.append([row(0, time.time())], now=time.time() + 2 * 3600)  # two hours later: the old rows are trimmed
+    assert aged.count() < 21
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_export_clear_import_round_trip(tmp_path, redis_url, redis_client, fmt, capsys):
+    rows = [HistoryRow("a", "b:1", 1e9, 0.04, 1 << 20, "medium", 2e7, 30, cc, p, pp, 1e8 * cc, 1_795_000_000 + cc,
+                       1.5, "calibrate:x:medium:pass0", kind="probe") for cc in (1, 2, 4) for p in (1, 2) for pp in (0, 4)]
+    TransferHistory(redis_client).append(rows, now=1_795_000_100)
+    f = tmp_path / f"h.{fmt}"
+    assert fstream(["history", "export", str(f), "--redis", redis_url]) == 0
+    assert fstream(["history", "clear", "--yes", "--redis", redis_url]) == 0
+    assert TransferHistory(redis_client).count() == 0
+    assert fstream(["history", "import", str(f), "--redis", redis_url]) == 0
+    back = TransferHistory(redis_client).rows()
+    assert [r.to_dict() | {"background_bps": 0} for r in back] == [r.to_dict() | {"background_bps": 0} for r in rows]
+    assert "imported 12 row(s)" in capsys.readouterr().out
+
+
+def test_a_bad_row_is_refused_naming_it_and_nothing_is_written(tmp_path, redis_url, redis_client, capsys):
+    f = tmp_path / "bad.csv"
+    good = HistoryRow("a", "b:1", 1e9, 0.04, 1 << 20, "small", 1e6, 10, 2, 1, 0, 1e8, 1.0, 1.0, "g").to_dict()
+    import pandas as pd
+    pd.DataFrame([good, {**good, "chunk": "gigantic"}]).to_csv(f, index=False)
+    assert fstream(["history", "import", str(f), "--redis", redis_url]) == 2
+    err = capsys.readouterr().err
+    assert "row 1" in err and "chunk 'gigantic'" in err and "nothing imported" in err
+    assert TransferHistory(redis_client).count() == 0
+
+
+def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secret, rx, redis_url, redis_client,
+                                                                 capsys):
+    argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/cal", "--secret-file", str(secret), "--redis",
+            redis_url, "--bandwidth", "400Mbit", "--rtt", "10ms", "--probe-seconds", "0.1s", "--chunks", "small,large",
+            "--grid", "cc=1,2,4:p=1,2:pp=0,2", "--passes", "2", "--json"]
+    t0 = time.monotonic()
+    assert fstream(argv + ["--budget", "3s"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert time.monotonic() - t0 < 3 + 5  # stops starting probes at the budget (one probe may overrun it)
+    assert 0 < first["probes_run"] < first["probes_total"] == 2 * 2 * 12
+    rows = TransferHistory(redis_client).rows()
+    assert len(rows) == first["probes_run"] and all(r.kind == "probe" and r.throughput_bps > 0 for r in rows)
+    assert {r.chunk for r in rows} == {"small", "large"}  # interleaved: any prefix covers both chunks
+    assert {(r.cc, r.p, r.pp) for r in rows} <= {(cc, p, pp) for cc in (1, 2, 4) for p in (1, 2) for pp in (0, 2)}
+    # every probe moved its bytes: the destination's copy holds the source's last content
+    landed = sorted((tmp_path / "dst" / "cal" / ".fstream-calibration" / "small").iterdir())
+    assert landed and all(p.stat().st_size == first["sizes"]["small"] for p in landed)
+    assert fstream(argv + ["--budget", "60s"]) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["probes_run"] == first["probes_total"] - first["probes_run"] and second["run"] == first["run"]
+    assert second["probes_done"] == second["probes_total"]
+    rows = TransferHistory(redis_client).rows()
+    assert len(rows) == second["probes_total"]  # nothing probed twice
+    large = [r for r in rows if r.chunk == "large"]
+    files = second["files"]["large"]
+    assert files < 4 and max(r.cc for r in large) == files  # cc=4 on fewer files ran (and is recorded) as cc=files
+    assert fstream(argv + ["--budget", "1s", "--restart"]) == 0
+    third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert third["run"] != first["run"] and third["probes_done"] == third["probes_run"] >= 1
+
+
+def test_calibrate_refuses_bad_options_naming_them(capsys, redis_url):
+    assert fstream(["calibrate", "--to", "fstream://127.0.0.1:1/x", "--grid", "cc=a", "--redis", redis_url]) == 2
+    assert "--grid 'cc=a': cc values must be integers" in capsys.readouterr().err
+    assert fstream(["calibrate", "--to", "http://x/y", "--redis", redis_url]) == 2
+    assert "fstream://" in capsys.readouterr().err
+    assert fstream(["calibrate", "--to", "fstream://127.0.0.1:1/x", "--chunks", "huge", "--redis", redis_url]) == 2
+    assert "--chunks 'huge'" in capsys.readouterr().err
+
+
+def test_calibrated_history_drives_harp_on_a_real_transfer_which_records_its_own_rows(tmp_path, secret, rx,
+                                                                                      redis_url, redis_client, capsys):
+    assert fstream(["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/cal", "--secret-file", str(secret),
+                    "--redis", redis_url, "--bandwidth", "200Mbit", "--rtt", "10ms", "--probe-seconds", "0.1s",
+                    "--chunks", "small", "--grid", "cc=1,2,3,4,6:p=1,2,3:pp=0,2", "--passes", "2",
+                    "--budget", "60s", "--json"]) == 0
+    cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cal["probes_done"] == 60
+    size = cal["sizes"]["small"]
+    src = make_files(tmp_path / "src", {f"f{i}.dat": size for i in range(1000)})  # > the 50 MB sample
+    before = TransferHistory(redis_client).count()
+    spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rx.port}/h", secret_file=str(secret),
+                                     tuner="harp", bandwidth="200Mbit", rtt="10ms", sample_interval="0.2s")
+    res = Transfer(spec, redis=redis_client).run()
+    assert res.ok and res.verified_files == 1000
+    reasons = [d["reason"] for d in res.tuning]
+    assert reasons[0].startswith("harp: sample small:") and "(heuristic)" in reasons[0]
+    decided = next(r for r in reasons if "-> cc=" in r)
+    assert "groups kept" in decided and "R² median" in decided and "predicted" in decided
+    assert "start small cc=" in decided  # Algorithm 1 allocation, then kept
+    assert {c for d in res.tuning for c in d["layouts"]} <= {"small", "small.sample"}
+    after = TransferHistory(redis_client).rows()[before:]
+    assert after and {r.kind for r in after} <= {"sample", "interval"} and all(r.chunk == "small" for r in after)
+    assert fstream(["history", "validate", "--redis", redis_url, "--chunk", "small", "--json"]) == 0
+    val = json.loads(capsys.readouterr().out)
+    assert val["validation"]["n_test"] >= 1 and val["prediction"]["fallback"] is False
