@@ -9,7 +9,9 @@
 3. In-process on the same history: the Optimizer's time per chunk and the paper's validation accuracy.
 
 First-interval throughput = bytes over the first ``--first-window`` seconds after the settings were
-applied (HARP: after its allocation, the samples excluded). The amortisation size is Eq. 6–7 of the
+applied: HARP's allocation (its samples excluded), else the tuner's first decision (so the ~1 s a
+history-reading tuner spends loading pandas, scikit-learn and the history is not in the window, but it
+is in the total time). The amortisation size is Eq. 6–7 of the
 paper solved for D with the measured Thr_0 (static), Thr_S (the sample) and Thr_H (after the sample).
 
 Run: ``python -m fstream_bench.harp_bench`` (root; ``--loopback`` for a smoke run).
@@ -105,10 +107,56 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
     return out
 
 
+def report(summary: dict) -> str:
+    """The markdown tables: per dataset and condition, each tuner's time, throughput and first window."""
+    lines = [f"# HARP on {summary['path']}", "", summary["machine_line"], summary.get("machine_line_end", ""),
+             summary["selfcheck_line"], "", "    " + summary["command"], ""]
+    cal = summary.get("calibration", {})
+    lines += [f"Calibration: status {cal.get('status')}, {cal.get('seconds', 0):.0f} s.", ""]
+    lines += ["| dataset | chunk | history rows | optimizer (s) | validation accuracy | prediction |", "|---|---|---:|---:|---:|---|"]
+    for o in summary.get("optimizer", []):
+        acc = o["validation"].get("accuracy")
+        pr = o["prediction"]
+        shown = "fallback" if pr["fallback"] else "cc={cc} p={p} pp={pp}".format(**pr)
+        accuracy = "-" if acc is None else f"{acc:.1%}"
+        lines.append(f"| {o['dataset']} | {o['chunk']} | {o['rows']} | {o['optimizer_seconds']:.2f} | "
+                     f"{accuracy} ({o['validation'].get('reason', '')}) | {shown} |")
+    lines += ["", "| dataset | condition | tuner | ok | seconds | Mbit/s | first window Mbit/s (from t) | settings |",
+              "|---|---|---|---|---:|---:|---:|---|"]
+    runs = summary.get("runs", [])
+    for r in runs:
+        last = r["tuning"][-1]["layouts"] if r.get("tuning") else {}
+        shown = ", ".join(f"{c} {v['cc']}/{v['p']}/{v['pp']}" for c, v in last.items())
+        lines.append(f"| {r['dataset']} | {r['condition']} | {r['tuner']} | {r['ok']} | {r['seconds'] or 0:.1f} | "
+                     f"{(r['throughput_bps'] or 0) / 1e6:.0f} | {r['first_bps'] / 1e6:.0f} ({r['settings_at']:.1f} s) | "
+                     f"{shown} |")
+    lines += ["", "| dataset | condition | harp first / static first | fstream+harp first / fstream first | "
+              "harp total / static total | amortisation size (x BW-seconds) |", "|---|---|---:|---:|---:|---:|"]
+    by = {(r["dataset"], r["condition"], r["tuner"]): r for r in runs if r["ok"]}
+    for d in dict.fromkeys(r["dataset"] for r in runs):
+        for c in dict.fromkeys(r["condition"] for r in runs):
+            st, hp, fs, fh = (by.get((d, c, t)) for t in ("static", "harp", "fstream", "fstream+harp"))
+            def ratio(a, b, key):
+                return f"{a[key] / b[key]:.2f}" if a and b and b[key] else "-"
+            amort = "-"
+            if st and hp and hp.get("settings_at"):
+                thr_s = hp.get("sample_bps")
+                thr_h = hp.get("after_bps")
+                if thr_s and thr_h and hp.get("sample_bytes"):
+                    a = amortisation_bytes(st["throughput_bps"], thr_h, thr_s, hp["sample_bytes"], 0.0)
+                    bw = summary.get("bandwidth_bps", 1e9) / 8
+                    amort = "never (HARP not faster)" if a is None else f"{a / bw:.1f}"
+            lines.append(f"| {d} | {c} | {ratio(hp, st, 'first_bps')} | {ratio(fh, fs, 'first_bps')} | "
+                         f"{ratio(hp, st, 'seconds')} | {amort} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fstream_bench.harp_bench", description=__doc__.splitlines()[0])
     add_path_args(ap, "tb10h")
-    ap.add_argument("--budget", default="4m", help="calibration budget (default 4m)")
+    ap.add_argument("--budget", default="6m", help="calibration budget (default 6m)")
+    ap.add_argument("--grid", default="cc=1,2,4,8,16:p=1,2,4,8:pp=0,4", help="calibration grid")
+    ap.add_argument("--probe-seconds", default="0.5s", help="data per calibration probe")
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--tuners", default=",".join(TUNERS))
@@ -145,14 +193,17 @@ def main(argv: list[str] | None = None) -> int:
             chunks = sorted({__import__("fstream_provider.tuning.harp_history", fromlist=["chunk_of"]).chunk_of(
                 s, bench.bandwidth_bps * bench.rtt_s / 8) for s, _ in datasets.values()})
             cal = [*fs_peer.fstream_argv(), "calibrate", "--to", rx.url("calibration"), "--secret-file", str(rx.secret),
-                   "--redis", redis_srv.url, "--budget", args.budget, "--bandwidth", base["bandwidth"],
-                   "--chunks", ",".join(chunks), "--json"]
+                   "--redis", redis_srv.url, "--budget", args.budget, "--bandwidth", base["bandwidth"], "--rtt", base["rtt"],
+                   "--chunks", ",".join(chunks), "--grid", args.grid, "--probe-seconds", args.probe_seconds,
+                   "--passes", "10", "--json"]
             print("calibrating:", " ".join(cal[-12:]), flush=True)
             t0 = time.monotonic()
             status, wall, text = run_timed(bench.sites.argv("src", cal), parse_duration(args.budget) + 300,
                                            out / "calibrate.log", env={**os.environ})
             summary["calibration"] = {"status": status, "seconds": time.monotonic() - t0, "tail": text[-2000:]}
             print(f"calibration: status {status} in {time.monotonic() - t0:.0f} s", flush=True)
+            if status != 0:
+                raise SystemExit(f"calibration failed (status {status}): {text[-1500:]}")
             summary["optimizer"] = optimizer_report(redis_srv.url, bench, datasets)
             for row in summary["optimizer"]:
                 print(f"optimizer {row['dataset']}: {row['optimizer_seconds']:.2f} s, "
@@ -167,21 +218,32 @@ def main(argv: list[str] | None = None) -> int:
                         for tuner in tuners:
                             opts = dict(base)
                             if tuner in ("harp", "fstream+harp"):
-                                opts["redis"] = redis_srv.url
+                                opts["redis"] = redis_srv.url  # evaluation runs read the calibrated history
+                                opts["no_history"] = True      # and add nothing: every run sees the same one
                             if cond == "buffer":
                                 opts["tcp_buffer"] = args.told_buffer
                             label = f"{dname}-{cond}-{tuner.replace('+', '-')}"
                             r = send_json(bench.sites, rx, [src], label, tuner=tuner.split("+")[0], options=opts,
                                           label=label, timeout=parse_duration(args.timeout))
                             shutil.rmtree(work / "dst" / label, ignore_errors=True)
-                            t_alloc, why = harp_times(r.tuning) if tuner == "harp" else (0.0, "")
-                            start = t_alloc or 0.0
-                            rec = {"dataset": dname, "condition": cond, "tuner": tuner, "ok": r.ok, "error": r.error,
-                                   "seconds": r.self_seconds, "throughput_bps": r.throughput_bps,
+                            t_alloc, why = harp_times(r.tuning) if tuner == "harp" else (None, "")
+                            # the first window starts when the settings under test were applied: HARP's
+                            # allocation (after its samples), else the tuner's first decision
+                            start = t_alloc if t_alloc is not None else (r.tuning[0]["t"] if r.tuning else 0.0)
+                            sample_bytes = sum(iv["bytes"] for iv in r.intervals if t_alloc and iv["t"] <= t_alloc)
+                            after_bytes = sum(iv["bytes"] for iv in r.intervals if t_alloc and iv["t"] > t_alloc)
+                            total_s = r.intervals[-1]["t"] if r.intervals else 0.0
+                            rec_extra = {} if not t_alloc else {
+                                "sample_bytes": sample_bytes, "sample_bps": sample_bytes * 8 / t_alloc,
+                                "after_bps": after_bytes * 8 / max(total_s - t_alloc, 1e-3)}
+                            rec = {**rec_extra, "dataset": dname, "condition": cond, "tuner": tuner, "ok": r.ok,
+                                   "error": r.error,
+                                   "seconds": r.self_seconds, "throughput_bps": r.self_throughput_bps,
                                    "first_bps": window_bps(r.intervals, start, first), "settings_at": start,
                                    "first_reason": (r.tuning[0]["reason"] if r.tuning else ""),
                                    "harp_reason": why, "tuning": r.tuning, "loadavg": os.getloadavg()}
                             summary["runs"].append(rec)
+                            rec["intervals"] = r.intervals
                             print(f"{label}: ok={r.ok} {rec['seconds'] or 0:.1f} s "
                                   f"{(rec['throughput_bps'] or 0) / 1e6:.0f} Mbit/s, first {rec['first_bps'] / 1e6:.0f} "
                                   f"Mbit/s from t={start:.1f}", flush=True)
@@ -196,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
         summary["machine_line_end"] = machine_line()
+        summary["bandwidth_bps"] = bench.bandwidth_bps
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        (out / "report.md").write_text(report(summary))
     print(f"results: {out}", flush=True)
     return 0
 

@@ -98,7 +98,7 @@ def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secre
                                                                  capsys):
     argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/cal", "--secret-file", str(secret), "--redis",
             redis_url, "--bandwidth", "400Mbit", "--rtt", "10ms", "--probe-seconds", "0.1s", "--chunks", "small,large",
-            "--grid", "cc=1,2,4:p=1,2:pp=0,2", "--passes", "2", "--json"]
+            "--grid", "cc=1,2,8:p=1,2:pp=0,2", "--passes", "2", "--json"]
     t0 = time.monotonic()
     assert fstream(argv + ["--budget", "3s"]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -107,7 +107,7 @@ def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secre
     rows = TransferHistory(redis_client).rows()
     assert len(rows) == first["probes_run"] and all(r.kind == "probe" and r.throughput_bps > 0 for r in rows)
     assert {r.chunk for r in rows} == {"small", "large"}  # interleaved: any prefix covers both chunks
-    assert {(r.cc, r.p, r.pp) for r in rows} <= {(cc, p, pp) for cc in (1, 2, 4) for p in (1, 2) for pp in (0, 2)}
+    assert {(r.cc, r.p, r.pp) for r in rows} <= {(cc, p, pp) for cc in (1, 2, 4, 8) for p in (1, 2) for pp in (0, 2)}
     # every probe moved its bytes: the destination's copy holds the source's last content
     landed = sorted((tmp_path / "dst" / "cal" / ".fstream-calibration" / "small").iterdir())
     assert landed and all(p.stat().st_size == first["sizes"]["small"] for p in landed)
@@ -119,7 +119,7 @@ def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secre
     assert len(rows) == second["probes_total"]  # nothing probed twice
     large = [r for r in rows if r.chunk == "large"]
     files = second["files"]["large"]
-    assert files < 4 and max(r.cc for r in large) == files  # cc=4 on fewer files ran (and is recorded) as cc=files
+    assert files == 4 and max(r.cc for r in large) == files  # cc=8 on four files ran (and is recorded) as cc=4
     assert fstream(argv + ["--budget", "1s", "--restart"]) == 0
     third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert third["run"] != first["run"] and third["probes_done"] == third["probes_run"] >= 1

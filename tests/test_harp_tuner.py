@@ -195,3 +195,64 @@ def test_harp_refuses_a_layout_and_bad_settings():
         make_tuner("harp", path=PATH, cc=4)
     with pytest.raises(ValueError, match="sample_scale"):
         HarpTuner(path=PATH, sample_scale=0)
+
+
+class Loading:
+    """A history source as the sender's background loader presents it: rows known at once, frame later."""
+
+    def __init__(self, frame, rows=None):
+        self.frame, self.rows, self.ready = frame, len(frame) if rows is None else rows, False
+
+    def __call__(self):
+        return self.frame if self.ready else None
+
+
+def test_the_sample_starts_before_the_history_is_loaded_and_the_rest_waits_for_the_model():
+    src = Loading(history())
+    tuner = HarpTuner(path=PATH, history=src)
+    dataset = files(200)
+    first_layouts = None
+    clusters = {}
+    for f in dataset:
+        clusters.setdefault(tuner.cluster_of(f), []).append(f)
+    tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters={
+        "small" + SAMPLE: ClusterStats(pending_files=125, pending_bytes=250_000_000),
+        "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}))
+    first_layouts = {l.cluster for l in tuner.suggest().layouts}
+    assert first_layouts == {"small" + SAMPLE}  # the sample runs although nothing is loaded yet
+    # the sample ends while the history still loads: the rest stays held, nothing is decided
+    tuner.update(Observation(t=2.0, dt=2.0, bytes=250_000_000, clusters={
+        "small" + SAMPLE: ClusterStats(bytes=250_000_000, pending_files=0, active_channels=0),
+        "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}))
+    s = tuner.suggest()
+    assert s.layouts == () and s.held == {"small"} and not tuner.decisions
+    src.ready = True
+    tuner.update(Observation(t=2.25, dt=0.25, clusters={"small": ClusterStats(pending_files=75,
+                                                                               pending_bytes=150_000_000)}))
+    tuner.update(Observation(t=2.5, dt=0.25, clusters={"small": ClusterStats(pending_files=75,
+                                                                              pending_bytes=150_000_000)}))
+    s = tuner.suggest()
+    assert {l.cluster for l in s.layouts} == {"small"} and tuner.decisions and "-> cc=" in s.reason
+
+
+def test_a_history_that_fails_to_load_falls_back_to_the_heuristic():
+    src = Loading(None, rows=500)
+    tuner = HarpTuner(path=PATH, history=src)
+    src.ready = True  # done, but without a frame (Redis error while loading)
+    layouts, reasons = drive_sample(tuner, files(200), 300e6)
+    assert set(layouts) == {"small"} and any("could not be loaded: heuristic" in r for r in reasons)
+
+
+def test_fstream_moves_to_harps_start_when_the_history_arrives_before_profiling_decides():
+    src = Loading(history())
+    tuner = make_tuner("fstream", path=PATH, transfer_history=src)
+    dataset = files(200)
+    for f in dataset:
+        tuner.cluster_of(f)
+    stats = {"small": ClusterStats(pending_files=200, pending_bytes=200 * SMALL_FILE)}
+    tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=stats))
+    assert "HARP" not in tuner.suggest().reason  # not loaded yet: the heuristic starts
+    src.ready = True
+    tuner.update(Observation(t=0.5, dt=0.5, bytes=10, clusters=stats))
+    s = tuner.suggest()
+    assert "HARP start without sample" in s.reason and "history ready at 0.5 s" in s.reason

@@ -115,7 +115,9 @@ def send_argv(url: str, secret: Path, sources: Sequence[Path], tuner: str, optio
     argv = [*fstream_argv(), "send", *map(str, sources), "--to", url, "--secret-file", str(secret),
             "--tuner", tuner, "--json"]
     for k, v in options.items():
-        if v is not None:
+        if v is True:  # a flag
+            argv.append(f"--{k.replace('_', '-')}")
+        elif v is not None and v is not False:
             argv += [f"--{k.replace('_', '-')}", str(v)]
     if watch is not None:
         argv.append("--watch")

@@ -80,6 +80,7 @@ class FStreamTuner(ClusteredTuner):
         self.start_time = start_time
         self.seed = seed
         self._seeded = False
+        self._decided = False  # profiling or QoS moved the layout: a late HARP start no longer applies
         self._profiler = OnlineProfiler(bandwidth_bps=path.bandwidth_bps, max_cc=path.max_cc,
                                         utilisation=utilisation, band=band)
         self._qos = (QosController(target_bps=target_throughput_bps, max_cc=path.max_cc, jump=jump,
@@ -148,7 +149,8 @@ class FStreamTuner(ClusteredTuner):
             s, old = self._heuristic(c), self._settings.get(name)
             if old is not None and abs(s.p - old.p) <= 1:
                 s = Settings(s.cc, old.p, s.pp)  # a new p means new channels: not worth +-1
-            seeded = self.seed(c) if self._total is None and self.seed is not None and not self.start else None
+            seeded = (self.seed(c) if self._total is None and self.seed is not None and not self.start
+                      and getattr(self.seed, "ready", True) else None)
             if self._total is None and self.start:  # the initial dataset starts where the user said
                 s = clamp(self.start.over(s), self.path)
                 reasons.append(f"start {describe(name, c, s)} ({self.start.describe()})")
@@ -159,6 +161,9 @@ class FStreamTuner(ClusteredTuner):
             else:
                 reasons.append("heuristic " + describe(name, c, s))
             self._settings[name] = s
+        if (self._total is not None and self.seed is not None and not self._seeded and not self.start
+                and not self._decided and getattr(self.seed, "ready", True)):
+            reasons.extend(self._late_seed(obs.t))
         clusters = self._working()
         names = tuple(c.name for c in clusters)
         if names != self._names:
@@ -218,6 +223,7 @@ class FStreamTuner(ClusteredTuner):
             else:
                 self._over = 0
             d = self._qos.step(cc_now, thr)
+            self._decided = True
             self._apply(d.cc, d.fine, clusters)
             reasons.append(d.reason)
         elif self.profiling:
@@ -229,11 +235,27 @@ class FStreamTuner(ClusteredTuner):
                 if hcc is not None:
                     hcc += sum(l.cc for l in obs.layouts if l.cluster != dom.name)
             d = self._profiler.step(cc_now, thr, hcc, note)
+            self._decided = True
             self._apply(d.cc, 0, clusters)
             reasons.append(d.reason)
         else:
             reasons.append("profiling off")
         self._reason = "fstream: " + "; ".join(reasons)
+
+    def _late_seed(self, t: float) -> list[str]:
+        """The history finished loading after the start: move the initial clusters to HARP's prediction."""
+        self._seeded = True  # one try
+        out = []
+        for c in self._working():
+            got = self.seed(c)
+            if got is None:
+                continue
+            s = clamp(got[0], self.path)
+            self._settings[c.name] = s
+            out.append(f"start {describe(c.name, c, s)} ({got[1]}; history ready at {t:.1f} s)")
+        if out:
+            self._total = min(max(sum(self._settings[c.name].cc for c in self._working()), 1), self.path.max_cc)
+        return out
 
     def _apply(self, cc: int, fine: int, clusters: list[Cluster]) -> None:
         before = self._total or cc

@@ -40,6 +40,14 @@ from fstream_provider.tuning.heuristic import Settings, clamp, heuristic
 SAMPLE = ".sample"  # cluster-name suffix of a chunk's sample files
 
 
+def history_rows(history: Any) -> int:
+    """Rows a history (DataFrame, or a loading source with ``rows``) holds or will hold."""
+    if history is None:
+        return 0
+    rows = getattr(history, "rows", None)
+    return int(rows) if rows is not None and not callable(rows) else len(history)
+
+
 @dataclass
 class _Chunk:
     """One chunk's files, sample and decision."""
@@ -68,7 +76,10 @@ class HarpTuner:
     """HARP's Scheduler as a ``Tuner``; the Optimizer is ``harp_model.HarpOptimizer``.
 
     :param path: the path description (bandwidth, RTT, TCP buffer and bounds).
-    :param history: the transfer history (``harp_history.COLUMNS`` DataFrame); None or empty: no history.
+    :param history: the transfer history (``harp_history.COLUMNS`` DataFrame), or a source that is still
+        loading it: a callable returning the DataFrame or None while not ready, with ``rows`` (how many
+        rows it will hold) and ``ready``. The sample starts at once; fitting waits for the history.
+        None or empty: no history.
     :param optimizer: a ``HarpOptimizer`` (default one with the paper's settings).
     :param sample_scale: the sample is ``2 x bandwidth-seconds x sample_scale`` bytes per chunk.
     :param min_sample_files: at least this many files per sample (the paper: two).
@@ -90,9 +101,9 @@ class HarpTuner:
             from fstream_provider.tuning.harp_model import HarpOptimizer
             optimizer = HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp))
         self.path = path
-        self.history = history
+        self._source = history
         self.optimizer = optimizer
-        self.has_history = history is not None and len(history) > 0
+        self.has_history = history_rows(history) > 0
         self.sample_target = 2.0 * path.bandwidth_bps / 8.0 * sample_scale
         self.min_sample_files = min_sample_files
         self.source, self.destination = source, destination
@@ -149,9 +160,14 @@ class HarpTuner:
                 c.sample_closed = True  # later arrivals are transferred, not sampled
             if not self.has_history:
                 notes.append("no transfer history (run `fstream calibrate` or any transfer first): heuristic")
+        if self.has_history and not self._loading and self.history is None:
+            self.has_history = False  # the source finished without a history (a Redis error): heuristic
+            notes.append("the transfer history could not be loaded: heuristic")
         self._measure(obs)
         for c in self._ordered():
             if c.sample_bps is not None and c.prediction is None and c.settings is None:
+                if c.fitted is None and self.has_history and self._loading:
+                    continue  # the history is still loading: the rest of the chunk waits for the model
                 notes.append(self._predict(c, obs))
         running = next((c for c in self._ordered() if c.sampling), None)
         if running is None:
@@ -159,7 +175,8 @@ class HarpTuner:
             if nxt is not None:
                 notes.append(self._start_sample(nxt, obs))
                 running = nxt
-        if running is not None:
+        waiting = any(c.sample_bps is not None and c.settings is None for c in self._ordered())
+        if running is not None or waiting:
             fit_note = self._fit_one()
             if fit_note:
                 notes.append(fit_note)
@@ -203,14 +220,26 @@ class HarpTuner:
                            tcp_buffer=self.path.tcp_buffer, chunk=c.name, avg_file_size=c.bytes / max(1, c.files),
                            file_count=c.files, source=self.source, destination=self.destination)
 
+    @property
+    def _loading(self) -> bool:
+        src = self._source
+        return callable(src) and not getattr(src, "ready", True)
+
+    @property
+    def history(self) -> Any:
+        """The history DataFrame, or None while its source is still loading it."""
+        src = self._source
+        return src() if callable(src) else src
+
     def _fit_one(self) -> str:
         """Fit the next chunk that has no model yet (one per call, so an update stays short)."""
         c = next((c for c in self._ordered() if c.fitted is None and c.sample_files and self.has_history), None)
-        if c is None:
+        history = self.history if c is not None else None
+        if c is None or history is None:
             return ""
         t0 = self._clock()
         try:
-            c.fitted = self.optimizer.fit(self.history, self._request(c))
+            c.fitted = self.optimizer.fit(history, self._request(c))
         except ValueError as exc:
             c.fitted = exc
             return f"{c.name}: no model ({exc})"
@@ -236,11 +265,12 @@ class HarpTuner:
         return f"{sample_note}; {c.name}: {pred.reason}"
 
     def _fit_for(self, c: _Chunk) -> None:
-        if not self.has_history:
+        history = self.history if self.has_history else None
+        if history is None:
             c.fitted = None
             return
         try:
-            c.fitted = self.optimizer.fit(self.history, self._request(c))
+            c.fitted = self.optimizer.fit(history, self._request(c))
         except ValueError as exc:
             c.fitted = exc
 
@@ -312,33 +342,56 @@ class HarpTuner:
         self._layouts, self._held = layouts, held
 
 
-def harp_start(path: PathInfo, history: Any, *, optimizer: Any = None, source: str = "",
-               destination: str = "") -> Callable[[Any], tuple[Settings, str] | None] | None:
-    """HARP's prediction as the ``fstream`` tuner's starting point (``FStreamTuner(seed=...)``); None without history.
+class HarpStart:
+    """HARP's prediction as the ``fstream`` tuner's starting point (``FStreamTuner(seed=...)``).
 
     No sample is taken here (the online profiling that follows measures today's load instead), so every
-    group the Optimizer keeps weighs the same; a chunk the history cannot model keeps the heuristic.
-    """
-    if history is None or len(history) == 0:
-        return None
-    if optimizer is None:
-        from fstream_provider.tuning.harp_model import HarpOptimizer
-        optimizer = HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp))
-    from fstream_provider.tuning.harp_similarity import HarpRequest
+    group the Optimizer keeps weighs the same; a cluster the history cannot model keeps the heuristic.
+    ``ready`` is False while the history is still loading: the tuner starts from the heuristic and moves to
+    the prediction as soon as it is ready, if profiling has not decided anything yet.
 
-    def seed(cluster: Any) -> tuple[Settings, str] | None:
+    :param path: the path description.
+    :param history: a DataFrame, or a loading source (see ``HarpTuner``).
+    :param optimizer: a ``HarpOptimizer`` (default: the paper's settings within the path's bounds).
+    """
+
+    def __init__(self, path: PathInfo, history: Any, *, optimizer: Any = None, source: str = "",
+                 destination: str = "") -> None:
+        self.path, self._source, self.source, self.destination = path, history, source, destination
+        self._optimizer = optimizer
+        self.notes: list[str] = []
+
+    @property
+    def ready(self) -> bool:
+        src = self._source
+        return not callable(src) or src() is not None
+
+    def __call__(self, cluster: Any) -> tuple[Settings, str] | None:
+        history = self._source() if callable(self._source) else self._source
         avg = cluster.avg_size
-        if avg <= 0:
+        if history is None or len(history) == 0 or avg <= 0:
             return None
-        req = HarpRequest(bandwidth_bps=path.bandwidth_bps, rtt_s=path.rtt_s, tcp_buffer=path.tcp_buffer,
-                          chunk=chunk_of(avg, path.bdp_bytes), avg_file_size=avg, file_count=max(1, cluster.files),
-                          source=source, destination=destination)
+        if self._optimizer is None:
+            from fstream_provider.tuning.harp_model import HarpOptimizer
+            p = self.path
+            self._optimizer = HarpOptimizer(max_cc=p.max_cc, max_p=min(32, p.max_p), max_pp=min(32, p.max_pp))
+        from fstream_provider.tuning.harp_similarity import HarpRequest
+
+        p = self.path
+        req = HarpRequest(bandwidth_bps=p.bandwidth_bps, rtt_s=p.rtt_s, tcp_buffer=p.tcp_buffer,
+                          chunk=chunk_of(avg, p.bdp_bytes), avg_file_size=avg, file_count=max(1, cluster.files),
+                          source=self.source, destination=self.destination)
         try:
-            pred = optimizer.optimize(history, req, None)
-        except ValueError:
+            pred = self._optimizer.optimize(history, req, None)
+        except ValueError as exc:
+            self.notes.append(f"{cluster.name}: {exc}")
             return None
         if pred.fallback:
+            self.notes.append(f"{cluster.name}: {pred.reason}")
             return None
         return Settings(pred.cc, pred.p, pred.pp), f"HARP start without sample: {pred.reason}"
 
-    return seed
+
+def harp_start(path: PathInfo, history: Any, **kw: Any) -> HarpStart | None:
+    """A ``HarpStart`` when there is (or will be) history, else None."""
+    return HarpStart(path, history, **kw) if history_rows(history) > 0 else None

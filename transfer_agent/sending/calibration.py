@@ -7,7 +7,7 @@ The paper ran every dataset with every parameter combination, at least five time
   BDP/30, small BDP/3, medium 3 x BDP, large 12 x BDP (floors 64 KiB; large capped at 256 MiB), random bytes
   in a temporary directory that is removed at the end.
 * **Probes.** A probe is a real transfer (the ``fixed`` tuner) of about ``probe_seconds`` of data at the
-  path's bandwidth (at least two files), into ``<dest>/.fstream-calibration/<chunk>/``. Before every probe
+  path's bandwidth (at least four files), into ``<dest>/.fstream-calibration/<chunk>/``. Before every probe
   the first 16 bytes of each source file are rewritten with random bytes, so the destination's copy
   differs and is replaced (the agent skips files already verified there): every probe moves its bytes,
   and the receiver holds one dataset per chunk at most. Concurrency above the probe's file count cannot
@@ -40,6 +40,7 @@ from fstream_provider.tuning.harp_history import CHUNKS, HistoryRow, chunk_of
 DEFAULT_GRID = {"cc": (1, 2, 4, 8, 16, 32), "p": (1, 2, 4, 8, 16), "pp": (0, 1, 4, 16)}
 SIZE_OF_CHUNK = {"tiny": 1 / 30, "small": 1 / 3, "medium": 3.0, "large": 12.0}  # x BDP
 MIN_FILE, MAX_LARGE = 64 * 1024, 256 * 2**20
+MIN_FILES = 4  # per probe: so concurrency 1, 2 and 4 differ even on large files (a cubic needs 20 settings)
 
 
 def parse_grid(text: str | None) -> dict[str, tuple[int, ...]]:
@@ -197,7 +198,7 @@ class Calibration:
         bdp = self.bandwidth_bps * rtt / 8
         sizes = {c: file_size(c, bdp) for c in self.chunks}
         probe_bytes = self.probe_seconds * self.bandwidth_bps / 8
-        counts = {c: max(2, math.ceil(probe_bytes / s)) for c, s in sizes.items()}
+        counts = {c: max(MIN_FILES, math.ceil(probe_bytes / s)) for c, s in sizes.items()}
         for c in self.chunks:
             d = work / c
             d.mkdir()

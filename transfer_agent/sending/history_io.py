@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,54 @@ def load_transfer_history(redis: Any, log: logging.Logger, options: HistoryOptio
     except Exception as exc:  # noqa: BLE001 - HARP falls back to the heuristic without history
         log.warning("transfer history not loaded: %s", exc)
         return None
+
+
+class BackgroundHistory:
+    """Load the transfer history (and import the Optimizer's libraries) in a thread while the transfer starts.
+
+    pandas and scikit-learn take about 1.4 s to import on a small machine and a large history a while to
+    parse; HARP's sample transfer does not need either, so the transfer starts at once and the tuner
+    picks the history up when it is ready. Calling the object returns the DataFrame, or None while loading.
+
+    :param redis: a ``redis.Redis``.
+    :param log: where the load is reported.
+    :param options: namespace.
+    :param limit: newest rows to load.
+    """
+
+    def __init__(self, redis: Any, log: logging.Logger, options: HistoryOptions | None = None,
+                 limit: int = HISTORY_LOAD_LIMIT) -> None:
+        opts = options or HistoryOptions()
+        self._frame: Any = None
+        self._done = threading.Event()
+        try:
+            self.rows = min(TransferHistory(redis, keys=opts.keys).count(), limit)
+        except Exception as exc:  # noqa: BLE001 - HARP falls back to the heuristic without history
+            log.warning("transfer history not loaded: %s", exc)
+            self.rows = 0
+        if self.rows == 0:
+            self._done.set()
+            return
+
+        def load() -> None:
+            try:
+                self._frame = load_transfer_history(redis, log, opts, limit)
+                import fstream_provider.tuning.harp_model  # noqa: F401 - scikit-learn, before the tuner needs it
+            finally:
+                self._done.set()
+
+        threading.Thread(target=load, name="fstream-history-load", daemon=True).start()
+
+    @property
+    def ready(self) -> bool:
+        return self._done.is_set()
+
+    def __call__(self) -> Any:
+        return self._frame if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        self._done.wait(timeout)
+        return self()
 
 
 class HistoryRecorder:

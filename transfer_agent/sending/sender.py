@@ -195,7 +195,7 @@ class Transfer:
                 self.spec.tuner, path=path, cc=self.spec.cc, p=self.spec.p, pp=self.spec.pp,
                 target_throughput_bps=self.spec.target_throughput_bps, start_time=time.time(),
                 history=history_io.load_profiling(redis, self.log) if redis and info.uses_history else None,
-                transfer_history=(history_io.load_transfer_history(redis, self.log, self.history)
+                transfer_history=(history_io.BackgroundHistory(redis, self.log, self.history)
                                   if redis and info.uses_transfer_history else None))
             if redis is not None and self.history.record and self._recorder is None:
                 self._recorder = history_io.HistoryRecorder(redis, self.history, path=path, destination=f"{host}:{port}",
