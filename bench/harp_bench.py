@@ -1,7 +1,7 @@
 """HARP benchmark (issue 10): calibrate one emulated WAN path, then HARP against the heuristic under load and a wrong buffer.
 
 1. ``fstream calibrate`` seeds an empty Redis with probes on the path, background traffic off.
-2. Each dataset (default: 2 MB files, a *small* chunk, and 64 MB files, *large*; about 1.5 GB each) is sent
+2. Each dataset (default: 2 MB files, a *small* chunk, and 16 MB files, *medium*; about 1.5 GB each) is sent
    by ``static`` (the heuristic, kept), ``harp`` (sample transfer + regression over the history),
    ``fstream`` without history (heuristic start + online profiling) and ``fstream`` with the history
    (HARP's prediction as its start) under three conditions: ``quiet``; ``background`` (N iperf3 flows
@@ -37,7 +37,7 @@ from fstream_provider.model.units import parse_duration, parse_size
 
 TUNERS = ("static", "harp", "fstream", "fstream+harp")
 CONDITIONS = ("quiet", "background", "buffer")
-DATASETS = {"small": (2_000_000, 750), "large": (64_000_000, 24)}
+DATASETS = {"small": (2_000_000, 750), "medium": (16_000_000, 96)}  # BDP 5 MB: small < BDP <= medium < 10 BDP
 
 
 def make_dataset(root: Path, size: int, count: int) -> Path:
@@ -154,7 +154,7 @@ def report(summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fstream_bench.harp_bench", description=__doc__.splitlines()[0])
     add_path_args(ap, "tb10h")
-    ap.add_argument("--budget", default="6m", help="calibration budget (default 6m)")
+    ap.add_argument("--budget", default="8m", help="calibration budget (default 8m)")
     ap.add_argument("--grid", default="cc=1,2,4,8,16:p=1,2,4,8:pp=0,4", help="calibration grid")
     ap.add_argument("--probe-seconds", default="0.5s", help="data per calibration probe")
     ap.add_argument("--datasets", default=",".join(DATASETS))

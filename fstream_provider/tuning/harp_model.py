@@ -126,8 +126,8 @@ class HarpOptimizer:
     :param weights: similarity weights (bandwidth, RTT, BDP/buffer, chunk, file size, file count).
     :param min_entries: lower the threshold until this many entries are similar. The paper asks for
         3,000 of its 21,000 (one 216-point grid sweep per group, >= 15 groups); our calibration sweeps
-        ~60-120 settings per chunk and pass, so 300 (a few sweeps) plays the same role; a smaller history
-        asks for a quarter of itself, at least two groups' worth (``entries_needed``).
+        ~40-120 settings per chunk and pass, so 300 (a few sweeps) plays the same role; a smaller history
+        asks for a quarter of itself, at least one group's worth (``entries_needed``).
     :param threshold_start: first similarity threshold (0.99).
     :param threshold_step: how much it drops each time (0.01).
     :param threshold_floor: never below this (then whatever matched is used, and the reason says so).
@@ -182,9 +182,9 @@ class HarpOptimizer:
 
     def entries_needed(self, usable: int) -> int:
         """How many similar entries to look for: ``min_entries``, scaled down for a small history to a
-        quarter of it but at least two groups' worth of settings (else the threshold would fall to the
-        floor and take in other chunks and paths)."""
-        return int(min(self.min_entries, max(2 * self.min_settings, usable // 4)))
+        quarter of it, at least one group's worth of settings (asking for more than one chunk's rows
+        would lower the threshold until other chunks come in: chunk weighs 10 of 28)."""
+        return int(min(self.min_entries, max(self.min_settings, usable // 4)))
 
     @staticmethod
     def _usable(history: pd.DataFrame) -> pd.DataFrame:
