@@ -97,12 +97,9 @@ class HarpTuner:
         if sample_scale <= 0 or min_sample_files < 1:
             raise ValueError(f"harp: sample_scale ({sample_scale}) must be > 0 and min_sample_files "
                              f"({min_sample_files}) >= 1")
-        if optimizer is None:
-            from fstream_provider.tuning.harp_model import HarpOptimizer
-            optimizer = HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp))
         self.path = path
         self._source = history
-        self.optimizer = optimizer
+        self._optimizer = optimizer  # built on first use: scikit-learn takes a second to import
         self.has_history = history_rows(history) > 0
         self.sample_target = 2.0 * path.bandwidth_bps / 8.0 * sample_scale
         self.min_sample_files = min_sample_files
@@ -219,6 +216,14 @@ class HarpTuner:
         return HarpRequest(bandwidth_bps=self.path.bandwidth_bps, rtt_s=self.path.rtt_s,
                            tcp_buffer=self.path.tcp_buffer, chunk=c.name, avg_file_size=c.bytes / max(1, c.files),
                            file_count=c.files, source=self.source, destination=self.destination)
+
+    @property
+    def optimizer(self) -> Any:
+        if self._optimizer is None:
+            from fstream_provider.tuning.harp_model import HarpOptimizer
+            p = self.path
+            self._optimizer = HarpOptimizer(max_cc=p.max_cc, max_p=min(32, p.max_p), max_pp=min(32, p.max_pp))
+        return self._optimizer
 
     @property
     def _loading(self) -> bool:

@@ -278,7 +278,7 @@ class HarpOptimizer:
                                         for g, x in zip(groups, wt)))
             if model_at_sample > 0:
                 k = sample[3] / model_at_sample
-                est, unit = est * k, unit * k
+                est, unit = min(est * k, req.bandwidth_bps), min(unit * k, req.bandwidth_bps)  # never above the link
                 scale_note = f", sample {_fmt(sample[3])} vs models {_fmt(model_at_sample)}"
         r2s = [g.r2 for g in groups]
         reason = (f"{fitted.reason}, R² median {np.median(r2s):.2f}"
