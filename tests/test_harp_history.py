@@ -74,10 +74,11 @@ def test_export_clear_import_round_trip(tmp_path, redis_url, redis_client, fmt, 
                        1.5, "calibrate:x:medium:pass0", kind="probe") for cc in (1, 2, 4) for p in (1, 2) for pp in (0, 4)]
     TransferHistory(redis_client).append(rows, now=1_795_000_100)
     f = tmp_path / f"h.{fmt}"
-    assert fstream(["history", "export", str(f), "--redis", redis_url]) == 0
+    target = ["-o", str(f)] if fmt == "parquet" else [str(f)]  # both spellings: -o FILE and the FILE argument
+    assert fstream(["history", "export", "--format", fmt, *target, "--redis", redis_url]) == 0
     assert fstream(["history", "clear", "--yes", "--redis", redis_url]) == 0
     assert TransferHistory(redis_client).count() == 0
-    assert fstream(["history", "import", str(f), "--redis", redis_url]) == 0
+    assert fstream(["history", "import", "--format", fmt, str(f), "--redis", redis_url]) == 0  # options first
     back = TransferHistory(redis_client).rows()
     assert [r.to_dict() | {"background_bps": 0} for r in back] == [r.to_dict() | {"background_bps": 0} for r in rows]
     assert "imported 12 row(s)" in capsys.readouterr().out
@@ -92,6 +93,11 @@ def test_a_bad_row_is_refused_naming_it_and_nothing_is_written(tmp_path, redis_u
     err = capsys.readouterr().err
     assert "row 1" in err and "chunk 'gigantic'" in err and "nothing imported" in err
     assert TransferHistory(redis_client).count() == 0
+
+
+def test_history_commands_name_an_unreachable_redis(capsys):
+    assert fstream(["history", "stats", "--redis", "redis://127.0.0.1:1"]) == 2
+    assert "Redis 'redis://127.0.0.1:1' not reachable" in capsys.readouterr().err
 
 
 def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secret, rx, redis_url, redis_client,

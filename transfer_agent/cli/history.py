@@ -18,21 +18,37 @@ EXIT_OK, EXIT_BAD = 0, 2
 
 
 def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """One sub-command per action, so options may come before the file (``import --format csv FILE``).
+
+    A flat ``action [file]`` pair lost the file when an option came between them: argparse binds both
+    positionals at the first one it meets and then refuses the file as an unrecognized argument.
+    """
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
+    common.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
+    fmt = argparse.ArgumentParser(add_help=False)
+    fmt.add_argument("--format", choices=("csv", "parquet"), default=None, help="default: from the file name, else csv")
     p = subparsers.add_parser("history", help="HARP's transfer history: export, import, stats, validate, clear")
-    p.add_argument("action", choices=("export", "import", "stats", "validate", "clear"))
-    p.add_argument("file", nargs="?", help="export: the file to write (- for stdout, CSV only); import: the file to read")
-    p.add_argument("--format", choices=("csv", "parquet"), default=None, help="default: from the file name, else csv")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
-    p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
-    p.add_argument("--yes", action="store_true", help="clear: really delete the whole history")
-    v = p.add_argument_group("validate: the transfer to evaluate (defaults: the newest row's path)")
+    acts = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    e = acts.add_parser("export", parents=[common, fmt], help="write every row to a CSV or Parquet file")
+    e.add_argument("file", nargs="?", help="the file to write (- for stdout, CSV only); or -o FILE")
+    e.add_argument("-o", "--output", metavar="FILE", help="the file to write (same as the FILE argument)")
+    i = acts.add_parser("import", parents=[common, fmt], help="append the rows of a CSV or Parquet file "
+                                                              "(every row validated first; a bad row: nothing written)")
+    i.add_argument("file", help="the file to read")
+    st = acts.add_parser("stats", parents=[common], help="rows per chunk and kind, per path, oldest and newest")
+    st.add_argument("--json", action="store_true", help="one JSON object")
+    c = acts.add_parser("clear", parents=[common], help="delete the whole transfer history")
+    c.add_argument("--yes", action="store_true", help="really delete the whole history")
+    v = acts.add_parser("validate", parents=[common], help="the paper's validation accuracy (§IV-A) and the "
+                                                          "Optimizer's prediction (defaults: the newest row's path)")
     v.add_argument("--chunk", choices=("tiny", "small", "medium", "large"))
     v.add_argument("--bandwidth", metavar="RATE")
     v.add_argument("--rtt", metavar="DURATION")
     v.add_argument("--tcp-buffer", metavar="SIZE")
     v.add_argument("--file-size", metavar="SIZE")
     v.add_argument("--files", type=int)
-    v.add_argument("--json", action="store_true", help="validate/stats: one JSON object")
+    v.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_history)
     return p
 
@@ -44,15 +60,30 @@ def _fmt(path: str | None, given: str | None) -> str:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    """Run one action; an unreachable Redis is a clear error (exit 2) naming the URL, not a traceback."""
+    import redis
+
+    from fstream_provider.bus.embedded import resolve_redis_url
+    try:
+        return _run(args)
+    except redis.exceptions.ConnectionError as exc:
+        raise ValueError(f"Redis {resolve_redis_url(args.redis)!r} not reachable: {exc}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import resolve_redis_url
     from fstream_provider.bus.keys import Keys
     from fstream_provider.bus.transfer_history import TransferHistory
 
+    if getattr(args, "output", None):
+        if args.file and args.file != args.output:
+            raise ValueError(f"history export: two files named ({args.file!r} and -o {args.output!r}); give one")
+        args.file = args.output
     store = TransferHistory(connect(resolve_redis_url(args.redis)), keys=Keys(args.namespace))
     if args.action in ("export", "import") and not args.file:
         raise ValueError(f"history {args.action}: name the file (e.g. fstream history {args.action} history.csv)")
-    fmt = _fmt(args.file, args.format)
+    fmt = _fmt(getattr(args, "file", None), getattr(args, "format", None))
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401 - pandas' Parquet engine
