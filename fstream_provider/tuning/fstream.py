@@ -20,6 +20,9 @@ from fstream_provider.tuning.profiler import OnlineProfiler, recommended_interva
 from fstream_provider.tuning.qos import PacedLayout, QosController
 
 
+SEED_WAIT_S = 5.0  # profiling waits this long at most for HARP's start while the history loads
+
+
 def split_cc(total: int, weights: dict[str, float], max_cc: int) -> dict[str, int]:
     """Split ``total`` (<= max_cc) channels between clusters by weight, one each if possible (largest remainder)."""
     names = sorted(weights)
@@ -197,6 +200,12 @@ class FStreamTuner(ClusteredTuner):
             return
         if obs.dt <= 0:
             self._reason = "fstream: " + ("; ".join(reasons) or "waiting")
+            return
+        if (self.seed is not None and not self._seeded and not self.start and not self._decided
+                and obs.t < SEED_WAIT_S and not getattr(self.seed, "ready", True)):
+            # profiling now would move the layout before HARP's start arrives and make it moot
+            reasons.append(f"waiting for the transfer history (HARP start), {obs.t:.1f} of {SEED_WAIT_S:.0f} s")
+            self._reason = "fstream: " + "; ".join(reasons)
             return
         cc_now = sum(l.cc for l in obs.layouts) or self._total
         pending = sum(st.pending_files for st in obs.clusters.values())
