@@ -252,7 +252,9 @@ def test_fstream_moves_to_harps_start_when_the_history_arrives_before_profiling_
     stats = {"small": ClusterStats(pending_files=200, pending_bytes=200 * SMALL_FILE)}
     tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=stats))
     assert "HARP" not in tuner.suggest().reason  # not loaded yet: the heuristic starts
+    tuner.update(Observation(t=3.0, dt=3.0, bytes=10**8, throughput_bps=2.7e8, clusters=stats))
+    assert "waiting for the transfer history (HARP start)" in tuner.suggest().reason  # profiling holds off
     src.ready = True
-    tuner.update(Observation(t=0.5, dt=0.5, bytes=10, clusters=stats))
+    tuner.update(Observation(t=3.5, dt=0.5, bytes=10, clusters=stats))
     s = tuner.suggest()
-    assert "HARP start without sample" in s.reason and "history ready at 0.5 s" in s.reason
+    assert "HARP start without sample" in s.reason and "history ready at 3.5 s" in s.reason
