@@ -205,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
             if status != 0:
                 raise SystemExit(f"calibration failed (status {status}): {text[-1500:]}")
             summary["optimizer"] = optimizer_report(redis_srv.url, bench, datasets)
+            import redis as redis_py
+
+            from fstream_provider.bus.transfer_history import TransferHistory
+            TransferHistory(redis_py.Redis.from_url(redis_srv.url, decode_responses=True)).frame().to_csv(
+                out / "history.csv", index=False)  # the calibrated history: fstream history import reruns it
             for row in summary["optimizer"]:
                 print(f"optimizer {row['dataset']}: {row['optimizer_seconds']:.2f} s, "
                       f"validation {row['validation'].get('accuracy')}", flush=True)

@@ -154,3 +154,16 @@ def test_estimation_accuracy_and_bad_input_name_the_problem():
         opt = HarpOptimizer()
         opt.predict(opt.fit(to_frame(rows(quad, groups=1)), REQ), (4, 1, 0, 0.0))
     assert isinstance(to_frame([]), pd.DataFrame)
+
+
+def test_unit_throughput_stays_positive_where_a_model_reaches_zero_at_one_channel():
+    # the WAN bench's failure: a model estimating 0 at cc=1 gave UT = 0 and Algorithm 1 raised, failing the
+    # transfer; one channel's share at the relaxed point stands in
+    frame = to_frame(rows(lambda cc, p, pp: 100e6 * (cc - 1), groups=1))
+    g, why = HarpOptimizer().fit_group("g", frame)
+    assert g is not None, why
+    assert float(g.predict(1, g.relaxed[1], g.relaxed[2])[0]) < 1e6  # ~0 at one channel
+    assert g.unit_bps == pytest.approx(g.t_relaxed_bps / g.relaxed[0]) and g.unit_bps > 0
+    pred = Prediction("small", g.relaxed[0], g.relaxed[1], g.relaxed[2], g.t_relaxed_bps, g.unit_bps, {}, {}, 0, 1,
+                      g.r2, False, "", 0.0)
+    assert allocate_channels([("small", 1e9, pred)]) == {"small": g.relaxed[0]}

@@ -322,3 +322,33 @@ def test_a_cluster_that_ran_out_of_files_gives_its_channels_back(tmp_path: Path,
     late = [iv for iv in res.intervals if iv["t"] > res.intervals[-1]["t"] - 1.0]
     assert late and all("small" not in iv["clusters"] for iv in late), [iv["clusters"] for iv in late]
     assert all("large" in iv["clusters"] for iv in late[:-1])
+
+
+def test_a_tuner_that_fails_mid_transfer_keeps_the_layout_and_loses_nothing(tmp_path: Path, secret: Path) -> None:
+    class Failing:
+        """Starts with two channels, then raises on every later update (a tuner bug)."""
+
+        name = "failing"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        def update(self, observation: Observation) -> None:
+            self.n += 1
+            if self.n > 1:
+                raise ValueError("allocate_channels: chunk 'small' needs a unit throughput > 0")
+
+        def suggest(self) -> Suggestion:
+            return Suggestion((ClusterLayout("all", 2, 1, 2),), "start", True)
+
+        def cluster_of(self, file: FileInfo) -> str:
+            return "all"
+
+    src = make_files(tmp_path / "src", {f"f{i}.dat": 1 * MiB for i in range(12)})
+    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=20 * MiB)
+    try:
+        res = send(src, rx.port, secret, tuner=Failing(), profile_interval="0.1s", sample_interval="0.1s")
+    finally:
+        rx.stop()
+    assert res.ok and res.verified_files == 12 and trees_identical(src, tmp_path / "dst" / "out")
+    assert any("tuner error, layout kept: ValueError" in iv["reason"] for iv in res.intervals)

@@ -293,7 +293,8 @@ class HarpTuner:
             if c.settings is None:  # no sample (no history, or nothing left after it): heuristic
                 c.settings = self._heuristic(c)
         predicted = [(c.name, float(max(1, c.bytes - c.sample_bytes)), c.prediction) for c in self._ordered()
-                     if c.prediction is not None and not c.prediction.fallback and c.files > c.sample_files]
+                     if c.prediction is not None and not c.prediction.fallback and c.files > c.sample_files
+                     and c.prediction.unit_bps > 0]  # no unit throughput: the chunk keeps its predicted cc
         notes = []
         if predicted:
             cc = allocate_channels(predicted)

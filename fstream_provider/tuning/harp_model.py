@@ -219,7 +219,7 @@ class HarpOptimizer:
         i = int(np.argmax(est))
         best, t_max = tuple(int(v) for v in grid[i]), float(est[i])
         relaxed, t_rel = self.relax(f, best, t_max)
-        unit = self._unit(f, relaxed)
+        unit = self._unit(f, relaxed, t_rel)
         return GroupModel(name, len(rows), n_settings, r2, best, t_max, relaxed, t_rel, unit, bounds, model), ""
 
     def relax(self, f: GroupModel, best: Settings3, t_max: float) -> tuple[Settings3, float]:
@@ -238,11 +238,19 @@ class HarpOptimizer:
         return (cur[0], cur[1], cur[2]), t
 
     @staticmethod
-    def _unit(f: GroupModel, s: Settings3) -> float:
+    def _unit(f: GroupModel, s: Settings3, t_relaxed: float) -> float:
+        """One channel's throughput (UT): the model at cc=1 (or the lowest observed cc, per channel); where that
+        is under a tenth of one channel's share at the relaxed point (a cubic dipping to ~zero at the edge of
+        its data: Algorithm 1 would then give the chunk every channel), that share."""
         lo = f.bounds[0][0]
         if lo <= 1:
-            return float(f.predict(1, s[1], s[2])[0])
-        return float(f.predict(lo, s[1], s[2])[0]) / lo  # one channel's share at the lowest observed cc
+            unit = float(f.predict(1, s[1], s[2])[0])
+        else:
+            unit = float(f.predict(lo, s[1], s[2])[0]) / lo  # one channel's share at the lowest observed cc
+        share = t_relaxed / max(1, s[0])
+        if unit < share / 10:  # a cubic can dip to ~zero at the edge of its data: one channel's share instead
+            unit = share
+        return unit
 
     # -- predict: the sample-dependent part -----------------------------------------------------
     def predict(self, fitted: FittedChunk, sample: tuple[int, int, int, float] | None) -> Prediction:

@@ -411,8 +411,14 @@ class Transfer:
                            layouts=[ClusterLayout(c, *v) for c, v in active.items()], done=done)
 
     def _retune(self, tuner: Tuner, pool: ChannelPool, obs: Observation) -> str:
-        tuner.update(obs)
-        s: Suggestion = tuner.suggest()
+        try:
+            tuner.update(obs)
+            s: Suggestion = tuner.suggest()
+        except Exception as exc:  # noqa: BLE001 - a tuner's bug must not lose a running transfer
+            if not pool.channels:
+                raise
+            self.log.exception("tuner %s failed at %.1f s; keeping the current layout", tuner.name, obs.t)
+            return f"tuner error, layout kept: {type(exc).__name__}: {exc}"
         if not s.changed and pool.channels:
             return ""
         layouts = {l.cluster: (max(1, min(l.cc, self.spec.max_cc)), max(1, l.p), max(0, l.pp))
@@ -443,7 +449,7 @@ class Transfer:
         """Persist what the tuner learned (profiling history) and the transfer history rows not yet written."""
         if self._recorder is not None:
             self._recorder.flush()
-        history = getattr(self._tuner, "history", None)
+        history = getattr(self._tuner, "history", None) if tuner_info(self.spec.tuner).uses_history else None
         if self.redis is not None and history is not None:
             history_io.save_profiling(self.redis, history, self.log)
 
