@@ -56,8 +56,16 @@ def make_dataset(root: Path, size: int, count: int) -> Path:
 
 
 def window_bps(intervals: list[dict], start: float, seconds: float) -> float:
-    """Bytes moved in [start, start + seconds] from the interval records (each ends at ``t``, lasts ``dt``)."""
-    got = sum(r["bytes"] for r in intervals if start < r["t"] <= start + seconds + 1e-6)
+    """Rate over [start, start + seconds]: each interval record (ending at ``t``, lasting ``dt``) counts with
+    the share of its bytes that falls in the window (records are not evenly spaced: the sender's loop
+    writes none while it opens channels)."""
+    end = start + seconds
+    got = 0.0
+    for r in intervals:
+        a, b = r["t"] - r["dt"], r["t"]
+        overlap = min(b, end) - max(a, start)
+        if r["dt"] > 0 and overlap > 0:
+            got += r["bytes"] * overlap / r["dt"]
     return got * 8 / seconds
 
 
@@ -121,6 +129,9 @@ def report(summary: dict) -> str:
         accuracy = "-" if acc is None else f"{acc:.1%}"
         lines.append(f"| {o['dataset']} | {o['chunk']} | {o['rows']} | {o['optimizer_seconds']:.2f} | "
                      f"{accuracy} ({o['validation'].get('reason', '')}) | {shown} |")
+    first = parse_duration(summary.get("first_window", "2s"))
+    for r in summary.get("runs", []):  # recomputed here, so a report can be rebuilt from summary.json
+        r["first_bps"] = window_bps(r.get("intervals", []), r["settings_at"], first)
     lines += ["", "| dataset | condition | tuner | ok | seconds | Mbit/s | first window Mbit/s (from t) | settings |",
               "|---|---|---|---|---:|---:|---:|---|"]
     runs = summary.get("runs", [])
@@ -165,7 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-window", default="2s")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the dataset file counts")
     ap.add_argument("--timeout", default="300s", help="per run")
+    ap.add_argument("--report-only", metavar="SUMMARY_JSON", help="rebuild report.md from a summary.json")
+    ap.add_argument("--history-csv", metavar="FILE", help="import this history instead of calibrating")
     args = ap.parse_args(argv)
+    if args.report_only:
+        summary_path = Path(args.report_only)
+        summary = json.loads(summary_path.read_text())
+        (summary_path.parent / "report.md").write_text(report(summary))
+        print(report(summary))
+        return 0
     from fstream_bench.peers import fstream as fs_peer
     from fstream_bench.peers.base import run_timed
 
@@ -182,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                      "command": "python -m fstream_bench.harp_bench " + " ".join(
                          shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
                      "path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
-                     "concurrent": concurrent_benchmarks(), "runs": [], "datasets": datasets}
+                     "concurrent": concurrent_benchmarks(), "runs": [], "datasets": datasets,
+                     "first_window": args.first_window}
     print(summary["machine_line"], flush=True)
     print(summary["selfcheck_line"], flush=True)
     base = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
@@ -198,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--passes", "10", "--json"]
             print("calibrating:", " ".join(cal[-12:]), flush=True)
             t0 = time.monotonic()
+            if args.history_csv:  # a history exported by an earlier run: no calibration
+                cal = [*fs_peer.fstream_argv(), "history", "import", "--redis", redis_srv.url, args.history_csv]
             status, wall, text = run_timed(bench.sites.argv("src", cal), parse_duration(args.budget) + 300,
                                            out / "calibrate.log", env={**os.environ})
             summary["calibration"] = {"status": status, "seconds": time.monotonic() - t0, "tail": text[-2000:]}
@@ -223,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                         for tuner in tuners:
                             opts = dict(base)
                             if tuner in ("harp", "fstream+harp"):
+                                import redis as redis_py  # each run starts from the calibrated history alone:
+                                r0 = redis_py.Redis.from_url(redis_srv.url)  # no profiling history of the last
+                                for k in r0.scan_iter(match="{fstream}:profiling:*"):
+                                    r0.delete(k)
                                 opts["redis"] = redis_srv.url  # evaluation runs read the calibrated history
                                 opts["no_history"] = True      # and add nothing: every run sees the same one
                             if cond == "buffer":

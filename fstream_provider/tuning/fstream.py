@@ -159,7 +159,7 @@ class FStreamTuner(ClusteredTuner):
                 reasons.append(f"start {describe(name, c, s)} ({self.start.describe()})")
             elif seeded is not None:
                 s, why = clamp(seeded[0], self.path), seeded[1]
-                self._seeded = True
+                self._seeded = self._history_checked = True  # HARP's start stands in for the §3.5 consult
                 reasons.append(f"start {describe(name, c, s)} ({why})")
             else:
                 reasons.append("heuristic " + describe(name, c, s))
@@ -264,6 +264,7 @@ class FStreamTuner(ClusteredTuner):
             out.append(f"start {describe(c.name, c, s)} ({got[1]}; history ready at {t:.1f} s)")
         if out:
             self._total = min(max(sum(self._settings[c.name].cc for c in self._working()), 1), self.path.max_cc)
+            self._history_checked = True  # the profiling history must not undo the start it just got
         return out
 
     def _apply(self, cc: int, fine: int, clusters: list[Cluster]) -> None:
