@@ -197,6 +197,11 @@ def test_harp_refuses_a_layout_and_bad_settings():
         HarpTuner(path=PATH, sample_scale=0)
 
 
+def seed_cc(path):
+    c = Cluster("small", files=200, bytes=200 * SMALL_FILE, seen_files=200, seen_bytes=200 * SMALL_FILE)
+    return harp_start(path, history())(c)[0].cc
+
+
 class Loading:
     """A history source as the sender's background loader presents it: rows known at once, frame later."""
 
@@ -255,6 +260,9 @@ def test_fstream_moves_to_harps_start_when_the_history_arrives_before_profiling_
     tuner.update(Observation(t=3.0, dt=3.0, bytes=10**8, throughput_bps=2.7e8, clusters=stats))
     assert "waiting for the transfer history (HARP start)" in tuner.suggest().reason  # profiling holds off
     src.ready = True
-    tuner.update(Observation(t=3.5, dt=0.5, bytes=10, clusters=stats))
+    from fstream_provider.tuning.base import ClusterLayout
+    tuner.update(Observation(t=3.5, dt=3.0, bytes=200_000_000, throughput_bps=5.3e8, clusters=stats,
+                             layouts=[ClusterLayout("small", 2, 2, 2)]))  # a full window measured at cc=2
     s = tuner.suggest()
     assert "HARP start without sample" in s.reason and "history ready at 3.5 s" in s.reason
+    assert s.layout("small").cc == seed_cc(PATH)  # not moved in the same round by a measurement of the old layout

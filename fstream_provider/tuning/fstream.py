@@ -166,7 +166,12 @@ class FStreamTuner(ClusteredTuner):
             self._settings[name] = s
         if (self._total is not None and self.seed is not None and not self._seeded and not self.start
                 and not self._decided and getattr(self.seed, "ready", True)):
-            reasons.extend(self._late_seed(obs.t))
+            late = self._late_seed(obs.t)
+            if late:  # what was measured so far belongs to the old layout: profile the new one afresh
+                self._acc_bytes, self._acc_dt, self._acc_starved = 0, 0.0, False
+                self._reason = "fstream: " + "; ".join(reasons + late)
+                return
+            reasons.extend(late)
         clusters = self._working()
         names = tuple(c.name for c in clusters)
         if names != self._names:
