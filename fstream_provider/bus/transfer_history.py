@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 HISTORY_MAX_AGE_S = 90 * 24 * 3600  # the paper collected 12 weeks; older load patterns say little about today
 
 
+def _parse(entry_id: Any, fields: dict) -> HistoryRow | None:
+    """One stream entry's row; an unreadable entry is logged and skipped, never fatal."""
+    try:
+        return HistoryRow.from_dict(json.loads(fields.get("row", fields.get(b"row"))))
+    except (TypeError, ValueError) as exc:
+        log.warning("history entry %s skipped: %s", entry_id, exc)
+        return None
+
+
 class TransferHistory:
     """Append and read HARP history rows.
 
@@ -69,11 +78,9 @@ class TransferHistory:
             if not chunk:
                 return
             for entry_id, fields in chunk:
-                raw = fields.get("row", fields.get(b"row"))
-                try:
-                    yield HistoryRow.from_dict(json.loads(raw))
-                except (TypeError, ValueError) as exc:
-                    log.warning("history entry %s skipped: %s", entry_id, exc)
+                row = _parse(entry_id, fields)
+                if row is not None:
+                    yield row
             last = chunk[-1][0]
             last = last.decode() if isinstance(last, bytes) else last
             start = "(" + last
@@ -85,14 +92,8 @@ class TransferHistory:
 
     def newest(self, limit: int) -> list[HistoryRow]:
         """The newest ``limit`` rows, oldest first."""
-        out = []
-        for entry_id, fields in reversed(self.client.xrevrange(self.key, count=limit)):
-            raw = fields.get("row", fields.get(b"row"))
-            try:
-                out.append(HistoryRow.from_dict(json.loads(raw)))
-            except (TypeError, ValueError) as exc:
-                log.warning("history entry %s skipped: %s", entry_id, exc)
-        return out
+        rows = (_parse(i, f) for i, f in reversed(self.client.xrevrange(self.key, count=limit)))
+        return [r for r in rows if r is not None]
 
     def frame(self, limit: int | None = None) -> Any:
         """The history (or its newest ``limit`` rows) as a pandas ``DataFrame`` (``harp_history.COLUMNS``)."""

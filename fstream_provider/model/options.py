@@ -22,24 +22,21 @@ def _duration(v: Any) -> float:
     return s
 
 
-def _block_size(v: Any) -> int:
-    try:
-        n = parse_size(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else None
-    except ValueError:
-        n = None
-    if n is None or not BLOCK_SIZE_MIN <= n <= BLOCK_SIZE_MAX:
-        raise ValueError(f"{v!r}: expected a size between 4KiB and 64MiB such as 1MiB or 4MiB (or bytes)")
-    return n
+def _size_between(low: int, high: int, accepted: str) -> Any:
+    """A validator: a size (``4MiB`` or bytes) within [low, high]; the error says ``accepted``."""
+    def check(v: Any) -> int:
+        try:
+            n = parse_size(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else None
+        except ValueError:
+            n = None
+        if n is None or not low <= n <= high:
+            raise ValueError(f"{v!r}: expected a size {accepted} (or bytes)")
+        return n
+    return check
 
 
-def _tcp_buffer(v: Any) -> int:
-    try:
-        n = parse_size(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else None
-    except ValueError:
-        n = None
-    if n is None or not TCP_BUFFER_MIN <= n <= TCP_BUFFER_MAX:
-        raise ValueError(f"{v!r}: expected a size between 4KiB and 1GiB such as 1MiB or 32MiB (or bytes)")
-    return n
+_block_size = _size_between(BLOCK_SIZE_MIN, BLOCK_SIZE_MAX, "between 4KiB and 64MiB such as 1MiB or 4MiB")
+_tcp_buffer = _size_between(TCP_BUFFER_MIN, TCP_BUFFER_MAX, "between 4KiB and 1GiB such as 1MiB or 32MiB")
 
 
 Duration = Annotated[float, BeforeValidator(_duration)]

@@ -153,7 +153,7 @@ class FStreamTuner(ClusteredTuner):
             if old is not None and abs(s.p - old.p) <= 1:
                 s = Settings(s.cc, old.p, s.pp)  # a new p means new channels: not worth +-1
             seeded = (self.seed(c) if self._total is None and self.seed is not None and not self.start
-                      and getattr(self.seed, "ready", True) else None)
+                      and getattr(self.seed, "ready", True) else None)  # every cluster of the initial dataset
             if self._total is None and self.start:  # the initial dataset starts where the user said
                 s = clamp(self.start.over(s), self.path)
                 reasons.append(f"start {describe(name, c, s)} ({self.start.describe()})")
@@ -164,8 +164,7 @@ class FStreamTuner(ClusteredTuner):
             else:
                 reasons.append("heuristic " + describe(name, c, s))
             self._settings[name] = s
-        if (self._total is not None and self.seed is not None and not self._seeded and not self.start
-                and not self._decided and getattr(self.seed, "ready", True)):
+        if self._total is not None and self._seed_pending(ready=True):
             late = self._late_seed(obs.t)
             if late:  # what was measured so far belongs to the old layout: profile the new one afresh
                 self._acc_bytes, self._acc_dt, self._acc_starved = 0, 0.0, False
@@ -206,8 +205,7 @@ class FStreamTuner(ClusteredTuner):
         if obs.dt <= 0:
             self._reason = "fstream: " + ("; ".join(reasons) or "waiting")
             return
-        if (self.seed is not None and not self._seeded and not self.start and not self._decided
-                and obs.t < SEED_WAIT_S and not getattr(self.seed, "ready", True)):
+        if obs.t < SEED_WAIT_S and self._seed_pending(ready=False):
             # profiling now would move the layout before HARP's start arrives and make it moot
             reasons.append(f"waiting for the transfer history (HARP start), {obs.t:.1f} of {SEED_WAIT_S:.0f} s")
             self._reason = "fstream: " + "; ".join(reasons)
@@ -255,6 +253,11 @@ class FStreamTuner(ClusteredTuner):
         else:
             reasons.append("profiling off")
         self._reason = "fstream: " + "; ".join(reasons)
+
+    def _seed_pending(self, *, ready: bool) -> bool:
+        """HARP's start may still apply (nothing given, nothing decided yet) and its history is (not) ready."""
+        return (self.seed is not None and not self._seeded and not self.start and not self._decided
+                and getattr(self.seed, "ready", True) == ready)
 
     def _late_seed(self, t: float) -> list[str]:
         """The history finished loading after the start: move the initial clusters to HARP's prediction."""

@@ -40,6 +40,22 @@ from fstream_provider.tuning.heuristic import Settings, clamp, heuristic
 SAMPLE = ".sample"  # cluster-name suffix of a chunk's sample files
 
 
+def optimizer_for(path: PathInfo) -> Any:
+    """The paper's Optimizer within the path's bounds (imports scikit-learn: call it when first needed)."""
+    from fstream_provider.tuning.harp_model import HarpOptimizer
+
+    return HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp))
+
+
+def request_for(path: PathInfo, chunk: str, avg_file_size: float, file_count: int, source: str = "",
+                destination: str = "") -> Any:
+    """The Optimizer's request for one chunk of files on ``path``."""
+    from fstream_provider.tuning.harp_similarity import HarpRequest
+
+    return HarpRequest(bandwidth_bps=path.bandwidth_bps, rtt_s=path.rtt_s, tcp_buffer=path.tcp_buffer, chunk=chunk,
+                       avg_file_size=avg_file_size, file_count=file_count, source=source, destination=destination)
+
+
 def history_rows(history: Any) -> int:
     """Rows a history (DataFrame, or a loading source with ``rows``) holds or will hold."""
     if history is None:
@@ -211,18 +227,12 @@ class HarpTuner:
                 f"pp={s.pp} (heuristic)")
 
     def _request(self, c: _Chunk) -> Any:
-        from fstream_provider.tuning.harp_similarity import HarpRequest
-
-        return HarpRequest(bandwidth_bps=self.path.bandwidth_bps, rtt_s=self.path.rtt_s,
-                           tcp_buffer=self.path.tcp_buffer, chunk=c.name, avg_file_size=c.bytes / max(1, c.files),
-                           file_count=c.files, source=self.source, destination=self.destination)
+        return request_for(self.path, c.name, c.bytes / max(1, c.files), c.files, self.source, self.destination)
 
     @property
     def optimizer(self) -> Any:
         if self._optimizer is None:
-            from fstream_provider.tuning.harp_model import HarpOptimizer
-            p = self.path
-            self._optimizer = HarpOptimizer(max_cc=p.max_cc, max_p=min(32, p.max_p), max_pp=min(32, p.max_pp))
+            self._optimizer = optimizer_for(self.path)
         return self._optimizer
 
     @property
@@ -239,15 +249,12 @@ class HarpTuner:
     def _fit_one(self) -> str:
         """Fit the next chunk that has no model yet (one per call, so an update stays short)."""
         c = next((c for c in self._ordered() if c.fitted is None and c.sample_files and self.has_history), None)
-        history = self.history if c is not None else None
-        if c is None or history is None:
+        if c is None or self.history is None:
             return ""
         t0 = self._clock()
-        try:
-            c.fitted = self.optimizer.fit(history, self._request(c))
-        except ValueError as exc:
-            c.fitted = exc
-            return f"{c.name}: no model ({exc})"
+        self._fit_for(c)
+        if isinstance(c.fitted, Exception):
+            return f"{c.name}: no model ({c.fitted})"
         return f"{c.name}: models fitted in {self._clock() - t0:.2f} s while its sample runs"
 
     def _predict(self, c: _Chunk, obs: Observation) -> str:
@@ -378,15 +385,9 @@ class HarpStart:
         if history is None or len(history) == 0 or avg <= 0:
             return None
         if self._optimizer is None:
-            from fstream_provider.tuning.harp_model import HarpOptimizer
-            p = self.path
-            self._optimizer = HarpOptimizer(max_cc=p.max_cc, max_p=min(32, p.max_p), max_pp=min(32, p.max_pp))
-        from fstream_provider.tuning.harp_similarity import HarpRequest
-
-        p = self.path
-        req = HarpRequest(bandwidth_bps=p.bandwidth_bps, rtt_s=p.rtt_s, tcp_buffer=p.tcp_buffer,
-                          chunk=chunk_of(avg, p.bdp_bytes), avg_file_size=avg, file_count=max(1, cluster.files),
-                          source=self.source, destination=self.destination)
+            self._optimizer = optimizer_for(self.path)
+        req = request_for(self.path, chunk_of(avg, self.path.bdp_bytes), avg, max(1, cluster.files), self.source,
+                          self.destination)
         try:
             pred = self._optimizer.optimize(history, req, None)
         except ValueError as exc:

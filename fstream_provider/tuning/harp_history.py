@@ -27,6 +27,11 @@ CHUNK_ORDINAL: dict[str, int] = {c: i + 1 for i, c in enumerate(CHUNKS)}  # the 
 KINDS = ("interval", "probe", "sample")  # a running transfer's interval, a calibration probe, a HARP sample
 
 
+def bdp_buffer_ratio(bandwidth_bps: Any, rtt_s: Any, tcp_buffer: Any) -> Any:
+    """BDP / TCP buffer (scalars or arrays): above 1, one stream cannot fill the path (§III-B1)."""
+    return bandwidth_bps * rtt_s / 8.0 / tcp_buffer
+
+
 def chunk_of(size: float, bdp_bytes: float) -> str:
     """The HARP chunk of a file of ``size`` bytes on a path whose BDP is ``bdp_bytes``."""
     if bdp_bytes <= 0:
@@ -102,7 +107,7 @@ class HistoryRow:
     @property
     def bdp_buffer_ratio(self) -> float:
         """BDP / TCP buffer: above 1, one stream cannot fill the path and parallel streams help (§III-B1)."""
-        return self.bandwidth_bps * self.rtt_s / 8.0 / self.tcp_buffer
+        return bdp_buffer_ratio(self.bandwidth_bps, self.rtt_s, self.tcp_buffer)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fstream_provider.tuning.harp_history import CHUNK_ORDINAL, CHUNKS
+from fstream_provider.tuning.harp_history import CHUNK_ORDINAL, CHUNKS, bdp_buffer_ratio
 
 WEIGHTS = (2.0, 2.0, 10.0, 10.0, 3.0, 1.0)  # bandwidth, RTT, BDP/buffer, chunk type, file size, file count
-FEATURES = ("bandwidth_bps", "rtt_s", "bdp_buffer_ratio", "chunk", "avg_file_size", "file_count")
 
 
 @dataclass(frozen=True)
@@ -67,12 +66,9 @@ class HarpRequest:
         if self.file_count < 1:
             raise ValueError(f"HARP request: file_count must be >= 1, got {self.file_count!r}")
 
-    @property
-    def bdp_buffer_ratio(self) -> float:
-        return self.bandwidth_bps * self.rtt_s / 8.0 / self.tcp_buffer
-
     def vector(self) -> np.ndarray:
-        return np.array([self.bandwidth_bps, self.rtt_s, self.bdp_buffer_ratio, CHUNK_ORDINAL[self.chunk],
+        ratio = bdp_buffer_ratio(self.bandwidth_bps, self.rtt_s, self.tcp_buffer)
+        return np.array([self.bandwidth_bps, self.rtt_s, ratio, CHUNK_ORDINAL[self.chunk],
                          self.avg_file_size, self.file_count], dtype=float)
 
 
@@ -80,7 +76,7 @@ def _raw(history: pd.DataFrame) -> np.ndarray:
     if "bdp_buffer_ratio" in history:
         ratio = history["bdp_buffer_ratio"].to_numpy(float)
     else:
-        ratio = (history["bandwidth_bps"] * history["rtt_s"] / 8.0 / history["tcp_buffer"]).to_numpy(float)
+        ratio = bdp_buffer_ratio(history["bandwidth_bps"], history["rtt_s"], history["tcp_buffer"]).to_numpy(float)
     chunk = history["chunk"].map(CHUNK_ORDINAL)
     if chunk.isna().any():
         bad = sorted(set(history["chunk"][chunk.isna()].astype(str)))

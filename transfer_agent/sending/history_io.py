@@ -6,7 +6,7 @@ Both are optimisations: a Redis error here is logged once and never fails a tran
 * Transfer history (``Keys.history``, issue #10): ``HistoryRecorder`` turns every interval record of the
   sender into one ``HistoryRow`` per cluster (cc, p, pp and the cluster's own throughput, its chunk from
   the average size of the files the sender gave it) and appends them in batches; the ``harp`` tuner and
-  the HARP-seeded ``fstream`` start read it back (``load_transfer_history``).
+  the HARP-seeded ``fstream`` start read it back (``BackgroundHistory``, while the transfer starts).
 """
 
 from __future__ import annotations
@@ -66,23 +66,6 @@ def save_profiling(redis: Any, history: Any, log: logging.Logger) -> None:
         log.warning("profiling history not saved: %s", exc)
 
 
-def load_transfer_history(redis: Any, log: logging.Logger, options: HistoryOptions | None = None,
-                          limit: int = HISTORY_LOAD_LIMIT) -> Any:
-    """HARP's transfer history as a DataFrame (newest ``limit`` rows; None on error)."""
-    opts = options or HistoryOptions()
-    try:
-        t0 = time.monotonic()
-        store = TransferHistory(redis, keys=opts.keys)
-        if store.count() == 0:
-            return None  # nothing to learn from (and no reason to load pandas)
-        frame = store.frame(limit=limit)
-        log.info("transfer history: %d row(s) loaded in %.2f s", len(frame), time.monotonic() - t0)
-        return frame
-    except Exception as exc:  # noqa: BLE001 - HARP falls back to the heuristic without history
-        log.warning("transfer history not loaded: %s", exc)
-        return None
-
-
 class BackgroundHistory:
     """Load the transfer history (and import the Optimizer's libraries) in a thread while the transfer starts.
 
@@ -98,11 +81,11 @@ class BackgroundHistory:
 
     def __init__(self, redis: Any, log: logging.Logger, options: HistoryOptions | None = None,
                  limit: int = HISTORY_LOAD_LIMIT) -> None:
-        opts = options or HistoryOptions()
+        store = TransferHistory(redis, keys=(options or HistoryOptions()).keys)
         self._frame: Any = None
         self._done = threading.Event()
         try:
-            self.rows = min(TransferHistory(redis, keys=opts.keys).count(), limit)
+            self.rows = min(store.count(), limit)
         except Exception as exc:  # noqa: BLE001 - HARP falls back to the heuristic without history
             log.warning("transfer history not loaded: %s", exc)
             self.rows = 0
@@ -111,9 +94,13 @@ class BackgroundHistory:
             return
 
         def load() -> None:
+            t0 = time.monotonic()
             try:
-                self._frame = load_transfer_history(redis, log, opts, limit)
+                self._frame = store.frame(limit=limit)
+                log.info("transfer history: %d row(s) loaded in %.2f s", len(self._frame), time.monotonic() - t0)
                 import fstream_provider.tuning.harp_model  # noqa: F401 - scikit-learn, before the tuner needs it
+            except Exception as exc:  # noqa: BLE001 - HARP falls back to the heuristic without history
+                log.warning("transfer history not loaded: %s", exc)
             finally:
                 self._done.set()
 
