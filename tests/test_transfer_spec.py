@@ -14,7 +14,7 @@ DEST = "fstream://127.0.0.1:9/x"
 ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc, harp"
 # the JSON fields every version so far wrote (priority_class aside, see test_jobs): none renamed or dropped
 FIELDS = {"sources", "destination", "tuner", "cc", "p", "pp", "max_cc", "bandwidth_bps", "rtt_s",
-          "target_throughput_bps", "profile_interval_s", "sample_interval_s", "watch", "interval_s", "idle_exit_s",
+          "target_throughput_bps", "variant", "utilisation", "band", "profile_interval_s", "sample_interval_s", "watch", "interval_s", "idle_exit_s",
           "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "block_size", "tcp_buffer", "label"}
 
 

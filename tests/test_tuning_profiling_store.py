@@ -12,16 +12,16 @@ def test_round_trip_newest_first_and_trimmed(redis_client):
     store = ProfilingStore(redis_client, keys=keys, keep=3)
     h = ProfileHistory()
     for i in range(5):
-        h.add(ProfileRecord("4MiB", "h5", i + 1, 2, 4, 1e8 * (i + 1), float(i)))
-    h.add(ProfileRecord("1GiB", "", 3, 8, 0, 9e8, 9.0))
+        h.add(ProfileRecord(5e6, "small", "h5", i + 1, 2, 4, 1e8 * (i + 1), float(i)))
+    h.add(ProfileRecord(2e9, "large", "", 3, 8, 0, 9e8, 9.0))
     assert store.save(h) == 6
     assert store.save(h) == 0  # nothing new
     assert redis_client.llen(keys.profiling("4MiB", "h5")) == 3
     loaded = store.load()
-    rows = loaded.records(size_cls="4MiB")
+    rows = [r for r in loaded.records() if r.size_class == "4MiB"]
     assert [r.cc for r in rows] == [5, 4, 3]  # newest first, oldest trimmed
-    assert loaded.records(size_cls="1GiB")[0].ftype == ""
-    rec, how = loaded.lookup("4MiB", "h5", 3.5e8)  # fewest channels reaching 3.5e8: cc=4
+    assert [r for r in loaded.records() if r.size_class == "1GiB"][0].ftype == ""
+    rec, how = loaded.lookup(5e6, "small", 3.5e8)  # fewest channels reaching 3.5e8: cc=4
     assert how == "size" and rec.cc == 4
     # another namespace sees nothing
     assert len(ProfilingStore(redis_client, keys=Keys("other")).load()) == 0
@@ -31,8 +31,8 @@ def test_bad_records_are_skipped_not_fatal(redis_client):
     keys = Keys("proftest2")
     redis_client.lpush(keys.profiling("4MiB", "h5"), "not json")
     store = ProfilingStore(redis_client, keys=keys)
-    h = ProfileHistory([ProfileRecord("4MiB", "h5", 2, 1, 1, 1e8, 1.0)])
-    h.add(ProfileRecord("4MiB", "h5", 3, 1, 1, 2e8, 2.0))
+    h = ProfileHistory([ProfileRecord(5e6, "small", "h5", 2, 1, 1, 1e8, 1.0)])
+    h.add(ProfileRecord(5e6, "small", "h5", 3, 1, 1, 2e8, 2.0))
     store.save(h)
     assert [r.cc for r in store.load().records()] == [3]
 

@@ -11,6 +11,7 @@ from fstream_provider.tuning.base import FileInfo, Observation, PathInfo, Tuner
 from fstream_provider.tuning.registry import TUNERS, make_tuner
 from fstream_provider.tuning.fstream import FStreamTuner
 from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord, size_class
+from fstream_provider.tuning.variants import FStreamVariant
 from fstream_provider.tuning.qos import ladder
 from fstream_provider.tuning.sim import StorageModel, dtn_storage, simulate
 from fstream_provider.tuning.workloads import Batch, Workload, make_workload
@@ -114,7 +115,7 @@ def test_qos_absorbs_a_background_traffic_step():
 
 def test_unpaced_alg3_is_limited_by_stream_granularity_but_converges_at_60_percent():
     target = 0.6e9
-    res = run(FStreamTuner(path=PATH, target_throughput_bps=target, pacing=False), "w1")
+    res = run(FStreamTuner(path=PATH, target_throughput_bps=target, variant=FStreamVariant.parse('default-pacing')), "w1")
     errs = _errors(res, target, upto=0.7 * res.total_time_s)
     assert statistics.median(errs[3:]) <= 0.10
 
@@ -148,17 +149,39 @@ def test_history_lets_a_later_stream_start_at_the_profiled_concurrency():
     assert second.total_time_s < first.total_time_s
 
 
-def test_history_lookup_by_size_then_type_newest_first():
+def test_history_lookup_follows_section_3_5_similar_size_then_small_large_class():
+    MB = 1e6
     h = ProfileHistory([
-        ProfileRecord("4MiB", "h5", 8, 1, 4, 9e8, 10.0),
-        ProfileRecord("4MiB", "h5", 4, 1, 4, 9e8, 20.0),
-        ProfileRecord("64MiB", "xtc", 6, 4, 0, 5e8, 30.0),
+        ProfileRecord(5 * MB, "small", "h5", 8, 1, 4, 9e8, 10.0),
+        ProfileRecord(6 * MB, "small", "h5", 4, 1, 4, 9e8, 20.0),
+        ProfileRecord(20 * MB, "small", "sra", 3, 1, 8, 7e8, 25.0),
+        ProfileRecord(1500 * MB, "large", "xtc", 6, 4, 0, 5e8, 30.0),
     ])
-    rec, how = h.lookup("4MiB", "zzz", 8e8)
+    # within a factor of 2 of 4 MB: the 5 and 6 MB records; the fewest channels that reached 8e8 wins
+    rec, how = h.lookup(4 * MB, "small", 8e8)
     assert how == "size" and rec.cc == 4
-    rec, how = h.lookup("1GiB", "xtc", 8e8)
-    assert how == "type" and rec.cc == 6
-    assert h.lookup("1GiB", "none", 1e8) == (None, "")
+    # 40 MB: only the 20 MB record is within a factor of 2 (the nearest size answers, not the class)
+    rec, how = h.lookup(40 * MB, "small", 8e8)
+    assert how == "size" and rec.avg_size == 20 * MB
+    # 200 MB small files: no similar size, so the small class answers (a 20 MB result seeds them)
+    rec, how = h.lookup(200 * MB, "small", 6e8)
+    assert how == "class" and rec.kind == "small" and rec.cc == 3
+    # large files find only the large record by class; the extension is a level only when asked
+    rec, how = h.lookup(10_000 * MB, "large", 8e8)
+    assert how == "class" and rec.cc == 6
+    rec, how = h.lookup(200 * MB, "small", 6e8, ftype="h5")
+    assert how == "type" and rec.ftype == "h5"
+    assert h.lookup(200 * MB, "", 1e8, ftype="none") == (None, "")  # no size, type or class match
+
+
+def test_profile_records_of_older_versions_read_back_by_their_size_bucket():
+    old = {"size_class": "4MiB", "ftype": "h5", "cc": 3, "p": 1, "pp": 4, "throughput_bps": 5e8, "t": 1.0}
+    rec = ProfileRecord.from_dict(old)
+    assert rec.size_class == "4MiB" and rec.kind == "" and 4 * 2**20 <= rec.avg_size < 16 * 2**20
+    assert ProfileRecord.from_dict(rec.to_dict()) == rec
+    h = ProfileHistory([rec])
+    assert h.lookup(rec.avg_size * 1.5, "small", 1e9)[1] == "size"
+    assert h.lookup(1e9, "small", 1e9) == (None, "")  # no class: old records match by size only
     assert size_class(5 * 2**20) == "4MiB" and size_class(3 * 2**30) == "1GiB"
 
 
@@ -213,7 +236,7 @@ def test_settings_always_within_bounds(name, files, thr, max_cc, target):
 
 
 def test_short_observations_are_accumulated_into_one_measurement_window():
-    t = FStreamTuner(path=PATH, min_window_s=2.0)
+    t = FStreamTuner(path=PATH, variant=FStreamVariant(interval_s=2.0))
     files = [FileInfo(f"{i}.h5", 150_000_000, "h5") for i in range(40)]
     from fstream_provider.tuning.base import ClusterStats
     stats = {"large": ClusterStats(0, 0.0, 2, 38, 38 * 150_000_000)}

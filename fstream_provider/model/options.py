@@ -47,7 +47,10 @@ BlockSize = Annotated[int, BeforeValidator(_block_size)]
 class TunerOptions(BaseModel):
     """Options an operator passes as ``tuner_options``; every key is optional, unknown keys are refused.
 
-    :param profile_interval: how often the tuner is consulted (``10s``).
+    :param profile_interval: the profiling interval (``10s``; default: the tuner's own).
+    :param variant: ``fstream``: ``thesis``, ``default`` or either with switches (``thesis+jump``).
+    :param utilisation: ``fstream``: the share of the bandwidth online profiling aims for (0.05-1).
+    :param band: ``fstream``: accepted distance from that target (0.01-0.5).
     :param sample_interval: how often an interval record is taken (``1s``).
     :param block_size: bytes per data block on a stream (``4MiB`` or a number of bytes).
     :param tcp_buffer: the TCP buffer cap per stream the tuners assume (``32MiB``; default: the sending
@@ -70,6 +73,9 @@ class TunerOptions(BaseModel):
     tls_key: str | None = None
     tls_ca: str | None = None
     label: str | None = None
+    variant: str | None = None
+    utilisation: float | None = None
+    band: float | None = None
 
     @classmethod
     def check(cls, options: Mapping[str, Any] | None, *, own_parameters: Iterable[str] = ()) -> "TunerOptions":

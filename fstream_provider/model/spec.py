@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 from fstream_provider.model.validation import SpecError, explain
 from fstream_provider.tuning.registry import DEFAULT_TUNER, check_options, tuner_info
+from fstream_provider.tuning.variants import FStreamVariant
 
 BLOCK_SIZE_MIN = 4096
 BLOCK_SIZE_MAX = 64 * 2**20
@@ -72,7 +73,14 @@ class TransferSpec(BaseModel):
     :param bandwidth_bps: known path bandwidth (else measured/assumed).
     :param rtt_s: known round-trip time (else measured at connect).
     :param target_throughput_bps: QoS target (tuners that hold one: ``fstream``).
-    :param profile_interval_s: how often the tuner is consulted.
+    :param variant: ``fstream`` only: the thesis' algorithms as written (``thesis``) or ours (``default``),
+        with switches added or removed (``thesis+jump``; ``fstream_provider.tuning.variants``).
+    :param utilisation: ``fstream`` only: the share of the bandwidth online profiling aims for (Alg. 2's p;
+        default 0.9, thesis 0.8).
+    :param band: ``fstream`` only: accepted distance from that target (default and thesis 0.15).
+    :param profile_interval_s: the profiling interval: how often the tuner decides (``fstream``) and is
+        consulted at least (None: the tuner's own; fstream ``max(2 s, 50 RTT)``, its thesis variant and
+        the other tuners 10 s).
     :param sample_interval_s: how often an interval record is taken.
     :param watch: keep scanning the sources and ship new files.
     :param interval_s: scan interval in watch mode.
@@ -102,7 +110,10 @@ class TransferSpec(BaseModel):
     bandwidth_bps: float | None = None
     rtt_s: float | None = None
     target_throughput_bps: float | None = None
-    profile_interval_s: float = 10.0
+    variant: str | None = None
+    utilisation: float | None = None
+    band: float | None = None
+    profile_interval_s: float | None = None
     sample_interval_s: float = 1.0
     watch: bool = False
     interval_s: float = 2.0
@@ -184,9 +195,17 @@ class TransferSpec(BaseModel):
             raise ValueError("tls_cert and tls_key must be given together")
         if self.cc is not None and self.cc > self.max_cc:
             raise ValueError(f"cc {self.cc}: more than max_cc {self.max_cc}")
-        check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp,
-                      target_throughput_bps=self.target_throughput_bps)
+        check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=self.target_throughput_bps,
+                      variant=any(v is not None for v in (self.variant, self.utilisation, self.band)))
+        self.fstream_variant()
         return self
+
+    def fstream_variant(self) -> FStreamVariant | None:
+        """The variant ``fstream`` runs (with p, band and the profiling interval if given); None for other tuners."""
+        if not tuner_info(self.tuner).takes_variant:
+            return None
+        return FStreamVariant.parse(self.variant, utilisation=self.utilisation, band=self.band,
+                                    interval_s=self.profile_interval_s)
 
     @property
     def dest(self) -> Destination:

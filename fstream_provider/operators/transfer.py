@@ -180,7 +180,8 @@ class FStreamTransferOperator(BaseOperator):
                 return
             target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
             cc, p, pp = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp"))
-            check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target)
+            variant = isinstance(opts, dict) and any(opts.get(k) is not None for k in ("variant", "utilisation", "band"))
+            check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target, variant=variant)
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: invalid transfer options: {exc}") from None
 

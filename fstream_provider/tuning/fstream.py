@@ -3,7 +3,9 @@
 Per cluster p and pp come from the heuristic, re-run whenever a cluster receives files; the
 total channel count is what profiling (no target) or the QoS controller (with a target)
 decides, split between clusters by estimated time to drain (pending bytes / per-channel
-rate). Intervals in which channels ran out of files are not used to profile.
+rate). ``variant`` says which of our departures from the thesis are on (``variants.SWITCHES``:
+history at the start, short intervals, p = 0.9, the plateau guard, bounded decreases, skipping
+starved intervals, the QoS jump and pacing); ``variants.THESIS`` runs Alg. 1-3 as written.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from typing import Callable
 
 from fstream_provider.tuning.base import ClusterLayout, Observation, PathInfo
 from fstream_provider.tuning.clustering import SMALL, Cluster
-from fstream_provider.tuning.common import ClusteredTuner, describe, fmt_bps
+from fstream_provider.tuning.common import ClusteredTuner, describe, fmt_bps, fmt_size
 from fstream_provider.tuning.heuristic import Settings, StartLayout, clamp
-from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord, size_class
-from fstream_provider.tuning.profiler import OnlineProfiler, recommended_interval
+from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord
+from fstream_provider.tuning.profiler import OnlineProfiler
 from fstream_provider.tuning.qos import PacedLayout, QosController
+from fstream_provider.tuning.variants import DEFAULT, FStreamVariant
 
 
 SEED_WAIT_S = 5.0  # profiling waits this long at most for HARP's start while the history loads
@@ -31,7 +34,9 @@ def split_cc(total: int, weights: dict[str, float], max_cc: int) -> dict[str, in
         # more clusters than channels allowed: the heaviest wait least, the others get 0 for now
         heavy = sorted(names, key=lambda n: (-weights[n], n))[:total]
         return {n: int(n in heavy) for n in names}
-    wsum = sum(weights.values()) or 1.0
+    if not sum(weights.values()):
+        weights = {n: 1.0 for n in names}
+    wsum = sum(weights.values())
     out = {n: 1 for n in names}
     rest = total - len(names)
     if rest <= 0:
@@ -54,14 +59,12 @@ class FStreamTuner(ClusteredTuner):
         later arrivals move on from there. Values left None come from the heuristic.
     :param target_throughput_bps: hold this throughput (QoS, Alg. 3) instead of filling the path.
     :param history: profiling history to consult and to append to (None: no history).
-    :param utilisation: share of the bandwidth profiling aims for.
-    :param band: accepted distance from the profiling target.
-    :param pacing: with a target, also cap each cluster's rate (``PacedLayout``).
-    :param jump: QoS jumps by the per-channel rate before the Alg. 3 ladder.
+    :param variant: the thesis' algorithms and which of our departures are on, with p, the band and
+        the decision interval (``variants.DEFAULT``; ``variants.THESIS`` for Alg. 1-3 as written).
+        The tuner decides only on measurements at least one interval long (observations that come
+        sooner, e.g. on file arrivals, are accumulated); ``observe_every_s`` tells the driver.
     :param profiling: False turns the tuner into ``dynamic`` (for breakdowns).
     :param start_time: wall-clock seconds of the start, for history timestamps.
-    :param min_window_s: decide only on measurements at least this long (observations that
-        come sooner, e.g. on file arrivals, are accumulated); default ``recommended_interval(rtt)``.
     :param seed: where the initial dataset's clusters start instead of the heuristic:
         ``seed(cluster) -> (Settings, reason)`` or None (``harp.harp_start``: HARP's prediction from the
         transfer history); online profiling continues from there.
@@ -71,23 +74,25 @@ class FStreamTuner(ClusteredTuner):
 
     def __init__(self, *, path: PathInfo, start: StartLayout | None = None,
                  target_throughput_bps: float | None = None, history: ProfileHistory | None = None,
-                 utilisation: float = 0.9, band: float = 0.15, pacing: bool = True, jump: bool = True,
-                 profiling: bool = True, start_time: float = 0.0, min_window_s: float | None = None,
+                 variant: FStreamVariant = DEFAULT, profiling: bool = True, start_time: float = 0.0,
                  seed: Callable[[Cluster], tuple[Settings, str] | None] | None = None) -> None:
         super().__init__(path=path)
         self.start = start or StartLayout()
         self.target = target_throughput_bps
         self.history = history
-        self.pacing = pacing
+        self.variant = variant
+        self.pacing = variant.on("pacing")
         self.profiling = profiling
         self.start_time = start_time
         self.seed = seed
         self._seeded = False
         self._decided = False  # profiling or QoS moved the layout: a late HARP start no longer applies
+        guard = variant.on("plateau-guard")
         self._profiler = OnlineProfiler(bandwidth_bps=path.bandwidth_bps, max_cc=path.max_cc,
-                                        utilisation=utilisation, band=band)
-        self._qos = (QosController(target_bps=target_throughput_bps, max_cc=path.max_cc, jump=jump,
-                                   headroom=0.1 if pacing else 0.0)
+                                        utilisation=variant.p, band=variant.band, guard=guard,
+                                        bounded_decrease=variant.on("bounded-decrease"))
+        self._qos = (QosController(target_bps=target_throughput_bps, max_cc=path.max_cc, jump=variant.on("jump"),
+                                   headroom=0.1 if self.pacing else 0.0, guard=guard)
                      if target_throughput_bps else None)
         self._total: int | None = None
         self._names: tuple[str, ...] = ()
@@ -95,7 +100,8 @@ class FStreamTuner(ClusteredTuner):
         self._fine: dict[str, tuple[int, int]] = {}  # cluster -> (dp, dpp)
         self._per_channel: dict[str, float] = {}
         self._over = 0  # intervals above target although paced (sender ignores rate_bps)
-        self.min_window_s = min_window_s if min_window_s is not None else recommended_interval(path.rtt_s)
+        self.min_window_s = variant.interval_for(path.rtt_s)
+        self.observe_every_s = self.min_window_s  # the sender consults the tuner at least this often
         self._acc_bytes, self._acc_dt, self._acc_starved = 0, 0.0, False
 
     # -- helpers ------------------------------------------------------------------------
@@ -105,17 +111,24 @@ class FStreamTuner(ClusteredTuner):
     def _history_cc(self, c: Cluster, desired: float) -> tuple[int | None, str, ProfileRecord | None]:
         if self.history is None:
             return None, "", None
-        rec, how = self.history.lookup(size_class(c.avg_size), c.ftype, desired)
+        ftype = c.ftype if self.variant.on("history-ftype") else None
+        rec, how = self.history.lookup(c.avg_size, c.name, desired, ftype=ftype)
         if rec is None:
             return None, "", None
         cc = rec.cc
         if 0 < rec.throughput_bps < desired:  # extrapolate like Alg. 2, at most doubling
             cc = min(self.path.max_cc, math.ceil(rec.cc * desired / rec.throughput_bps), 2 * rec.cc)
-        return cc, f"by {how} {rec.size_class}/{rec.ftype or '-'}: cc={rec.cc} gave {fmt_bps(rec.throughput_bps)}", rec
+        return cc, (f"by {how}: {rec.kind or '?'} files avg {fmt_size(rec.avg_size)}/{rec.ftype or '-'}: cc={rec.cc} "
+                    f"gave {fmt_bps(rec.throughput_bps)}"), rec
 
     def _weights(self, clusters: list[Cluster]) -> dict[str, float]:
+        """Estimated time to drain each cluster's pending files; a cluster with none pending only finishes its
+        files in flight (weight 0: one channel), else its stale per-channel rate would draw every channel to it."""
         out = {}
         for c in clusters:
+            if c.files <= 0:
+                out[c.name] = 0.0
+                continue
             per = self._per_channel.get(c.name)
             if not per:
                 s = self._settings.get(c.name)
@@ -194,7 +207,8 @@ class FStreamTuner(ClusteredTuner):
             self._total = sum(self._settings[c.name].cc for c in clusters)
             desired = self.target or self._profiler.desired_bps
             dom = self._dominant(clusters)
-            hcc, note, _ = (None, "", None) if self._seeded else self._history_cc(dom, desired)
+            consult = not self._seeded and self.variant.on("start-history")  # the thesis waits until out of band
+            hcc, note, _ = self._history_cc(dom, desired) if consult else (None, "", None)
             if hcc is not None:
                 # history is per cluster: the dominant one gets it, the others keep the heuristic's
                 others = sum(self._settings[c.name].cc for c in clusters if c is not dom)
@@ -215,7 +229,8 @@ class FStreamTuner(ClusteredTuner):
         # measure over a window of at least min_window_s (drivers also call on every arrival)
         self._acc_bytes += obs.bytes
         self._acc_dt += obs.dt
-        self._acc_starved = self._acc_starved or pending < cc_now or obs.bytes <= 0
+        if self.variant.on("skip-starved"):
+            self._acc_starved = self._acc_starved or pending < cc_now or obs.bytes <= 0
         if self._acc_dt < 0.95 * self.min_window_s:
             reasons.append(f"measuring ({self._acc_dt:.1f} of {self.min_window_s:.1f} s)")
             self._reason = "fstream: " + "; ".join(reasons)
@@ -308,5 +323,5 @@ class FStreamTuner(ClusteredTuner):
         c = self._clustering.get(name)
         if lay is None or c is None or getattr(lay, "rate_bps", None):
             return  # paced intervals say nothing about what the settings can do
-        self.history.add(ProfileRecord(size_class(c.avg_size), c.ftype, lay.cc, lay.p, lay.pp,
+        self.history.add(ProfileRecord(c.avg_size, name, c.ftype, lay.cc, lay.p, lay.pp,
                                        thr * obs.clusters[name].bytes / obs.bytes, self.start_time + obs.t))

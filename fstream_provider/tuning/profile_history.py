@@ -1,10 +1,26 @@
-"""Profiling history (thesis §3.5): records by file-size class and file type, looked up newest first."""
+"""Profiling history (thesis §3.5): past profiling results looked up by similar average file size, then by class.
+
+§3.5 keeps "two types of profiling, one for file size and the other for file type (i.e., small
+or large)": a lookup first takes records whose average file size is similar to the cluster's,
+and only when there are none, records of the same small/large class ("a 20 MB result can seed a
+5 MB dataset when both are small"). *Similar* is stated here: within ``SIZE_TOLERANCE`` (a factor
+of 2) either way, nearest first. The file extension is an extra level between the two only when
+asked (``ftype=...``; the ``history-ftype`` switch of ``variants``). Newer records win ties (the
+thesis keeps timestamps "to prioritize recent reports").
+
+Records are stored in Redis under a power-of-4 size bucket and the extension
+(``Keys.profiling``, ``bus/profiling_store``); the bucket only spreads keys, lookups use the
+exact average size kept in each record. Records of versions before the average size was kept
+read back with their bucket's middle as size and no class (they can match by size only).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 from typing import Iterable
+
+SIZE_TOLERANCE = 2.0  # "similar average size": within a factor of 2 either way
 
 
 def size_class(avg_size: float) -> str:
@@ -19,11 +35,20 @@ def size_class(avg_size: float) -> str:
     return "0B"  # pragma: no cover
 
 
+def _bucket_middle(cls: str) -> float:
+    """Geometric middle of a ``size_class`` bucket (old records kept only the bucket)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("B", 0)):
+        if cls.endswith(unit):
+            return float(cls[: -len(unit)]) * 2**shift * 2
+    raise ValueError(f"size class {cls!r}: expected e.g. 4MiB")
+
+
 @dataclass(frozen=True)
 class ProfileRecord:
     """One profiled interval of one cluster.
 
-    :param size_class: ``size_class(avg file size)``.
+    :param avg_size: average file size of the cluster (bytes).
+    :param kind: its small/large class (``clustering.SMALL``/``LARGE``; "" unknown).
     :param ftype: file type (extension), "" if unknown.
     :param cc: channels the cluster used.
     :param p: streams per channel.
@@ -32,7 +57,8 @@ class ProfileRecord:
     :param t: timestamp (seconds; the driver's clock, newest wins).
     """
 
-    size_class: str
+    avg_size: float
+    kind: str
     ftype: str
     cc: int
     p: int
@@ -40,12 +66,17 @@ class ProfileRecord:
     throughput_bps: float
     t: float
 
+    @property
+    def size_class(self) -> str:
+        return size_class(self.avg_size)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "size_class": self.size_class}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ProfileRecord":
-        return cls(str(d["size_class"]), str(d.get("ftype", "")), int(d["cc"]), int(d["p"]),
+        avg = float(d["avg_size"]) if "avg_size" in d else _bucket_middle(str(d["size_class"]))
+        return cls(avg, str(d.get("kind", "")), str(d.get("ftype", "")), int(d["cc"]), int(d["p"]),
                    int(d["pp"]), float(d["throughput_bps"]), float(d["t"]))
 
 
@@ -53,7 +84,7 @@ class ProfileHistory:
     """In-memory profiling history; ``profiling_store`` loads and saves it from Redis.
 
     :param records: initial records (any order).
-    :param keep: newest records kept per (size_class, ftype).
+    :param keep: newest records kept per (size bucket, ftype), like the Redis lists.
     """
 
     def __init__(self, records: Iterable[ProfileRecord] = (), *, keep: int = 1000) -> None:
@@ -82,29 +113,34 @@ class ProfileHistory:
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_key.values())
 
-    def records(self, *, size_cls: str | None = None, ftype: str | None = None) -> list[ProfileRecord]:
-        """Matching records, newest first."""
-        rows = [r for (sc, ft), rs in self._by_key.items() for r in rs
-                if (size_cls is None or sc == size_cls) and (ftype is None or ft == ftype)]
-        return sorted(rows, key=lambda r: -r.t)
+    def records(self) -> list[ProfileRecord]:
+        """Every record, newest first."""
+        return sorted((r for rs in self._by_key.values() for r in rs), key=lambda r: -r.t)
 
-    def lookup(self, size_cls: str, ftype: str, desired_bps: float, *, newest: int = 50) -> tuple[ProfileRecord | None, str]:
-        """Best past settings for ``desired_bps``: by size class first, then by file type.
+    def lookup(self, avg_size: float, kind: str, desired_bps: float, *, ftype: str | None = None,
+               newest: int = 50) -> tuple[ProfileRecord | None, str]:
+        """Best past settings for ``desired_bps`` (§3.5): by similar size, [by file type,] then by class.
 
-        Among the ``newest`` matching records, the one with the fewest channels that reached
-        ``desired`` wins (newest on ties); else the fastest one (the caller scales its cc; a
-        record that only reached the band's lower edge would park profiling there). Returns
-        the record (None if no match) and how it was found ("size", "type" or "").
+        Levels: "size" = average size within ``SIZE_TOLERANCE`` (the nearest sizes first, at
+        most ``newest`` records), "type" = the same extension (only when ``ftype`` is given),
+        "class" = the same small/large class. At the first level with records, the one with the
+        fewest channels that reached ``desired`` wins (newest on ties); else the fastest one (the
+        caller extrapolates its cc; a record that only reached the band's lower edge would park
+        profiling there). Returns the record (None if no level matched) and the level's name.
         """
-        for how, rows in (("size", self.records(size_cls=size_cls)),
-                          ("type", self.records(ftype=ftype) if ftype else [])):
-            rows = rows[:newest]
-            if not rows:
+        rows = self.records()
+        ratio = lambda r: abs(math.log(max(r.avg_size, 1.0) / max(avg_size, 1.0)))  # noqa: E731
+        similar = sorted((r for r in rows if ratio(r) <= math.log(SIZE_TOLERANCE)), key=ratio)
+        levels = [("size", similar)]
+        if ftype:
+            levels.append(("type", [r for r in rows if r.ftype == ftype]))
+        levels.append(("class", [r for r in rows if kind and r.kind == kind]))
+        for how, found in levels:
+            found = found[:newest]
+            if not found:
                 continue
-            full = [r for r in rows if r.throughput_bps >= desired_bps]
-            if full:
-                best = min(full, key=lambda r: (r.cc, -r.t))
-            else:
-                best = max(rows, key=lambda r: (r.throughput_bps, r.t))
+            full = [r for r in found if r.throughput_bps >= desired_bps]
+            best = (min(full, key=lambda r: (r.cc, -r.t)) if full
+                    else max(found, key=lambda r: (r.throughput_bps, r.t)))
             return best, how
         return None, ""

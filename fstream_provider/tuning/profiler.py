@@ -37,9 +37,11 @@ class PlateauGuard:
 
     :param min_gain: relative throughput gain an increase must bring.
     :param forget_after: intervals after which a ceiling is forgotten (conditions change).
+    :param enabled: False makes it a no-op (the thesis' algorithms have no such guard).
     """
 
-    def __init__(self, *, min_gain: float = 0.05, forget_after: int = 10) -> None:
+    def __init__(self, *, min_gain: float = 0.05, forget_after: int = 10, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.min_gain = min_gain
         self.forget_after = forget_after
         self._before: tuple[int, float] | None = None
@@ -51,6 +53,8 @@ class PlateauGuard:
 
     def check(self, cc: int, thr: float) -> Decision | None:
         """Call once per interval before deciding; returns a revert decision if the last increase failed."""
+        if not self.enabled:
+            return None
         if self.ceiling is not None:
             self._age += 1
             if self._age > self.forget_after:
@@ -64,6 +68,8 @@ class PlateauGuard:
 
     def limit(self, cc: int, new: int, thr: float) -> int:
         """Cap an increase below the ceiling and remember the state it started from."""
+        if not self.enabled:
+            return max(new, 1)
         if self.ceiling is not None:
             new = min(new, self.ceiling - 1)
         if new > cc:
@@ -78,15 +84,19 @@ class OnlineProfiler:
     :param max_cc: upper bound on channels.
     :param utilisation: share of the bandwidth to aim for (thesis default 0.8; we use 0.9).
     :param band: accepted relative distance from the target (thesis 15 %).
+    :param guard: undo increases that bought < 5 % (``PlateauGuard``; not in the thesis).
+    :param bounded_decrease: lower cc at most by half per round (the thesis lowers it straight to
+        ``ceil(desired / per-channel)``: Alg. 2 line 10 bounds only increases).
     """
 
     def __init__(self, *, bandwidth_bps: float, max_cc: int, utilisation: float = 0.9,
-                 band: float = 0.15) -> None:
+                 band: float = 0.15, guard: bool = True, bounded_decrease: bool = True) -> None:
         self.bandwidth_bps = bandwidth_bps
         self.max_cc = max_cc
         self.utilisation = utilisation
         self.band = band
-        self.guard = PlateauGuard()
+        self.guard = PlateauGuard(enabled=guard)
+        self.bounded_decrease = bounded_decrease
 
     @property
     def desired_bps(self) -> float:
@@ -120,5 +130,5 @@ class OnlineProfiler:
                 return Decision(cc, note + why + f"; cc={cc} kept (limit {self.guard.ceiling or self.max_cc})")
             return Decision(new, note + why + f" -> cc={new}")
         per = thr / max(cc, 1)
-        new = max(math.ceil(desired / per), cc // 2, 1)
+        new = max(math.ceil(desired / per), cc // 2 if self.bounded_decrease else 1, 1)
         return Decision(new, note + f"{fmt_bps(thr)} above {fmt_bps(desired)}: cc {cc}->{new}")

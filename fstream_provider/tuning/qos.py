@@ -1,4 +1,4 @@
-"""QoS throughput controller (thesis §3.6, Alg. 3) with a per-channel-rate jump and optional pacing.
+"""QoS throughput controller (thesis §3.6, Alg. 3); the per-channel-rate jump, pacing and the plateau guard are ours.
 
 Alg. 3 ladder on the relative error e = |thr - target| / target: e > 50 % doubles/halves
 cc, 20-50 % moves it by 2, 10-20 % by 1, 5-10 % moves pp (small files) or p (large files)
@@ -52,16 +52,18 @@ class QosController:
     :param max_cc: upper bound on channels.
     :param jump: use the measured per-channel rate to jump (False: the plain ladder).
     :param headroom: with pacing, aim the unpaced capacity this much above the target.
+    :param guard: undo increases that bought < 5 % (not in the thesis' Alg. 3).
     """
 
-    def __init__(self, *, target_bps: float, max_cc: int, jump: bool = True, headroom: float = 0.0) -> None:
+    def __init__(self, *, target_bps: float, max_cc: int, jump: bool = True, headroom: float = 0.0,
+                 guard: bool = True) -> None:
         if target_bps <= 0:
             raise ValueError(f"QoS target must be > 0 bits/s, got {target_bps}")
         self.target_bps = target_bps
         self.max_cc = max_cc
         self.jump = jump
         self.headroom = headroom
-        self.guard = PlateauGuard()
+        self.guard = PlateauGuard(enabled=guard)
 
     def step(self, cc: int, thr: float) -> Decision:
         target = self.target_bps

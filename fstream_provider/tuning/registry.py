@@ -18,8 +18,32 @@ from fstream_provider.tuning.fstream import FStreamTuner
 from fstream_provider.tuning.harp import HarpTuner, harp_start
 from fstream_provider.tuning.heuristic import StartLayout
 from fstream_provider.tuning.profile_history import ProfileHistory
+from fstream_provider.tuning.variants import DEFAULT, FStreamVariant
 
-Factory = Callable[[PathInfo, StartLayout, float | None, ProfileHistory | None, float, Any], Tuner]
+
+@dataclass(frozen=True)
+class TunerArgs:
+    """What a factory gets (each tuner uses what its ``TunerInfo`` says it takes).
+
+    :param path: the path description.
+    :param start: the user's cc/p/pp (the layout of ``fixed``, the start of an adaptive tuner).
+    :param target: QoS target in bits/s.
+    :param history: profiling history.
+    :param start_time: wall-clock start, for history timestamps.
+    :param transfer_history: HARP's transfer history.
+    :param variant: FStream's variant (thesis / default and switches, p, band, interval).
+    """
+
+    path: PathInfo
+    start: StartLayout = StartLayout()
+    target: float | None = None
+    history: ProfileHistory | None = None
+    start_time: float = 0.0
+    transfer_history: Any = None
+    variant: FStreamVariant = DEFAULT
+
+
+Factory = Callable[[TunerArgs], Tuner]
 
 
 @dataclass(frozen=True)
@@ -28,13 +52,14 @@ class TunerInfo:
 
     :param name: what users type (``--tuner NAME``, ``tuner="NAME"``).
     :param summary: one line saying what it does.
-    :param factory: ``factory(path, start, target_throughput_bps, history, start_time, transfer_history)``.
+    :param factory: ``factory(TunerArgs)``.
     :param layout: what cc/p/pp mean to it: ``"settings"`` (used for the whole transfer),
         ``"start"`` (the starting point it searches from), or ``""`` (refused: see ``no_layout``).
     :param no_layout: why cc/p/pp are refused (when ``layout`` is empty).
     :param holds_target: it can hold a target throughput (QoS).
     :param uses_history: it reads and extends the profiling history.
     :param uses_transfer_history: it reads HARP's transfer history (a DataFrame of ``harp_history.COLUMNS``).
+    :param takes_variant: it runs as a variant of the thesis (``variants``: p, band, interval, switches).
     """
 
     name: str
@@ -45,6 +70,7 @@ class TunerInfo:
     holds_target: bool = False
     uses_history: bool = False
     uses_transfer_history: bool = False
+    takes_variant: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -52,39 +78,39 @@ class TunerInfo:
         return self.layout == "start"
 
 
-def _fixed(path, start, target, history, start_time, transfer_history) -> Tuner:  # noqa: ANN001 - see Factory
-    return FixedTuner(cc=4 if start.cc is None else start.cc, p=1 if start.p is None else start.p,
-                      pp=4 if start.pp is None else start.pp)
+def _fixed(a: TunerArgs) -> Tuner:
+    s = a.start
+    return FixedTuner(cc=4 if s.cc is None else s.cc, p=1 if s.p is None else s.p, pp=4 if s.pp is None else s.pp)
 
 
-def _fstream(path, start, target, history, start_time, transfer_history) -> Tuner:  # noqa: ANN001 - see Factory
-    return FStreamTuner(path=path, start=start, target_throughput_bps=target, history=history,
-                        start_time=start_time, seed=harp_start(path, transfer_history))
+def _fstream(a: TunerArgs) -> Tuner:
+    return FStreamTuner(path=a.path, start=a.start, target_throughput_bps=a.target, history=a.history,
+                        start_time=a.start_time, seed=harp_start(a.path, a.transfer_history), variant=a.variant)
 
 
-def _harp(path, start, target, history, start_time, transfer_history) -> Tuner:  # noqa: ANN001 - see Factory
-    return HarpTuner(path=path, history=transfer_history)
+def _harp(a: TunerArgs) -> Tuner:
+    return HarpTuner(path=a.path, history=a.transfer_history)
 
 
 _ALL = (
     TunerInfo("fixed", "the given cc/p/pp (default 4/1/4) for every file, never changed", _fixed,
               layout="settings"),
     TunerInfo("static", "the heuristic per cluster on the initial dataset, then kept",
-              lambda path, start, target, history, t0, th: StaticTuner(path=path),
+              lambda a: StaticTuner(path=a.path),
               no_layout="it takes cc/p/pp from the heuristic once and never moves, so a starting point "
                         "would be the whole transfer (that is the fixed tuner)"),
     TunerInfo("dynamic", "the heuristic again for every cluster that receives new files",
-              lambda path, start, target, history, t0, th: DynamicTuner(path=path),
+              lambda a: DynamicTuner(path=a.path),
               no_layout="it takes cc/p/pp from the heuristic on every dataset and measures nothing, "
                         "so there is no search for a starting point to start"),
     TunerInfo("fstream", "dynamic heuristic + online profiling + profiling history + QoS target; starts from "
               "HARP's prediction when transfer history exists", _fstream,
-              layout="start", holds_target=True, uses_history=True, uses_transfer_history=True),
+              layout="start", holds_target=True, uses_history=True, uses_transfer_history=True, takes_variant=True),
     TunerInfo("globus", "Globus-like presets by average file size (2 files at once)",
-              lambda path, start, target, history, t0, th: GlobusTuner(path=path),
+              lambda a: GlobusTuner(path=a.path),
               no_layout="its presets by file size are the point of the baseline"),
     TunerInfo("adaptivecc", "heuristic start, concurrency doubled while a utility improves, then kept",
-              lambda path, start, target, history, t0, th: AdaptiveCCTuner(path=path, start=start),
+              lambda a: AdaptiveCCTuner(path=a.path, start=a.start),
               layout="start"),
     TunerInfo("harp", "HARP: one sample transfer per chunk, then settings from regression over transfer history",
               _harp, no_layout="its settings come from the history and the sample transfers (the sample "
@@ -109,7 +135,7 @@ def _names(pred: Callable[[TunerInfo], bool]) -> str:
 
 
 def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp: int | None = None,
-                  target_throughput_bps: float | None = None) -> TunerInfo:
+                  target_throughput_bps: float | None = None, variant: bool = False) -> TunerInfo:
     """Refuse what tuner ``name`` would ignore, with the reason; return its ``TunerInfo``.
 
     :param name: the tuner.
@@ -117,8 +143,12 @@ def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp:
     :param p: TCP streams per channel (likewise).
     :param pp: files queued ahead per channel (likewise).
     :param target_throughput_bps: a QoS target.
+    :param variant: a variant, p or band was given (only tuners with ``takes_variant`` run variants).
     """
     info = tuner_info(name)
+    if variant and not info.takes_variant:
+        raise ValueError(f"tuner {name!r} takes no variant, utilisation or band: those are the thesis' online "
+                         f"profiling settings, which only {_names(lambda t: t.takes_variant)} runs")
     given = {k: v for k, v in (("cc", cc), ("p", p), ("pp", pp)) if v is not None}
     if given and not info.layout:
         shown = ", ".join(f"{k}={v}" for k, v in given.items())
@@ -136,7 +166,8 @@ def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp:
 
 def make_tuner(name: str, *, path: PathInfo, cc: int | None = None, p: int | None = None,
                pp: int | None = None, target_throughput_bps: float | None = None,
-               history: ProfileHistory | None = None, start_time: float = 0.0, transfer_history: Any = None) -> Tuner:
+               history: ProfileHistory | None = None, start_time: float = 0.0, transfer_history: Any = None,
+               variant: FStreamVariant | None = None) -> Tuner:
     """Return a fresh tuner (options it would ignore are refused by ``check_options``).
 
     :param name: one of ``TUNER_NAMES``.
@@ -148,8 +179,11 @@ def make_tuner(name: str, *, path: PathInfo, cc: int | None = None, p: int | Non
     :param history: profiling history (used by tuners with ``uses_history``).
     :param start_time: wall-clock start, for history timestamps.
     :param transfer_history: HARP's transfer history (DataFrame), for tuners with ``uses_transfer_history``.
+    :param variant: FStream's variant (tuners with ``takes_variant``; None: ``variants.DEFAULT``).
     """
-    info = check_options(name, cc=cc, p=p, pp=pp, target_throughput_bps=target_throughput_bps)
-    return info.factory(path, StartLayout(cc, p, pp), target_throughput_bps,
-                        history if info.uses_history else None, start_time,
-                        transfer_history if info.uses_transfer_history else None)
+    info = check_options(name, cc=cc, p=p, pp=pp, target_throughput_bps=target_throughput_bps,
+                         variant=variant is not None)
+    return info.factory(TunerArgs(path, StartLayout(cc, p, pp), target_throughput_bps,
+                                  history if info.uses_history else None, start_time,
+                                  transfer_history if info.uses_transfer_history else None,
+                                  variant or DEFAULT))

@@ -20,6 +20,7 @@ from fstream_provider.tuning.fstream import FStreamTuner
 from fstream_provider.tuning.profile_history import ProfileHistory
 from fstream_provider.tuning.profiler import recommended_interval
 from fstream_provider.tuning.sim import StorageModel, dtn_storage, simulate
+from fstream_provider.tuning.variants import DEFAULT, FStreamVariant
 from fstream_provider.tuning.workloads import WORKLOADS, default_scale, make_workload
 
 MiB = 2**20
@@ -88,7 +89,8 @@ def qos_rows(scn: Scenario, *, workloads=("w1", "lcls", "w4"), fractions=(0.3, 0
     scale = default_scale(scn.path.bandwidth_bps, scn.path.rtt_s)
     for wname, frac, paced in itertools.product(workloads, fractions, pacing):
         target = frac * scn.path.bandwidth_bps
-        r = simulate(FStreamTuner(path=scn.path, target_throughput_bps=target, pacing=paced),
+        r = simulate(FStreamTuner(path=scn.path, target_throughput_bps=target,
+                                  variant=DEFAULT if paced else FStreamVariant.parse('default-pacing')),
                      make_workload(wname, scale=scale), scn.path, storage=scn.storage,
                      profile_interval_s=profile_interval_s)
         errs = [abs(iv["throughput_bps"] - target) / target for iv in r.intervals

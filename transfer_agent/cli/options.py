@@ -10,6 +10,7 @@ from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.statedir import default_secret_file
 from fstream_provider.model.units import parse_size
 from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES, TUNERS
+from fstream_provider.tuning.variants import SWITCHES
 
 
 def _size(text: str) -> int:
@@ -39,8 +40,16 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth", metavar="RATE", help="path bandwidth, e.g. 1Gbit, 800Mbps, 100MB/s")
     p.add_argument("--rtt", metavar="DURATION", help="round-trip time, e.g. 40ms (default: measured)")
     p.add_argument("--target-throughput", metavar="RATE", help="QoS target, e.g. 600Mbps")
-    p.add_argument("--profile-interval", metavar="DURATION", default="10s",
-                   help="how often the tuner is consulted (default 10s)")
+    p.add_argument("--profile-interval", metavar="DURATION",
+                   help="profiling interval: how often the tuner decides (default: the tuner's own; fstream "
+                        "max(2s, 50 RTT), its thesis variant and the other tuners 10s)")
+    p.add_argument("--variant", metavar="NAME",
+                   help="fstream only: 'thesis' (Alg. 1-3 as written) or 'default', with switches added or removed, "
+                        "e.g. thesis+jump or default-pacing; switches: " + ", ".join(SWITCHES))
+    p.add_argument("--utilisation", type=float, metavar="P",
+                   help="fstream only: share of the bandwidth online profiling aims for (default 0.9; thesis 0.8)")
+    p.add_argument("--band", type=float, metavar="X",
+                   help="fstream only: accepted distance from that target (default 0.15)")
     p.add_argument("--sample-interval", metavar="DURATION", default="1s",
                    help="how often an interval record is taken (default 1s)")
     p.add_argument("--watch", action="store_true", help="keep scanning the sources and ship new files")
@@ -69,7 +78,7 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         args.destination,
         tuner=args.tuner, cc=args.cc, p=args.p, pp=args.pp, max_cc=args.max_cc,
         bandwidth=args.bandwidth, rtt=args.rtt, target_throughput=args.target_throughput,
-        profile_interval=args.profile_interval, sample_interval=args.sample_interval,
+        variant=args.variant, utilisation=args.utilisation, band=args.band, profile_interval=args.profile_interval, sample_interval=args.sample_interval,
         watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_ca=args.tls_ca, encrypt=args.encrypt, block_size=args.block_size, tcp_buffer=args.tcp_buffer,

@@ -61,6 +61,7 @@ class Channel:
         self.threads: list[threading.Thread] = []
         self.closing = False
         self.busy = False
+        self.carrying: str | None = None  # cluster of the file being sent (a reassigned channel finishes it first)
         self.moved = 0  # bytes this channel put on the wire
 
     def start(self) -> None:
@@ -99,6 +100,7 @@ class Channel:
                     continue
                 self.busy = True
                 cur = pipeline.popleft()
+                self.carrying = cur.sf.cluster
                 while not cur.opened.wait(0.25):
                     if pool.stopping.is_set():
                         return

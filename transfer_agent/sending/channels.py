@@ -203,8 +203,10 @@ class ChannelPool:
             for ch in self.channels.values():
                 moved, ch_last = ch.moved, self._moved_seen.get(ch.id, 0)
                 self._moved_seen[ch.id] = moved
-                if ch.cluster is not None and (ch.busy or moved > ch_last):
-                    out[ch.cluster] = out.get(ch.cluster, 0) + 1
+                # a channel reassigned mid-file still works for the file's cluster until that file is done
+                name = (ch.carrying if ch.busy else None) or ch.cluster
+                if name is not None and (ch.busy or moved > ch_last):
+                    out[name] = out.get(name, 0) + 1
         return out
 
     def passive_count(self) -> int:

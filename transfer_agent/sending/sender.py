@@ -46,7 +46,7 @@ RETRY_BUDGET_S = 60.0  # a file refused as retryable (e.g. "busy") is retried wi
 FILE_RETRY = RetryPolicy(base_s=0.15, cap_s=12.0)
 SESSION_RETRY = RetryPolicy(retryable=lambda exc: isinstance(exc, FStreamError) and exc.retryable
                             and not isinstance(exc, CancelledError), base_s=1.5, cap_s=15.0)
-DEFAULT_BANDWIDTH = 1e9
+DEFAULT_BANDWIDTH, PROFILE_EVERY_S = 1e9, 10.0  # a tuner naming no interval (observe_every_s) is consulted every 10 s
 
 
 def tcp_buffer_max() -> int:
@@ -193,7 +193,7 @@ class Transfer:
             info, redis = tuner_info(self.spec.tuner), self.redis
             tuner = self._tuner or make_tuner(
                 self.spec.tuner, path=path, cc=self.spec.cc, p=self.spec.p, pp=self.spec.pp,
-                target_throughput_bps=self.spec.target_throughput_bps, start_time=time.time(),
+                target_throughput_bps=self.spec.target_throughput_bps, start_time=time.time(), variant=self.spec.fstream_variant(),
                 history=history_io.load_profiling(redis, self.log) if redis and info.uses_history else None,
                 transfer_history=(history_io.BackgroundHistory(redis, self.log, self.history)
                                   if redis and info.uses_transfer_history else None))
@@ -269,7 +269,7 @@ class Transfer:
                              pending_reason)
                 pending_reason = ""
                 last_sample, last_bytes, last_cluster = now, total, per_cluster
-            every = min(spec.profile_interval_s, getattr(tuner, "observe_every_s", None) or spec.profile_interval_s)
+            every = min(spec.profile_interval_s or PROFILE_EVERY_S, getattr(tuner, "observe_every_s", None) or PROFILE_EVERY_S)
             if new or now - last_profile >= every:
                 obs = self._observe(tuner, pool, now, now - last_profile, total - prof_bytes,
                                     {c: b - prof_cluster.get(c, 0) for c, b in per_cluster.items()}, new)
