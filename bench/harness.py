@@ -230,8 +230,10 @@ def run_tool(tool: str, sc: Scenario, sites: Sites, staged: Staged, workdir: Pat
                 ok, error, active = _batch_loop(
                     rel, lambda b, k: mod.copy(sshd, b, src, dst, label=f"{tool}-{k}"), t0, 1, deadline)
         elif tool.startswith("fstream-"):
-            tuner = tool.split("-", 1)[1]
+            tuner, _, variant = tool.split("-", 1)[1].partition("@")  # fstream-fstream@thesis: a variant
             opts = {"bandwidth": f"{sc.bandwidth_bps:.0f}bps", "rtt": f"{sc.rtt_s * 1000:g}ms"}
+            if variant:
+                opts["variant"] = variant
             if tuner == "fixed":
                 opts.update({"cc": 4, "p": 2, "pp": 8})
             settings = {"tuner": tuner, **opts}

@@ -44,6 +44,9 @@ REFERENCE_BANDWIDTH_BPS = 10e9
 REFERENCE_RTT_S = 0.040
 
 WORKLOADS = ("w1", "w2", "w3", "w4", "sra", "lcls")
+#: A workload whose mix changes mid-run (issue #16): large -> many extra small -> large files.
+MIX = "mix"
+_MIX_PHASES = ("large", "xsmall", "large")
 
 # (low, high) bytes, count per batch, file type
 _CLASSES: dict[str, tuple[int, int, int]] = {
@@ -86,6 +89,8 @@ _DESCRIPTIONS = {
     "w4": "workload #4: small+large files in every interval (Table 4.1)",
     "sra": "SRA-like genome files, small+large groups per interval (Table 4.2, counts / 4)",
     "lcls": "LCLS-like detector files, mostly large (Table 4.2, counts / 4)",
+    "mix": "mix change: large, then 2000 extra small, then large files, each phase arriving when the previous "
+           "one would finish at line rate (backlogged throughout)",
 }
 
 
@@ -176,6 +181,19 @@ def _real(name: str, rng: random.Random, scale: float, count_factor: float,
     return batches
 
 
+def _mix(rng: random.Random, scale: float, count_factor: float) -> list[Batch]:
+    """Phases of ``_MIX_PHASES``; phase k arrives when phases < k would be done at the reference line rate."""
+    batches, t = [], 0.0
+    for k, cls in enumerate(_MIX_PHASES):
+        lo, hi, n = _CLASSES[cls]
+        files = [FileInfo(f"mix/p{k + 1}/{cls}-{j:05d}.dat",
+                          max(1, int(math.exp(rng.uniform(math.log(lo), math.log(hi))) * scale)), "dat")
+                 for j in range(_count(n, count_factor))]
+        batches.append(Batch(t, files))
+        t += sum(f.size for f in files) / scale * 8 / REFERENCE_BANDWIDTH_BPS
+    return batches
+
+
 def make_workload(name: str, *, scale: float = 1.0, seed: int = 0, interval_s: float = 5.0,
                   count_factor: float = 1.0) -> Workload:
     """Build one named workload, deterministic for a given (name, scale, seed, interval, count_factor).
@@ -183,14 +201,17 @@ def make_workload(name: str, *, scale: float = 1.0, seed: int = 0, interval_s: f
     :param name: one of ``WORKLOADS``.
     :param scale: multiplies every file size (see ``default_scale``).
     :param seed: random seed for the sizes.
-    :param interval_s: seconds between batches (the thesis uses 20 s at 10 Gbit/s).
+    :param interval_s: seconds between batches (the thesis uses 20 s at 10 Gbit/s; 0: all present at the
+        start, "backlogged"); ``mix`` times its phases itself.
     :param count_factor: multiplies file counts (at least one file per group).
     """
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOADS)}")
+    if name not in WORKLOADS + (MIX,):
+        raise ValueError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOADS + (MIX,))}")
     if scale <= 0 or count_factor <= 0 or interval_s < 0:
         raise ValueError(f"workload {name}: scale ({scale}) and count_factor ({count_factor}) must be > 0 "
                          f"and interval_s ({interval_s}) >= 0")
     rng = random.Random(f"{name}:{seed}")
+    if name == MIX:
+        return Workload(name, _mix(rng, scale, count_factor), _DESCRIPTIONS[name], scale)
     build = _synthetic if name in _SYNTHETIC else _real
     return Workload(name, build(name, rng, scale, count_factor, interval_s), _DESCRIPTIONS[name], scale)
