@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-from fstream_bench.qos_bench import (
+from fstream_bench.wan_rig import (
     add_path_args,
     concurrent_benchmarks,
     machine_line,

@@ -99,17 +99,14 @@ def load_scenario(arg: str) -> Scenario:
 
 def tool_available(tool: str) -> str | None:
     """None when ``tool`` can run here, else why not."""
-    if tool == "iperf3":
-        return iperf.available()
-    if tool.startswith("gridftp"):
-        return gridftp.available()
-    if tool == "rsync":
-        return rsync.available()
-    if tool == "sftp":
-        return sftp.available()
     if tool.startswith("fstream-"):
+        try:
+            fs_peer.tool_tuner(tool)
+        except ValueError as e:
+            return str(e)
         return fs_peer.available()
-    return f"unknown tool {tool!r}"
+    mod = {"iperf3": iperf, "rsync": rsync, "sftp": sftp}.get(tool) or (gridftp if tool.startswith("gridftp") else None)
+    return mod.available() if mod else f"unknown tool {tool!r}"
 
 
 @dataclass
@@ -230,12 +227,8 @@ def run_tool(tool: str, sc: Scenario, sites: Sites, staged: Staged, workdir: Pat
                 ok, error, active = _batch_loop(
                     rel, lambda b, k: mod.copy(sshd, b, src, dst, label=f"{tool}-{k}"), t0, 1, deadline)
         elif tool.startswith("fstream-"):
-            tuner, _, variant = tool.split("-", 1)[1].partition("@")  # fstream-fstream@thesis: a variant
-            opts = {"bandwidth": f"{sc.bandwidth_bps:.0f}bps", "rtt": f"{sc.rtt_s * 1000:g}ms"}
-            if variant:
-                opts["variant"] = variant
-            if tuner == "fixed":
-                opts.update({"cc": 4, "p": 2, "pp": 8})
+            tuner, extra_opts = fs_peer.tool_tuner(tool)
+            opts = {"bandwidth": f"{sc.bandwidth_bps:.0f}bps", "rtt": f"{sc.rtt_s * 1000:g}ms", **extra_opts}
             settings = {"tuner": tuner, **opts}
             # the receiver's root is dst's parent and the destination path is "in" (``dst``).
             with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=dst.parent) as rx:

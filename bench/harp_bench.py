@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.breakdown_bench import UnixRedis
-from fstream_bench.qos_bench import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
+from fstream_bench.wan_rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
 from fstream_bench.report import machine_info
 
 from fstream_provider.model.units import parse_duration, parse_size

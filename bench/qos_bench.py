@@ -21,124 +21,18 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from fstream_bench.peers.base import Sites
 from fstream_bench.report import machine_info
+from fstream_bench.wan_rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
 
-from fstream_provider.model.units import parse_duration, parse_rate, parse_size
+from fstream_provider.model.units import parse_duration, parse_size
 
 MiB = 2**20
 KINDS = ("small", "large", "mixed")
 #: (low, high) bytes of the unique files each dataset hard-links to (at 1 Gbit/s a file is
 #: "small" below ~50 MB: it would take < 0.4 s at the path's bandwidth).
 SIZES = {"small": (1 * MiB, 4 * MiB), "large": (96 * MiB, 256 * MiB)}
-
-
-# -- the path ---------------------------------------------------------------------------------------
-@dataclass
-class Bench:
-    """An open test path: where each end runs, its selfcheck, and the ``WanPath`` (None on loopback).
-
-    :param sites: how to run a command at each end.
-    :param selfcheck: the testbed's selfcheck of the path (or ``{"path": "loopback"}``).
-    :param path: the ``WanPath`` this benchmark built (torn down by :meth:`close`).
-    :param bandwidth_bps: what the tuners are told the link is.
-    :param rtt_s: what the tuners are told the RTT is.
-    """
-
-    sites: Sites
-    selfcheck: dict
-    path: object | None
-    bandwidth_bps: float
-    rtt_s: float
-
-    def close(self) -> None:
-        if self.path is not None:
-            self.path.down()  # only our own run id: never ``down --all``
-
-
-def add_path_args(ap: argparse.ArgumentParser, run_id: str) -> None:
-    """The options every benchmark here shares (path shape, own run id, results directory)."""
-    ap.add_argument("--rate", default="1Gbit", help="bottleneck rate (default 1Gbit)")
-    ap.add_argument("--rtt", default="40ms", help="round-trip time (default 40ms)")
-    ap.add_argument("--buffer", default="1MiB", help="TCP buffer cap (default 1MiB)")
-    ap.add_argument("--run-id", default=run_id, help=f"own WAN run id (default {run_id}; never shared)")
-    ap.add_argument("--loopback", action="store_true", help="smoke run on 127.0.0.1 (no WAN, no root)")
-    ap.add_argument("--force-path", action="store_true", help="measure even if the selfcheck fails (noted)")
-    ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"),
-                    help="where the result directory goes")
-    ap.add_argument("--workdir", default=None, help="scratch directory (default under /dev/shm)")
-
-
-def open_bench(args, log=print) -> Bench:
-    """Build our own WAN path (``--run-id``) and selfcheck it, or describe loopback."""
-    bw, rtt = parse_rate(args.rate), parse_duration(args.rtt)
-    if args.loopback:
-        return Bench(Sites(), {"path": "loopback"}, None, bw, rtt)
-    if os.geteuid() != 0:
-        raise SystemExit("the emulated WAN needs root (network namespaces); use --loopback for a smoke run")
-    from fstream_bench.wan import netns
-    from fstream_bench.wan.path import WanConfig, WanPath
-    from fstream_bench.wan.selfcheck import selfcheck
-
-    path = WanPath(WanConfig.from_text(rate=args.rate, rtt=args.rtt, buffer=args.buffer, run_id=args.run_id))
-    path.up()
-    try:
-        check: dict = {}
-        for attempt in range(3):
-            check = selfcheck(path, duration=3.0, raise_on_failure=False)
-            if check.get("ok", True) and not check.get("failures"):
-                break
-            log(f"selfcheck attempt {attempt + 1} failed: {json.dumps(check.get('failures', check))[:300]}")
-        else:
-            if not args.force_path:
-                raise SystemExit(f"WAN selfcheck failed 3 times: {json.dumps(check)[:600]} (use --force-path)")
-            check = {**check, "forced": True}
-        sites = Sites(src_host=path.src_ip, dst_host=path.dst_ip,
-                      src_prefix=tuple(netns.ns_exec_argv(path.src_ns, [])),
-                      dst_prefix=tuple(netns.ns_exec_argv(path.dst_ns, [])), name="wan")
-    except BaseException:
-        path.down()
-        raise
-    return Bench(sites, check, path, bw, rtt)
-
-
-def selfcheck_line(check: dict) -> str:
-    """One line for the top of a report."""
-    if check.get("path") == "loopback":
-        return "selfcheck: loopback smoke run (no WAN path, numbers are not WAN measurements)"
-    keep = {k: check.get(k) for k in ("ok", "failures", "rtt_ms", "parallel", "parallel_bps", "expected_goodput_bps",
-                                       "rate_ratio", "single_stream_bps", "cc", "load_before", "load_after",
-                                       "forced") if k in check}
-    if not keep:
-        keep = check
-    return "selfcheck: " + json.dumps(keep, default=str)
-
-
-def machine_line() -> str:
-    m = machine_info()
-    return (f"machine: nproc {m['nproc']}, {m['cpu']}, kernel {m['kernel']}, load average {m['loadavg']}, "
-            f"{m['date']}")
-
-
-def concurrent_benchmarks() -> list[str]:
-    """Other benchmark processes running now (``fstream_bench.cli run`` etc.), for the report."""
-    out = []
-    me = os.getpid()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == me:
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        text = " ".join(a.decode(errors="replace") for a in argv if a)
-        if "fstream_bench.cli run" in text or ("fstream_bench." in text and "_bench" in text and
-                                                "qos_bench" not in text and "breakdown_bench" not in text):
-            out.append(f"{d.name}: {text[:160]}")
-    return out
 
 
 # -- datasets ---------------------------------------------------------------------------------------
@@ -190,17 +84,18 @@ def build_dataset(kind: str, total_bytes: int, root: Path, uniq: Path, *, seed: 
 
 
 def simulate_case(files: list[tuple[str, int]], target_bps: float, bench, *, buffer_bytes: int,
-                  window_s: float) -> dict:
-    """The simulator's view of one case (same files at t=0, same path and target; ``calibration_rows``' defaults)."""
+                  window_s: float, variant: str | None = None) -> dict:
+    """The simulator's view of one case (same files at t=0, same path, target and variant; ``calibration_rows``' defaults)."""
     from fstream_provider.tuning.base import FileInfo, PathInfo
     from fstream_provider.tuning.fstream import FStreamTuner
     from fstream_provider.tuning.sim import simulate
+    from fstream_provider.tuning.variants import FStreamVariant
     from fstream_provider.tuning.workloads import Batch, Workload
 
     path = PathInfo(bench.bandwidth_bps, bench.rtt_s, tcp_buffer=buffer_bytes)
     w = Workload("qos", [Batch(0.0, [FileInfo(n, s, "dat") for n, s in files])])
-    r = simulate(FStreamTuner(path=path, target_throughput_bps=target_bps), w, path,
-                 profile_interval_s=window_s, window_efficiency=0.65, startup_s=1.2)
+    r = simulate(FStreamTuner(path=path, target_throughput_bps=target_bps, variant=FStreamVariant.parse(variant)),
+                 w, path, profile_interval_s=min(window_s, 1.0), window_efficiency=0.65, startup_s=1.2)
     ivs, prev = [], 0.0
     for iv in r.intervals:
         ivs.append({"t": iv["t"], "dt": iv["t"] - prev, "bytes": iv["bytes"], "throughput_bps": iv["throughput_bps"],
@@ -365,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS), help="small,large,mixed")
     ap.add_argument("--fractions", default="0.3,0.6,0.9", help="targets as fractions of --rate")
     ap.add_argument("--duration", default="45s", help="each dataset is sized to last this long at the target")
-    ap.add_argument("--profile-interval", default="2s")
+    ap.add_argument("--profile-interval", default=None,
+                    help="fstream's decision interval (default: the variant's own: 2 s at 40 ms, thesis 10 s)")
+    ap.add_argument("--variant", default=None, help="fstream variant, e.g. thesis or default (issue #16)")
     ap.add_argument("--sample-interval", default="1s")
     ap.add_argument("--timeout", default="240s", help="per case")
     ap.add_argument("--seed", type=int, default=0)
@@ -376,14 +273,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.results) / f"qos-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.workdir or f"/dev/shm/fstream-qos-{stamp}")
-    window_s = parse_duration(args.profile_interval)
     duration = parse_duration(args.duration)
     bench = open_bench(args)
+    from fstream_provider.tuning.variants import FStreamVariant
+
+    window_s = (parse_duration(args.profile_interval) if args.profile_interval
+                else FStreamVariant.parse(args.variant).interval_for(bench.rtt_s))
     summary = {"path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
                "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
                "selfcheck_line": selfcheck_line(bench.selfcheck),
                "command": "python -m fstream_bench.qos_bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
-               "profile_interval": args.profile_interval, "sample_interval": args.sample_interval,
+               "profile_interval": args.profile_interval or f"{window_s:g}s", "variant": args.variant or "default",
+               "sample_interval": args.sample_interval,
                "window_s": window_s, "concurrent": concurrent_benchmarks(), "cases": []}
     print(summary["machine_line"], flush=True)
     print(summary["selfcheck_line"], flush=True)
@@ -399,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
                     label = f"{kind}-{int(frac * 100)}"
                     shutil.rmtree(dst_root / label, ignore_errors=True)
                     opts = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
-                            "target_throughput": f"{target:.0f}bps", "profile_interval": args.profile_interval,
-                            "sample_interval": args.sample_interval}
+                            "target_throughput": f"{target:.0f}bps", "sample_interval": args.sample_interval}
+                    opts.update({k: v for k, v in (("profile_interval", args.profile_interval),
+                                                   ("variant", args.variant)) if v})
                     print(f"qos {label}: {nfiles} files, {nbytes / 1e9:.2f} GB, target {target / 1e6:.0f} Mbit/s",
                           flush=True)
                     r = send_json(bench.sites, rx, [src], label, tuner="fstream", options=opts,
@@ -413,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                             "metrics": m, "intervals": ivs, "loadavg": os.getloadavg()}
                     try:
                         case["sim"] = simulate_case(made, target, bench, buffer_bytes=parse_size(args.buffer),
-                                                    window_s=window_s)
+                                                    window_s=window_s, variant=args.variant)
                     except Exception as e:  # noqa: BLE001 - the measurement stands without the simulator's view
                         case["sim"] = {"error": f"{type(e).__name__}: {e}"}
                     if ivs:
@@ -438,56 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     print(_md(summary))
     print(f"results: {out}")
     return 0 if all(c["ok"] for c in summary["cases"]) else 1
-
-
-@dataclass
-class SendRun:
-    """One ``fstream send --json``: status, wall time and the agent's full JSON records.
-
-    :param ok: exit status 0, JSON printed, no failed files.
-    :param error: why not (with the log tail).
-    :param seconds: wall time of the process.
-    :param self_seconds: the agent's own ``seconds``.
-    :param self_throughput_bps: the agent's own ``throughput_bps``.
-    :param intervals: the agent's interval records, unabridged.
-    :param tuning: the agent's tuning decisions.
-    :param doc: the whole JSON object.
-    """
-
-    ok: bool
-    error: str
-    seconds: float
-    self_seconds: float | None
-    self_throughput_bps: float | None
-    intervals: list
-    tuning: list
-    doc: dict
-
-
-def send_json(sites: Sites, rx, sources: list[Path], dest: str, *, tuner: str, options: dict,
-              watch: dict | None = None, label: str, timeout: float) -> SendRun:
-    """``fstream send SOURCES --to URL --tuner T [options] --json`` at the source site; keep the full JSON.
-
-    (``fstream_bench.peers.fstream.send`` keeps only a few fields of each interval record; the
-    QoS error needs ``dt`` and ``bytes``.)
-    """
-    from fstream_bench.peers.base import PeerError, log_tail, run_timed
-    from fstream_bench.peers.fstream import _last_json, send_argv
-
-    argv = send_argv(rx.url(dest), rx.secret, sources, tuner, options, watch)
-    log = rx.workdir / f"{label}.log"
-    env = {**os.environ, "FSTREAM_STATE_DIR": str(rx.workdir / "state-send")}
-    try:
-        status, wall, out = run_timed(sites.argv("src", argv), timeout, log, env=env)
-    except PeerError as e:
-        return SendRun(False, str(e), timeout, None, None, [], [], {})
-    doc = _last_json(out) or {}
-    failed = doc.get("failed_files", 0)
-    nfailed = len(failed) if isinstance(failed, list) else int(failed or 0)
-    ok = status == 0 and bool(doc) and nfailed == 0
-    err = "" if ok else f"status {status}, failed files {nfailed}, error {doc.get('error')!r}: {log_tail(log, 400)}"
-    return SendRun(ok, err, wall, doc.get("seconds"), doc.get("throughput_bps"), list(doc.get("intervals", [])),
-                   list(doc.get("tuning", [])), doc)
 
 
 if __name__ == "__main__":

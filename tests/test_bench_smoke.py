@@ -120,3 +120,14 @@ def test_smoke_two_tools_on_loopback(tmp_path):
     assert f"/ {tools[1]}" in md or f"/ {tools[0]}" in md, "ratio columns against peers"
     pytest.importorskip("matplotlib")
     assert (out / "w4.png").stat().st_size > 1000
+
+
+def test_bench_tool_names_select_tuner_variant_and_fixed_settings():
+    from fstream_bench.peers.fstream import tool_tuner
+
+    assert tool_tuner("fstream-fstream@thesis+jump") == ("fstream", {"variant": "thesis+jump"})
+    assert tool_tuner("fstream-fixed:8/4/2") == ("fixed", {"cc": 8, "p": 4, "pp": 2})
+    assert tool_tuner("fstream-fixed") == ("fixed", {"cc": 4, "p": 2, "pp": 8})
+    assert "CC/P/PP" in harness.tool_available("fstream-fixed:8/x")
+    assert "only fstream-fixed" in harness.tool_available("fstream-static:1/1/1")
+    assert "unknown tool" in harness.tool_available("scp")

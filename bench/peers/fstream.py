@@ -109,6 +109,26 @@ class FStreamReceiver:
         return f"fstream://{self.sites.dst_host}:{self.port}/{dest.strip('/')}"
 
 
+def tool_tuner(tool: str) -> tuple[str, dict]:
+    """The tuner and extra options a bench tool name asks for.
+
+    ``fstream-<tuner>``; ``fstream-<tuner>@<variant>`` runs a variant (``fstream-fstream@thesis``);
+    ``fstream-fixed:CC/P/PP`` runs fixed settings (oracle candidates; plain ``fstream-fixed`` is 4/2/8).
+    """
+    name, _, variant = tool.removeprefix("fstream-").partition("@")
+    tuner, _, fixed = name.partition(":")
+    opts: dict = {"variant": variant} if variant else {}
+    if tuner == "fixed":
+        try:
+            cc, p, pp = (int(x) for x in (fixed or "4/2/8").split("/"))
+        except ValueError:
+            raise ValueError(f"bench tool {tool!r}: fixed settings must read CC/P/PP, e.g. fstream-fixed:8/4/2")
+        opts.update({"cc": cc, "p": p, "pp": pp})
+    elif fixed:
+        raise ValueError(f"bench tool {tool!r}: only fstream-fixed takes CC/P/PP")
+    return tuner, opts
+
+
 def send_argv(url: str, secret: Path, sources: Sequence[Path], tuner: str, options: dict,
               watch: dict | None) -> list[str]:
     """``fstream send SOURCES --to URL --json`` with ``--key value`` per option (and ``--watch`` options)."""
