@@ -126,8 +126,8 @@ def test_bench_tool_names_select_tuner_variant_and_fixed_settings():
     from fstream_bench.peers.fstream import tool_tuner
 
     assert tool_tuner("fstream-fstream@thesis+jump") == ("fstream", {"variant": "thesis+jump"})
-    assert tool_tuner("fstream-fixed:8/4/2") == ("fixed", {"cc": 8, "p": 4, "pp": 2})
+    assert tool_tuner("fstream-fixed:8x4x2") == ("fixed", {"cc": 8, "p": 4, "pp": 2})
     assert tool_tuner("fstream-fixed") == ("fixed", {"cc": 4, "p": 2, "pp": 8})
-    assert "CC/P/PP" in harness.tool_available("fstream-fixed:8/x")
-    assert "only fstream-fixed" in harness.tool_available("fstream-static:1/1/1")
+    assert "CCxPxPP" in harness.tool_available("fstream-fixed:8/4/2")
+    assert "only fstream-fixed" in harness.tool_available("fstream-static:1x1x1")
     assert "unknown tool" in harness.tool_available("scp")

@@ -113,13 +113,15 @@ def test_thesis_profiles_starved_intervals_default_skips_them():
 def test_variant_reaches_the_tuner_from_spec_and_is_refused_by_other_tuners():
     spec = TransferSpec.from_options(["/a"], DEST, tuner="fstream", variant="thesis+jump", utilisation=0.75,
                                      band=0.1, profile_interval="4s")
-    v = spec.fstream_variant()
+    v = spec.tuner_variant()
     assert v.switches == {"jump"} and (v.p, v.band, v.interval_s) == (0.75, 0.1, 4.0)
     tuner = make_tuner("fstream", path=PATH, variant=v)
     assert tuner.variant == v and tuner.min_window_s == 4.0 and tuner.observe_every_s == 4.0
-    assert TransferSpec.from_options(["/a"], DEST, tuner="fixed").fstream_variant() is None
-    with pytest.raises(ValueError, match=r"tuner 'fixed' takes no variant, utilisation or band.*only 'fstream'"):
+    assert TransferSpec.from_options(["/a"], DEST, tuner="fixed").tuner_variant() is None
+    with pytest.raises(ValueError, match=r"tuner 'fixed' has no variants: only 'fstream', 'harp'"):
         TransferSpec.from_options(["/a"], DEST, tuner="fixed", variant="thesis")
+    with pytest.raises(ValueError, match=r"tuner 'harp' takes no utilisation or band.*only 'fstream'"):
+        TransferSpec.from_options(["/a"], DEST, tuner="harp", band=0.1)
     with pytest.raises(ValueError, match=r"unknown switch 'fast'"):
         TransferSpec.from_options(["/a"], DEST, variant="default+fast")
     with pytest.raises(ValueError, match=r"utilisation 0.0: must be between 0.05 and 1"):

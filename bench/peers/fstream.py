@@ -113,19 +113,20 @@ def tool_tuner(tool: str) -> tuple[str, dict]:
     """The tuner and extra options a bench tool name asks for.
 
     ``fstream-<tuner>``; ``fstream-<tuner>@<variant>`` runs a variant (``fstream-fstream@thesis``);
-    ``fstream-fixed:CC/P/PP`` runs fixed settings (oracle candidates; plain ``fstream-fixed`` is 4/2/8).
+    ``fstream-fixed:CCxPxPP`` runs fixed settings (oracle candidates; plain ``fstream-fixed`` is 4x2x8). The
+    name becomes a directory and a log file name, so it holds no ``/``.
     """
     name, _, variant = tool.removeprefix("fstream-").partition("@")
     tuner, _, fixed = name.partition(":")
     opts: dict = {"variant": variant} if variant else {}
     if tuner == "fixed":
         try:
-            cc, p, pp = (int(x) for x in (fixed or "4/2/8").split("/"))
+            cc, p, pp = (int(x) for x in (fixed or "4x2x8").split("x"))
         except ValueError:
-            raise ValueError(f"bench tool {tool!r}: fixed settings must read CC/P/PP, e.g. fstream-fixed:8/4/2")
+            raise ValueError(f"bench tool {tool!r}: fixed settings must read CCxPxPP, e.g. fstream-fixed:8x4x2")
         opts.update({"cc": cc, "p": p, "pp": pp})
     elif fixed:
-        raise ValueError(f"bench tool {tool!r}: only fstream-fixed takes CC/P/PP")
+        raise ValueError(f"bench tool {tool!r}: only fstream-fixed takes CCxPxPP")
     return tuner, opts
 
 

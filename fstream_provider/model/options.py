@@ -48,7 +48,8 @@ class TunerOptions(BaseModel):
     """Options an operator passes as ``tuner_options``; every key is optional, unknown keys are refused.
 
     :param profile_interval: the profiling interval (``10s``; default: the tuner's own).
-    :param variant: ``fstream``: ``thesis``, ``default`` or either with switches (``thesis+jump``).
+    :param variant: ``fstream``: ``thesis``, ``default`` or either with switches (``thesis+jump``); ``harp``:
+        ``paper``, ``default`` or either with switches (``paper+observed-grid``).
     :param utilisation: ``fstream``: the share of the bandwidth online profiling aims for (0.05-1).
     :param band: ``fstream``: accepted distance from that target (0.01-0.5).
     :param sample_interval: how often an interval record is taken (``1s``).

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 from fstream_provider.model.validation import SpecError, explain
-from fstream_provider.tuning.registry import DEFAULT_TUNER, check_options, tuner_info
-from fstream_provider.tuning.variants import FStreamVariant
+from fstream_provider.tuning.registry import DEFAULT_TUNER, check_options, tuner_info, tuner_variant
+from fstream_provider.tuning.variants import FStreamVariant, HarpVariant
 
 BLOCK_SIZE_MIN = 4096
 BLOCK_SIZE_MAX = 64 * 2**20
@@ -73,8 +73,9 @@ class TransferSpec(BaseModel):
     :param bandwidth_bps: known path bandwidth (else measured/assumed).
     :param rtt_s: known round-trip time (else measured at connect).
     :param target_throughput_bps: QoS target (tuners that hold one: ``fstream``).
-    :param variant: ``fstream`` only: the thesis' algorithms as written (``thesis``) or ours (``default``),
-        with switches added or removed (``thesis+jump``; ``fstream_provider.tuning.variants``).
+    :param variant: ``fstream``: the thesis' algorithms as written (``thesis``) or ours (``default``), with
+        switches added or removed (``thesis+jump``); ``harp``: the paper as written (``paper``) or ours
+        (``default``, ``paper+observed-grid``); ``fstream_provider.tuning.variants``.
     :param utilisation: ``fstream`` only: the share of the bandwidth online profiling aims for (Alg. 2's p;
         default 0.9, thesis 0.8).
     :param band: ``fstream`` only: accepted distance from that target (default and thesis 0.15).
@@ -195,17 +196,15 @@ class TransferSpec(BaseModel):
             raise ValueError("tls_cert and tls_key must be given together")
         if self.cc is not None and self.cc > self.max_cc:
             raise ValueError(f"cc {self.cc}: more than max_cc {self.max_cc}")
-        check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=self.target_throughput_bps,
-                      variant=any(v is not None for v in (self.variant, self.utilisation, self.band)))
-        self.fstream_variant()
+        check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=self.target_throughput_bps)
+        self.tuner_variant()
         return self
 
-    def fstream_variant(self) -> FStreamVariant | None:
-        """The variant ``fstream`` runs (with p, band and the profiling interval if given); None for other tuners."""
-        if not tuner_info(self.tuner).takes_variant:
-            return None
-        return FStreamVariant.parse(self.variant, utilisation=self.utilisation, band=self.band,
-                                    interval_s=self.profile_interval_s)
+    def tuner_variant(self) -> FStreamVariant | HarpVariant | None:
+        """The variant the tuner runs (``fstream``: with p, band and the profiling interval if given; ``harp``);
+        None for tuners without variants. Raises ``ValueError`` for a variant, p or band the tuner cannot take."""
+        return tuner_variant(self.tuner, self.variant, utilisation=self.utilisation, band=self.band,
+                             interval_s=self.profile_interval_s)
 
     @property
     def dest(self) -> Destination:

@@ -180,8 +180,9 @@ class FStreamTransferOperator(BaseOperator):
                 return
             target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
             cc, p, pp = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp"))
-            variant = isinstance(opts, dict) and any(opts.get(k) is not None for k in ("variant", "utilisation", "band"))
-            check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target, variant=variant)
+            given = {k for k, v in opts.items() if v is not None} if isinstance(opts, dict) else set()
+            check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target, variant="variant" in given,
+                          profiling=bool(given & {"utilisation", "band"}))
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: invalid transfer options: {exc}") from None
 

@@ -8,7 +8,7 @@ arrival-bound run says nothing about a tuner: *backlogged* (every file present a
 mix mid-run (large -> 2000 extra small -> large) while staying backlogged.
 
 The **oracle** is the best static (cc, p, pp) per workload and regime from a grid search
-(``ORACLE_GRID``: cc 1-32, p 1-16, pp 0-32, 180 points); for ``mix`` also per phase, which is
+(``ORACLE_GRID``: cc 1-32, p 1-16, pp 0-32, 200 points); for ``mix`` also per phase, which is
 what recovery after each change is measured against. Every fstream variant starts from the same
 profiling history, filled by the default variant on another seed of the same workload (so the
 history switches have something to use). Metrics: throughput as a fraction of the oracle, time
@@ -64,9 +64,11 @@ class Setup:
         return make_workload(name, scale=scale, seed=self.seed if seed is None else seed,
                              interval_s=REGIMES[regime], count_factor=self.count_factor)
 
-    def run(self, tuner: Tuner, w: Workload, *, max_time_s: float = 3600.0) -> SimResult:
+    def run(self, tuner: Tuner, w: Workload, *, max_time_s: float = 3600.0, background_bps: float = 0.0) -> SimResult:
+        """Simulate ``tuner`` on ``w`` (``background_bps``: constant competing traffic from the start)."""
         return simulate(tuner, w, self.path, storage=self.storage, profile_interval_s=OBSERVE_S,
-                        max_time_s=max_time_s, **SIM_KW)
+                        max_time_s=max_time_s, background=((0.0, background_bps),) if background_bps else (),
+                        **SIM_KW)
 
 
 def ablation_variants() -> dict[str, FStreamVariant]:
@@ -80,11 +82,11 @@ def ablation_variants() -> dict[str, FStreamVariant]:
     return out
 
 
-def oracle(setup: Setup, w: Workload, grid=ORACLE_GRID) -> tuple[float, str]:
+def oracle(setup: Setup, w: Workload, grid=ORACLE_GRID, *, background_bps: float = 0.0) -> tuple[float, str]:
     """Best static (cc, p, pp) over ``grid``: (throughput bits/s, "cc=.. p=.. pp=..")."""
     best_bps, best_secs, note = 0.0, 0.0, ""
     for cc, p, pp in itertools.product(*grid):
-        r = setup.run(FixedTuner(cc=cc, p=p, pp=pp), w, max_time_s=best_secs or 3600.0)
+        r = setup.run(FixedTuner(cc=cc, p=p, pp=pp), w, max_time_s=best_secs or 3600.0, background_bps=background_bps)
         if r.completed and r.throughput_bps > best_bps:
             best_bps, best_secs, note = r.throughput_bps, r.total_time_s, f"cc={cc} p={p} pp={pp}"
     return best_bps, note

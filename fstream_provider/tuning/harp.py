@@ -40,11 +40,12 @@ from fstream_provider.tuning.heuristic import Settings, clamp, heuristic
 SAMPLE = ".sample"  # cluster-name suffix of a chunk's sample files
 
 
-def optimizer_for(path: PathInfo) -> Any:
-    """The paper's Optimizer within the path's bounds (imports scikit-learn: call it when first needed)."""
+def optimizer_for(path: PathInfo, variant: Any = None) -> Any:
+    """The paper's Optimizer within the path's bounds, with ``variant``'s departures (None: the default's);
+    imports scikit-learn: call it when first needed."""
     from fstream_provider.tuning.harp_model import HarpOptimizer
 
-    return HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp))
+    return HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp), variant=variant)
 
 
 def request_for(path: PathInfo, chunk: str, avg_file_size: float, file_count: int, source: str = "",
@@ -103,19 +104,24 @@ class HarpTuner:
     :param destination: the receiver's ``host:port``.
     :param observe_every_s: how often the driver should observe while a sample runs.
     :param clock: seconds counter for timing the optimizer (injected in tests).
+    :param variant: HARP's departures from the paper that are on (``variants.HarpVariant``; None: all).
     """
 
     name = "harp"
 
     def __init__(self, *, path: PathInfo, history: Any = None, optimizer: Any = None, sample_scale: float = 1.0,
                  min_sample_files: int = 2, source: str = "", destination: str = "",
-                 observe_every_s: float = 0.25, clock: Callable[[], float] = time.perf_counter) -> None:
+                 observe_every_s: float = 0.25, clock: Callable[[], float] = time.perf_counter,
+                 variant: Any = None) -> None:
         if sample_scale <= 0 or min_sample_files < 1:
             raise ValueError(f"harp: sample_scale ({sample_scale}) must be > 0 and min_sample_files "
                              f"({min_sample_files}) >= 1")
         self.path = path
         self._source = history
         self._optimizer = optimizer  # built on first use: scikit-learn takes a second to import
+        self.variant = variant
+        named = variant is not None and variant.name != "default"
+        self._tag = f"harp ({variant.name})" if named else "harp"  # the variant reaches every reason
         self.has_history = history_rows(history) > 0
         self.sample_target = 2.0 * path.bandwidth_bps / 8.0 * sample_scale
         self.min_sample_files = min_sample_files
@@ -129,7 +135,7 @@ class HarpTuner:
         self._layouts: dict[str, Settings] = {}
         self._held: set[str] = set()
         self._last: tuple | None = None
-        self._reason = "harp: waiting for files"
+        self._reason = f"{self._tag}: waiting for files"
         self.decisions: list[dict] = []  # what was predicted per chunk (for logs, tests and benchmarks)
 
     # -- what the driver asks ----------------------------------------------------------------
@@ -199,9 +205,9 @@ class HarpTuner:
             notes.extend(self._late_chunks())
         self._refresh_layouts(obs)
         if notes:
-            self._reason = "harp: " + "; ".join(notes)
+            self._reason = f"{self._tag}: " + "; ".join(notes)
         elif not self._layouts:
-            self._reason = "harp: no pending files"
+            self._reason = f"{self._tag}: no pending files"
 
     def _ordered(self) -> list[_Chunk]:
         return [self._chunks[n] for n in CHUNKS if n in self._chunks]
@@ -232,7 +238,7 @@ class HarpTuner:
     @property
     def optimizer(self) -> Any:
         if self._optimizer is None:
-            self._optimizer = optimizer_for(self.path)
+            self._optimizer = optimizer_for(self.path, self.variant)
         return self._optimizer
 
     @property

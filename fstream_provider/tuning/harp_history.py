@@ -32,6 +32,12 @@ def bdp_buffer_ratio(bandwidth_bps: Any, rtt_s: Any, tcp_buffer: Any) -> Any:
     return bandwidth_bps * rtt_s / 8.0 / tcp_buffer
 
 
+#: A representative file of each chunk, as a multiple of the BDP (calibration probes, the simulator's history).
+SIZE_OF_CHUNK = {"tiny": 1 / 30, "small": 1 / 3, "medium": 3.0, "large": 12.0}
+#: The settings one calibration pass tries (120; a cubic in three variables needs 20).
+CALIBRATION_GRID = {"cc": (1, 2, 4, 8, 16, 32), "p": (1, 2, 4, 8, 16), "pp": (0, 1, 4, 16)}
+
+
 def chunk_of(size: float, bdp_bytes: float) -> str:
     """The HARP chunk of a file of ``size`` bytes on a path whose BDP is ``bdp_bytes``."""
     if bdp_bytes <= 0:

@@ -11,15 +11,19 @@ each parameter in turn while the estimate stays >= rho = 0.9 of the maximum (§I
 (Eq. 3), DBSCAN classes of those errors, class weights 2^0..2^(k-1) and the weighted average of the
 relaxed settings (Eq. 5).
 
-Departures, each for a stated reason:
+Departures, each for a stated reason and each a switch of ``variants.HarpVariant`` (all off in the
+``paper`` variant, all on by default):
 
-* the grid of each group is restricted to the range of each parameter the group observed (a cubic
-  extrapolates wildly; the paper's history covered the whole (1..32)^3 grid, ours may not);
-* DBSCAN runs on |eps_i| / T_act (relative errors, so one ``dbscan_eps`` works at any rate), and the class
-  with the smallest errors gets the largest weight (the paper sorts "in descending order based on eps",
-  meaning that the models matching today's load count most);
-* with a sample, the throughput estimate is scaled by T_act / (weighted model estimate at the sample):
-  the models predict where the optimum is, the sample says how fast the path is today.
+* ``observed-grid``: the grid of each group is restricted to the range of each parameter the group
+  observed (a cubic extrapolates wildly; the paper's history covered the whole (1..32)^3 grid, ours may not);
+* ``sample-rate``: with a sample, the throughput estimate is scaled by T_act / (weighted model estimate at
+  the sample): the models predict where the optimum is, the sample says how fast the path is today;
+* ``unit-floor``: one channel's throughput (UT) is at least a tenth of one channel's share at the relaxed
+  point (``_unit``).
+
+Read, not departed from: DBSCAN runs on |eps_i| / T_act (relative errors, so one ``dbscan_eps`` works at
+any rate; the paper gives no unit), and the class with the smallest errors gets the largest weight (the
+paper sorts "in descending order based on eps", meaning that the models matching today's load count most).
 """
 
 from __future__ import annotations
@@ -142,13 +146,17 @@ class HarpOptimizer:
     :param max_pp: grid bound for pipelining.
     :param min_pp: lowest pipelining on the grid (FStream allows 0: no file queued ahead).
     :param clock: seconds counter (injected in tests).
+    :param variant: which departures from the paper are on (``variants.HarpVariant``; None: all).
     """
 
     def __init__(self, *, weights=WEIGHTS, min_entries: int = 300, threshold_start: float = 0.99,
                  threshold_step: float = 0.01, threshold_floor: float = 0.5, window_s: float = 3600.0,
                  degree: int = 3, r2_min: float = 0.6, min_settings: int | None = None, rho: float = 0.9,
                  dbscan_eps: float = 0.1, max_cc: int = 32, max_p: int = 32, max_pp: int = 32, min_pp: int = 0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, variant: Any = None) -> None:
+        from fstream_provider.tuning.variants import HarpVariant
+
+        self.variant = variant if variant is not None else HarpVariant()
         if not 0 < rho <= 1 or degree < 1 or min_entries < 1 or dbscan_eps <= 0:
             raise ValueError(f"HARP optimizer: need 0 < rho ({rho}) <= 1, degree ({degree}) >= 1, min_entries "
                              f"({min_entries}) >= 1 and dbscan_eps ({dbscan_eps}) > 0")
@@ -167,7 +175,8 @@ class HarpOptimizer:
         usable = self._usable(history)
         start, step, floor = self.threshold
         similar, thr, note = select_similar(usable, request, min_entries=self.entries_needed(len(usable)),
-                                            start=start, step=step, floor=floor, weights=self.weights)
+                                            start=start, step=step, floor=floor, weights=self.weights,
+                                            log_features=self.variant.on("log-features"))
         groups, dropped = [], {}
         for name, rows in group_rows(similar, window_s=self.window_s).items():
             model, why = self.fit_group(name, rows)
@@ -209,6 +218,8 @@ class HarpOptimizer:
             return None, f"R² {r2:.2f} < {self.r2_min}"
         lo = x.min(axis=0).astype(int)
         hi = x.max(axis=0).astype(int)
+        if not self.variant.on("observed-grid"):  # the paper: the whole grid
+            lo, hi = (1, 1, self.min_pp), (self.max_cc, self.max_p, self.max_pp)
         bounds = ((max(1, lo[0]), min(self.max_cc, hi[0])), (max(1, lo[1]), min(self.max_p, hi[1])),
                   (max(self.min_pp, lo[2]), min(self.max_pp, hi[2])))
         if any(b[0] > b[1] for b in bounds):
@@ -219,7 +230,7 @@ class HarpOptimizer:
         i = int(np.argmax(est))
         best, t_max = tuple(int(v) for v in grid[i]), float(est[i])
         relaxed, t_rel = self.relax(f, best, t_max)
-        unit = self._unit(f, relaxed, t_rel)
+        unit = self._unit(f, relaxed, t_rel, floor=self.variant.on("unit-floor"))
         return GroupModel(name, len(rows), n_settings, r2, best, t_max, relaxed, t_rel, unit, bounds, model), ""
 
     def relax(self, f: GroupModel, best: Settings3, t_max: float) -> tuple[Settings3, float]:
@@ -238,7 +249,7 @@ class HarpOptimizer:
         return (cur[0], cur[1], cur[2]), t
 
     @staticmethod
-    def _unit(f: GroupModel, s: Settings3, t_relaxed: float) -> float:
+    def _unit(f: GroupModel, s: Settings3, t_relaxed: float, floor: bool = True) -> float:
         """One channel's throughput (UT): the model at cc=1 (or the lowest observed cc, per channel); where that
         is under a tenth of one channel's share at the relaxed point (a cubic dipping to ~zero at the edge of
         its data: Algorithm 1 would then give the chunk every channel), that share."""
@@ -248,9 +259,9 @@ class HarpOptimizer:
         else:
             unit = float(f.predict(lo, s[1], s[2])[0]) / lo  # one channel's share at the lowest observed cc
         share = t_relaxed / max(1, s[0])
-        if unit < share / 10:  # a cubic can dip to ~zero at the edge of its data: one channel's share instead
+        if floor and unit < share / 10:  # a cubic can dip to ~zero at the edge of its data: one channel's share
             unit = share
-        return unit
+        return unit if floor else max(unit, 1e-9)  # the paper's UT as is, kept > 0 (Algorithm 1 divides by it)
 
     # -- predict: the sample-dependent part -----------------------------------------------------
     def predict(self, fitted: FittedChunk, sample: tuple[int, int, int, float] | None) -> Prediction:
@@ -281,7 +292,7 @@ class HarpOptimizer:
         est = float(sum(g.t_relaxed_bps * x for g, x in zip(groups, wt)))
         unit = float(sum(g.unit_bps * x for g, x in zip(groups, wt)))
         scale_note = ""
-        if sample is not None:
+        if sample is not None and self.variant.on("sample-rate"):
             model_at_sample = float(sum(float(g.predict(sample[0], sample[1], sample[2])[0]) * x
                                         for g, x in zip(groups, wt)))
             if model_at_sample > 0:

@@ -9,10 +9,12 @@ Entries at or above a threshold are kept; the threshold starts at 0.99 and drops
 ``min_entries`` are kept (the paper: 3,000 of 21,000; we scale that to the history we have, see
 ``HarpOptimizer``), never below ``floor``.
 
-*Departure:* file size and count are normalised on a log scale (``log1p``): their ranges span six
-orders of magnitude, and a linear max-normalisation puts every file below a tenth of the largest at
-about zero, so 1 kB and 10 MB files look alike, the misclassification the paper adds chunk type to
-avoid. The other four features are normalised linearly as in the paper.
+*Departure* (switch ``log-features``, off in the ``paper`` variant): file size and count are normalised
+on a log scale (``log1p``): their ranges span six
+orders of magnitude, and a linear max-normalisation puts every file far below the largest at about
+zero: with 10 MB files in the history a 1 kB and a 100 kB dataset look identical (similarity
+1 - 6e-6), while on a log scale a factor of 100 weighs the same whether smaller or larger. Chunk
+type, which the paper adds for this reason, still separates tiny from small files. The other four features are normalised linearly as in the paper.
 
 *Grouping.* The paper groups the kept entries that share dataset and network settings and were
 collected at about the same time (one group = one sweep, its own background load). Calibration probes
@@ -86,17 +88,20 @@ def _raw(history: pd.DataFrame) -> np.ndarray:
                             history["file_count"].to_numpy(float)])
 
 
-def similarity(history: pd.DataFrame, request: HarpRequest, weights=WEIGHTS) -> np.ndarray:
-    """Weighted cosine similarity (Eq. 1) of every history row to ``request``; one value in [0, 1] per row."""
+def similarity(history: pd.DataFrame, request: HarpRequest, weights=WEIGHTS, *, log_features: bool = True) -> np.ndarray:
+    """Weighted cosine similarity (Eq. 1) of every history row to ``request``; one value in [0, 1] per row.
+
+    ``log_features=False`` scales file size and count linearly, as the paper does (variant ``paper``)."""
     if len(history) == 0:
         return np.zeros(0)
     raw = _raw(history)
     req = request.vector()
     if (raw < 0).any():
         raise ValueError("history: negative feature values (bandwidth, RTT, buffer ratio, size, count must be >= 0)")
-    raw[:, 4:] = np.log1p(raw[:, 4:])
     req = req.copy()
-    req[4:] = np.log1p(req[4:])
+    if log_features:
+        raw[:, 4:] = np.log1p(raw[:, 4:])
+        req[4:] = np.log1p(req[4:])
     scale = np.maximum(raw.max(axis=0), req)
     scale[scale == 0] = 1.0
     a, b = raw / scale, req / scale
@@ -111,14 +116,15 @@ def similarity(history: pd.DataFrame, request: HarpRequest, weights=WEIGHTS) -> 
 
 
 def select_similar(history: pd.DataFrame, request: HarpRequest, *, min_entries: int, start: float = 0.99,
-                   step: float = 0.01, floor: float = 0.5, weights=WEIGHTS) -> tuple[pd.DataFrame, float, str]:
+                   step: float = 0.01, floor: float = 0.5, weights=WEIGHTS,
+                   log_features: bool = True) -> tuple[pd.DataFrame, float, str]:
     """Rows with similarity >= a threshold lowered from ``start`` until ``min_entries`` are kept (or ``floor``).
 
     :returns: (the kept rows with a ``similarity`` column, the threshold used, a reason).
     """
     if not 0 < floor <= start <= 1 or step <= 0:
         raise ValueError(f"similarity threshold: need 0 < floor ({floor}) <= start ({start}) <= 1 and step > 0")
-    sim = similarity(history, request, weights)
+    sim = similarity(history, request, weights, log_features=log_features)
     if len(sim) == 0:
         return history.assign(similarity=sim), start, "no history"
     thr = start

@@ -18,7 +18,7 @@ from fstream_provider.tuning.fstream import FStreamTuner
 from fstream_provider.tuning.harp import HarpTuner, harp_start
 from fstream_provider.tuning.heuristic import StartLayout
 from fstream_provider.tuning.profile_history import ProfileHistory
-from fstream_provider.tuning.variants import DEFAULT, FStreamVariant
+from fstream_provider.tuning.variants import DEFAULT, FStreamVariant, HarpVariant
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class TunerArgs:
     :param history: profiling history.
     :param start_time: wall-clock start, for history timestamps.
     :param transfer_history: HARP's transfer history.
-    :param variant: FStream's variant (thesis / default and switches, p, band, interval).
+    :param variant: the tuner's variant (``FStreamVariant``, ``HarpVariant``; None: its default).
     """
 
     path: PathInfo
@@ -40,7 +40,7 @@ class TunerArgs:
     history: ProfileHistory | None = None
     start_time: float = 0.0
     transfer_history: Any = None
-    variant: FStreamVariant = DEFAULT
+    variant: Any = None
 
 
 Factory = Callable[[TunerArgs], Tuner]
@@ -59,7 +59,9 @@ class TunerInfo:
     :param holds_target: it can hold a target throughput (QoS).
     :param uses_history: it reads and extends the profiling history.
     :param uses_transfer_history: it reads HARP's transfer history (a DataFrame of ``harp_history.COLUMNS``).
-    :param takes_variant: it runs as a variant of the thesis (``variants``: p, band, interval, switches).
+    :param variant_of: parses its ``--variant`` text (the paper's algorithms as written, ours, switches);
+        None: it has no variants.
+    :param takes_profiling: it runs the thesis' online profiling, so ``--utilisation`` and ``--band`` apply.
     """
 
     name: str
@@ -70,7 +72,12 @@ class TunerInfo:
     holds_target: bool = False
     uses_history: bool = False
     uses_transfer_history: bool = False
-    takes_variant: bool = False
+    variant_of: Callable[[str | None], Any] | None = None
+    takes_profiling: bool = False
+
+    @property
+    def takes_variant(self) -> bool:
+        return self.variant_of is not None
 
     @property
     def adaptive(self) -> bool:
@@ -85,11 +92,11 @@ def _fixed(a: TunerArgs) -> Tuner:
 
 def _fstream(a: TunerArgs) -> Tuner:
     return FStreamTuner(path=a.path, start=a.start, target_throughput_bps=a.target, history=a.history,
-                        start_time=a.start_time, seed=harp_start(a.path, a.transfer_history), variant=a.variant)
+                        start_time=a.start_time, seed=harp_start(a.path, a.transfer_history), variant=a.variant or DEFAULT)
 
 
 def _harp(a: TunerArgs) -> Tuner:
-    return HarpTuner(path=a.path, history=a.transfer_history)
+    return HarpTuner(path=a.path, history=a.transfer_history, variant=a.variant)
 
 
 _ALL = (
@@ -105,7 +112,8 @@ _ALL = (
                         "so there is no search for a starting point to start"),
     TunerInfo("fstream", "dynamic heuristic + online profiling + profiling history + QoS target; starts from "
               "HARP's prediction when transfer history exists", _fstream,
-              layout="start", holds_target=True, uses_history=True, uses_transfer_history=True, takes_variant=True),
+              layout="start", holds_target=True, uses_history=True, uses_transfer_history=True,
+              variant_of=FStreamVariant.parse, takes_profiling=True),
     TunerInfo("globus", "Globus-like presets by average file size (2 files at once)",
               lambda a: GlobusTuner(path=a.path),
               no_layout="its presets by file size are the point of the baseline"),
@@ -114,7 +122,8 @@ _ALL = (
               layout="start"),
     TunerInfo("harp", "HARP: one sample transfer per chunk, then settings from regression over transfer history",
               _harp, no_layout="its settings come from the history and the sample transfers (the sample "
-                               "itself uses the heuristic, as in the paper)", uses_transfer_history=True),
+                               "itself uses the heuristic, as in the paper)", uses_transfer_history=True,
+              variant_of=HarpVariant.parse),
 )
 
 TUNERS: dict[str, TunerInfo] = {t.name: t for t in _ALL}
@@ -135,7 +144,8 @@ def _names(pred: Callable[[TunerInfo], bool]) -> str:
 
 
 def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp: int | None = None,
-                  target_throughput_bps: float | None = None, variant: bool = False) -> TunerInfo:
+                  target_throughput_bps: float | None = None, variant: bool = False,
+                  profiling: bool = False) -> TunerInfo:
     """Refuse what tuner ``name`` would ignore, with the reason; return its ``TunerInfo``.
 
     :param name: the tuner.
@@ -143,12 +153,16 @@ def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp:
     :param p: TCP streams per channel (likewise).
     :param pp: files queued ahead per channel (likewise).
     :param target_throughput_bps: a QoS target.
-    :param variant: a variant, p or band was given (only tuners with ``takes_variant`` run variants).
+    :param variant: a variant was given (only tuners with ``variant_of`` have variants).
+    :param profiling: p or band was given (only tuners with ``takes_profiling``).
     """
     info = tuner_info(name)
     if variant and not info.takes_variant:
-        raise ValueError(f"tuner {name!r} takes no variant, utilisation or band: those are the thesis' online "
-                         f"profiling settings, which only {_names(lambda t: t.takes_variant)} runs")
+        raise ValueError(f"tuner {name!r} has no variants: only {_names(lambda t: t.takes_variant)} run the "
+                         "papers' algorithms as written beside ours")
+    if profiling and not info.takes_profiling:
+        raise ValueError(f"tuner {name!r} takes no utilisation or band: those are the thesis' online "
+                         f"profiling settings, which only {_names(lambda t: t.takes_profiling)} runs")
     given = {k: v for k, v in (("cc", cc), ("p", p), ("pp", pp)) if v is not None}
     if given and not info.layout:
         shown = ", ".join(f"{k}={v}" for k, v in given.items())
@@ -167,7 +181,7 @@ def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp:
 def make_tuner(name: str, *, path: PathInfo, cc: int | None = None, p: int | None = None,
                pp: int | None = None, target_throughput_bps: float | None = None,
                history: ProfileHistory | None = None, start_time: float = 0.0, transfer_history: Any = None,
-               variant: FStreamVariant | None = None) -> Tuner:
+               variant: Any = None) -> Tuner:
     """Return a fresh tuner (options it would ignore are refused by ``check_options``).
 
     :param name: one of ``TUNER_NAMES``.
@@ -179,11 +193,23 @@ def make_tuner(name: str, *, path: PathInfo, cc: int | None = None, p: int | Non
     :param history: profiling history (used by tuners with ``uses_history``).
     :param start_time: wall-clock start, for history timestamps.
     :param transfer_history: HARP's transfer history (DataFrame), for tuners with ``uses_transfer_history``.
-    :param variant: FStream's variant (tuners with ``takes_variant``; None: ``variants.DEFAULT``).
+    :param variant: the tuner's variant (``tuner_variant``; tuners with ``variant_of``; None: its default).
     """
     info = check_options(name, cc=cc, p=p, pp=pp, target_throughput_bps=target_throughput_bps,
                          variant=variant is not None)
     return info.factory(TunerArgs(path, StartLayout(cc, p, pp), target_throughput_bps,
                                   history if info.uses_history else None, start_time,
                                   transfer_history if info.uses_transfer_history else None,
-                                  variant or DEFAULT))
+                                  variant))
+
+
+def tuner_variant(name: str, text: str | None = None, *, utilisation: float | None = None, band: float | None = None,
+                  interval_s: float | None = None) -> Any:
+    """The variant tuner ``name`` runs: ``FStreamVariant`` (with p, band and the interval) for ``fstream``,
+    ``HarpVariant`` for ``harp``; None for a tuner without variants (a text given to one is refused)."""
+    info = check_options(name, variant=text is not None, profiling=utilisation is not None or band is not None)
+    if info.variant_of is None:
+        return None
+    if info.takes_profiling:
+        return FStreamVariant.parse(text, utilisation=utilisation, band=band, interval_s=interval_s)
+    return info.variant_of(text)

@@ -12,6 +12,9 @@ not invented): above the band Alg. 2 lowers cc straight to ``ceil(desired / per-
 but ``history-ftype``. A variant is written as a base and switches added or removed, e.g.
 ``thesis+jump+pacing`` or ``default-pacing``; p, the band and the interval can be set on top
 (``--utilisation``, ``--band``, ``--profile-interval``), which overrides what the switches imply.
+
+``HarpVariant`` does the same for HARP (Arslan & Kosar, SC'16): ``paper`` is §III as written, the
+default adds the departures ``harp_similarity`` and ``harp_model`` state, each a named switch.
 """
 
 from __future__ import annotations
@@ -99,11 +102,7 @@ class FStreamVariant:
     @property
     def name(self) -> str:
         """Canonical text: the base it is closest to, then the switches added (+) and removed (-)."""
-        added, removed = self.switches - DEFAULT_SWITCHES, DEFAULT_SWITCHES - self.switches
-        base, plus, minus = "default", added, removed
-        if len(self.switches) < len(added) + len(removed):
-            base, plus, minus = "thesis", self.switches, frozenset()
-        return base + "".join(f"+{s}" for s in sorted(plus)) + "".join(f"-{s}" for s in sorted(minus))
+        return _name(self.switches, "thesis", DEFAULT_SWITCHES)
 
     def describe(self) -> str:
         """The name plus p, band and interval, for logs (``thesis, p=0.8 band=15% interval=10s``)."""
@@ -118,25 +117,95 @@ class FStreamVariant:
 
         A bad text raises ``ValueError`` naming it, the bad part and what is accepted.
         """
-        text = (text or "default").strip().lower()
-        base = next((b for b in BASES if text.startswith(b)), None)
-        rest = text[len(base):] if base else text
-        if base is None or (rest and rest[0] not in "+-"):
-            raise ValueError(f"fstream variant {text!r}: expected 'thesis' or 'default' followed by +switch or "
-                             f"-switch, e.g. 'thesis+jump' or 'default-pacing'; switches: {', '.join(SWITCHES)}")
-        on = set(BASES[base])
-        while rest:  # switch names contain '-': take the longest known name after each sign
-            sign, rest = rest[0], rest[1:]
-            sw = max((s for s in SWITCHES if rest.startswith(s) and rest[len(s):len(s) + 1] in ("", "+", "-")),
-                     key=len, default=None)
-            if sw is None:
-                bad = _TOKEN.match(sign + rest)
-                raise ValueError(f"fstream variant {text!r}: unknown switch {bad.group(2) if bad else rest!r}; "
-                                 f"known: {', '.join(SWITCHES)}")
-            (on.add if sign == "+" else on.discard)(sw)
-            rest = rest[len(sw):]
-        return cls(frozenset(on), utilisation, THESIS_BAND if band is None else band, interval_s)
+        on = parse_switches("fstream", text, BASES, SWITCHES)
+        return cls(on, utilisation, THESIS_BAND if band is None else band, interval_s)
+
+
+def parse_switches(kind: str, text: str | None, bases: dict[str, frozenset[str]], switches: dict[str, str]) -> frozenset[str]:
+    """The switches a variant text turns on: a base (``bases``' first key is the paper's, the last the
+    default) then ``+switch`` / ``-switch``. Switch names contain ``-``: after each sign the longest
+    known name is taken. A bad text raises ``ValueError`` naming it, the bad part and what is accepted."""
+    names = list(bases)
+    text = (text or names[-1]).strip().lower()
+    base = next((b for b in bases if text.startswith(b)), None)
+    rest = text[len(base):] if base else text
+    if base is None or (rest and rest[0] not in "+-"):
+        raise ValueError(f"{kind} variant {text!r}: expected {' or '.join(repr(b) for b in names)} followed by "
+                         f"+switch or -switch, e.g. '{names[0]}+{next(iter(switches))}'; "
+                         f"switches: {', '.join(switches)}")
+    on = set(bases[base])
+    while rest:
+        sign, rest = rest[0], rest[1:]
+        sw = max((s for s in switches if rest.startswith(s) and rest[len(s):len(s) + 1] in ("", "+", "-")),
+                 key=len, default=None)
+        if sw is None:
+            bad = _TOKEN.match(sign + rest)
+            raise ValueError(f"{kind} variant {text!r}: unknown switch {bad.group(2) if bad else rest!r}; "
+                             f"known: {', '.join(switches)}")
+        (on.add if sign == "+" else on.discard)(sw)
+        rest = rest[len(sw):]
+    return frozenset(on)
+
+
+def _name(on: frozenset[str], paper: str, default: frozenset[str]) -> str:
+    """Canonical text: the base it is closest to, then the switches added (+) and removed (-)."""
+    added, removed = on - default, default - on
+    base, plus, minus = "default", added, removed
+    if len(on) < len(added) + len(removed):
+        base, plus, minus = paper, on, frozenset()
+    return base + "".join(f"+{s}" for s in sorted(plus)) + "".join(f"-{s}" for s in sorted(minus))
 
 
 THESIS = FStreamVariant(frozenset())
 DEFAULT = FStreamVariant()
+
+
+#: HARP's departures from the paper (Arslan & Kosar, SC'16), each stated where it is made.
+HARP_SWITCHES: dict[str, str] = {
+    "log-features": "similarity (Eq. 1) scales file size and count on a log scale: linear max-scaling makes "
+                    "every file below a tenth of the largest look alike (harp_similarity)",
+    "observed-grid": "each group's maximum (Eq. 4) is searched only within the settings the group observed: a "
+                     "cubic extrapolates wildly outside its data (harp_model)",
+    "sample-rate": "the throughput estimate is scaled by the sample's rate over the models' estimate at the "
+                   "sample's settings: the models locate the optimum, the sample says how fast the path is today",
+    "unit-floor": "one channel's throughput (Algorithm 1's UT) is at least a tenth of one channel's share at the "
+                  "relaxed point: a cubic dipping to ~0 at the edge of its data would give one chunk every channel",
+}
+HARP_DEFAULT_SWITCHES = frozenset(HARP_SWITCHES)
+HARP_BASES = {"paper": frozenset(), "default": HARP_DEFAULT_SWITCHES}
+
+
+@dataclass(frozen=True)
+class HarpVariant:
+    """Which of HARP's departures from the paper are on (``paper``: none; ``default``: all).
+
+    :param switches: names from ``HARP_SWITCHES`` that are on.
+    """
+
+    switches: frozenset[str] = HARP_DEFAULT_SWITCHES
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.switches) - set(HARP_SWITCHES))
+        if unknown:
+            raise ValueError(f"harp variant: unknown switch(es) {', '.join(unknown)}; "
+                             f"known: {', '.join(HARP_SWITCHES)}")
+
+    def on(self, switch: str) -> bool:
+        if switch not in HARP_SWITCHES:
+            raise KeyError(f"no harp switch {switch!r}")
+        return switch in self.switches
+
+    @property
+    def name(self) -> str:
+        return _name(self.switches, "paper", HARP_DEFAULT_SWITCHES)
+
+    def describe(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str | None = None) -> "HarpVariant":
+        """``"paper"``, ``"default"``, ``"paper+observed-grid"``, ``"default-sample-rate"`` (None: ``default``)."""
+        return cls(parse_switches("harp", text, HARP_BASES, HARP_SWITCHES))
+
+
+HARP_PAPER = HarpVariant(frozenset())

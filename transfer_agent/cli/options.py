@@ -10,7 +10,7 @@ from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.statedir import default_secret_file
 from fstream_provider.model.units import parse_size
 from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES, TUNERS
-from fstream_provider.tuning.variants import SWITCHES
+from fstream_provider.tuning.variants import HARP_SWITCHES, SWITCHES
 
 
 def _size(text: str) -> int:
@@ -44,8 +44,9 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
                    help="profiling interval: how often the tuner decides (default: the tuner's own; fstream "
                         "max(2s, 50 RTT), its thesis variant and the other tuners 10s)")
     p.add_argument("--variant", metavar="NAME",
-                   help="fstream only: 'thesis' (Alg. 1-3 as written) or 'default', with switches added or removed, "
-                        "e.g. thesis+jump or default-pacing; switches: " + ", ".join(SWITCHES))
+                   help="fstream: 'thesis' (Alg. 1-3 as written) or 'default', with switches added or removed, "
+                        "e.g. thesis+jump or default-pacing; switches: " + ", ".join(SWITCHES)
+                        + ". harp: 'paper' (SC'16 as written) or 'default'; switches: " + ", ".join(HARP_SWITCHES))
     p.add_argument("--utilisation", type=float, metavar="P",
                    help="fstream only: share of the bandwidth online profiling aims for (default 0.9; thesis 0.8)")
     p.add_argument("--band", type=float, metavar="X",

@@ -37,10 +37,9 @@ from typing import Any, Callable
 from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.transfer_history import TransferHistory
 from fstream_provider.model.spec import Destination, TransferSpec
-from fstream_provider.tuning.harp_history import CHUNKS, HistoryRow, chunk_of
+from fstream_provider.tuning.harp_history import CALIBRATION_GRID, CHUNKS, SIZE_OF_CHUNK, HistoryRow, chunk_of
 
-DEFAULT_GRID = {"cc": (1, 2, 4, 8, 16, 32), "p": (1, 2, 4, 8, 16), "pp": (0, 1, 4, 16)}
-SIZE_OF_CHUNK = {"tiny": 1 / 30, "small": 1 / 3, "medium": 3.0, "large": 12.0}  # x BDP
+DEFAULT_GRID = CALIBRATION_GRID
 MIN_FILE, MAX_LARGE = 64 * 1024, 256 * 2**20
 MIN_FILES = 4  # per probe: so concurrency 1, 2 and 4 differ even on large files (a cubic needs 20 settings)
 

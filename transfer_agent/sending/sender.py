@@ -193,7 +193,7 @@ class Transfer:
             info, redis = tuner_info(self.spec.tuner), self.redis
             tuner = self._tuner or make_tuner(
                 self.spec.tuner, path=path, cc=self.spec.cc, p=self.spec.p, pp=self.spec.pp,
-                target_throughput_bps=self.spec.target_throughput_bps, start_time=time.time(), variant=self.spec.fstream_variant(),
+                target_throughput_bps=self.spec.target_throughput_bps, start_time=time.time(), variant=self.spec.tuner_variant(),
                 history=history_io.load_profiling(redis, self.log) if redis and info.uses_history else None,
                 transfer_history=(history_io.BackgroundHistory(redis, self.log, self.history)
                                   if redis and info.uses_transfer_history else None))
