@@ -120,6 +120,18 @@ class Channel:
             pool.control.fail(FStreamError(f"channel {self.id} failed: {exc}", retryable=True))
         finally:
             self.busy = False
+            self._end_streams()
+
+    def _end_streams(self) -> None:
+        """Queue one end marker per stream, behind every block this driver queued (only the driver queues
+        blocks, so the file being sent when the channel closed is sent whole before its streams end)."""
+        for t in self.threads[:self.p]:
+            while t.is_alive():
+                try:
+                    self.blocks.put(None, timeout=0.25)
+                    break
+                except queue.Full:
+                    continue
 
     def _send_file(self, f: InFlight) -> None:
         reply = f.reply or {}
@@ -245,10 +257,12 @@ class Channel:
                 pool.control.fail(NetworkError(f"data stream of channel {self.id} lost: {exc}"))
 
     def stop(self) -> None:
-        """Close the channel: let queued blocks drain, then end streams."""
+        """Close the channel: the driver queues the rest of the file it is sending, takes no new file, hands the
+        files opened ahead back to the pool and then ends the streams (``_end_streams``), which drain the queue.
+
+        (It used to put the end markers here, from the pool's thread: while the driver was still queueing a
+        file's blocks behind them, the streams ended mid-file and the rest was never sent.)"""
         self.closing = True
-        for _ in range(self.p):
-            self.blocks.put(None)
 
     def kill(self) -> None:
         self.closing = True
