@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = {"airflow": "fstream_bench.airflow_bench", "qos": "fstream_bench.qos_bench",
              "breakdown": "fstream_bench.breakdown_bench", "pathfill": "fstream_bench.pathfill",
-             "trust": "fstream_bench.trust_bench", "soak": "fstream_bench.soak"}
+             "trust": "fstream_bench.trust_bench", "soak": "fstream_bench.soak",
+             "scheduling": "fstream_bench.scheduling"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 
