@@ -31,7 +31,8 @@ history()               stream       ``row``: JSON ``HistoryRow`` (tuning.harp_h
 calibration(path_id)    hash         ``run`` -> run id; ``pass|chunk|cc|p|pp`` -> the probe's    fstream calibrate    fstream calibrate      until ``--restart``
                                      throughput (the probes done on this path)
 profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
-pool(src, dst)          hash         reserved (issue #11, ADAPT): s_pmax, s_cmax, s_u, grants    nothing yet          nothing yet            while clients hold grants
+pool(src, dst)          hash         s_pmax, s_cmax, s_i, s_u, policy; grant:<client> ->         StreamPools          StreamPools,           fields of a lapsed lease dropped by the
+                                     streams, lease:<client> -> expiry ms (Redis clock)          (agents)             fstream pools          next request or renewal
 seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
                                                                                                  trigger
 pending(scope)          hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
