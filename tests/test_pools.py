@@ -130,3 +130,15 @@ def test_fstream_pools_sets_a_policy_and_shows_grants_live(redis_url, redis_clie
     bad = subprocess.run(base + ["set", "--source", SRC, "--destination", DST, "--s-pmax", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "s_pmax >= 1" in bad.stdout
+
+
+def test_fit_streams_cuts_channels_in_proportion_then_p():
+    from fstream_provider.tuning.base import ClusterLayout as L
+    from fstream_provider.tuning.granted import fit_streams
+
+    same, note = fit_streams((L("small", 4, 2, 4), L("large", 2, 4, 1)), 16)
+    assert note == "" and same == (L("small", 4, 2, 4), L("large", 2, 4, 1))
+    cut, note = fit_streams((L("small", 4, 2, 4), L("large", 2, 4, 1)), 8)
+    assert sum(c.cc * c.p for c in cut) <= 8 and all(c.cc >= 1 for c in cut) and "pool grant 8" in note
+    tight, _ = fit_streams((L("small", 4, 2, 4), L("large", 2, 4, 1)), 2)
+    assert tight == (L("small", 1, 1, 4), L("large", 1, 1, 1))  # one stream per cluster is the floor

@@ -15,7 +15,7 @@ ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc,
 # the JSON fields every version so far wrote (priority_class aside, see test_jobs): none renamed or dropped
 FIELDS = {"sources", "destination", "tuner", "cc", "p", "pp", "max_cc", "bandwidth_bps", "rtt_s",
           "target_throughput_bps", "variant", "utilisation", "band", "profile_interval_s", "sample_interval_s", "watch", "interval_s", "idle_exit_s",
-          "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "block_size", "tcp_buffer", "label"}
+          "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "pool", "block_size", "tcp_buffer", "label"}
 
 
 def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
@@ -25,8 +25,8 @@ def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
     assert TransferSpec.from_json(spec.to_json()) == spec
     older = {**data, "bandwidth_bps": 1000000000, "rtt_s": 0.04, "priority_class": "batch"}  # ints, retired field
     assert TransferSpec.from_json(json.dumps(older)) == spec
-    before_harp = {k: v for k, v in data.items() if k != "tcp_buffer"}  # written before issue #10
-    assert TransferSpec.from_json(json.dumps(before_harp)) == spec and spec.tcp_buffer is None
+    before_harp = {k: v for k, v in data.items() if k not in ("tcp_buffer", "pool")}  # written before #10, #11
+    assert TransferSpec.from_json(json.dumps(before_harp)) == spec and spec.tcp_buffer is None and not spec.pool
 
 
 def test_an_unknown_tuner_is_refused_naming_it_and_the_accepted_ones():

@@ -57,6 +57,8 @@ class TunerOptions(BaseModel):
     :param tcp_buffer: the TCP buffer cap per stream the tuners assume (``32MiB``; default: the sending
         host's kernel maximum).
     :param encrypt: seal data and control frames (needs the shared secret).
+    :param pool: share the path's stream pool with other agents (ADAPT): never open more streams than the
+        pool grants (``fstream pools``).
     :param tls_cert: client certificate (mutual TLS).
     :param tls_key: client key.
     :param tls_ca: CA bundle that signed the receiver's certificate.
@@ -70,6 +72,7 @@ class TunerOptions(BaseModel):
     block_size: BlockSize | None = None
     tcp_buffer: TcpBuffer | None = None
     encrypt: bool | None = None
+    pool: bool | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None

@@ -126,6 +126,7 @@ class TransferSpec(BaseModel):
     tls_key: str | None = None
     tls_ca: str | None = None
     encrypt: bool = False
+    pool: bool = False  # hold a grant from the (source, destination) stream pool in Redis (ADAPT, issue #11)
     block_size: int = 4 * 2**20
     tcp_buffer: int | None = None
     label: str = ""

@@ -81,7 +81,7 @@ class FStreamTransferOperator(BaseOperator):
     :param secret_file: shared secret for the data channels (default: the connection's ``secret_file``).
     :param tuner_options: the options without a parameter of their own
         (:class:`~fstream_provider.model.options.TunerOptions`: ``profile_interval``, ``sample_interval``,
-        ``block_size``, ``tcp_buffer``, ``encrypt``, ``tls_cert``, ``tls_key``, ``tls_ca``, ``label``); unknown keys are refused.
+        ``block_size``, ``tcp_buffer``, ``encrypt``, ``pool``, ``tls_cert``, ``tls_key``, ``tls_ca``, ``label``); unknown keys are refused.
     :param fstream_conn_id: the ``fstream`` connection.
     :param deferrable: wait in the triggerer instead of polling in the worker; the default is Airflow's
         ``[operators] default_deferrable`` (False unless set), as in official providers. Long streams

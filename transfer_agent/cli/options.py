@@ -59,6 +59,9 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the end-to-end checksum (sizes and byte ranges are still checked)")
     p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret)")
+    p.add_argument("--pool", action="store_true",
+                   help="share the path's stream pool with other agents: never open more streams than the pool "
+                        "grants (needs --redis; `fstream pools` shows and sets the grants)")
     p.add_argument("--encrypt", action="store_true",
                    help="encrypt data and control frames (ChaCha20-Poly1305; needs the shared secret)")
     p.add_argument("--tls-cert", metavar="C")
@@ -82,7 +85,7 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         variant=args.variant, utilisation=args.utilisation, band=args.band, profile_interval=args.profile_interval, sample_interval=args.sample_interval,
         watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        tls_ca=args.tls_ca, encrypt=args.encrypt, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
+        tls_ca=args.tls_ca, encrypt=args.encrypt, pool=args.pool, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
     )
 
 

@@ -24,7 +24,7 @@ from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.registry import make_tuner, tuner_info
-from transfer_agent.sending import history_io
+from transfer_agent.sending import grant, history_io
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channel import MAX_SEALED_BLOCK
@@ -32,7 +32,7 @@ from transfer_agent.sending.channels import ChannelPool
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
 from transfer_agent.sending.inflight import InFlight, public_checksum
-from transfer_agent.errors import CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
+from transfer_agent.errors import AuthError, CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
 from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.sources import SrcFile, expand_sources
 
@@ -86,11 +86,9 @@ class Transfer:
         self.attempt = attempt
         self.on_event = on_event or (lambda kind, data: None)
         self.cancel = cancel or threading.Event()
-        self.redis = redis
-        self.log = log or logging.getLogger("fstream.sender")
+        self.redis, self.log = redis, log or logging.getLogger("fstream.sender")
         self._tuner = tuner
-        self.stall_timeout = stall_timeout
-        self.progress_floor_bps = progress_floor_bps
+        self.stall_timeout, self.progress_floor_bps = stall_timeout, progress_floor_bps
         self.max_session_retries = max_session_retries
         self.result = TransferResult(job_id=self.job_id, tuner=tuner.name if tuner else spec.tuner,
                                      checksum="xxh3_128" if spec.verify else "off (sizes only)")
@@ -103,6 +101,7 @@ class Transfer:
         self._watcher: SourceWatcher | None = None
         self.history = history or history_io.HistoryOptions()
         self._recorder: history_io.HistoryRecorder | None = None
+        self._lease: grant.PoolLease | None = None  # the stream pool's grant (spec.pool), opened by run()
 
     # -- public --------------------------------------------------------------------------------
     def run(self) -> TransferResult:
@@ -117,10 +116,8 @@ class Transfer:
             raise FStreamError("TLS: --tls-ca is required with --tls-cert (the receiver's certificate must be checked)")
         ssl_ctx = tls.client_context() if tls else None
         if secret is None and ssl_ctx is None:
-            from transfer_agent.errors import AuthError
             raise AuthError("no shared secret and no TLS certificates: pass --secret-file (or --tls-*)")
         if getattr(spec, "encrypt", False) and secret is None:
-            from transfer_agent.errors import AuthError
             raise AuthError("--encrypt needs a shared secret (--secret-file); with TLS alone the channel is "
                             "already encrypted")
         watcher = SourceWatcher(spec.sources, dest.path) if spec.watch else None
@@ -139,6 +136,7 @@ class Transfer:
 
         policy = replace(SESSION_RETRY, attempts=self.max_session_retries + 1)
         try:
+            self._lease = grant.open_lease(spec, self.redis, self.history, self.job_id, self.on_event)
             try:
                 pending = policy.call(
                     lambda: self._session(dest.host, dest.port, secret, ssl_ctx, hasher, pending, watcher),
@@ -155,6 +153,7 @@ class Transfer:
             for sf in pending:
                 self._fail_file(sf, err)
         finally:
+            self._lease = self._lease and self._lease.close()  # every stream back to the pool
             self._save_history()
             hasher.shutdown(wait=False, cancel_futures=True)
             if watcher:
@@ -197,6 +196,7 @@ class Transfer:
                 history=history_io.load_profiling(redis, self.log) if redis and info.uses_history else None,
                 transfer_history=(history_io.BackgroundHistory(redis, self.log, self.history)
                                   if redis and info.uses_transfer_history else None))
+            tuner = grant.bounded(tuner, self._lease)
             if redis is not None and self.history.record and self._recorder is None:
                 self._recorder = history_io.HistoryRecorder(redis, self.history, path=path, destination=f"{host}:{port}",
                                                             job_id=self.job_id, log=self.log)
