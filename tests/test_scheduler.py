@@ -74,12 +74,17 @@ def test_saturation_by_aggregate_rate_and_by_a_proportionally_insignificant_gain
     assert s._aggregate("src") < 0.95 * 10e9 and s._saturated("src")
 
 
-def test_a_waiting_task_preempts_only_a_running_one_whose_xfactor_is_lower_by_pf():
-    cfg = SealConfig(small_bytes=0, max_total_cc=4, preempt_guard_s=0)
-    s = _sched(cfg, src=4e9, dst=4e9)
+def _old_and_new(**cfg) -> SealScheduler:
+    """A 400 GB task running alone on 4 Gbit/s ends capped at 4 cc, and a 20 GB task arriving behind it."""
+    s = _sched(SealConfig(small_bytes=0, max_total_cc=4, **cfg), src=4e9, dst=4e9)
     s.submit(Task("old", "src", "dst", 400 * GB, arrival=0.0))
     s.cycle(0.0)
     s.submit(Task("new", "src", "dst", 20 * GB, arrival=0.0))
+    return s
+
+
+def test_a_waiting_task_preempts_only_a_running_one_whose_xfactor_is_lower_by_pf():
+    s = _old_and_new(preempt_guard_s=0)
     acts = []
     t = 0.0
     while not any(a.kind == "preempt" for a in acts) and t < 600:
@@ -94,11 +99,7 @@ def test_a_waiting_task_preempts_only_a_running_one_whose_xfactor_is_lower_by_pf
 
 
 def test_the_preempt_guard_spares_a_task_that_just_started():
-    cfg = SealConfig(small_bytes=0, max_total_cc=4, preempt_guard_s=30.0)
-    s = _sched(cfg, src=4e9, dst=4e9)
-    s.submit(Task("old", "src", "dst", 400 * GB, arrival=0.0))
-    s.cycle(0.0)
-    s.submit(Task("new", "src", "dst", 20 * GB, arrival=0.0))
+    s = _old_and_new(preempt_guard_s=30.0)
     kinds = set()
     for i in range(1, 50):  # 24.5 s: the waiting task's xfactor passes pf x old's, the guard holds
         s.progress("old", i * 0.25 * GB, 4e9)
