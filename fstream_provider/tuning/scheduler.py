@@ -146,10 +146,6 @@ class SealScheduler:
         self._run: list[Task] = []
 
     @property
-    def running(self) -> list[Task]:
-        return [t for t in self.tasks.values() if t.state == "running"]
-
-    @property
     def name(self) -> str:
         return f"steal(lambda={self.cfg.lambda_:g})" if self.cfg.steal else "seal"
 
