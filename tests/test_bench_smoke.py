@@ -131,3 +131,14 @@ def test_bench_tool_names_select_tuner_variant_and_fixed_settings():
     assert "CCxPxPP" in harness.tool_available("fstream-fixed:8/4/2")
     assert "only fstream-fixed" in harness.tool_available("fstream-static:1x1x1")
     assert "unknown tool" in harness.tool_available("scp")
+
+
+def test_pools_wan_reports_the_overlap_and_jains_index_of_two_agents():
+    from fstream_bench.pools_wan import _overlap
+
+    a = [(float(t), 500e6) for t in range(0, 40)]
+    b = [(float(t), 300e6) for t in range(5, 45)]
+    ma, mb, agg, jain = _overlap(a, b)
+    assert (ma, mb, agg) == (500e6, 300e6, 800e6)
+    assert jain == pytest.approx(0.941, abs=1e-3)  # (5+3)^2 / (2 (25+9))
+    assert _overlap(a, [(50.0, 1e6), (60.0, 1e6)]) == (0.0, 0.0, 0.0, 0.0)  # they never ran together
