@@ -319,9 +319,13 @@ def test_a_cluster_that_ran_out_of_files_gives_its_channels_back(tmp_path: Path,
     assert res.ok and trees_identical(src, tmp_path / "dst" / "out")
     first = res.intervals[0]["clusters"]
     assert "small" in first or any("small" in d["layouts"] for d in res.tuning)
-    late = [iv for iv in res.intervals if iv["t"] > res.intervals[-1]["t"] - 1.0]
-    assert late and all("small" not in iv["clusters"] for iv in late), [iv["clusters"] for iv in late]
-    assert all("large" in iv["clusters"] for iv in late[:-1])
+    # The small files can take seconds (they share the receiver's paced rate, and channels reassigned to them
+    # mid-file finish their large file first), so "the last second" was not always after the give-back: the
+    # property is that the tuner's last decision gives the small cluster nothing and the last intervals run
+    # without it.
+    assert "small" not in res.tuning[-1]["layouts"] and "large" in res.tuning[-1]["layouts"], res.tuning[-1]
+    late = res.intervals[-2:]
+    assert all("small" not in iv["clusters"] for iv in late), [iv["clusters"] for iv in late]
 
 
 def test_a_tuner_that_fails_mid_transfer_keeps_the_layout_and_loses_nothing(tmp_path: Path, secret: Path) -> None:
