@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -123,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
             build_dataset("large", size, root, work / "uniq", seed=ord(n))
         with fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
             dst = f"{bench.sites.dst_host}:{rx.port}"
-            import socket
-
             pools.configure(socket.gethostname(), dst, GreedyPolicy(args.s_pmax, args.s_cmax, args.s_i, args.s_u))
             for mode in ("pool", "no pool"):
                 runs: dict = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import redis
 
@@ -145,9 +146,8 @@ class StreamPools:
                 try:
                     pipe.watch(key)
                     now_ms = self._now_ms(pipe)
-                    fields = pipe.hgetall(key)
-                    lapsed = [f[6:] for f, v in fields.items() if f.startswith("lease:") and int(v) < now_ms]
-                    grants = {f[6:]: int(v) for f, v in fields.items() if f.startswith("grant:") and f[6:] not in lapsed}
+                    live, lapsed = _live(pipe.hgetall(key), now_ms)
+                    grants = {c: streams for c, (streams, _lease) in live.items()}
                     cur = grants.get(client, 0)
                     new, why = policy.provision(cur, sum(grants.values()))
                     pipe.multi()
@@ -180,12 +180,8 @@ class StreamPools:
         """The pool as stored: its parameters and each live grant with the seconds left on its lease."""
         fields = self.client.hgetall(self.keys.pool(src, dst))
         now_ms = self._now_ms(self.client)
-        grants = {}
-        for f, v in fields.items():
-            if f.startswith("grant:"):
-                lease = int(fields.get("lease:" + f[6:], 0))
-                if lease >= now_ms:
-                    grants[f[6:]] = {"streams": int(v), "expires_in_s": round((lease - now_ms) / 1000, 1)}
+        live, _lapsed = _live(fields, now_ms)
+        grants = {c: {"streams": n, "expires_in_s": round((lease - now_ms) / 1000, 1)} for c, (n, lease) in live.items()}
         params = {k: fields[k] for k in ("policy", "s_pmax", "s_cmax", "s_i", "s_u") if k in fields}
         return {"source": src, "destination": dst, **params, "allocated": sum(g["streams"] for g in grants.values()),
                 "grants": grants}
@@ -197,12 +193,20 @@ class StreamPools:
         for key in self.client.scan_iter(match=prefix + "*", count=500):
             rest = key[len(prefix):]
             src, _, dst = rest.partition(":")
-            out.append((_unescape(src), _unescape(dst)))
+            out.append((unquote(src), unquote(dst)))  # Keys escapes each part with %XX
         return sorted(out)
 
 
-def _unescape(part: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(part)
+def _live(fields: dict[str, str], now_ms: int) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """A pool hash's grants whose lease still runs (client -> (streams, lease ms)) and the clients whose lapsed."""
+    live: dict[str, tuple[int, int]] = {}
+    lapsed: list[str] = []
+    for f, v in fields.items():
+        if f.startswith("grant:"):
+            lease = int(fields.get("lease:" + f[6:], 0))
+            if lease >= now_ms:
+                live[f[6:]] = (int(v), lease)
+            else:
+                lapsed.append(f[6:])
+    return live, lapsed
 

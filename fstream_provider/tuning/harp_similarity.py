@@ -10,11 +10,11 @@ Entries at or above a threshold are kept; the threshold starts at 0.99 and drops
 ``HarpOptimizer``), never below ``floor``.
 
 *Departure* (switch ``log-features``, off in the ``paper`` variant): file size and count are normalised
-on a log scale (``log1p``): their ranges span six
-orders of magnitude, and a linear max-normalisation puts every file far below the largest at about
-zero: with 10 MB files in the history a 1 kB and a 100 kB dataset look identical (similarity
-1 - 6e-6), while on a log scale a factor of 100 weighs the same whether smaller or larger. Chunk
-type, which the paper adds for this reason, still separates tiny from small files. The other four features are normalised linearly as in the paper.
+on a log scale (``log1p``): their ranges span six orders of magnitude, and a linear max-normalisation
+puts every file far below the largest at about zero: with 10 MB files in the history a 1 kB and a
+100 kB dataset look identical (similarity 1 - 6e-6), while on a log scale a factor of 100 weighs the
+same whether smaller or larger. Chunk type, which the paper adds for this reason, still separates
+tiny from small files. The other four features are normalised linearly as in the paper.
 
 *Grouping.* The paper groups the kept entries that share dataset and network settings and were
 collected at about the same time (one group = one sweep, its own background load). Calibration probes

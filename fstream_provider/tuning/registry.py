@@ -72,7 +72,7 @@ class TunerInfo:
     holds_target: bool = False
     uses_history: bool = False
     uses_transfer_history: bool = False
-    variant_of: Callable[[str | None], Any] | None = None
+    variant_of: Callable[..., Any] | None = None
     takes_profiling: bool = False
 
     @property
@@ -210,6 +210,5 @@ def tuner_variant(name: str, text: str | None = None, *, utilisation: float | No
     info = check_options(name, variant=text is not None, profiling=utilisation is not None or band is not None)
     if info.variant_of is None:
         return None
-    if info.takes_profiling:
-        return FStreamVariant.parse(text, utilisation=utilisation, band=band, interval_s=interval_s)
-    return info.variant_of(text)
+    extra = {"utilisation": utilisation, "band": band, "interval_s": interval_s} if info.takes_profiling else {}
+    return info.variant_of(text, **extra)

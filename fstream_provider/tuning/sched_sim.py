@@ -233,7 +233,7 @@ def replay(trace: list[TraceTask], scheduler, *, endpoints: dict[str, EndpointCu
                     r.state = "running"
             elif r.state == "draining":
                 by = by_id.get(r.drain_for)
-                if by is None or by.state in ("running", "done") or by.state == "waiting":
+                if by is None or by.state in ("running", "done", "waiting"):
                     r.resent += r.done - r.committed
                     r.done, r.state, r.cc = r.committed, "waiting", 0
         now = round(now + dt, 6)

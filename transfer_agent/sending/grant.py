@@ -81,9 +81,9 @@ class PoolLease:
                         self.destination, exc)
 
 
-def open_lease(spec: Any, redis: Any, history: Any, client: str,
+def open_lease(spec: Any, redis: Any, keys: Any, client: str,
                on_event: Callable[[str, dict], None]) -> PoolLease | None:
-    """The transfer's lease when its spec asks for the pool (``pool``), else None."""
+    """The transfer's lease when its spec asks for the pool (``pool``), else None (``keys``: the namespace)."""
     if not getattr(spec, "pool", False):
         return None
     if redis is None:
@@ -99,7 +99,7 @@ def open_lease(spec: Any, redis: Any, history: Any, client: str,
         log.info("pool %s -> %s:%s: %d stream(s) granted (%s)", source, dest.host, dest.port, streams, why)
         on_event("log", {"level": "info", "message": f"pool grant: {streams} stream(s) ({why})"})
 
-    return PoolLease(StreamPools(redis, history.keys), source, f"{dest.host}:{dest.port}", client, changed).start()
+    return PoolLease(StreamPools(redis, keys), source, f"{dest.host}:{dest.port}", client, changed).start()
 
 
 def bounded(tuner: Any, lease: PoolLease | None) -> Any:

@@ -136,7 +136,7 @@ class Transfer:
 
         policy = replace(SESSION_RETRY, attempts=self.max_session_retries + 1)
         try:
-            self._lease = grant.open_lease(spec, self.redis, self.history, self.job_id, self.on_event)
+            self._lease = grant.open_lease(spec, self.redis, self.history.keys, self.job_id, self.on_event)
             try:
                 pending = policy.call(
                     lambda: self._session(dest.host, dest.port, secret, ssl_ctx, hasher, pending, watcher),
