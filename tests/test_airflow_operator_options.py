@@ -41,11 +41,14 @@ def test_bad_options_fail_at_construction_naming_what_is_wrong(kw, says):
     assert says in str(e.value)
 
 
-def test_priority_class_is_refused_by_airflow_naming_it():
-    with pytest.raises(TypeError, match=r"Invalid arguments were passed to FStreamTransferOperator \(task_id: t\)"
-                                        r"[\s\S]*'priority_class': 'batch'"):
-        op(priority_class="batch")
-    assert "priority_class" not in FStreamTransferOperator.template_fields
+def test_priority_class_reaches_the_spec_and_a_wrong_one_fails_at_parse():
+    assert op(priority_class="batch").build_spec().priority_class == "batch"
+    assert op().build_spec().priority_class == "interactive"
+    with pytest.raises(ValueError, match="priority_class 'low': must be one of interactive, batch"):
+        op(priority_class="low")
+    with pytest.raises(ValueError, match="tuner_options: priority_class has its own parameter"):
+        op(tuner_options={"priority_class": "batch"})
+    assert "priority_class" in FStreamTransferOperator.template_fields
 
 
 def test_tuner_options_reach_the_spec_and_a_start_reaches_the_tuner():

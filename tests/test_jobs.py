@@ -26,15 +26,19 @@ def spec() -> TransferSpec:
 
 
 def test_a_job_stored_by_an_older_version_still_reads(store, spec):
-    """Specs on Redis written before priority_class was removed (and the hash field) load unchanged."""
+    """Specs on Redis written before priority_class came back (issue #11), and with it, load: the class
+    they name is the one the scheduler reads; a spec without one is interactive."""
     import json
 
     job_id, _ = store.submit(spec)
-    legacy = {**json.loads(spec.to_json()), "priority_class": "interactive"}
-    store.client.hset(store.keys.job(job_id), mapping={"spec": json.dumps(legacy), "priority_class": "interactive"})
-    assert store.get(job_id).spec == spec
-    with pytest.raises(ValueError, match="unknown field.s. priority_class"):
-        TransferSpec(**legacy)  # given, not stored: refused
+    data = json.loads(spec.to_json())
+    without = {k: v for k, v in data.items() if k != "priority_class"}
+    store.client.hset(store.keys.job(job_id), mapping={"spec": json.dumps(without)})
+    assert store.get(job_id).spec == spec and spec.priority_class == "interactive"
+    store.client.hset(store.keys.job(job_id), mapping={"spec": json.dumps({**data, "priority_class": "batch"})})
+    assert store.get(job_id).spec.priority_class == "batch"
+    with pytest.raises(ValueError, match="priority_class 'urgent': must be one of interactive, batch"):
+        TransferSpec(**{**data, "priority_class": "urgent"})
 
 
 def _take(store: JobStore, consumer: str = "w") -> tuple[str, str]:
@@ -49,7 +53,7 @@ def test_submit_creates_queued_job_with_spec_roundtrip(store, spec):
     job = store.get(job_id)
     assert isinstance(job, JobState)
     assert job.state == "queued" and job.attempt == 0 and job.deliveries == 0 and job.worker is None
-    assert job.spec == spec and "priority_class" not in job.to_dict()  # never read: gone (issue #11)
+    assert job.spec == spec and job.spec.priority_class == "interactive"
     assert job.error is None and job.result is None and not job.terminal
     assert store.client.ttl(store.keys.job(job_id)) == -1  # no expiry while live
     evs = store.events(job_id)

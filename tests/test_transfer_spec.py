@@ -12,10 +12,11 @@ from fstream_provider.tuning.registry import TUNER_NAMES
 
 DEST = "fstream://127.0.0.1:9/x"
 ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc, harp"
-# the JSON fields every version so far wrote (priority_class aside, see test_jobs): none renamed or dropped
+# the JSON fields every version so far wrote: none renamed or dropped
 FIELDS = {"sources", "destination", "tuner", "cc", "p", "pp", "max_cc", "bandwidth_bps", "rtt_s",
           "target_throughput_bps", "variant", "utilisation", "band", "profile_interval_s", "sample_interval_s", "watch", "interval_s", "idle_exit_s",
-          "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "pool", "block_size", "tcp_buffer", "label"}
+          "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "pool", "block_size", "tcp_buffer", "label",
+          "priority_class"}
 
 
 def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
@@ -23,9 +24,9 @@ def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
     data = json.loads(spec.to_json())
     assert set(data) == FIELDS
     assert TransferSpec.from_json(spec.to_json()) == spec
-    older = {**data, "bandwidth_bps": 1000000000, "rtt_s": 0.04, "priority_class": "batch"}  # ints, retired field
+    older = {**data, "bandwidth_bps": 1000000000, "rtt_s": 0.04}  # ints
     assert TransferSpec.from_json(json.dumps(older)) == spec
-    before_harp = {k: v for k, v in data.items() if k not in ("tcp_buffer", "pool")}  # written before #10, #11
+    before_harp = {k: v for k, v in data.items() if k not in ("tcp_buffer", "pool", "priority_class")}  # before #10, #11
     assert TransferSpec.from_json(json.dumps(before_harp)) == spec and spec.tcp_buffer is None and not spec.pool
 
 
@@ -47,9 +48,11 @@ def test_layout_and_target_are_refused_where_the_tuner_would_ignore_them():
     assert (spec.cc, spec.p, spec.pp) == (3, 2, 1)
 
 
-def test_priority_class_is_refused_not_stored():
-    with pytest.raises(ValueError, match=r"unknown field\(s\) priority_class \(accepted: sources, destination"):
-        TransferSpec.from_options(["/a"], DEST, priority_class="interactive")
+def test_priority_class_is_interactive_or_batch_and_named_when_wrong():
+    assert TransferSpec.from_options(["/a"], DEST).priority_class == "interactive"
+    assert TransferSpec.from_options(["/a"], DEST, priority_class="batch").priority_class == "batch"
+    with pytest.raises(ValueError, match="priority_class 'low': must be one of interactive, batch"):
+        TransferSpec.from_options(["/a"], DEST, priority_class="low")
 
 
 def test_block_size_text_is_parsed_or_refused_by_name_never_a_type_error():
@@ -89,6 +92,7 @@ def test_cli_tuner_choices_are_the_registry(capsys):
     spec = spec_from_args(args)
     assert (spec.tuner, spec.cc, spec.p, spec.pp, spec.block_size) == ("adaptivecc", 3, 2, 1, 2**20)
     assert spec_from_args(_parse("--tuner", "harp", "--tcp-buffer", "1MiB")).tcp_buffer == 2**20
+    assert spec_from_args(_parse("--priority", "batch")).priority_class == "batch"
     with pytest.raises(SystemExit):
         _parse("--tuner", "harpoon")
     err = capsys.readouterr().err
@@ -97,6 +101,7 @@ def test_cli_tuner_choices_are_the_registry(capsys):
 
 @pytest.mark.parametrize("argv, says", [
     (("--priority-class", "batch"), "unrecognized arguments: --priority-class"),
+    (("--priority", "low"), "--priority: invalid choice: 'low'"),
     (("--block-size", "4bananas"), "--block-size: size '4bananas'"),
 ])
 def test_cli_refuses_retired_and_malformed_options_when_parsing(capsys, argv, says):

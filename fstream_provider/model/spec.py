@@ -23,8 +23,10 @@ BLOCK_SIZE_MIN = 4096
 BLOCK_SIZE_MAX = 64 * 2**20
 TCP_BUFFER_MIN, TCP_BUFFER_MAX = 4096, 2**30
 # Fields older versions wrote into the JSON on Redis and nothing reads any more: dropped when
-# a stored spec is read, refused when given (priority_class: SEAL/STEAL scheduling, issue #11).
-RETIRED_FIELDS = ("priority_class",)
+# a stored spec is read, refused when given. (``priority_class`` was one until the SEAL/STEAL
+# scheduler read it again: issue #11.)
+RETIRED_FIELDS: tuple[str, ...] = ()
+PRIORITY_CLASSES = ("interactive", "batch")
 # User-facing option names (``from_options``) that are converted into a spec field.
 RATE_OPTIONS = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
 DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",
@@ -97,6 +99,8 @@ class TransferSpec(BaseModel):
     :param tcp_buffer: the TCP buffer cap per stream the tuners assume, in bytes (default: the kernel's
         ``net.ipv4.tcp_wmem`` maximum on the sending host); give it when the path's real cap is elsewhere.
     :param label: free text shown in logs.
+    :param priority_class: ``interactive`` or ``batch``: how the agents' STEAL scheduler treats the job
+        (batch runs on the bandwidth interactive jobs leave and never preempts; ``docs/scheduling.md``).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
@@ -130,6 +134,7 @@ class TransferSpec(BaseModel):
     block_size: int = 4 * 2**20
     tcp_buffer: int | None = None
     label: str = ""
+    priority_class: str = "interactive"
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -175,6 +180,13 @@ class TransferSpec(BaseModel):
         if v is not None and v <= 0:
             unit = " of seconds" if info.field_name.endswith("_s") else ""
             raise ValueError(f"{info.field_name} {v!r}: must be a positive number{unit}")
+        return v
+
+    @field_validator("priority_class")
+    @classmethod
+    def _priority_class(cls, v: str) -> str:
+        if v not in PRIORITY_CLASSES:
+            raise ValueError(f"priority_class {v!r}: must be one of {', '.join(PRIORITY_CLASSES)}")
         return v
 
     @field_validator("block_size")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 TERMINAL = ("succeeded", "failed", "cancelled")
 # spec options the operator takes as parameters, so they are refused inside ``tuner_options``
 _OWN_PARAMETERS = ("sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p",
-                   "pp", "watch", "until", "idle_exit", "interval", "verify", "secret_file")
+                   "pp", "watch", "until", "idle_exit", "interval", "verify", "secret_file", "priority_class")
 
 
 def _spec_field(spec: Any, name: str) -> Any:
@@ -79,6 +79,8 @@ class FStreamTransferOperator(BaseOperator):
     :param interval: in watch mode, scan interval (``2s``).
     :param verify: end-to-end checksum per file.
     :param secret_file: shared secret for the data channels (default: the connection's ``secret_file``).
+    :param priority_class: ``interactive`` (default) or ``batch``: how agents scheduling with STEAL treat the
+        job (batch uses what interactive jobs leave and never preempts; ``docs/scheduling.md``).
     :param tuner_options: the options without a parameter of their own
         (:class:`~fstream_provider.model.options.TunerOptions`: ``profile_interval``, ``sample_interval``,
         ``block_size``, ``tcp_buffer``, ``encrypt``, ``pool``, ``tls_cert``, ``tls_key``, ``tls_ca``, ``label``); unknown keys are refused.
@@ -98,7 +100,7 @@ class FStreamTransferOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p", "pp",
         "watch", "until", "idle_exit", "interval", "verify", "secret_file", "tuner_options", "agent_timeout",
-        "plot_dir",
+        "plot_dir", "priority_class",
     )
     ui_color = "#c8e6f5"
     operator_extra_links = (FStreamPlotLink(),)
@@ -122,6 +124,7 @@ class FStreamTransferOperator(BaseOperator):
         interval: str | float | None = None,
         verify: bool = True,
         secret_file: str | None = None,
+        priority_class: str = "interactive",
         tuner_options: dict[str, Any] | None = None,
         fstream_conn_id: str = DEFAULT_CONN_ID,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -148,6 +151,7 @@ class FStreamTransferOperator(BaseOperator):
         self.interval = interval
         self.verify = verify
         self.secret_file = secret_file
+        self.priority_class = priority_class
         self.tuner_options = tuner_options or {}
         self.fstream_conn_id = fstream_conn_id
         self.deferrable = deferrable
@@ -176,6 +180,11 @@ class FStreamTransferOperator(BaseOperator):
                                    own_parameters=_OWN_PARAMETERS)
             elif not is_template(opts):
                 TunerOptions.check(opts, own_parameters=_OWN_PARAMETERS)
+            if not is_template(self.priority_class):
+                from fstream_provider.model.spec import PRIORITY_CLASSES
+                if self.priority_class not in PRIORITY_CLASSES:
+                    raise ValueError(f"priority_class {self.priority_class!r}: must be one of "
+                                     f"{', '.join(PRIORITY_CLASSES)}")
             if any(is_template(v) for v in (self.tuner, self.target_throughput, self.cc, self.p, self.pp)):
                 return
             target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
@@ -214,6 +223,7 @@ class FStreamTransferOperator(BaseOperator):
             idle_exit=self.idle_exit or None, interval=self.interval or None,
             verify=rendered_bool(self.task_id, "verify", self.verify),
             secret_file=self.secret_file or None, label=opts.get("label") or label,
+            priority_class=self.priority_class or "interactive",
         )
         try:
             return TransferSpec.from_options(sources, self.destination, **opts)

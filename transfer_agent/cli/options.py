@@ -62,6 +62,9 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool", action="store_true",
                    help="share the path's stream pool with other agents: never open more streams than the pool "
                         "grants (needs --redis; `fstream pools` shows and sets the grants)")
+    p.add_argument("--priority", choices=("interactive", "batch"), default=None,
+                   help="how agents scheduling with STEAL treat the job (default interactive): batch runs on the "
+                        "bandwidth interactive jobs leave and never preempts (`fstream agent --scheduler steal`)")
     p.add_argument("--encrypt", action="store_true",
                    help="encrypt data and control frames (ChaCha20-Poly1305; needs the shared secret)")
     p.add_argument("--tls-cert", metavar="C")
@@ -86,6 +89,7 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_ca=args.tls_ca, encrypt=args.encrypt, pool=args.pool, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
+        priority_class=args.priority,
     )
 
 
