@@ -131,13 +131,25 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'released', 'ts
 return 1
 """
 
+# A running job stopped at its checkpoint for a job the scheduler ranks higher (SEAL §4.3): state
+# 'preempted' with the reason; the delivery it used is given back (a preemption is not a failed try).
+# KEYS: job, events.  ARGV: attempt, reason, now, maxlen, data_json
+PREEMPT = _FENCE + """
+if not fenced(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'preempted', 'worker', '', 'updated_at', ARGV[3], 'preempt_reason', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'deliveries', -1)
+redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'preempted', 'ts', ARGV[3], 'data', ARGV[5])
+return 1
+"""
+
 # KEYS: job, events, [idem].  ARGV: reason, now, retention, maxlen
 CANCEL = _FINISH_FN + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
 if terminal(st) then return 'terminal' end
 redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'cancel_reason', ARGV[1])
-if st == 'queued' then
+if st == 'queued' or st == 'preempted' then
   finish('cancelled', ARGV[1], '', ARGV[2], ARGV[3], ARGV[4], KEYS[3])
   return 'cancelled'
 end

@@ -10,9 +10,11 @@ from typing import Any
 from fstream_provider.model.spec import TransferSpec
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
-STATES = ("queued", "running") + TERMINAL_STATES
+# preempted: stopped at its checkpoint by the agents' scheduler for a job it ranks higher; it runs again
+# (from its committed ranges) when the scheduler picks it (issue #11, ``docs/scheduling.md``)
+STATES = ("queued", "running", "preempted") + TERMINAL_STATES
 EVENT_KINDS = ("queued", "claimed", "interval", "tuning", "file", "log", "error", "retry", "cancel",
-               "released", "requeued", "done")
+               "released", "requeued", "scheduled", "preempted", "done")
 
 
 class JobLostError(LookupError):
@@ -64,7 +66,7 @@ class JobState:
     """A job as stored in its Redis hash.
 
     :param job_id: the job id (16 hex digits).
-    :param state: queued, running, succeeded, failed or cancelled.
+    :param state: queued, running, preempted, succeeded, failed or cancelled.
     :param attempt: the fencing number: incremented on every claim by a worker.
     :param spec: the transfer specification.
     :param worker: the agent that holds (or last held) the job.
@@ -76,6 +78,8 @@ class JobState:
     :param deliveries: how many times an agent took the job off the stream.
     :param cancel_requested: a cancel was asked for (the running worker stops).
     :param progress: the latest interval record, while running.
+    :param preemptions: how many times the scheduler preempted it.
+    :param preempt_reason: why it was last preempted (the scheduler's reason).
     """
 
     job_id: str
@@ -91,6 +95,8 @@ class JobState:
     deliveries: int
     cancel_requested: bool = False
     progress: dict | None = None
+    preemptions: int = 0
+    preempt_reason: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -116,6 +122,8 @@ class JobState:
             deliveries=_num(h.get("deliveries"), int),
             cancel_requested=h.get("cancel_requested") == "1",
             progress=js("progress"),
+            preemptions=_num(h.get("preemptions"), int),
+            preempt_reason=h.get("preempt_reason") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +133,7 @@ class JobState:
             "error": self.error, "result": self.result, "idempotency_key": self.idempotency_key,
             "deliveries": self.deliveries,
             "cancel_requested": self.cancel_requested, "progress": self.progress,
+            "preemptions": self.preemptions, "preempt_reason": self.preempt_reason,
         }
 
 

@@ -46,6 +46,7 @@ class JobStore:
         self._finish = client.register_script(lua.FINISH)
         self._release = client.register_script(lua.RELEASE)
         self._cancel = client.register_script(lua.CANCEL)
+        self._preempt = client.register_script(lua.PREEMPT)
 
     # ------------------------------------------------------------------ client side
     def ensure_group(self) -> None:
@@ -197,6 +198,16 @@ class JobStore:
         k = self.keys
         out = self._release(keys=[k.job(job_id), k.job_events(job_id)], args=[attempt, reason, now_text(),
                                                                               self.events_maxlen])
+        return bool(int(out))
+
+    def preempt(self, job_id: str, attempt: int, reason: str, data: dict | None = None) -> bool:
+        """Record that the running job stopped at its checkpoint for a job the scheduler ranks higher: state
+        ``preempted`` with ``reason`` and a ``preempted`` event (``data``: who preempted it, committed bytes),
+        if ``attempt`` is current. Its delivery is given back: preemptions never dead-letter a job."""
+        k = self.keys
+        payload = json.dumps({"reason": reason, "attempt": attempt, **(data or {})}, default=str)
+        out = self._preempt(keys=[k.job(job_id), k.job_events(job_id)], args=[attempt, reason, now_text(),
+                                                                               self.events_maxlen, payload])
         return bool(int(out))
 
     def trim_acked(self) -> int:

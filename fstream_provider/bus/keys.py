@@ -33,6 +33,11 @@ calibration(path_id)    hash         ``run`` -> run id; ``pass|chunk|cc|p|pp`` -
 profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
 pool(src, dst)          hash         s_pmax, s_cmax, s_i, s_u, policy; grant:<client> ->         StreamPools          StreamPools,           fields of a lapsed lease dropped by the
                                      streams, lease:<client> -> expiry ms (Redis clock)          (agents)             fstream pools          next request or renewal
+sched_tasks()           hash         job id -> JSON task: ends, size, class, arrival, state      agents (scheduler)   agents, fstream        field dropped when the job ends
+                                     (waiting|running), agent, cc, run time, preempt_by/reason                        schedule
+sched_progress()        hash         job id -> JSON {done, rate, ts} of a running task            running agent        agents (scheduler)     field dropped when the task stops
+sched_config()          hash         cap:<endpoint>, unit:<endpoint> (bits/s), ratio:<src>|<dst>  fstream schedule     agents (scheduler)     none
+                                     (the model's correction from recent transfers)              set, agents
 seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
                                                                                                  trigger
 pending(scope)          hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
@@ -132,6 +137,16 @@ class Keys:
         return self.prefix + "pool:" + _part(src) + ":" + _part(dst)
 
     # sensors
+    # -- the agents' shared scheduler (SEAL/STEAL, issue #11)
+    def sched_tasks(self) -> str:
+        return self.prefix + "sched:tasks"
+
+    def sched_progress(self) -> str:
+        return self.prefix + "sched:progress"
+
+    def sched_config(self) -> str:
+        return self.prefix + "sched:config"
+
     def seen(self, scope: str) -> str:
         return self.prefix + "seen:" + _part(scope)
 

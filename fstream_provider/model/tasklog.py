@@ -106,6 +106,12 @@ def live_event_line(ev: dict[str, Any], target_bps: float | None = None,
         return (level if isinstance(level, int) else logging.INFO), f"agent: {ev.get('message', '')}"
     if kind == "claimed":
         return logging.INFO, f"claimed by agent {ev.get('worker') or ev.get('agent') or '?'}"
+    if kind == "preempted":  # the agents' scheduler stopped it at its checkpoint; it resumes from there
+        moved = ev.get("committed_bytes")
+        kept = f"; {_num(moved) / 1e6:.1f} MB committed stay and are not sent again" if moved is not None else ""
+        return logging.WARNING, f"preempted: {ev.get('reason', '')}{kept}"
+    if kind == "scheduled":
+        return logging.INFO, f"scheduler: {ev.get('reason', '')}"
     return None
 
 

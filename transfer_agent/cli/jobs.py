@@ -58,6 +58,16 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="reclaim a dead agent's job after it was idle this long (default 30s)")
     p.add_argument("--max-deliveries", type=int, default=5, help="dead-letter a job taken this often (default 5)")
     p.add_argument("--max-retries", type=int, default=3, help="retries of retryable failures per claim (default 3)")
+    p.add_argument("--scheduler", choices=("fifo", "seal", "steal"), default="fifo",
+                   help="fifo: jobs in arrival order (default); seal/steal: all agents of the namespace share one "
+                        "SEAL/STEAL scheduler that picks, preempts and sizes jobs (use the same on every agent; "
+                        "`fstream schedule` shows it)")
+    p.add_argument("--preemption-factor", type=float, default=1.5, metavar="PF",
+                   help="seal/steal: a waiting job preempts running ones whose xfactor is PF times lower (default 1.5)")
+    p.add_argument("--lambda", dest="lambda_", type=float, default=1.0, metavar="L",
+                   help="steal: batch jobs fill at most this share of an endpoint's maximum (default 1)")
+    p.add_argument("--promote-after", metavar="DURATION",
+                   help="steal: a batch job waiting this long is treated as interactive (default never)")
     from transfer_agent.cli.options import add_history_options
     add_history_options(p)
     p.set_defaults(func=cmd_agent)
@@ -75,9 +85,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from transfer_agent.cli.options import history_from_args
     from transfer_agent.daemon.worker import default_agent_name
 
+    from fstream_provider.tuning.scheduler import SealConfig
+
     url = resolve_redis_url(args.redis)
     name = args.name or default_agent_name()
-    agent = Agent(url, name=name, secret_file=args.secret_file,
+    try:
+        sched = SealConfig(pf=args.preemption_factor, lambda_=args.lambda_,
+                           promote_after_s=parse_duration(args.promote_after) if args.promote_after else None)
+    except ValueError as exc:
+        print(f"fstream agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    agent = Agent(url, name=name, secret_file=args.secret_file, scheduler=args.scheduler, sched_config=sched,
                   heartbeat_ttl=parse_duration(args.heartbeat_ttl),
                   claim_idle_ms=int(parse_duration(args.claim_idle) * 1000), max_deliveries=args.max_deliveries,
                   max_retries=args.max_retries, keys=Keys(args.namespace),
@@ -86,7 +104,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("transfer_agent.daemon").setLevel(logging.INFO)
     previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
-    print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}", file=sys.stderr, flush=True)
+    how = "" if args.scheduler == "fifo" else f" (scheduler {args.scheduler})"
+    print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}{how}", file=sys.stderr, flush=True)
     try:
         agent.run(once=args.once)
     finally:

@@ -172,11 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
-    from transfer_agent.cli import calibrate, history, jobs, pools, seen  # jobs, seen-sets, history, calibration, pools
+    from transfer_agent.cli import calibrate, history, jobs, pools, schedule, seen
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
                 jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
-                calibrate.add_calibrate_parser, pools.add_pools_parser):
+                calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser):
         add(sub)
     for name, register in plugin_commands().items():
         register(sub)

@@ -38,6 +38,8 @@ class HeartbeatMixin:
                 if run is not None and not run.lost:
                     owner, cancel = self._store.touch(run.job_id, run.attempt, run.entry_id, self.name)
                     self._note_fence(run, owner, cancel)
+                    if self._board is not None and not run.lost:
+                        self._sched_beat(run)
             except REDIS_UNREACHABLE as exc:
                 self.counters["heartbeat_errors"] += 1
                 self.log.warning("heartbeat: Redis unreachable (%s); retrying in %.1f s", exc, period)

@@ -12,9 +12,10 @@ class IntakeMixin:
     ``_client``, ``_store`` and ``_autoclaim_cursor``.
     """
 
-    def _read(self, stream: str, group: str, start: str, block: int | None) -> list[tuple[str, dict | None]]:
+    def _read(self, stream: str, group: str, start: str, block: int | None,
+              count: int = 1) -> list[tuple[str, dict | None]]:
         try:
-            resp = self._client.xreadgroup(group, self.name, {stream: start}, count=1, block=block)
+            resp = self._client.xreadgroup(group, self.name, {stream: start}, count=count, block=block)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise

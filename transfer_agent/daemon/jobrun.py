@@ -33,6 +33,12 @@ class JobRun:
         self.lost = False  # another agent took the job over: write nothing more
         self.cancel_requested = False
         self.stopping = False
+        # the agents' scheduler (``--scheduler seal|steal``): bytes moved, recent rate, and why it was preempted
+        self.moved = 0.0
+        self.rate_bps = 0.0
+        self.preempt_reason = ""
+        self.preempt_by = ""
+        self.preempt_seen = 0.0
         self._lock = threading.Lock()
         self._events: list[tuple[str, float, dict]] = []
         self._progress: dict | None = None
@@ -43,6 +49,8 @@ class JobRun:
             self._events.append((kind, time.time(), data))
             if kind == "interval":
                 self._progress = data
+                self.moved += float(data.get("bytes") or 0)
+                self.rate_bps = float(data.get("throughput_bps") or 0)
             if len(self._events) >= PUBLISH_BATCH:
                 self.wake.set()
 

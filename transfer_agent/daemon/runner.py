@@ -70,6 +70,13 @@ class JobRunnerMixin:
             level = logging.WARNING if claim.outcome == "dead" else logging.INFO
             self.log.log(level, "job %s (entry %s): %s %s", job_id, entry_id, claim.outcome, claim.message)
             return
+        self._run_claimed(job_id, entry_id, claim)
+
+    def _run_claimed(self, job_id: str, entry_id: str, claim: Claim, max_cc: int | None = None) -> None:
+        """Run a claimed job to its outcome; ``max_cc``: the concurrency the agents' scheduler gave it."""
+        spec = claim.spec
+        if max_cc is not None and max_cc < spec.max_cc:
+            spec = spec.replace(max_cc=max_cc, cc=min(spec.cc, max_cc) if spec.cc else spec.cc)
         run = JobRun(job_id, claim.attempt, entry_id)
         self._current = run
         if self._stop.is_set():
@@ -80,7 +87,7 @@ class JobRunnerMixin:
         pump.start()
         self.log.info("job %s attempt %d: started", job_id, claim.attempt)
         try:
-            outcome = self._execute(run, claim.spec)
+            outcome = self._execute(run, spec)
         finally:
             pump_stop.set()
             run.wake.set()
@@ -122,12 +129,24 @@ class JobRunnerMixin:
             self.log.warning("job %s attempt %d: superseded by a newer attempt; not acknowledging", run.job_id,
                              run.attempt)
             return
+        board = getattr(self, "_board", None)
+        if outcome is None and run.preempt_reason:  # the scheduler's: stopped at its checkpoint, runs again later
+            data = {"by": run.preempt_by, "committed_bytes": run.moved, "agent": self.name}
+            if self._store.preempt(run.job_id, run.attempt, run.preempt_reason, data):
+                self.counters["jobs_preempted"] += 1
+                self.log.info("job %s attempt %d: preempted (%s)", run.job_id, run.attempt, run.preempt_reason)
+                board.requeue(run.job_id, done_bytes=run.moved, preempted=True)
+            return
         if outcome is None:  # interrupted because the agent stops: give it back
             if self._store.release(run.job_id, run.attempt, f"agent {self.name} stopping"):
                 self.log.info("job %s attempt %d: released (agent stopping)", run.job_id, run.attempt)
+                if board is not None:
+                    board.requeue(run.job_id, done_bytes=run.moved)
             return
         state, error, result = outcome
         if self._store.finish(run.job_id, run.attempt, run.entry_id, state=state, error=error, result=result):
+            if board is not None:
+                board.remove(run.job_id)
             self.counters[f"jobs_{state}"] += 1
             self.log.info("job %s attempt %d: %s%s", run.job_id, run.attempt, state, f" ({error})" if error else "")
         else:
@@ -137,6 +156,8 @@ class JobRunnerMixin:
                 self.counters[f"jobs_{now.state}"] += 1
                 self.log.info("job %s attempt %d: %s (recorded before Redis went away)", run.job_id, run.attempt,
                               now.state)
+                if board is not None:
+                    board.remove(run.job_id)
                 return
             self.counters["fenced_out" if now is not None else "vanished"] += 1
             self.log.warning("job %s attempt %d: finished as %s but %s; not acknowledging", run.job_id,

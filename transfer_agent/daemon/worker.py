@@ -27,6 +27,7 @@ from transfer_agent.daemon.intake import IntakeMixin
 from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.daemon.runner import REDIS_BACKOFF, JobRunnerMixin
+from transfer_agent.daemon.scheduled import SchedulingMixin
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,10 @@ def default_agent_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
+SCHEDULERS = ("fifo", "seal", "steal")
+
+
+class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     """A transfer agent that consumes FStream jobs from Redis.
 
     Shape of Rucio's daemons: ``run(once=False)`` / ``stop()``, waits on ``threading.Event``,
@@ -69,6 +73,14 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
         (``sending.history_io.HistoryOptions``; default: recorded in this namespace, named after this agent).
     :param transfer_factory: builds the transfer; default ``transfer_agent.sending.sender.Transfer``.
     :param rng: randomness for backoff jitter.
+    :param scheduler: ``fifo`` (jobs in arrival order, one per free agent) or ``seal``/``steal``: every agent
+        on the namespace admits jobs to one shared board and runs what SEAL/STEAL gives it
+        (``transfer_agent.daemon.scheduled``; all agents of a namespace should use the same).
+    :param sched_config: SEAL/STEAL parameters (``tuning.scheduler.SealConfig``; ``steal`` is set from
+        ``scheduler``).
+    :param sched_interval: seconds between an idle agent's scheduling cycles.
+    :param preempt_wait_s: a preempted job stops at the latest this long after it was marked, even if its
+        preemptor has not moved bytes yet.
     """
 
     def __init__(self, redis_url: str, *, name: str | None = None, secret_file: str | None = None,
@@ -77,7 +89,11 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
                  retry_cap_s: float = 60.0, block_ms: int = 1000, poll_interval: float = 1.0,
                  flush_interval: float = 0.2, trim_interval: float = 60.0, redis_outage_s: float = 600.0,
                  keys: Keys | None = None, history: Any = None,
-                 transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None) -> None:
+                 transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None,
+                 scheduler: str = "fifo", sched_config: Any = None, sched_interval: float = 0.5,
+                 preempt_wait_s: float = 30.0) -> None:
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"agent scheduler {scheduler!r}: must be one of {', '.join(SCHEDULERS)}")
         self.redis_url = redis_url
         self.name = name or default_agent_name()
         self.secret_file = secret_file
@@ -100,6 +116,11 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
         self.history = history
         self.transfer_factory = transfer_factory
         self.rng = rng or random.Random()
+        self.scheduler = scheduler
+        self.sched_config = sched_config
+        self.sched_interval = sched_interval
+        self.preempt_wait_s = preempt_wait_s
+        self._board: Any = None
         self.counters: collections.Counter[str] = collections.Counter()
         self.log = PrefixedLog(log, {"name": self.name})
         self._stop = threading.Event()
@@ -131,6 +152,14 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
             self.transfer_factory = Transfer
         self._client = connect(self.redis_url)
         self._store = JobStore(self._client, keys=self.keys)
+        if self.scheduler != "fifo":
+            import dataclasses
+
+            from fstream_provider.bus.sched_board import SchedBoard
+            from fstream_provider.tuning.scheduler import SealConfig
+
+            cfg = dataclasses.replace(self.sched_config or SealConfig(), steal=self.scheduler == "steal")
+            self._board = SchedBoard(self._client, self.keys, cfg)
         self._started_at = time.time()
         previous = None
         if threading.current_thread() is threading.main_thread():
@@ -180,6 +209,8 @@ class Agent(IntakeMixin, JobRunnerMixin, HeartbeatMixin):
 
     # ------------------------------------------------------------------ main loop
     def _iteration(self) -> bool:
+        if self._board is not None:
+            return self._scheduled_iteration()
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
         self._store.ensure_group()
         # 1. leftovers in our own pending list (a previous incarnation with this name, a failed ack)

@@ -1,0 +1,159 @@
+"""The agents' shared SEAL/STEAL board on a real Redis (issue #11): admission acknowledges the entry, racing
+agents never start one task twice, a dead agent's task waits again, cancelled jobs leave, STEAL preempts
+batch for interactive, the learned maximum and correction persist."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fstream_provider.bus.jobs import JobStore
+from fstream_provider.bus.keys import Keys
+from fstream_provider.bus.sched_board import SchedBoard
+from fstream_provider.model.spec import TransferSpec
+from fstream_provider.tuning.scheduler import SealConfig
+
+GB = 1e9
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys("t-sched")
+
+
+def _queue(redis_client, keys: Keys, n: int, klass: str = "interactive") -> list[tuple[str, str]]:
+    """``n`` jobs submitted and read from the stream by one consumer: ``(job_id, entry_id)``."""
+    store = JobStore(redis_client, keys=keys)
+    for i in range(n):
+        store.submit(TransferSpec.from_options([f"/data/{i}"], "fstream://dtn:9/x", priority_class=klass))
+    resp = redis_client.xreadgroup(keys.jobs_group(), "reader", {keys.jobs_stream(): ">"}, count=n)
+    return [(f["job_id"], e) for e, f in resp[0][1]]
+
+
+def _beat(redis_client, keys: Keys, *agents: str) -> None:
+    for a in agents:
+        redis_client.hset(keys.agent(a), mapping={"name": a})
+        redis_client.pexpire(keys.agent(a), 60_000)
+
+
+def test_admission_acknowledges_the_entry_once_and_keeps_the_task(redis_client, keys) -> None:
+    board = SchedBoard(redis_client, keys)
+    (job, entry), = _queue(redis_client, keys, 1)
+    assert redis_client.xpending(keys.jobs_stream(), keys.jobs_group())["pending"] == 1
+    assert board.admit(job, entry, src="a", dst="b", size=GB, klass="interactive", arrival=time.time())
+    assert redis_client.xpending(keys.jobs_stream(), keys.jobs_group())["pending"] == 0
+    assert not board.admit(job, entry, src="a", dst="b", size=2 * GB, klass="batch", arrival=0.0)
+    t = board.task(job)
+    assert (t["state"], t["size"], t["klass"], t["entry"]) == ("waiting", GB, "interactive", entry)
+
+
+def test_racing_agents_start_each_task_exactly_once(redis_client, keys) -> None:
+    """Eight agents plan at once over 24 small tasks (each starts whatever the load, §4.4): every task is
+    started by exactly one agent."""
+    now = time.time()
+    jobs = _queue(redis_client, keys, 24)
+    agents = [f"agent-{i}" for i in range(8)]
+    _beat(redis_client, keys, *agents)
+    for job, entry in jobs:
+        SchedBoard(redis_client, keys).admit(job, entry, src="a", dst="b", size=0.5 * GB, klass="interactive",
+                                             arrival=now)
+    started: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def work(name: str) -> None:
+        board = SchedBoard(redis_client, keys)  # each agent its own connection pool and transactions
+        for _ in range(40):
+            d = board.plan(name)
+            if d.job_id:
+                with lock:
+                    started.append((d.job_id, name))
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    ids = [j for j, _ in started]
+    assert sorted(ids) == sorted(j for j, _ in jobs), "each task started exactly once"
+    board = SchedBoard(redis_client, keys)
+    assert all(board.task(j)["agent"] == a and board.task(j)["state"] == "running" for j, a in started)
+
+
+def test_a_dead_agents_task_waits_again_with_its_run_time(redis_client, keys) -> None:
+    board = SchedBoard(redis_client, keys)
+    (job, entry), = _queue(redis_client, keys, 1)
+    board.admit(job, entry, src="a", dst="b", size=GB, klass="interactive", arrival=100.0)
+    _beat(redis_client, keys, "alive")
+    assert board.plan("ghost", now=110.0).job_id == job  # started by an agent with no heartbeat
+    d = board.plan("alive", now=125.0)  # the next cycle finds it orphaned and hands it to a live agent
+    assert d.job_id == job
+    t = board.task(job)
+    assert t["agent"] == "alive" and t["ran_s"] == pytest.approx(15.0)
+
+
+def test_a_job_cancelled_while_waiting_leaves_the_board(redis_client, keys) -> None:
+    board = SchedBoard(redis_client, keys, SealConfig(small_bytes=0))
+    redis_client.hset(keys.sched_config(), mapping={"cap:b": 1e9, "unit:b": 1e9})
+    (j1, e1), (j2, e2) = _queue(redis_client, keys, 2)
+    _beat(redis_client, keys, "x", "y")
+    for j, e in ((j1, e1), (j2, e2)):
+        board.admit(j, e, src="a", dst="b", size=100 * GB, klass="interactive", arrival=time.time())
+    first = board.plan("x").job_id
+    board.report(first, 1e9, 1e9)  # the endpoint is full: the other waits
+    other = j2 if first == j1 else j1
+    assert board.plan("y").job_id is None and board.task(other)["state"] == "waiting"
+    JobStore(redis_client, keys=keys).cancel(other, "not needed")
+    board.plan("y")
+    assert board.task(other) is None and board.task(first)["state"] == "running"
+
+
+def test_steal_marks_a_running_batch_task_for_an_interactive_one(redis_client, keys) -> None:
+    board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_bytes=0))
+    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1e9, "cap:b": 1e9, "unit:b": 1e9})
+    (batch, eb), = _queue(redis_client, keys, 1, "batch")
+    _beat(redis_client, keys, "x", "y")
+    board.admit(batch, eb, src="a", dst="b", size=500 * GB, klass="batch", arrival=time.time())
+    assert board.plan("x").job_id == batch
+    board.report(batch, 5e9, 1e9)
+    (inter, ei), = _queue(redis_client, keys, 1)
+    board.admit(inter, ei, src="a", dst="b", size=50 * GB, klass="interactive", arrival=time.time())
+    d = board.plan("y")
+    assert d.job_id == inter and [v for v, _ in d.preempted] == [batch]
+    t = board.task(batch)
+    assert t["preempt_by"] == inter and "preempt" in t["preempt_reason"] and t["state"] == "running"
+    assert board.requeue(batch, done_bytes=5e9, preempted=True)
+    t = board.task(batch)
+    assert (t["state"], t["done"], t["preemptions"], t["preempt_by"]) == ("waiting", 5e9, 1, "")
+
+
+def test_the_endpoints_learned_maximum_and_correction_persist(redis_client, keys) -> None:
+    board = SchedBoard(redis_client, keys)
+    redis_client.hset(keys.sched_config(), mapping={"cap:b": 1e9, "unit:b": 1e8})
+    jobs = _queue(redis_client, keys, 2)
+    _beat(redis_client, keys, "x", "y")
+    for j, e in jobs:
+        board.admit(j, e, src="a", dst="b", size=0.5 * GB, klass="interactive", arrival=time.time())
+    first = board.plan("x").job_id
+    board.report(first, 1e8, 2e9)  # moving twice the configured maximum
+    board.plan("y")
+    cfg = redis_client.hgetall(keys.sched_config())
+    assert float(cfg["cap:b"]) == pytest.approx(2e9)
+    assert any(k.startswith("ratio:") for k in cfg)
+
+
+def test_fstream_schedule_sets_an_endpoint_and_shows_the_board(redis_url, redis_client, keys, capsys) -> None:
+    from transfer_agent.cli.main import main
+
+    assert main(["schedule", "set", "--endpoint", "dtn:9", "--capacity", "1Gbit", "--unit", "150Mbit",
+                 "--redis", redis_url, "--namespace", keys.namespace]) == 0
+    assert float(redis_client.hget(keys.sched_config(), "cap:dtn:9")) == 1e9
+    (job, entry), = _queue(redis_client, keys, 1, "batch")
+    SchedBoard(redis_client, keys).admit(job, entry, src="a", dst="dtn:9", size=GB, klass="batch", arrival=time.time())
+    capsys.readouterr()
+    assert main(["schedule", "--redis", redis_url, "--namespace", keys.namespace]) == 0
+    out = capsys.readouterr().out
+    assert f"{job} batch       a -> dtn:9: waiting" in out
+    assert "endpoint dtn:9: maximum 1000 Mbit/s, one stream 150 Mbit/s" in out
+    assert main(["schedule", "set", "--endpoint", "dtn:9", "--capacity", "fast", "--redis", redis_url]) == 2
