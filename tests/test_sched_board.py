@@ -157,3 +157,17 @@ def test_fstream_schedule_sets_an_endpoint_and_shows_the_board(redis_url, redis_
     assert f"{job} batch       a -> dtn:9: waiting" in out
     assert "endpoint dtn:9: maximum 1000 Mbit/s, one stream 150 Mbit/s" in out
     assert main(["schedule", "set", "--endpoint", "dtn:9", "--capacity", "fast", "--redis", redis_url]) == 2
+
+
+def test_reconcile_leaves_jobs_on_the_board_alone(redis_client, keys) -> None:
+    """Admitted jobs have their entry acknowledged (and trimmed): not orphans, not re-enqueued."""
+    from fstream_provider.bus.reconcile import reconcile
+
+    store = JobStore(redis_client, keys=keys)
+    (job, entry), = _queue(redis_client, keys, 1)
+    SchedBoard(redis_client, keys).admit(job, entry, src="a", dst="b", size=GB, klass="interactive",
+                                         arrival=time.time())
+    assert store.trim_acked() == 1
+    report = reconcile(store, repair=True)
+    assert report.live_jobs == 1 and not report.findings
+    assert redis_client.xlen(keys.jobs_stream()) == 0 and store.get(job).state == "queued"

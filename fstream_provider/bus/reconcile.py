@@ -214,11 +214,14 @@ def reconcile(store: JobStore, *, repair: bool = False, dest_root: str | None = 
         if out[0] != "requeued":
             f.detail += f" (not re-enqueued: {out[0]} now)"
 
+    on_board = set(client.hkeys(keys.sched_tasks()))  # admitted to the agents' scheduler: entry acknowledged
     for job_id, h in sorted(states.items()):
         state = h.get("state", "")
         if state in TERMINAL_STATES:
             continue
         report.live_jobs += 1
+        if job_id in on_board:
+            continue  # the scheduler's board holds it (its agents requeue a dead agent's task themselves)
         ids = entries.get(job_id, [])
         worker = h.get("worker") or None
         owner_alive = worker in alive if worker else False
