@@ -142,3 +142,17 @@ def test_pools_wan_reports_the_overlap_and_jains_index_of_two_agents():
     assert (ma, mb, agg) == (500e6, 300e6, 800e6)
     assert jain == pytest.approx(0.941, abs=1e-3)  # (5+3)^2 / (2 (25+9))
     assert _overlap(a, [(50.0, 1e6), (60.0, 1e6)]) == (0.0, 0.0, 0.0, 0.0)  # they never ran together
+
+
+def test_sched_wan_metrics_slowdown_jain_overlap_and_attempt_runs():
+    from fstream_bench.sched_wan import _runs, bounded_slowdown, jain, overlap_rates
+
+    assert bounded_slowdown(10.0, 5.0) == 2.0 and bounded_slowdown(0.5, 0.1) == 1.0  # bounded at 1 s, >= 1
+    assert bounded_slowdown(3.0, 0.2) == 3.0
+    assert jain([5.0, 5.0]) == 1.0 and jain([10.0, 0.0]) == 0.5 and jain([]) == 0.0
+    a = [(t, 100.0) for t in range(0, 10)]
+    b = [(t, 300.0) for t in range(5, 20)]
+    assert overlap_rates(a, b) == (100.0, 300.0) and overlap_rates(a, []) == (0.0, 0.0)
+    ev = [{"kind": "claimed", "ts": 101.0}, {"kind": "interval", "ts": 102.0}, {"kind": "preempted", "ts": 104.0},
+          {"kind": "scheduled", "ts": 105.0}, {"kind": "claimed", "ts": 110.0}, {"kind": "done", "ts": 112.5}]
+    assert _runs(ev, 100.0) == [(1.0, 4.0), (10.0, 12.5)]

@@ -171,3 +171,32 @@ def test_reconcile_leaves_jobs_on_the_board_alone(redis_client, keys) -> None:
     report = reconcile(store, repair=True)
     assert report.live_jobs == 1 and not report.findings
     assert redis_client.xlen(keys.jobs_stream()) == 0 and store.get(job).state == "queued"
+
+
+def test_a_task_loads_its_ends_with_the_streams_it_reports_not_its_cap(redis_client, keys) -> None:
+    """A batch task given a cap that would fill the path but using 2 of its streams leaves room (saturation
+    test b) for a second batch task; once it reports the streams that fill the path, the second waits."""
+    board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_bytes=0))
+    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
+    (j1, e1), (j2, e2) = _queue(redis_client, keys, 2, "batch")
+    _beat(redis_client, keys, "x", "y")
+    board.admit(j1, e1, src="a", dst="b", size=100 * GB, klass="batch", arrival=time.time())
+    d = board.plan("x")
+    assert d.job_id == j1 and d.cc >= 8
+    board.admit(j2, e2, src="a", dst="b", size=100 * GB, klass="batch", arrival=time.time())
+    board.report(j1, 1e9, 8e8, streams=d.cc)
+    assert board.plan("y").job_id is None  # it fills the path: the second batch task waits
+    board.report(j1, 1e9, 2.5e8, streams=2)
+    assert board.plan("y").job_id == j2
+
+
+def test_a_running_task_whose_job_ended_leaves_the_board(redis_client, keys) -> None:
+    """An agent's removal lost (Redis blip): the next cycle drops the finished job's task."""
+    board = SchedBoard(redis_client, keys)
+    (job, entry), = _queue(redis_client, keys, 1)
+    _beat(redis_client, keys, "x")
+    board.admit(job, entry, src="a", dst="b", size=GB, klass="interactive", arrival=time.time())
+    assert board.plan("x").job_id == job
+    redis_client.hset(keys.job(job), "state", "succeeded")
+    board.plan("x")
+    assert board.task(job) is None

@@ -18,6 +18,8 @@ every ``fstream agent --scheduler seal|steal`` on the bus.
 - **Preemption (§4.3, §4.5).** A task marked ``preempt_by`` keeps running until its preemptor moved bytes,
   then its agent stops it at its checkpoint (committed ranges stay at the receiver) and ``requeue`` puts
   it back as waiting with its run time; it resumes where it stopped when a later cycle picks it.
+- **Concurrency is streams.** The model's unit is one TCP stream (``unit:``); a running task's load is the
+  streams it reports open, not the cap it was given (its tuner and the stream pool may open fewer).
 - **The model (§4.2).** Each endpoint's known maximum (``cap:``) and one stream's rate (``unit:``) come from
   ``fstream schedule set`` or the defaults; the maximum is raised when running tasks are seen moving more
   in aggregate (history's "known maximum"), and the correction from recent transfers is kept per pair.
@@ -94,10 +96,11 @@ class SchedBoard:
         added, _ = pipe.execute()
         return bool(added)
 
-    def report(self, job_id: str, done_bytes: float, rate_bps: float) -> None:
-        """A running task's bytes moved so far and its recent rate (read by the next cycles)."""
-        self.client.hset(self.keys.sched_progress(), job_id,
-                         json.dumps({"done": float(done_bytes), "rate": float(rate_bps), "ts": time.time()}))
+    def report(self, job_id: str, done_bytes: float, rate_bps: float, streams: int = 0) -> None:
+        """A running task's bytes moved so far, its recent rate and the TCP streams it has open (read by the
+        next cycles: the concurrency a task really uses, not the cap it was given, is its load)."""
+        self.client.hset(self.keys.sched_progress(), job_id, json.dumps(
+            {"done": float(done_bytes), "rate": float(rate_bps), "streams": int(streams), "ts": time.time()}))
 
     def task(self, job_id: str) -> dict | None:
         raw = self.client.hget(self.keys.sched_tasks(), job_id)
@@ -224,8 +227,9 @@ class SchedBoard:
                            "agents' writes")
 
     def _drop_finished(self, tasks: dict[str, dict], changed: dict[str, dict]) -> None:
-        """Waiting tasks whose job ended meanwhile (cancelled while queued, expired) leave the board."""
-        ids = [j for j, t in tasks.items() if t["state"] == "waiting"]
+        """Tasks whose job ended meanwhile (cancelled while queued, expired, or an agent's removal lost to a
+        Redis blip) leave the board."""
+        ids = list(tasks)
         if not ids:
             return
         pipe = self.client.pipeline(transaction=False)
@@ -269,7 +273,9 @@ class SchedBoard:
             p = prog.get(j) or {}
             task.preemptions = int(t.get("preemptions", 0))
             if t["state"] == "running":
-                task.state, task.cc = "running", max(1, int(t.get("cc") or 1))
+                # the streams it has open, once it reported them: its tuner (and the pool) may use fewer than
+                # the cap the cycle gave, and a task on 4 streams does not saturate a path that takes 7
+                task.state, task.cc = "running", max(1, int(p.get("streams") or t.get("cc") or 1))
                 task.trans_s = ran + max(0.0, now - float(t["started"]))
                 task.run_start = ran
                 task.wait_s = max(0.0, float(t["started"]) - float(t["arrival"]) - ran)

@@ -36,6 +36,7 @@ class JobRun:
         # the agents' scheduler (``--scheduler seal|steal``): bytes moved, recent rate, and why it was preempted
         self.moved = 0.0
         self.rate_bps = 0.0
+        self.streams = 0  # TCP streams open in the last interval
         self.preempt_reason = ""
         self.preempt_by = ""
         self.preempt_seen = 0.0
@@ -51,6 +52,8 @@ class JobRun:
                 self._progress = data
                 self.moved += float(data.get("bytes") or 0)
                 self.rate_bps = float(data.get("throughput_bps") or 0)
+                clusters = data.get("clusters") or {}
+                self.streams = sum(int(c.get("cc", 0)) * int(c.get("p", 1)) for c in clusters.values())
             if len(self._events) >= PUBLISH_BATCH:
                 self.wake.set()
 

@@ -115,7 +115,7 @@ class SchedulingMixin:
     def _sched_beat(self, run: JobRun) -> None:
         """From the heartbeat: the running job's progress to the board, and its preemption when due."""
         board = self._board
-        board.report(run.job_id, run.moved, run.rate_bps)
+        board.report(run.job_id, run.moved, run.rate_bps, run.streams)
         task = board.task(run.job_id)
         by = (task or {}).get("preempt_by")
         if not by or run.preempt_reason or task.get("agent") != self.name:
