@@ -200,3 +200,22 @@ def test_a_running_task_whose_job_ended_leaves_the_board(redis_client, keys) -> 
     redis_client.hset(keys.job(job), "state", "succeeded")
     board.plan("x")
     assert board.task(job) is None
+
+
+def test_one_streams_rate_is_learned_from_the_agents_streams_past_their_start_up(redis_client, keys) -> None:
+    """Configured 125 Mbit/s per stream; the agent's 4 streams move 200 Mbit/s in all (50 each) on a
+    1 Gbit/s end: after start-up the learned unit moves toward 50 Mbit/s, never during start-up."""
+    board = SchedBoard(redis_client, keys, SealConfig(small_bytes=0))
+    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
+    jobs = _queue(redis_client, keys, 2)
+    _beat(redis_client, keys, "x", "y")
+    for j, e in jobs:
+        board.admit(j, e, src="a", dst="b", size=100 * GB, klass="interactive", arrival=100.0)
+    first = board.plan("x", now=100.0).job_id
+    board.report(first, 1e9, 2e8, streams=4)
+    board.plan("y", now=102.0)  # 2 s after its start: start-up, nothing learned
+    assert redis_client.hget(keys.sched_config(), "unit_seen:b") is None
+    for k in range(40):
+        board.plan("y", now=110.0 + k)
+    seen = float(redis_client.hget(keys.sched_config(), "unit_seen:b"))
+    assert 5e7 < seen < 0.25 * 1.25e8 + 0.75 * 5e7  # most of the way from 125 to 50 Mbit/s

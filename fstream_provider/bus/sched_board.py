@@ -22,7 +22,8 @@ every ``fstream agent --scheduler seal|steal`` on the bus.
   streams it reports open, not the cap it was given (its tuner and the stream pool may open fewer).
 - **The model (§4.2).** Each endpoint's known maximum (``cap:``) and one stream's rate (``unit:``) come from
   ``fstream schedule set`` or the defaults; the maximum is raised when running tasks are seen moving more
-  in aggregate (history's "known maximum"), and the correction from recent transfers is kept per pair.
+  in aggregate (history's "known maximum"), one stream's rate is lowered to what the agents' streams are
+  seen moving (``unit_seen:``), and the correction from recent transfers is kept per pair.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from fstream_provider.tuning.scheduler import Action, SealConfig, SealScheduler,
 DEFAULT_CAPACITY_BPS = 10e9
 DEFAULT_UNIT_BPS = 1e9
 TRANSACTION_TRIES = 50
+LEARN_AFTER_S = 5.0  # a task's rate says what its streams move only after its start-up
+LEARN_WEIGHT = 0.05  # a cycle's observation of one stream's rate, folded into the learned one
 
 
 @dataclass
@@ -166,7 +169,7 @@ class SchedBoard:
             self._drop_finished(tasks, changed)
             self._requeue_orphans(tasks, changed, t_now)
             live = {j: t for j, t in tasks.items() if t is not None}
-            if not any(t["state"] == "waiting" for t in live.values()):
+            if not live:
                 return changed
             sched, model, prog = self._scheduler(live, t_now)
             actions = sched.cycle(t_now)
@@ -186,11 +189,12 @@ class SchedBoard:
                         changed[a.task] = v
                         decision.preempted.append((a.task, a.reason))
             for a in actions:
-                if a.kind == "resize" and a.task in live and live[a.task]["state"] == "running":
+                if (a.kind == "resize" and a.task in live and live[a.task]["state"] == "running"
+                        and live[a.task]["cc"] != a.cc):
                     live[a.task]["cc"] = a.cc
                     changed[a.task] = live[a.task]
             decision.waiting = sum(1 for t in live.values() if t["state"] == "waiting")
-            self._learned = _learned(model, prog, live)
+            self._learned = _learned(model, prog, live, t_now)
             return changed
 
         self._learned: dict[str, str] = {}
@@ -258,8 +262,7 @@ class SchedBoard:
         cfg = self.client.hgetall(self.keys.sched_config())
         prog = {j: json.loads(v) for j, v in self.client.hgetall(self.keys.sched_progress()).items()}
         ends = {t["src"] for t in tasks.values()} | {t["dst"] for t in tasks.values()}
-        curves = {e: EndpointCurve(float(cfg.get(f"cap:{e}", DEFAULT_CAPACITY_BPS)),
-                                   float(cfg.get(f"unit:{e}", DEFAULT_UNIT_BPS))) for e in ends}
+        curves = {e: EndpointCurve(float(cfg.get(f"cap:{e}", DEFAULT_CAPACITY_BPS)), _unit(cfg, e)) for e in ends}
         model = LoadModel(curves, startup_s=self.startup_s)
         for name, value in cfg.items():
             if name.startswith("ratio:"):
@@ -296,19 +299,45 @@ def _stop(t: dict, now: float) -> None:
     t.update(state="waiting", agent="", cc=0, started=0.0, preempt_by="", preempt_reason="")
 
 
-def _learned(model: LoadModel, prog: dict, tasks: dict[str, dict]) -> dict[str, str]:
-    """What this cycle learned for the next ones: each endpoint's maximum raised to what its running tasks
-    move in aggregate (history's "known maximum", §4.2), and the per-pair correction."""
+def _unit(cfg: dict[str, str], endpoint: str) -> float:
+    """One stream's rate at an endpoint: the configured one, or less when the agents' streams were seen
+    moving less (``unit_seen:``, learned by ``_learned``)."""
+    unit = float(cfg.get(f"unit:{endpoint}", DEFAULT_UNIT_BPS))
+    seen = cfg.get(f"unit_seen:{endpoint}")
+    return min(unit, float(seen)) if seen else unit
+
+
+def _learned(model: LoadModel, prog: dict, tasks: dict[str, dict], now: float) -> dict[str, str]:
+    """What this cycle learned for the next ones (§4.2, history corrected by recent transfers):
+
+    - each endpoint's maximum raised to what its running tasks move in aggregate (the "known maximum");
+    - one stream's rate (``unit_seen:``) from the agents' own streams: rate over streams of tasks past
+      their start-up (``LEARN_AFTER_S``), while the endpoint is below its maximum (at the maximum, streams
+      share it and say nothing about one stream), folded in with weight ``LEARN_WEIGHT`` per cycle. The
+      configured unit (an ``iperf3`` stream) can be more than an agent's stream moves; the knee of the
+      curve, and with it saturation test (b), then sits at too few streams;
+    - the per-pair correction.
+    """
     out: dict[str, str] = {}
     agg: dict[str, float] = {}
+    steady: dict[str, list[float]] = {}
     for j, t in tasks.items():
         if t["state"] == "running":
-            rate = float((prog.get(j) or {}).get("rate", 0.0))
+            p = prog.get(j) or {}
+            rate = float(p.get("rate", 0.0))
             for e in (t["src"], t["dst"]):
                 agg[e] = agg.get(e, 0.0) + rate
+                if int(p.get("streams") or 0) > 0 and now - float(t.get("started") or now) >= LEARN_AFTER_S:
+                    r, n = steady.get(e, [0.0, 0.0])
+                    steady[e] = [r + rate, n + int(p["streams"])]
     for e, bps in agg.items():
-        if bps > model.curve(e).capacity_bps:
+        curve = model.curve(e)
+        if bps > curve.capacity_bps:
             out[f"cap:{e}"] = repr(bps)
+        rate, streams = steady.get(e, (0.0, 0))
+        if streams and 0 < bps < 0.9 * curve.capacity_bps:
+            unit = (1 - LEARN_WEIGHT) * curve.unit_bps + LEARN_WEIGHT * rate / streams
+            out[f"unit_seen:{e}"] = repr(unit)
     for (src, dst), ratio in model._ratio.items():
         out[f"ratio:{src}|{dst}"] = repr(ratio)
     return out
