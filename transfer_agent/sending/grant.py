@@ -1,7 +1,8 @@
 """The sender's stream grant from its (source, destination) pool (ADAPT, ``fstream_provider.bus.pools``).
 
 ``PoolLease`` asks the pool for a grant before the first channel opens, then every ``period`` asks again
-(an update request: Fig. 3 of the ADAPT report asks PROVISION each round) which also renews the lease,
+(an update request: Fig. 3 of the ADAPT report asks PROVISION each round; a round here is
+``UPDATE_S``, the FStream tuner's shortest profiling interval, or ttl/3 if shorter) which also renews the lease,
 and gives every stream back when the transfer ends. The tuner is wrapped in
 ``fstream_provider.tuning.granted.Granted`` and so never opens more streams than ``streams``.
 If Redis is unreachable the grant already held stays in force until its lease would lapse; after that
@@ -19,6 +20,10 @@ from transfer_agent.errors import FStreamError
 
 log = logging.getLogger("fstream.sender")
 
+# Seconds between update requests. At ttl/3 (10 s) a transfer that (re)started took 30 s to grow from
+# s_i = 4 to 16 streams by s_u = 4, and a burst with preemptions ran at 0.82 of the path (BENCHMARKS §10).
+UPDATE_S = 2.0
+
 
 class PoolLease:
     """One transfer's grant on one pool, kept fresh by a daemon thread.
@@ -34,7 +39,7 @@ class PoolLease:
                  on_change: Callable[[int, str], None] | None = None) -> None:
         self.pools, self.source, self.destination, self.client = pools, source, destination, client
         self.on_change = on_change
-        self.period = max(0.2, pools.ttl_ms / 1000 / 3)
+        self.period = max(0.2, min(UPDATE_S, pools.ttl_ms / 1000 / 3))
         self.streams = 0
         self._valid_until = 0.0
         self._stop = threading.Event()
