@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                 for child in (work / "dst").iterdir():
                     shutil.rmtree(child, ignore_errors=True)
     finally:
+        for log in work.glob("agent-*.log"):  # the agents' own account of every decision
+            shutil.copy(log, out / log.name)
         redis_proc.terminate()
         redis_proc.wait(10)
         bench.close()
