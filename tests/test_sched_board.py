@@ -219,3 +219,13 @@ def test_one_streams_rate_is_learned_from_the_agents_streams_past_their_start_up
         board.plan("y", now=110.0 + k)
     seen = float(redis_client.hget(keys.sched_config(), "unit_seen:b"))
     assert 5e7 < seen < 0.25 * 1.25e8 + 0.75 * 5e7  # most of the way from 125 to 50 Mbit/s
+
+
+def test_busy_streams_count_only_channels_with_a_file_to_send() -> None:
+    from transfer_agent.daemon.jobrun import busy_streams
+
+    iv = {"clusters": {"large": {"cc": 4, "p": 4}, "small": {"cc": 2, "p": 1}}, "active_files": 9}
+    assert busy_streams(iv) == 18
+    assert busy_streams({**iv, "active_files": 1}) == 4  # the last large file: one channel's streams
+    assert busy_streams({**iv, "active_files": 0}) == 0
+    assert busy_streams({"clusters": {"large": {"cc": 3, "p": 2}}}) == 6  # older records without the count

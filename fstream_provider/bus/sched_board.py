@@ -19,7 +19,8 @@ every ``fstream agent --scheduler seal|steal`` on the bus.
   then its agent stops it at its checkpoint (committed ranges stay at the receiver) and ``requeue`` puts
   it back as waiting with its run time; it resumes where it stopped when a later cycle picks it.
 - **Concurrency is streams.** The model's unit is one TCP stream (``unit:``); a running task's load is the
-  streams it reports open, not the cap it was given (its tuner and the stream pool may open fewer).
+  streams it reports moving data (``jobrun.busy_streams``), not the cap it was given (its tuner and the
+  stream pool may open fewer, and a transfer on its last file moves on one channel).
 - **The model (§4.2).** Each endpoint's known maximum (``cap:``) and one stream's rate (``unit:``) come from
   ``fstream schedule set`` or the defaults; the maximum is raised when running tasks are seen moving more
   in aggregate (history's "known maximum"), one stream's rate is lowered to what the agents' streams are

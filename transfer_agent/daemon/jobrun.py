@@ -17,6 +17,18 @@ class PrefixedLog(logging.LoggerAdapter):
         return f"[agent {self.extra['name']}] {msg}", kwargs
 
 
+def busy_streams(interval: dict) -> int:
+    """TCP streams moving data in an interval record: the channels' streams, but no more than the files in
+    flight can use (a channel with no file to send holds its streams idle: a transfer on its last large
+    file moves on one channel whatever its layout)."""
+    clusters = (interval.get("clusters") or {}).values()
+    streams = sum(int(c.get("cc", 0)) * int(c.get("p", 1)) for c in clusters)
+    active = interval.get("active_files")
+    if active is None:
+        return streams
+    return min(streams, int(active) * max((int(c.get("p", 1)) for c in clusters), default=1))
+
+
 class JobRun:
     """One claimed job while it runs: fencing token, cancel event, buffered events.
 
@@ -52,8 +64,7 @@ class JobRun:
                 self._progress = data
                 self.moved += float(data.get("bytes") or 0)
                 self.rate_bps = float(data.get("throughput_bps") or 0)
-                clusters = data.get("clusters") or {}
-                self.streams = sum(int(c.get("cc", 0)) * int(c.get("p", 1)) for c in clusters.values())
+                self.streams = busy_streams(data)
             if len(self._events) >= PUBLISH_BATCH:
                 self.wake.set()
 
