@@ -191,6 +191,12 @@ def test_live_lines_levels():
     assert live_event_line({"kind": "file", "status": "committed"}) is None
     assert live_event_line({"kind": "log", "level": "warning", "message": "session failed"}) == (
         logging.WARNING, "agent: session failed")
+    # the agents' scheduler (issue #11): why the job started, and a preemption with what stays committed
+    assert live_event_line({"kind": "scheduled", "reason": "steal: start j cc=4"}) == (
+        logging.INFO, "scheduler: steal: start j cc=4")
+    assert live_event_line({"kind": "preempted", "reason": "steal: preempt j for k", "by": "k",
+                            "committed_bytes": 38_797_312}) == (
+        logging.WARNING, "preempted: steal: preempt j for k; 38.8 MB committed stay and are not sent again")
 
 
 def _timeline():
