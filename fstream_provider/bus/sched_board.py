@@ -56,6 +56,7 @@ class Decision:
     :param reason: the scheduler's reason for starting it.
     :param preempted: ``(job id, reason)`` of each task marked to stop for it.
     :param actions: every action of the cycle (for the log).
+    :param resized: the resizes this cycle wrote (a running task's concurrency in the model changed).
     :param waiting: tasks still waiting after it.
     """
 
@@ -65,6 +66,7 @@ class Decision:
     reason: str = ""
     preempted: list[tuple[str, str]] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    resized: list[Action] = field(default_factory=list)
     waiting: int = 0
 
 
@@ -194,6 +196,7 @@ class SchedBoard:
                         and live[a.task]["cc"] != a.cc):
                     live[a.task]["cc"] = a.cc
                     changed[a.task] = live[a.task]
+                    decision.resized.append(a)
             decision.waiting = sum(1 for t in live.values() if t["state"] == "waiting")
             self._learned = _learned(model, prog, live, t_now)
             return changed

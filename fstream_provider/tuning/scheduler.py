@@ -369,6 +369,7 @@ class SealScheduler:
                 self._thr_cache = {}
                 for host in (t.src, t.dst):
                     self._fresh[host] = self._fresh.get(host, 0.0) + max(0.0, gain)
-                out.append(Action("resize", t.id, cc, reason=f"{self.name}: {t.id} cc {old} -> {cc}: nothing "
-                                                               f"waits and its ends have room"))
+                why = "nothing waits" if klass in (None, "batch") else "no interactive task waits"
+                out.append(Action("resize", t.id, cc, reason=f"{self.name}: {t.id} cc {old} -> {cc}: {why} "
+                                                               f"and its ends have room"))
         return out

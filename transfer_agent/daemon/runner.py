@@ -72,11 +72,9 @@ class JobRunnerMixin:
             return
         self._run_claimed(job_id, entry_id, claim)
 
-    def _run_claimed(self, job_id: str, entry_id: str, claim: Claim, max_cc: int | None = None) -> None:
-        """Run a claimed job to its outcome; ``max_cc``: the concurrency the agents' scheduler gave it."""
+    def _run_claimed(self, job_id: str, entry_id: str, claim: Claim) -> None:
+        """Run a claimed job to its outcome (taken from the stream, or given by the agents' scheduler)."""
         spec = claim.spec
-        if max_cc is not None and max_cc < spec.max_cc:
-            spec = spec.replace(max_cc=max_cc, cc=min(spec.cc, max_cc) if spec.cc else spec.cc)
         run = JobRun(job_id, claim.attempt, entry_id)
         self._current = run
         if self._stop.is_set():
