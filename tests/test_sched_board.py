@@ -229,3 +229,21 @@ def test_busy_streams_count_only_channels_with_a_file_to_send() -> None:
     assert busy_streams({**iv, "active_files": 1}) == 4  # the last large file: one channel's streams
     assert busy_streams({**iv, "active_files": 0}) == 0
     assert busy_streams({"clusters": {"large": {"cc": 3, "p": 2}}}) == 6  # older records without the count
+
+
+@pytest.mark.parametrize("resize_running, batch_starts", [(True, False), (False, True)])
+def test_imagined_raises_of_running_tasks_keep_batch_out_only_when_on(redis_client, keys, resize_running,
+                                                                      batch_starts) -> None:
+    """An interactive task on its last file (2 streams, 250 Mbit/s of 1 Gbit/s): as printed, the cycle first
+    raises its cc to fill the path and then finds no room for the waiting batch task; the agents' setting
+    (its tuner retunes live, nothing is raised) lets the batch task use what it leaves."""
+    board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_bytes=0, resize_running=resize_running))
+    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
+    (inter, ei), = _queue(redis_client, keys, 1)
+    (batch, eb), = _queue(redis_client, keys, 1, "batch")
+    _beat(redis_client, keys, "x", "y")
+    board.admit(inter, ei, src="a", dst="b", size=100 * GB, klass="interactive", arrival=time.time())
+    assert board.plan("x").job_id == inter
+    board.report(inter, 99 * GB, 2.5e8, streams=2)
+    board.admit(batch, eb, src="a", dst="b", size=100 * GB, klass="batch", arrival=time.time())
+    assert (board.plan("y").job_id == batch) is batch_starts

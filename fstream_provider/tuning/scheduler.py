@@ -107,6 +107,10 @@ class SealConfig:
         (re)started and still need more than two restarts' worth of time (0: as printed).
     :param aggregate_gain: departure: one more cc must also raise the endpoints' aggregate (see
         ``sched_model.find_thr_cc``); False runs FindThrCC as printed.
+    :param resize_running: Listing 1 lines 7-9, raising running tasks' cc when nothing waits. The agents turn
+        it off: their transfers retune live within their pool grants, so a raise the scheduler only
+        imagines would count as load in the same cycle and keep batch tasks out of a path a task on its
+        last file leaves nearly empty.
     """
 
     pf: float = 1.5
@@ -122,6 +126,7 @@ class SealConfig:
     promote_after_s: float | None = None
     aggregate_gain: bool = True
     preempt_guard_s: float = 5.0
+    resize_running: bool = True
 
     def __post_init__(self) -> None:
         if self.pf < 1 or self.beta < 1 or self.max_cc < 1 or self.max_total_cc < 1:
@@ -192,9 +197,9 @@ class SealScheduler:
         waiting = sorted((t for t in live if t.state == "waiting"), key=lambda t: -t.xfactor)
         actions: list[Action] = []
         interactive_waiting = any(t.klass == "interactive" for t in waiting)
-        if not waiting or (self.cfg.steal and not interactive_waiting):
+        if self.cfg.resize_running and (not waiting or (self.cfg.steal and not interactive_waiting)):
             actions += self._raise_cc("interactive" if self.cfg.steal else None)
-        if self.cfg.steal and not waiting:
+        if self.cfg.resize_running and self.cfg.steal and not waiting:
             actions += self._raise_cc("batch")
         for task in waiting:
             if task.state != "waiting":

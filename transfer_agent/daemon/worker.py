@@ -158,7 +158,9 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             from fstream_provider.bus.sched_board import SchedBoard
             from fstream_provider.tuning.scheduler import SealConfig
 
-            cfg = dataclasses.replace(self.sched_config or SealConfig(), steal=self.scheduler == "steal")
+            # the transfers retune live within their pool grants: the cycle does not raise running tasks' cc
+            cfg = dataclasses.replace(self.sched_config or SealConfig(), steal=self.scheduler == "steal",
+                                      resize_running=False)
             self._board = SchedBoard(self._client, self.keys, cfg)
         self._started_at = time.time()
         previous = None
