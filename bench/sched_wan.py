@@ -6,7 +6,9 @@
 One receiver at the destination; one Redis over a unix socket; ``--agents`` ``fstream agent`` processes at
 the source, all with ``--scheduler fifo`` in one run and ``--scheduler steal`` in the other (same jobs, same
 order, a namespace per run). Every job holds a grant from the pair's stream pool (``--pool``), so the
-agents share the path's streams either way. The burst, submitted from the host: two batch jobs at t=0,
+agents share the path's streams either way. The fifo run is FStream without priorities: its jobs are
+submitted without a class (all interactive), so the pool is plain Greedy; under ``steal`` they carry their
+class, and the pool too lets interactive jobs take streams from batch ones. The burst, submitted from the host: two batch jobs at t=0,
 two equal interactive jobs at t=3 s, three small interactive jobs at t=6 s. The scheduler's model is given
 the path (``fstream schedule set``: the selfchecked ``iperf3 -P 16`` rate as the maximum, one stream's rate
 as the unit).
@@ -116,7 +118,8 @@ def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str,
             time.sleep(max(0.0, t0 + at - time.time()))
             src, _size = srcs[name]
             spec = TransferSpec.from_options([str(src)], f"fstream://{dst}/{mode}/{name}", secret_file=str(rx.secret),
-                                             tuner="fstream", pool=True, priority_class=klass, label=name,
+                                             tuner="fstream", pool=True, label=name,
+                                             priority_class=klass if mode != "fifo" else "interactive",
                                              bandwidth=bench.bandwidth_bps, rtt=bench.rtt_s)
             jobs[name], _ = store.submit(spec)
         done = {name: store.wait(j, timeout=1200) for name, j in jobs.items()}

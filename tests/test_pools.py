@@ -136,3 +136,28 @@ def test_fit_streams_cuts_channels_in_proportion_then_p():
     assert sum(c.cc * c.p for c in cut) <= 8 and all(c.cc >= 1 for c in cut) and "pool grant 8" in note
     tight, _ = fit_streams((L("small", 4, 2, 4), L("large", 2, 4, 1)), 2)
     assert tight == (L("small", 1, 1, 4), L("large", 1, 1, 1))  # one stream per cluster is the floor
+
+
+def test_interactive_clients_take_streams_from_batch_ones_only_what_they_want(redis_client):
+    """STEAL in the pool: a full pool held by batch clients gives an interactive client what Greedy would
+    give it, taken from the batch clients (each keeps one), never more than its tuner wants; class-less
+    and batch requests stay plain Greedy."""
+    pools = StreamPools(redis_client, Keys("t-pools-class"), ttl_s=30)
+    pol = GreedyPolicy(s_pmax=16, s_cmax=16, s_i=4, s_u=4)
+    for _ in range(4):
+        pools.provision(SRC, DST, "batch-a", pol, klass="batch", want=16)
+    assert pools.provision(SRC, DST, "batch-a", pol, klass="batch").streams == 16  # the whole pool
+    assert pools.provision(SRC, DST, "plain", pol, want=8).streams == 0  # no class: Greedy, nothing left
+    g = pools.provision(SRC, DST, "inter", pol, klass="interactive", want=8)
+    assert g.streams == 4 and "4 taken from batch clients" in g.reason and g.allocated == 16
+    assert pools.provision(SRC, DST, "batch-a", pol, klass="batch").streams == 12  # it sees the cut at its next ask
+    assert pools.provision(SRC, DST, "inter", pol, klass="interactive", want=6).streams == 6  # +2: all it wants
+    assert pools.provision(SRC, DST, "inter", pol, klass="interactive", want=6).streams == 6  # wants no more
+    assert pools.provision(SRC, DST, "inter", pol, klass="interactive", want=40).streams == 10
+    st = pools.status(SRC, DST)
+    assert st["grants"]["batch-a"] == {"streams": 6, "expires_in_s": pytest.approx(30, abs=1), "class": "batch"}
+    for _ in range(4):
+        pools.provision(SRC, DST, "inter", pol, klass="interactive", want=40)
+    assert pools.status(SRC, DST)["grants"]["batch-a"]["streams"] == 1  # a batch transfer always keeps one
+    assert pools.give_back(SRC, DST, "batch-a") == 1
+    assert "class:batch-a" not in redis_client.hgetall(Keys("t-pools-class").pool(SRC, DST))

@@ -23,7 +23,9 @@ import redis
 from fstream_provider.bus.keys import Keys
 from fstream_provider.tuning.policy import GreedyPolicy, PoolPolicy
 
-# KEYS[1] pool hash. ARGV: client, ttl_ms, s_pmax, s_cmax, s_i, s_u
+# KEYS[1] pool hash. ARGV: client, ttl_ms, s_pmax, s_cmax, s_i, s_u, class ('' | interactive | batch), want
+# (streams the client's tuner asks for; 0: unknown). STEAL in the pool: an interactive client that wants more
+# than it holds and finds the pool short takes the streams it would get from batch clients (each keeps one).
 PROVISION = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -36,7 +38,7 @@ local lapsed = 0
 for i = 1, #all, 2 do
   if string.sub(all[i], 1, 6) == 'lease:' and tonumber(all[i + 1]) < now then
     local c = string.sub(all[i], 7)
-    redis.call('HDEL', KEYS[1], 'lease:' .. c, 'grant:' .. c)
+    redis.call('HDEL', KEYS[1], 'lease:' .. c, 'grant:' .. c, 'class:' .. c)
     lapsed = lapsed + 1
   end
 end
@@ -47,6 +49,26 @@ for i = 1, #all, 2 do
 end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'grant:' .. ARGV[1]) or '0')
 local old = cur
+local klass, want = ARGV[7] or '', tonumber(ARGV[8] or '0')
+if klass ~= '' then redis.call('HSET', KEYS[1], 'class:' .. ARGV[1], klass) end
+local revoked = 0
+if klass == 'interactive' and want > cur and cur < cmax then
+  local step = su
+  if cur == 0 then step = si end
+  local short = (math.min(want, cmax, cur + step) - cur) - math.max(0, math.min(cmax - cur, pmax - sa))
+  for i = 1, #all, 2 do
+    if short <= 0 then break end
+    if string.sub(all[i], 1, 6) == 'class:' and all[i + 1] == 'batch' then
+      local c = string.sub(all[i], 7)
+      local g = tonumber(redis.call('HGET', KEYS[1], 'grant:' .. c) or '0')
+      local take = math.min(short, g - 1)
+      if take > 0 then
+        redis.call('HSET', KEYS[1], 'grant:' .. c, g - take)
+        sa, short, revoked = sa - take, short - take, revoked + take
+      end
+    end
+  end
+end
 local sv = math.min(cmax - cur, pmax - sa)
 local why
 if sv <= 0 then
@@ -61,7 +83,7 @@ end
 if cur > 0 then
   redis.call('HSET', KEYS[1], 'grant:' .. ARGV[1], cur, 'lease:' .. ARGV[1], now + tonumber(ARGV[2]))
 end
-return {cur, sa - old + cur, lapsed, why}
+return {cur, sa - old + cur, lapsed, why, revoked}
 """
 
 # KEYS[1] pool hash. ARGV: client, ttl_ms -> the grant still held (0: it lapsed; ask again)
@@ -70,7 +92,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = redis.call('HGET', KEYS[1], 'lease:' .. ARGV[1])
 if not lease or tonumber(lease) < now then
-  redis.call('HDEL', KEYS[1], 'lease:' .. ARGV[1], 'grant:' .. ARGV[1])
+  redis.call('HDEL', KEYS[1], 'lease:' .. ARGV[1], 'grant:' .. ARGV[1], 'class:' .. ARGV[1])
   return 0
 end
 redis.call('HSET', KEYS[1], 'lease:' .. ARGV[1], now + tonumber(ARGV[2]))
@@ -82,7 +104,7 @@ GIVE_BACK = """
 local cur = tonumber(redis.call('HGET', KEYS[1], 'grant:' .. ARGV[1]) or '0')
 local keep = math.min(cur, math.max(0, tonumber(ARGV[2])))
 if keep == 0 then
-  redis.call('HDEL', KEYS[1], 'lease:' .. ARGV[1], 'grant:' .. ARGV[1])
+  redis.call('HDEL', KEYS[1], 'lease:' .. ARGV[1], 'grant:' .. ARGV[1], 'class:' .. ARGV[1])
 else
   redis.call('HSET', KEYS[1], 'grant:' .. ARGV[1], keep)
 end
@@ -128,16 +150,25 @@ class StreamPools:
                                                             "s_i": policy.s_i, "s_u": policy.s_u,
                                                             "policy": policy.name})
 
-    def provision(self, src: str, dst: str, client: str, policy: PoolPolicy | None = None) -> Grant:
-        """Fig. 2's PROVISION for ``client``: a first request or an update, under the pool's policy."""
+    def provision(self, src: str, dst: str, client: str, policy: PoolPolicy | None = None, *, klass: str = "",
+                  want: int = 0) -> Grant:
+        """Fig. 2's PROVISION for ``client``: a first request or an update, under the pool's policy.
+
+        ``klass`` (``interactive``/``batch``; Greedy only) makes the pool follow STEAL: an interactive
+        client whose tuner wants more streams (``want``) than it holds, on a pool too full to give them,
+        takes what this request would give it from batch clients, each keeping one stream; they see their
+        smaller grant at their next request and their tuners close channels to fit.
+        """
         policy = policy or GreedyPolicy()
         key = self.keys.pool(src, dst)
         if isinstance(policy, GreedyPolicy):
-            cur, allocated, lapsed, why = self._provision(keys=[key], args=[
-                client, self.ttl_ms, policy.s_pmax, policy.s_cmax, policy.s_i, policy.s_u])
+            cur, allocated, lapsed, why, revoked = self._provision(keys=[key], args=[
+                client, self.ttl_ms, policy.s_pmax, policy.s_cmax, policy.s_i, policy.s_u, klass, int(want)])
             text = {"none": "no streams available", "initial": "initial grant s_i", "update": "update +s_u",
                     "rest": "the streams left"}[why]
-            return Grant(int(cur), int(allocated), int(lapsed), f"{policy.name}: {text} -> {int(cur)} stream(s)")
+            took = f", {int(revoked)} taken from batch clients" if int(revoked) else ""
+            return Grant(int(cur), int(allocated), int(lapsed),
+                         f"{policy.name}: {text} -> {int(cur)} stream(s){took}")
         return self._provision_python(key, client, policy)
 
     def _provision_python(self, key: str, client: str, policy: PoolPolicy) -> Grant:
@@ -181,7 +212,9 @@ class StreamPools:
         fields = self.client.hgetall(self.keys.pool(src, dst))
         now_ms = self._now_ms(self.client)
         live, _lapsed = _live(fields, now_ms)
-        grants = {c: {"streams": n, "expires_in_s": round((lease - now_ms) / 1000, 1)} for c, (n, lease) in live.items()}
+        grants = {c: {"streams": n, "expires_in_s": round((lease - now_ms) / 1000, 1),
+                      **({"class": fields["class:" + c]} if "class:" + c in fields else {})}
+                  for c, (n, lease) in live.items()}
         params = {k: fields[k] for k in ("policy", "s_pmax", "s_cmax", "s_i", "s_u") if k in fields}
         return {"source": src, "destination": dst, **params, "allocated": sum(g["streams"] for g in grants.values()),
                 "grants": grants}

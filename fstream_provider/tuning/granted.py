@@ -47,6 +47,7 @@ class Granted:
         self.tuner, self.grant = tuner, grant
         self.name = getattr(tuner, "name", "tuner")
         self._last: tuple | None = None
+        self.wanted = 0  # streams the tuner's last layout asked for, before the grant cut it
 
     def __getattr__(self, item: str):  # observe_every_s, decisions, variant...: the wrapped tuner's
         return getattr(self.tuner, item)
@@ -59,6 +60,7 @@ class Granted:
 
     def suggest(self) -> Suggestion:
         s = self.tuner.suggest()
+        self.wanted = sum(c.cc * c.p for c in s.layouts)
         budget = self.grant()
         if budget is None:
             return s

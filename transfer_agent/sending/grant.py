@@ -36,9 +36,11 @@ class PoolLease:
     """
 
     def __init__(self, pools: Any, source: str, destination: str, client: str,
-                 on_change: Callable[[int, str], None] | None = None) -> None:
+                 on_change: Callable[[int, str], None] | None = None, klass: str = "") -> None:
         self.pools, self.source, self.destination, self.client = pools, source, destination, client
         self.on_change = on_change
+        self.klass = klass  # the job's priority class: interactive requests may take streams from batch ones
+        self.want: Callable[[], int] | None = None  # the streams the bounded tuner asks for (``bounded``)
         self.period = max(0.2, min(UPDATE_S, pools.ttl_ms / 1000 / 3))
         self.streams = 0
         self._valid_until = 0.0
@@ -59,7 +61,8 @@ class PoolLease:
 
     def _ask(self) -> None:
         try:
-            g = self.pools.provision(self.source, self.destination, self.client)
+            g = self.pools.provision(self.source, self.destination, self.client, klass=self.klass,
+                                     want=self.want() if self.want is not None else 0)
         except Exception as exc:  # noqa: BLE001 - Redis down: keep what the lease still covers
             log.warning("pool %s -> %s: request failed (%s); keeping %d stream(s) while the lease lasts",
                         self.source, self.destination, exc, self.streams)
@@ -104,7 +107,8 @@ def open_lease(spec: Any, redis: Any, keys: Any, client: str,
         log.info("pool %s -> %s:%s: %d stream(s) granted (%s)", source, dest.host, dest.port, streams, why)
         on_event("log", {"level": "info", "message": f"pool grant: {streams} stream(s) ({why})"})
 
-    return PoolLease(StreamPools(redis, keys), source, f"{dest.host}:{dest.port}", client, changed).start()
+    return PoolLease(StreamPools(redis, keys), source, f"{dest.host}:{dest.port}", client, changed,
+                     klass=getattr(spec, "priority_class", "")).start()
 
 
 def bounded(tuner: Any, lease: PoolLease | None) -> Any:
@@ -113,4 +117,6 @@ def bounded(tuner: Any, lease: PoolLease | None) -> Any:
 
     if lease is None or isinstance(tuner, Granted):
         return tuner
-    return Granted(tuner, lease.current)
+    granted = Granted(tuner, lease.current)
+    lease.want = lambda: granted.wanted
+    return granted
