@@ -194,7 +194,8 @@ def test_the_preempt_guard_ends_the_back_and_forth_of_the_printed_rule():
              T.TraceTask(20.0, T.SOURCE, "darter", int(2 * GB), "interactive")]
     printed = S.replay(trace, S.make_scheduler("seal", small_bytes=0, max_total_cc=2, preempt_guard_s=0),
                        external_load=0.0)  # the paper's pf = 1.5
-    guarded = S.replay(trace, S.make_scheduler("seal", small_bytes=0, max_total_cc=2), external_load=0.0)
+    guarded = S.replay(trace, S.make_scheduler("seal", small_bytes=0, max_total_cc=2, preempt_guard_s=5.0),
+                       external_load=0.0)
     assert printed.preemptions >= 10
     assert guarded.preemptions == 1  # the small task preempts the large one once, and keeps its place
     small = next(r for r in guarded.tasks if r["size"] == int(2 * GB))
