@@ -135,9 +135,11 @@ def test_the_endpoints_learned_maximum_and_correction_persist(redis_client, keys
     _beat(redis_client, keys, "x", "y")
     for j, e in jobs:
         board.admit(j, e, src="a", dst="b", size=0.5 * GB, klass="interactive", arrival=time.time())
-    first = board.plan("x").job_id
+    first = board.plan("x", now=100.0).job_id
     board.report(first, 1e8, 2e9)  # moving twice the configured maximum
-    board.plan("y")
+    board.plan("y", now=101.0)  # in its start-up: a burst into socket buffers, not the path's maximum
+    assert float(redis_client.hget(keys.sched_config(), "cap:b")) == 1e9
+    board.plan("y", now=110.0)
     cfg = redis_client.hgetall(keys.sched_config())
     assert float(cfg["cap:b"]) == pytest.approx(2e9)
     assert any(k.startswith("ratio:") for k in cfg)

@@ -314,7 +314,8 @@ def _unit(cfg: dict[str, str], endpoint: str) -> float:
 def _learned(model: LoadModel, prog: dict, tasks: dict[str, dict], now: float) -> dict[str, str]:
     """What this cycle learned for the next ones (§4.2, history corrected by recent transfers):
 
-    - each endpoint's maximum raised to what its running tasks move in aggregate (the "known maximum");
+    - each endpoint's maximum raised to what its running tasks move in aggregate (the "known maximum"),
+      once all of them are past their start-up;
     - one stream's rate (``unit_seen:``) from the agents' own streams: rate over streams of tasks past
       their start-up (``LEARN_AFTER_S``), while the endpoint is below its maximum (at the maximum, streams
       share it and say nothing about one stream), folded in with weight ``LEARN_WEIGHT`` per cycle. The
@@ -324,19 +325,23 @@ def _learned(model: LoadModel, prog: dict, tasks: dict[str, dict], now: float) -
     """
     out: dict[str, str] = {}
     agg: dict[str, float] = {}
-    steady: dict[str, list[float]] = {}
+    steady: dict[str, list[float]] = {}  # endpoint -> [rate, streams, tasks] of tasks past their start-up
+    everyone_steady: dict[str, bool] = {}
     for j, t in tasks.items():
         if t["state"] == "running":
             p = prog.get(j) or {}
             rate = float(p.get("rate", 0.0))
+            past = now - float(t.get("started") or now) >= LEARN_AFTER_S
             for e in (t["src"], t["dst"]):
                 agg[e] = agg.get(e, 0.0) + rate
-                if int(p.get("streams") or 0) > 0 and now - float(t.get("started") or now) >= LEARN_AFTER_S:
+                everyone_steady[e] = everyone_steady.get(e, True) and past
+                if int(p.get("streams") or 0) > 0 and past:
                     r, n = steady.get(e, [0.0, 0.0])
                     steady[e] = [r + rate, n + int(p["streams"])]
     for e, bps in agg.items():
         curve = model.curve(e)
-        if bps > curve.capacity_bps:
+        # a start-up's first intervals fill socket buffers and report rates the path never sustains
+        if bps > curve.capacity_bps and everyone_steady[e]:
             out[f"cap:{e}"] = repr(bps)
         rate, streams = steady.get(e, (0.0, 0))
         if streams and 0 < bps < 0.9 * curve.capacity_bps:
