@@ -1,6 +1,6 @@
 """Issue #11 on the emulated WAN: a burst of mixed jobs through several agents, first come first served vs STEAL.
 
-``python -m fstream_bench.sched_wan [--agents 4] [--batch 1.5GB] [--interactive 300MB] [--small 30MB]`` (root;
+``python -m fstream_bench.sched_wan [--agents 8] [--batch 1.5GB] [--interactive 300MB] [--small 30MB]`` (root;
 ``--loopback`` for a smoke run).
 
 One receiver at the destination; one Redis over a unix socket; ``--agents`` ``fstream agent`` processes at
@@ -224,7 +224,9 @@ def _plots(summary: dict, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_path_args(ap, "tb11s")
-    ap.add_argument("--agents", type=int, default=4, help="agents at the source (default 4)")
+    ap.add_argument("--agents", type=int, default=8,
+                    help="agents at the source (default 8, more than the burst's 7 jobs: an agent runs one job at a "
+                         "time, and the scheduler, not the number of agents, should decide what runs)")
     ap.add_argument("--batch", default="1.5GB", help="each batch job (default 1.5GB)")
     ap.add_argument("--interactive", default="300MB", help="each equal interactive job (default 300MB)")
     ap.add_argument("--small", default="30MB", help="each small interactive job (default 30MB)")

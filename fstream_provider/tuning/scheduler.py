@@ -116,7 +116,7 @@ class SealConfig:
     :param batch_goal_share: departure (STEAL): FindBatchTasksToPreempt (Listing 4) frees batch tasks until the
         interactive task gets this share of the throughput it would get with no batch task at all (printed:
         all of it). 0.6: batch used 0.90-0.99 of SEAL's spare bandwidth on seeds 0 and 1 (printed: 0.72-0.89),
-        interactive slowdown 2-17 % above the printed rule's and still 97-99 % below BaseVary's
+        interactive slowdown 2-18 % above the printed rule's and still 97-99 % below BaseVary's
         (BENCHMARKS §10).
     :param resize_running: Listing 1 lines 7-9, raising running tasks' cc when nothing waits. The agents turn
         it off: their transfers retune live within their pool grants, so a raise the scheduler only
