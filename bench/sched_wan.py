@@ -67,11 +67,13 @@ def overlap_rates(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return (sum(ra) / len(ra) if ra else 0.0), (sum(rb) / len(rb) if rb else 0.0)
 
 
-def _agents(bench, url: str, ns: str, mode: str, n: int, secret: Path, logdir: Path) -> list[subprocess.Popen]:
+def _agents(bench, url: str, ns: str, mode: str, n: int, secret: Path, logdir: Path,
+            extra: list[str] = ()) -> list[subprocess.Popen]:
     procs = []
     for i in range(n):
         argv = fs_peer.fstream_argv() + ["agent", "--redis", url, "--namespace", ns, "--scheduler", mode,
-                                         "--name", f"{mode}-{i}", "--secret-file", str(secret), "--no-history"]
+                                         "--name", f"{mode}-{i}", "--secret-file", str(secret), "--no-history",
+                                         *(extra if mode != "fifo" else ())]
         log = open(logdir / f"agent-{mode}-{i}.log", "w")
         env = {**os.environ, "FSTREAM_STATE_DIR": str(logdir / f"state-{mode}-{i}")}
         procs.append(subprocess.Popen(bench.sites.argv("src", argv), stdout=log, stderr=subprocess.STDOUT, env=env))
@@ -79,7 +81,7 @@ def _agents(bench, url: str, ns: str, mode: str, n: int, secret: Path, logdir: P
 
 
 def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str, n_agents: int, link: float,
-              unit: float, logdir: Path) -> dict:
+              unit: float, logdir: Path, agent_args: list[str] = ()) -> dict:
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.jobs import JobStore
     from fstream_provider.bus.keys import Keys
@@ -96,7 +98,7 @@ def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str,
     pools = StreamPools(client, keys)
     pools.configure(socket.gethostname(), dst, GreedyPolicy(s_pmax=16, s_cmax=16, s_i=4, s_u=4))
     store = JobStore(client, keys=keys)
-    procs = _agents(bench, url, ns, mode, n_agents, rx.secret, logdir)
+    procs = _agents(bench, url, ns, mode, n_agents, rx.secret, logdir, agent_args)
     samples: list[dict] = []
     stop = threading.Event()
     jobs: dict[str, str] = {}
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interactive", default="300MB", help="each equal interactive job (default 300MB)")
     ap.add_argument("--small", default="30MB", help="each small interactive job (default 30MB)")
     ap.add_argument("--modes", default="fifo,steal", help="agent schedulers to compare (default fifo,steal)")
+    ap.add_argument("--agent-args", default="", help="more `fstream agent` options for the seal/steal agents")
     args = ap.parse_args(argv)
     sizes = {"batch": parse_size(args.batch), "interactive": parse_size(args.interactive), "small": parse_size(args.small)}
     out = Path(args.results) / f"sched-wan-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -252,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             srcs[name] = (root, sum(p.stat().st_size for p in root.rglob("*") if p.is_file()))
         with fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
             for mode in args.modes.split(","):
-                m = run_burst(bench, url, rx, srcs, mode, args.agents, link, unit, work)
+                m = run_burst(bench, url, rx, srcs, mode, args.agents, link, unit, work, args.agent_args.split())
                 summary["modes"][mode] = m
                 print(f"{mode}: aggregate {m['aggregate_of_link']:.2f} of the link; slowdown interactive avg "
                       f"{m['avg_slowdown_interactive']:.2f} worst {m['worst_slowdown_interactive']:.2f}, batch avg "

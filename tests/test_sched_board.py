@@ -249,3 +249,20 @@ def test_imagined_raises_of_running_tasks_keep_batch_out_only_when_on(redis_clie
     board.report(inter, 99 * GB, 2.5e8, streams=2)
     board.admit(batch, eb, src="a", dst="b", size=100 * GB, klass="batch", arrival=time.time())
     assert (board.plan("y").job_id == batch) is batch_starts
+
+
+@pytest.mark.parametrize("size_mb, preempts", [(300, True), (50, False)])
+def test_small_is_a_second_at_the_paths_maximum_for_the_agents(redis_client, keys, size_mb, preempts) -> None:
+    """On a 1 Gbit/s path "small" is what moves in 1 s (125 MB), not the paper's 1 GB: a 300 MB interactive
+    job frees the batch job in its way, a 50 MB one starts beside it."""
+    board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_s=1.0))
+    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
+    (batch, eb), = _queue(redis_client, keys, 1, "batch")
+    _beat(redis_client, keys, "x", "y")
+    board.admit(batch, eb, src="a", dst="b", size=100 * GB, klass="batch", arrival=time.time())
+    assert board.plan("x").job_id == batch
+    board.report(batch, 1e9, 9.5e8, streams=8)
+    (inter, ei), = _queue(redis_client, keys, 1)
+    board.admit(inter, ei, src="a", dst="b", size=size_mb * 1e6, klass="interactive", arrival=time.time())
+    d = board.plan("y")
+    assert d.job_id == inter and bool(d.preempted) is preempts

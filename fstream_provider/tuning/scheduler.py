@@ -97,6 +97,9 @@ class SealConfig:
     :param max_cc: most concurrency one task may use.
     :param max_total_cc: most concurrency one endpoint may carry (the paper capped its runs at 80).
     :param small_bytes: tasks below this start even on a saturated endpoint (§4.4: 1 GB).
+    :param small_s: if set, "small" is instead what the slower end's known maximum moves in this many seconds
+        (the paper's 1 GB is about 1 s on its 9.2 Gbit/s source; on a 1 Gbit/s path it is 8 s, and every
+        job of a burst counted as small). The agents set 1 s; the simulator keeps the paper's bytes.
     :param single_bytes: tasks at or below this run with cc = 1 (§6.3: "<= 10 MB ... CC of 1").
     :param saturation: share of the known maximum that counts as saturated (a) (0.95).
     :param gain_floor: relative gain per 100 % more cc below which a link counts as saturated (b) (0.25).
@@ -129,6 +132,7 @@ class SealConfig:
     max_cc: int = 16
     max_total_cc: int = 80
     small_bytes: float = 1e9
+    small_s: float | None = None
     single_bytes: float = 10e6
     saturation: float = 0.95
     gain_floor: float = 0.25
@@ -144,6 +148,8 @@ class SealConfig:
     def __post_init__(self) -> None:
         if self.pf < 1 or self.beta < 1 or self.max_cc < 1 or self.max_total_cc < 1:
             raise ValueError(f"scheduler config: need pf >= 1, beta >= 1, max_cc >= 1, max_total_cc >= 1: {self}")
+        if not 0 < self.batch_goal_share < 1:
+            raise ValueError(f"scheduler config: batch_goal_share must be in (0, 1): {self}")
         if not 0 < self.lambda_ <= 1 or not 0 < self.saturation <= 1:
             raise ValueError(f"scheduler config: lambda and saturation must be in (0, 1]: {self}")
 
@@ -221,13 +227,13 @@ class SealScheduler:
                 if not self._saturated(task.src, self.cfg.lambda_) and not self._saturated(task.dst, self.cfg.lambda_):
                     actions += self._start(task, f"batch: both ends below lambda={self.cfg.lambda_:g} of their maximum")
                 continue
-            if self.cfg.steal and (self.cfg.small_preempts_batch or task.size >= self.cfg.small_bytes):
+            small = self._small(task)
+            if self.cfg.steal and (self.cfg.small_preempts_batch or not small):
                 cl = self._batch_to_preempt(task)
                 if cl:
                     actions += self._preempt(cl, task, "interactive task needs the bandwidth batch tasks hold")
                     actions += self._start(task, f"preempted {len(cl)} batch task(s)")
                     continue
-            small = task.size < self.cfg.small_bytes
             src_sat, dst_sat = self._saturated(task.src), self._saturated(task.dst)
             if not src_sat and not dst_sat or small:
                 why = "small task" if (src_sat or dst_sat) else "neither end saturated"
@@ -243,6 +249,12 @@ class SealScheduler:
         return actions
 
     # -- Listing 2 ------------------------------------------------------------------------------------
+    def _small(self, t: Task) -> bool:
+        if self.cfg.small_s is None:
+            return t.size < self.cfg.small_bytes
+        slower = min(self.model.curve(t.src).capacity_bps, self.model.curve(t.dst).capacity_bps)
+        return t.size < self.cfg.small_s * slower / 8
+
     def _cc_cap(self, t: Task) -> int:
         return 1 if t.size <= self.cfg.single_bytes else self.cfg.max_cc
 

@@ -68,6 +68,9 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="steal: batch jobs fill at most this share of an endpoint's maximum (default 1)")
     p.add_argument("--promote-after", metavar="DURATION",
                    help="steal: a batch job waiting this long is treated as interactive (default never)")
+    p.add_argument("--batch-goal-share", type=float, default=None, metavar="S",
+                   help="steal: an interactive job frees batch jobs until it would get this share of its "
+                        "batch-free throughput (default 0.6; 1 as the paper prints it)")
     from transfer_agent.cli.options import add_history_options
     add_history_options(p)
     p.set_defaults(func=cmd_agent)
@@ -90,8 +93,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     url = resolve_redis_url(args.redis)
     name = args.name or default_agent_name()
     try:
-        sched = SealConfig(pf=args.preemption_factor, lambda_=args.lambda_,
-                           promote_after_s=parse_duration(args.promote_after) if args.promote_after else None)
+        extra = {} if args.batch_goal_share is None else {"batch_goal_share": min(0.999, args.batch_goal_share)}
+        sched = SealConfig(pf=args.preemption_factor, lambda_=args.lambda_, small_s=1.0,
+                           promote_after_s=parse_duration(args.promote_after) if args.promote_after else None, **extra)
     except ValueError as exc:
         print(f"fstream agent: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -159,8 +159,9 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             from fstream_provider.tuning.scheduler import SealConfig
 
             # the transfers retune live within their pool grants: the cycle does not raise running tasks' cc
-            cfg = dataclasses.replace(self.sched_config or SealConfig(), steal=self.scheduler == "steal",
-                                      resize_running=False)
+            # and "small" is relative to the path (a second at the slower end's known maximum), not 1 GB
+            cfg = self.sched_config or SealConfig(small_s=1.0)
+            cfg = dataclasses.replace(cfg, steal=self.scheduler == "steal", resize_running=False)
             self._board = SchedBoard(self._client, self.keys, cfg)
         self._started_at = time.time()
         previous = None
