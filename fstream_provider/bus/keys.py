@@ -36,8 +36,9 @@ pool(src, dst)          hash         s_pmax, s_cmax, s_i, s_u, policy; grant:<cl
 sched_tasks()           hash         job id -> JSON task: ends, size, class, arrival, state      agents (scheduler)   agents, fstream        field dropped when the job ends
                                      (waiting|running), agent, cc, run time, preempt_by/reason                        schedule
 sched_progress()        hash         job id -> JSON {done, rate, ts} of a running task            running agent        agents (scheduler)     field dropped when the task stops
-sched_config()          hash         cap:<endpoint>, unit:<endpoint> (bits/s), ratio:<src>|<dst>  fstream schedule     agents (scheduler)     none
-                                     (the model's correction from recent transfers)              set, agents
+sched_config()          hash         cap:<endpoint>, unit:<endpoint>, unit_seen:<endpoint>        fstream schedule     agents (scheduler)     none
+                                     (bits/s), ratio:<src>|<dst> (correction from recent          set, agents
+                                     transfers)
 seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
                                                                                                  trigger
 pending(scope)          hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
