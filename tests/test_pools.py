@@ -161,3 +161,13 @@ def test_interactive_clients_take_streams_from_batch_ones_only_what_they_want(re
     assert pools.status(SRC, DST)["grants"]["batch-a"]["streams"] == 1  # a batch transfer always keeps one
     assert pools.give_back(SRC, DST, "batch-a") == 1
     assert "class:batch-a" not in redis_client.hgetall(Keys("t-pools-class").pool(SRC, DST))
+
+
+def test_an_interactive_first_request_takes_its_initial_grant_from_batch(redis_client):
+    """The first request comes before the tuner has asked for anything: it may take s_i from batch clients."""
+    pools = StreamPools(redis_client, Keys("t-pools-first"), ttl_s=30)
+    pol = GreedyPolicy(s_pmax=8, s_cmax=8, s_i=4, s_u=4)
+    pools.provision(SRC, DST, "batch-a", pol, klass="batch")
+    assert pools.provision(SRC, DST, "batch-a", pol, klass="batch").streams == 8
+    g = pools.provision(SRC, DST, "inter", pol, klass="interactive")  # want not known yet
+    assert g.streams == 4 and "4 taken from batch clients" in g.reason

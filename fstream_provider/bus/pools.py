@@ -24,7 +24,7 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.tuning.policy import GreedyPolicy, PoolPolicy
 
 # KEYS[1] pool hash. ARGV: client, ttl_ms, s_pmax, s_cmax, s_i, s_u, class ('' | interactive | batch), want
-# (streams the client's tuner asks for; 0: unknown). STEAL in the pool: an interactive client that wants more
+# (streams the client's tuner asks for; 0: not known yet, as Greedy). STEAL in the pool: an interactive client that wants more
 # than it holds and finds the pool short takes the streams it would get from batch clients (each keeps one).
 PROVISION = """
 local t = redis.call('TIME')
@@ -50,6 +50,7 @@ end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'grant:' .. ARGV[1]) or '0')
 local old = cur
 local klass, want = ARGV[7] or '', tonumber(ARGV[8] or '0')
+if want <= 0 then want = cmax end  -- not known yet (a first request): what Greedy would give
 if klass ~= '' then redis.call('HSET', KEYS[1], 'class:' .. ARGV[1], klass) end
 local revoked = 0
 if klass == 'interactive' and want > cur and cur < cmax then

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 from typing import Any
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -63,17 +62,12 @@ def cmd_pools(args: argparse.Namespace) -> int:
         print(f"{args.source} -> {args.destination}: greedy s_pmax={policy.s_pmax} s_cmax={policy.s_cmax} "
               f"s_i={policy.s_i} s_u={policy.s_u}")
         return EXIT_OK
-    stop = threading.Event()
-    while True:
+    from transfer_agent.cli.live import print_live
+
+    def view() -> str:
         pairs = pools.pairs()
         if args.source or args.destination:
             pairs = [(s, d) for s, d in pairs if args.source in (None, s) and args.destination in (None, d)]
-        print(_render(pools, pairs, args.json), flush=True)
-        if not args.watch:
-            return EXIT_OK
-        try:
-            if stop.wait(args.watch):
-                return EXIT_OK
-        except KeyboardInterrupt:
-            return EXIT_OK
-        print()
+        return _render(pools, pairs, args.json)
+
+    return print_live(view, args.watch)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 from typing import Any
 
@@ -81,15 +80,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         print(f"endpoint {args.endpoint}: " + ", ".join(f"{k.split(':')[0]} {float(v) / 1e6:.0f} Mbit/s"
                                                         for k, v in mapping.items()))
         return EXIT_OK
+    from transfer_agent.cli.live import print_live
+
     board = SchedBoard(client, keys)
-    stop = threading.Event()
-    while True:
-        print(render(board.tasks(), client.hgetall(keys.sched_config()), args.json, time.time()), flush=True)
-        if not args.watch:
-            return EXIT_OK
-        try:
-            if stop.wait(args.watch):
-                return EXIT_OK
-        except KeyboardInterrupt:
-            return EXIT_OK
-        print()
+    return print_live(lambda: render(board.tasks(), client.hgetall(keys.sched_config()), args.json, time.time()),
+                      args.watch)
