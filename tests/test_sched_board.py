@@ -266,3 +266,24 @@ def test_small_is_a_second_at_the_paths_maximum_for_the_agents(redis_client, key
     board.admit(inter, ei, src="a", dst="b", size=size_mb * 1e6, klass="interactive", arrival=time.time())
     d = board.plan("y")
     assert d.job_id == inter and bool(d.preempted) is preempts
+
+
+def test_an_agent_admits_a_dead_fifo_agents_running_job_and_leaves_a_live_ones_alone(redis_url, redis_client,
+                                                                                     keys) -> None:
+    """Mixed namespaces: a job left 'running' by an agent whose heartbeat is gone goes on the board (the next
+    claim fences that agent out); one a live agent runs outside the scheduler is left to it."""
+    from transfer_agent.daemon.worker import Agent
+
+    store = JobStore(redis_client, keys=keys)
+    jobs = _queue(redis_client, keys, 2)
+    for (job, entry), worker in zip(jobs, ("dead-fifo", "live-fifo")):
+        redis_client.hset(keys.job(job), mapping={"state": "running", "worker": worker})
+    _beat(redis_client, keys, "live-fifo")
+    agent = Agent(redis_url, name="sched", keys=keys, scheduler="seal")
+    agent._client, agent._store = redis_client, store
+    agent._board = SchedBoard(redis_client, keys)
+    for job, entry in jobs:
+        agent._admit(entry, {"job_id": job})
+    (dead_job, _), (live_job, _) = jobs
+    assert agent._board.task(dead_job)["state"] == "waiting"
+    assert agent._board.task(live_job) is None

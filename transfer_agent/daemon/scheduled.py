@@ -83,7 +83,9 @@ class SchedulingMixin:
             self.log.info("entry %s: %s; acknowledged", entry_id,
                           f"job {job_id} already {job.state}" if job else "no job state")
             return
-        if job.state == "running":  # an agent without the scheduler runs it: not ours to queue
+        if job.state == "running" and job.worker and self._client.exists(self.keys.agent(job.worker)):
+            # a live agent without the scheduler runs it: not ours to queue (a dead one's is admitted below;
+            # the next claim raises the attempt and fences it out)
             self.log.warning("job %s (entry %s) is running on %s outside the scheduler; left alone", job_id,
                              entry_id, job.worker)
             return
