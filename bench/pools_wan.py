@@ -50,17 +50,25 @@ def _rates(intervals: list[dict], t0: float) -> list[tuple[float, float]]:
     return [(t0 + iv["t"], iv["bytes"] * 8 / iv["dt"]) for iv in intervals if iv.get("dt")]
 
 
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> tuple[float, float, float, float]:
-    """Over the time both moved data: mean rate of each, the aggregate and Jain's index."""
-    lo = max(a[0][0], b[0][0]) + 2.0  # past the second one's start-up
-    hi = min(a[-1][0], b[-1][0]) - 1.0
+def jain(rates: list[float]) -> float:
+    """Jain's fairness index of ``rates`` (1: all equal; 1/n: one takes everything)."""
+    return sum(rates) ** 2 / (len(rates) * sum(r * r for r in rates)) if rates and any(rates) else 0.0
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]], *, lead_s: float = 2.0,
+             tail_s: float = 1.0) -> tuple[float, float, float, float]:
+    """Over the time both moved data (points are (time, bits/s)), less ``lead_s`` after the later start (its
+    start-up) and ``tail_s`` before the earlier end: mean rate of each, the aggregate and Jain's index."""
+    if not a or not b:
+        return 0.0, 0.0, 0.0, 0.0
+    lo = max(a[0][0], b[0][0]) + lead_s
+    hi = min(a[-1][0], b[-1][0]) - tail_s
     ra = [r for t, r in a if lo <= t <= hi]
     rb = [r for t, r in b if lo <= t <= hi]
     if not ra or not rb:
         return 0.0, 0.0, 0.0, 0.0
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    jain = (ma + mb) ** 2 / (2 * (ma * ma + mb * mb)) if ma + mb > 0 else 0.0
-    return ma, mb, ma + mb, jain
+    return ma, mb, ma + mb, jain([ma, mb])
 
 
 def _plot(samples: list[dict], runs: dict, out: Path) -> None:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.peers import fstream as fs_peer
-from fstream_bench.pools_wan import _redis
+from fstream_bench.pools_wan import _overlap, _redis, jain
 from fstream_bench.qos_bench import build_dataset
 from fstream_bench.wan_rig import add_path_args, machine_line, open_bench, selfcheck_line
 from fstream_provider.model.units import parse_size
@@ -53,18 +53,10 @@ def bounded_slowdown(turnaround_s: float, ideal_s: float, bound_s: float = 1.0) 
     return max(1.0, turnaround_s / max(bound_s, ideal_s))
 
 
-def jain(rates: list[float]) -> float:
-    return sum(rates) ** 2 / (len(rates) * sum(r * r for r in rates)) if rates and any(rates) else 0.0
-
-
 def overlap_rates(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> tuple[float, float]:
-    """Mean rate of each of two jobs over the time both moved data (points are (time, bits/s))."""
-    if not a or not b:
-        return 0.0, 0.0
-    lo, hi = max(a[0][0], b[0][0]), min(a[-1][0], b[-1][0])
-    ra = [r for t, r in a if lo <= t <= hi]
-    rb = [r for t, r in b if lo <= t <= hi]
-    return (sum(ra) / len(ra) if ra else 0.0), (sum(rb) / len(rb) if rb else 0.0)
+    """Mean rate of each of two jobs over the whole time both moved data (points are (time, bits/s))."""
+    ma, mb, _agg, _jain = _overlap(a, b, lead_s=0.0, tail_s=0.0)
+    return ma, mb
 
 
 def _agents(bench, url: str, ns: str, mode: str, n: int, secret: Path, logdir: Path,

@@ -38,6 +38,23 @@ def _beat(redis_client, keys: Keys, *agents: str) -> None:
         redis_client.pexpire(keys.agent(a), 60_000)
 
 
+def _path(redis_client, keys: Keys, cap: float, unit: float, ends: tuple[str, ...] = ("a", "b")) -> None:
+    """The model's endpoints: each end's known maximum and one stream's rate (``fstream schedule set``)."""
+    redis_client.hset(keys.sched_config(), mapping={f"{k}:{e}": v for e in ends for k, v in (("cap", cap),
+                                                                                              ("unit", unit))})
+
+
+def _running_batch(board: SchedBoard, redis_client, keys: Keys, size: float, done: float, rate: float,
+                   streams: int = 0) -> str:
+    """A batch job started by agent x and reporting its progress; agents x and y alive."""
+    (batch, entry), = _queue(redis_client, keys, 1, "batch")
+    _beat(redis_client, keys, "x", "y")
+    board.admit(batch, entry, src="a", dst="b", size=size, klass="batch", arrival=time.time())
+    assert board.plan("x").job_id == batch
+    board.report(batch, done, rate, streams)
+    return batch
+
+
 def test_admission_acknowledges_the_entry_once_and_keeps_the_task(redis_client, keys) -> None:
     board = SchedBoard(redis_client, keys)
     (job, entry), = _queue(redis_client, keys, 1)
@@ -95,7 +112,7 @@ def test_a_dead_agents_task_waits_again_with_its_run_time(redis_client, keys) ->
 
 def test_a_job_cancelled_while_waiting_leaves_the_board(redis_client, keys) -> None:
     board = SchedBoard(redis_client, keys, SealConfig(small_bytes=0))
-    redis_client.hset(keys.sched_config(), mapping={"cap:b": 1e9, "unit:b": 1e9})
+    _path(redis_client, keys, 1e9, 1e9, ends=("b",))
     (j1, e1), (j2, e2) = _queue(redis_client, keys, 2)
     _beat(redis_client, keys, "x", "y")
     for j, e in ((j1, e1), (j2, e2)):
@@ -111,12 +128,8 @@ def test_a_job_cancelled_while_waiting_leaves_the_board(redis_client, keys) -> N
 
 def test_steal_marks_a_running_batch_task_for_an_interactive_one(redis_client, keys) -> None:
     board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_bytes=0))
-    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1e9, "cap:b": 1e9, "unit:b": 1e9})
-    (batch, eb), = _queue(redis_client, keys, 1, "batch")
-    _beat(redis_client, keys, "x", "y")
-    board.admit(batch, eb, src="a", dst="b", size=500 * GB, klass="batch", arrival=time.time())
-    assert board.plan("x").job_id == batch
-    board.report(batch, 5e9, 1e9)
+    _path(redis_client, keys, 1e9, 1e9)
+    batch = _running_batch(board, redis_client, keys, 500 * GB, 5e9, 1e9)
     (inter, ei), = _queue(redis_client, keys, 1)
     board.admit(inter, ei, src="a", dst="b", size=50 * GB, klass="interactive", arrival=time.time())
     d = board.plan("y")
@@ -130,7 +143,7 @@ def test_steal_marks_a_running_batch_task_for_an_interactive_one(redis_client, k
 
 def test_the_endpoints_learned_maximum_and_correction_persist(redis_client, keys) -> None:
     board = SchedBoard(redis_client, keys)
-    redis_client.hset(keys.sched_config(), mapping={"cap:b": 1e9, "unit:b": 1e8})
+    _path(redis_client, keys, 1e9, 1e8, ends=("b",))
     jobs = _queue(redis_client, keys, 2)
     _beat(redis_client, keys, "x", "y")
     for j, e in jobs:
@@ -179,7 +192,7 @@ def test_a_task_loads_its_ends_with_the_streams_it_reports_not_its_cap(redis_cli
     """A batch task given a cap that would fill the path but using 2 of its streams leaves room (saturation
     test b) for a second batch task; once it reports the streams that fill the path, the second waits."""
     board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_bytes=0))
-    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
+    _path(redis_client, keys, 1e9, 1.25e8)
     (j1, e1), (j2, e2) = _queue(redis_client, keys, 2, "batch")
     _beat(redis_client, keys, "x", "y")
     board.admit(j1, e1, src="a", dst="b", size=100 * GB, klass="batch", arrival=time.time())
@@ -208,7 +221,7 @@ def test_one_streams_rate_is_learned_from_the_agents_streams_past_their_start_up
     """Configured 125 Mbit/s per stream; the agent's 4 streams move 200 Mbit/s in all (50 each) on a
     1 Gbit/s end: after start-up the learned unit moves toward 50 Mbit/s, never during start-up."""
     board = SchedBoard(redis_client, keys, SealConfig(small_bytes=0))
-    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
+    _path(redis_client, keys, 1e9, 1.25e8)
     jobs = _queue(redis_client, keys, 2)
     _beat(redis_client, keys, "x", "y")
     for j, e in jobs:
@@ -240,7 +253,7 @@ def test_imagined_raises_of_running_tasks_keep_batch_out_only_when_on(redis_clie
     raises its cc to fill the path and then finds no room for the waiting batch task; the agents' setting
     (its tuner retunes live, nothing is raised) lets the batch task use what it leaves."""
     board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_bytes=0, resize_running=resize_running))
-    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
+    _path(redis_client, keys, 1e9, 1.25e8)
     (inter, ei), = _queue(redis_client, keys, 1)
     (batch, eb), = _queue(redis_client, keys, 1, "batch")
     _beat(redis_client, keys, "x", "y")
@@ -256,12 +269,8 @@ def test_small_is_a_second_at_the_paths_maximum_for_the_agents(redis_client, key
     """On a 1 Gbit/s path "small" is what moves in 1 s (125 MB), not the paper's 1 GB: a 300 MB interactive
     job frees the batch job in its way, a 50 MB one starts beside it."""
     board = SchedBoard(redis_client, keys, SealConfig(steal=True, small_s=1.0))
-    redis_client.hset(keys.sched_config(), mapping={"cap:a": 1e9, "unit:a": 1.25e8, "cap:b": 1e9, "unit:b": 1.25e8})
-    (batch, eb), = _queue(redis_client, keys, 1, "batch")
-    _beat(redis_client, keys, "x", "y")
-    board.admit(batch, eb, src="a", dst="b", size=100 * GB, klass="batch", arrival=time.time())
-    assert board.plan("x").job_id == batch
-    board.report(batch, 1e9, 9.5e8, streams=8)
+    _path(redis_client, keys, 1e9, 1.25e8)
+    batch = _running_batch(board, redis_client, keys, 100 * GB, 1e9, 9.5e8, streams=8)
     (inter, ei), = _queue(redis_client, keys, 1)
     board.admit(inter, ei, src="a", dst="b", size=size_mb * 1e6, klass="interactive", arrival=time.time())
     d = board.plan("y")

@@ -57,7 +57,6 @@ class Decision:
     :param preempted: ``(job id, reason)`` of each task marked to stop for it.
     :param actions: every action of the cycle (for the log).
     :param resized: the resizes this cycle wrote (a running task's concurrency in the model changed).
-    :param waiting: tasks still waiting after it.
     """
 
     job_id: str | None = None
@@ -67,7 +66,6 @@ class Decision:
     preempted: list[tuple[str, str]] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     resized: list[Action] = field(default_factory=list)
-    waiting: int = 0
 
 
 class SchedBoard:
@@ -165,9 +163,11 @@ class SchedBoard:
     def plan(self, agent: str, now: float | None = None) -> Decision:
         """Run one SEAL/STEAL cycle over the board for ``agent`` (idle) and apply it atomically."""
         decision = Decision()
+        learned: dict[str, str] = {}  # what the committed cycle learned for the next ones (sched_config)
 
         def change(tasks: dict[str, dict], t_now: float) -> dict[str, dict]:
             decision.__init__()
+            learned.clear()
             changed: dict[str, dict] = {}
             self._drop_finished(tasks, changed)
             self._requeue_orphans(tasks, changed, t_now)
@@ -197,13 +197,11 @@ class SchedBoard:
                     live[a.task]["cc"] = a.cc
                     changed[a.task] = live[a.task]
                     decision.resized.append(a)
-            decision.waiting = sum(1 for t in live.values() if t["state"] == "waiting")
-            self._learned = _learned(model, prog, live, t_now)
+            learned.update(_learned(model, prog, live, t_now))
             return changed
 
-        self._learned: dict[str, str] = {}
-        self._transact(change, now=now, extra=lambda pipe: pipe.hset(self.keys.sched_config(), mapping=self._learned)
-                       if self._learned else None)
+        self._transact(change, now=now,
+                       extra=lambda pipe: pipe.hset(self.keys.sched_config(), mapping=learned) if learned else None)
         return decision
 
     # ------------------------------------------------------------------ internals
@@ -271,8 +269,8 @@ class SchedBoard:
         for name, value in cfg.items():
             if name.startswith("ratio:"):
                 src, _, dst = name[len("ratio:"):].partition("|")
-                model._ratio[(src, dst)] = float(value)
-        sched = SealScheduler(model, self.config)
+                model.set_correction(src, dst, float(value))
+        sched = SealScheduler(model, self.config, now=now)  # the waits and run times below are up to ``now``
         for j, t in tasks.items():
             task = Task(j, t["src"], t["dst"], max(1.0, float(t["size"])), float(t["arrival"]), t["klass"])
             sched.submit(task)  # computes TT_ideal
@@ -292,7 +290,6 @@ class SchedBoard:
                 task.trans_s = ran
                 task.wait_s = max(0.0, now - float(t["arrival"]) - ran)
                 task.done_bytes = float(t.get("done", 0.0))
-        sched._last = now  # the waits and run times above are already up to ``now``
         return sched, model, prog
 
 
@@ -347,6 +344,6 @@ def _learned(model: LoadModel, prog: dict, tasks: dict[str, dict], now: float) -
         if streams and 0 < bps < 0.9 * curve.capacity_bps:
             unit = (1 - LEARN_WEIGHT) * curve.unit_bps + LEARN_WEIGHT * rate / streams
             out[f"unit_seen:{e}"] = repr(unit)
-    for (src, dst), ratio in model._ratio.items():
+    for (src, dst), ratio in model.corrections().items():
         out[f"ratio:{src}|{dst}"] = repr(ratio)
     return out

@@ -104,6 +104,13 @@ class LoadModel:
     def correction(self, src: str, dst: str) -> float:
         return self._ratio.get((src, dst), 1.0)
 
+    def corrections(self) -> dict[tuple[str, str], float]:
+        """Every pair's correction (to keep them between models, as the agents' board does)."""
+        return dict(self._ratio)
+
+    def set_correction(self, src: str, dst: str, ratio: float) -> None:
+        self._ratio[(src, dst)] = float(ratio)
+
     def ideal_time(self, src: str, dst: str, size: float, max_cc: int, beta: float = 1.1) -> float:
         """TT_ideal: the transfer alone, at the concurrency FindThrCC picks without load (Listing 2), uncorrected."""
         _cc, thr = find_thr_cc(lambda c: self.throughput(src, dst, c, corrected=False), max_cc, beta)

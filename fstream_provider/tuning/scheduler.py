@@ -148,8 +148,8 @@ class SealConfig:
     def __post_init__(self) -> None:
         if self.pf < 1 or self.beta < 1 or self.max_cc < 1 or self.max_total_cc < 1:
             raise ValueError(f"scheduler config: need pf >= 1, beta >= 1, max_cc >= 1, max_total_cc >= 1: {self}")
-        if not 0 < self.batch_goal_share < 1:
-            raise ValueError(f"scheduler config: batch_goal_share must be in (0, 1): {self}")
+        if not 0 < self.batch_goal_share <= 1:
+            raise ValueError(f"scheduler config: batch_goal_share must be in (0, 1]: {self}")
         if not 0 < self.lambda_ <= 1 or not 0 < self.saturation <= 1:
             raise ValueError(f"scheduler config: lambda and saturation must be in (0, 1]: {self}")
 
@@ -159,12 +159,14 @@ class SealScheduler:
 
     :param model: throughput estimates (history + correction).
     :param config: parameters.
+    :param now: the scheduler's clock when it is made: waits and run times before it are the caller's (the
+        agents' board rebuilds a scheduler with them for every cycle).
     """
 
-    def __init__(self, model: LoadModel, config: SealConfig | None = None) -> None:
+    def __init__(self, model: LoadModel, config: SealConfig | None = None, now: float = 0.0) -> None:
         self.model, self.cfg = model, config or SealConfig()
         self.tasks: dict[str, Task] = {}
-        self._last = 0.0
+        self._last = now
         self._fresh: dict[str, float] = {}  # endpoint -> predicted bps started this cycle
         self._thr_cache: dict[tuple, tuple[int, float]] = {}  # FindThrCC per (ends, loads, cap) within a cycle
         self._run: list[Task] = []
@@ -353,7 +355,7 @@ class SealScheduler:
         thr = self._find_thr_cc(task, False)[1]
         cl: list[Task] = []
         for b in batch:
-            if thr >= goal * self.cfg.batch_goal_share:
+            if thr >= goal * min(self.cfg.batch_goal_share, 0.999):  # 1 (printed): all of it, to rounding
                 break
             thr2 = self._find_thr_cc(task, False, tuple(cl) + (b,))[1]
             if thr2 > thr:

@@ -93,7 +93,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     url = resolve_redis_url(args.redis)
     name = args.name or default_agent_name()
     try:
-        extra = {} if args.batch_goal_share is None else {"batch_goal_share": min(0.999, args.batch_goal_share)}
+        extra = {} if args.batch_goal_share is None else {"batch_goal_share": args.batch_goal_share}
         sched = SealConfig(pf=args.preemption_factor, lambda_=args.lambda_, small_s=1.0,
                            promote_after_s=parse_duration(args.promote_after) if args.promote_after else None, **extra)
     except ValueError as exc:

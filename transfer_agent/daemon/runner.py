@@ -74,7 +74,6 @@ class JobRunnerMixin:
 
     def _run_claimed(self, job_id: str, entry_id: str, claim: Claim) -> None:
         """Run a claimed job to its outcome (taken from the stream, or given by the agents' scheduler)."""
-        spec = claim.spec
         run = JobRun(job_id, claim.attempt, entry_id)
         self._current = run
         if self._stop.is_set():
@@ -85,7 +84,7 @@ class JobRunnerMixin:
         pump.start()
         self.log.info("job %s attempt %d: started", job_id, claim.attempt)
         try:
-            outcome = self._execute(run, spec)
+            outcome = self._execute(run, claim.spec)
         finally:
             pump_stop.set()
             run.wake.set()

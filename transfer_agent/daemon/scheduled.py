@@ -99,8 +99,9 @@ class SchedulingMixin:
 
     def _note_decision(self, d: Decision) -> None:
         """The cycle's decisions this agent wrote: its start, the preemptions for it, changed concurrency."""
+        marked = {victim for victim, _ in d.preempted}
         mine = [a for a in d.actions if (a.kind == "start" and a.task == d.job_id)
-                or (a.kind == "preempt" and a.by == d.job_id and a.task in dict(d.preempted))]
+                or (a.kind == "preempt" and a.by == d.job_id and a.task in marked)]
         for a in mine + d.resized:
             self.log.info("scheduler: %s", a.reason)
 
