@@ -16,7 +16,7 @@ ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc,
 FIELDS = {"sources", "destination", "tuner", "cc", "p", "pp", "max_cc", "bandwidth_bps", "rtt_s",
           "target_throughput_bps", "variant", "utilisation", "band", "profile_interval_s", "sample_interval_s", "watch", "interval_s", "idle_exit_s",
           "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "pool", "block_size", "tcp_buffer", "label",
-          "priority_class"}
+          "priority_class", "public_checksum"}
 
 
 def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
@@ -26,7 +26,8 @@ def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
     assert TransferSpec.from_json(spec.to_json()) == spec
     older = {**data, "bandwidth_bps": 1000000000, "rtt_s": 0.04}  # ints
     assert TransferSpec.from_json(json.dumps(older)) == spec
-    before_harp = {k: v for k, v in data.items() if k not in ("tcp_buffer", "pool", "priority_class")}  # before #10, #11
+    before_harp = {k: v for k, v in data.items() if k not in ("tcp_buffer", "pool", "priority_class",
+                                                              "public_checksum")}  # before #10, #11, #17
     assert TransferSpec.from_json(json.dumps(before_harp)) == spec and spec.tcp_buffer is None and not spec.pool
 
 

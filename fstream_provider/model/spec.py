@@ -90,6 +90,9 @@ class TransferSpec(BaseModel):
     :param idle_exit_s: in watch mode, stop after this long with nothing new.
     :param until: in watch mode, stop at this UNIX time (seconds), if set.
     :param verify: end-to-end checksum per file.
+    :param public_checksum: also report an unkeyed ``xxh3_128`` digest of each landed file, from the same
+        read pass as the (keyed) verifying one, for manifests and flow records that others check
+        (``fstream send --manifest``, ``channel.transfer()``); TLS-only transfers report theirs anyway.
     :param secret_file: shared secret for HMAC authentication.
     :param tls_cert: client certificate (mutual TLS).
     :param tls_key: client key.
@@ -125,6 +128,7 @@ class TransferSpec(BaseModel):
     idle_exit_s: float | None = None
     until: float | None = None
     verify: bool = True
+    public_checksum: bool = False
     secret_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -52,6 +52,24 @@ def parse_duration(text: str | float | int) -> float:
     return float(m.group(1)) * _DUR_UNIT[m.group(2)]
 
 
+def parse_until(text: str, now: float | None = None) -> float:
+    """A stop time as UNIX seconds: an ISO-8601 time (``2026-11-25T18:00``, UTC unless it names a
+    zone) or a duration from ``now`` (``30m``, ``2h``)."""
+    import datetime as dt
+    import time
+
+    try:
+        return (now if now is not None else time.time()) + parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        d = dt.datetime.fromisoformat(str(text))
+    except ValueError:
+        raise ValueError(f"until {text!r}: expected an ISO-8601 time such as 2026-11-25T18:00 "
+                         f"or a duration from now such as 30m") from None
+    return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
 def parse_size(text: str | int) -> int:
     """Return a size in bytes: ``64KiB``, ``1MiB``, ``4M``, ``1000``."""
     if isinstance(text, int):

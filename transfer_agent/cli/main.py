@@ -93,6 +93,7 @@ def _clean_parts(root: str, max_age: float) -> int:
 
 # -- send ------------------------------------------------------------------------------------------
 def cmd_send(args: argparse.Namespace) -> int:
+    from transfer_agent.cli.manifest import Manifest, chain, exit_code
     from transfer_agent.cli.progress import Progress, print_summary
     from transfer_agent.cli.options import history_from_args, spec_from_args
     from transfer_agent.sending.sender import Transfer
@@ -107,25 +108,37 @@ def cmd_send(args: argparse.Namespace) -> int:
         redis = connect(resolve_redis_url(args.redis))
     show = not args.json and (args.progress or sys.stderr.isatty())
     progress = Progress(show)
+    manifest = Manifest(args.manifest, spec.destination) if args.manifest else None
     try:
         kw = {}
         if args.stall_timeout:
             from fstream_provider.model.units import parse_duration
             kw["stall_timeout"] = parse_duration(args.stall_timeout)
-        result = Transfer(spec, on_event=progress, cancel=cancel, redis=redis, history=history_from_args(args),
-                          **kw).run()
+        result = Transfer(spec, on_event=chain(progress, manifest), cancel=cancel, redis=redis,
+                          history=history_from_args(args), **kw).run()
     finally:
         progress.stop()
+        if manifest is not None:
+            manifest.close()
     out = result.to_dict()
     if args.json:
         print(json.dumps(out), flush=True)
     else:
         print_summary(out)
-    if not result.ok:
+    code = exit_code(result)
+    if code:
         msg = result.error or "; ".join(f"{f['path']}: {f['reason']}" for f in result.failures[:5])
-        print(f"fstream send: failed: {msg}", file=sys.stderr)
-        return 1
-    return 0
+        hint = " (retryable: a rerun resends only what is missing)" if code == 75 else ""
+        print(f"fstream send: failed{hint}: {msg}", file=sys.stderr)
+    return code
+
+
+SEND_EPILOG = """exit codes:
+  0    every file landed (or was already there, same size and checksum)
+  1    a file failed and another try will not help without a change
+  2    bad option, spec or configuration
+  75   retryable: receiver unreachable, network, stall (a rerun resends only what is missing)
+  130  interrupted (SIGINT/SIGTERM); a rerun resumes"""
 
 
 # -- parser ----------------------------------------------------------------------------------------
@@ -160,12 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(do not run it on a root a live receiver is writing)")
     r.set_defaults(func=cmd_receive)
 
-    s = sub.add_parser("send", help="send files now (source side)")
+    s = sub.add_parser("send", help="send files now (source side)", epilog=SEND_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_transfer_options(s)
     s.add_argument("--redis", metavar="URL", help="Redis for the tuners' history: profiling, and HARP's transfer "
                                                   "history read and recorded (default: none for send)")
     add_history_options(s)
     s.add_argument("--json", action="store_true", help="print one JSON object when done")
+    s.add_argument("--manifest", metavar="FILE",
+                   help="write one JSON line per landed file (source, path, url, size, checksum, status) as it "
+                        "lands; for the next step of a pipeline")
     s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     s.add_argument("--stall-timeout", metavar="DURATION",
                    help="progress window: a session that moves less than the progress floor (64 kbit/s) "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.statedir import default_secret_file
-from fstream_provider.model.units import parse_size
+from fstream_provider.model.units import parse_size, parse_until
 from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES, TUNERS
 from fstream_provider.tuning.variants import HARP_SWITCHES, SWITCHES
 
@@ -56,6 +56,8 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true", help="keep scanning the sources and ship new files")
     p.add_argument("--interval", metavar="DURATION", default="2s", help="scan interval with --watch (default 2s)")
     p.add_argument("--idle-exit", metavar="DURATION", help="with --watch: stop after this long with nothing new")
+    p.add_argument("--until", metavar="TIME", help="with --watch: stop scanning at this time (ISO-8601, UTC unless "
+                                                   "zoned) or after this duration (30m), then finish what was found")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the end-to-end checksum (sizes and byte ranges are still checked)")
     p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret)")
@@ -86,11 +88,22 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         tuner=args.tuner, cc=args.cc, p=args.p, pp=args.pp, max_cc=args.max_cc,
         bandwidth=args.bandwidth, rtt=args.rtt, target_throughput=args.target_throughput,
         variant=args.variant, utilisation=args.utilisation, band=args.band, profile_interval=args.profile_interval, sample_interval=args.sample_interval,
-        watch=args.watch, interval=args.interval, idle_exit=args.idle_exit,
+        watch=args.watch, interval=args.interval, idle_exit=args.idle_exit, until=_until(args),
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_ca=args.tls_ca, encrypt=args.encrypt, pool=args.pool, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
-        priority_class=args.priority,
+        priority_class=args.priority, public_checksum=bool(getattr(args, "manifest", None)),
     )
+
+
+def _until(args: argparse.Namespace) -> float | None:
+    if not args.until:
+        return None
+    if not args.watch:
+        raise ValueError("--until: only with --watch (a plain send ends when its files landed)")
+    try:
+        return parse_until(args.until)
+    except ValueError as exc:
+        raise ValueError(f"--until: {exc}") from None
 
 
 def add_history_options(p: argparse.ArgumentParser) -> None:

@@ -212,7 +212,7 @@ class Calibration:
         if not first.ok:
             raise RuntimeError(f"calibrate: the first transfer to {self.destination} failed: {first.error}")
         rtt = self.rtt_s or max(first.rtt_s or 0.0, 1e-4)
-        from transfer_agent.sending.sender import tcp_buffer_max
+        from transfer_agent.sending.host import tcp_buffer_max
 
         buffer = self.tcp_buffer or tcp_buffer_max()
         bdp = self.bandwidth_bps * rtt / 8

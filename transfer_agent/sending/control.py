@@ -23,7 +23,7 @@ from transfer_agent.errors import (
 )
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.inflight import InFlight, hold, release, settle
-from transfer_agent.storage.checksum import hash_fd
+from transfer_agent.storage.checksum import hash_fd_also
 from transfer_agent.wire.protocol import Frame, error_from_body
 
 log = logging.getLogger("fstream.sender")
@@ -38,10 +38,12 @@ class ControlSession:
     :param algo: checksum algorithm; default ``blake3-keyed`` (keyed with this connection's digest key)
         with a shared secret, ``xxh3_128`` with TLS only.
     :param verify: end-to-end checksums (off: the receiver only checks that every byte arrived).
+    :param public_algo: when the verifying digest is keyed, also compute this unkeyed digest of the
+        same bytes in the same read pass, for manifests and flow records (``spec.public_checksum``).
     """
 
     def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
-                 algo: str | None = None, verify: bool = True) -> None:
+                 algo: str | None = None, verify: bool = True, public_algo: str | None = None) -> None:
         self.connector = connector
         self.on_finished = on_finished
         self.hasher = hasher
@@ -54,6 +56,7 @@ class ControlSession:
         self.algo = algo or ("blake3-keyed" if self.digest_key is not None else "xxh3_128")
         if self.algo != "blake3-keyed":
             self.digest_key = None
+        self.public_algo = public_algo if public_algo and self.digest_key is not None else None
         self._files: dict[int, InFlight] = {}
         self._lock = threading.Lock()
         self._next_id = 1
@@ -113,7 +116,8 @@ class ControlSession:
         if not hold(f):
             return None
         try:
-            return hash_fd(f.fd, f.st_size, self.algo, self.digest_key)
+            digest, f.public_digest = hash_fd_also(f.fd, f.st_size, self.algo, self.digest_key, self.public_algo)
+            return digest
         finally:
             release(f)
 

@@ -29,6 +29,7 @@ class InFlight:
     bytes_sent: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     hash_future: Any = None
+    public_digest: str | None = None  # the unkeyed digest of the same bytes, when asked for (ControlSession.public_algo)
     finished: threading.Event = field(default_factory=threading.Event)
     outcome: str = ""  # committed | skipped | failed
     aborted: bool = False
@@ -95,12 +96,15 @@ def _close_quiet(fd: int) -> None:
         pass
 
 
-def public_checksum(f: InFlight, algo: str | None) -> dict[str, str]:
+def public_checksum(f: InFlight, algo: str | None, public_algo: str | None = None) -> dict[str, str]:
     """``{"checksum", "algo"}`` of a committed file for downstream users, when it is a plain content hash
     (``xxh3_128`` with TLS or no auth). The default ``blake3-keyed`` digest is keyed with the session's
-    key: it proves the bytes to the receiver but means nothing to anyone else, so it is not reported."""
+    key: it proves the bytes to the receiver but means nothing to anyone else, so it is not reported;
+    the unkeyed ``public_algo`` digest computed beside it is, when the transfer asked for one."""
     fut = f.hash_future
-    if not algo or algo.endswith("-keyed") or fut is None or not fut.done() or fut.cancelled():
+    if not algo or fut is None or not fut.done() or fut.cancelled():
         return {}
+    if algo.endswith("-keyed"):
+        return {"checksum": f.public_digest, "algo": public_algo} if f.public_digest and public_algo else {}
     digest = fut.result()
     return {"checksum": digest, "algo": algo} if digest else {}

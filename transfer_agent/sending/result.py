@@ -28,6 +28,13 @@ class TransferResult:
     checksum: str = "xxh3_128"
     rtt_s: float = 0.0
     error: str | None = None
+    retryable: bool = False  # a rerun may succeed: the error, or every file's failure, was retryable
+    cancelled: bool = False  # stopped on request (signal, job cancel); a rerun resumes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def settle_retryable(self) -> None:
+        """Set ``retryable`` once the transfer ended: its error was, or every failed file's reason was."""
+        if self.error is None and self.failures:
+            self.retryable = all(f.get("retryable") for f in self.failures)

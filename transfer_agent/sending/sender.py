@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import resource
 import threading
 import time
 import uuid
@@ -31,6 +30,7 @@ from transfer_agent.sending.channel import MAX_SEALED_BLOCK
 from transfer_agent.sending.channels import ChannelPool
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
+from transfer_agent.sending.host import raise_fd_limit, tcp_buffer_max
 from transfer_agent.sending.inflight import InFlight, public_checksum
 from transfer_agent.errors import AuthError, CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
 from fstream_provider.watch.source_watcher import SourceWatcher
@@ -49,15 +49,6 @@ SESSION_RETRY = RetryPolicy(retryable=lambda exc: isinstance(exc, FStreamError) 
 DEFAULT_BANDWIDTH, PROFILE_EVERY_S = 1e9, 10.0  # a tuner naming no interval (observe_every_s) is consulted every 10 s
 
 
-def tcp_buffer_max() -> int:
-    """The kernel's maximum TCP send buffer (what caps one stream at buffer / RTT)."""
-    try:
-        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
-            return int(f.read().split()[2])
-    except (OSError, ValueError, IndexError):
-        return 4 << 20
-
-
 class Transfer:
     """Run one transfer described by a ``TransferSpec``.
 
@@ -74,13 +65,17 @@ class Transfer:
     :param progress_floor_bps: the progress floor in bits/s (default 64 kbit/s).
     :param max_session_retries: reconnect-and-resume attempts for retryable session failures.
     :param history: whether and how transfer history rows are recorded (``history_io.HistoryOptions``).
+    :param feed: where new files come from instead of scanning ``spec.sources`` (a channel's
+        ``.transfer()``): ``poll()`` returns new ``SrcFile``s, ``pending_candidates`` is true while more
+        may come, ``wake`` is set to an event the feed sets when it has files (``FlowFeed``).
     """
 
     def __init__(self, spec: TransferSpec, *, job_id: str | None = None, attempt: int = 1,
                  on_event: EventCallback | None = None, cancel: threading.Event | None = None,
                  redis: Any = None, log: logging.Logger | None = None, tuner: Tuner | None = None,
                  stall_timeout: float = 60.0, progress_floor_bps: float = 64e3,
-                 max_session_retries: int = 4, history: history_io.HistoryOptions | None = None) -> None:
+                 max_session_retries: int = 4, history: history_io.HistoryOptions | None = None,
+                 feed: Any = None) -> None:
         self.spec = spec
         self.job_id = job_id or uuid.uuid4().hex
         self.attempt = attempt
@@ -99,6 +94,9 @@ class Transfer:
         self._files_total = 0
         self._history_saved_at = time.monotonic()
         self._watcher: SourceWatcher | None = None
+        self._feed = feed
+        if feed is not None:
+            feed.wake = self._wake
         self.history = history or history_io.HistoryOptions()
         self._recorder: history_io.HistoryRecorder | None = None
         self._lease: grant.PoolLease | None = None  # the stream pool's grant (spec.pool), opened by run()
@@ -107,7 +105,7 @@ class Transfer:
     def run(self) -> TransferResult:
         t0 = time.monotonic()
         self._t0 = t0
-        self._raise_fd_limit()
+        raise_fd_limit()
         spec = self.spec
         dest = spec.dest
         secret = load_secret(spec.secret_file) if spec.secret_file else None
@@ -120,13 +118,14 @@ class Transfer:
         if getattr(spec, "encrypt", False) and secret is None:
             raise AuthError("--encrypt needs a shared secret (--secret-file); with TLS alone the channel is "
                             "already encrypted")
-        watcher = SourceWatcher(spec.sources, dest.path) if spec.watch else None
+        watcher = self._feed or (SourceWatcher(spec.sources, dest.path) if spec.watch else None)
         self._watcher = watcher
         initial = [] if watcher else expand_sources(spec.sources, dest.path)
         if watcher:
             initial = watcher.poll()
         pending: list[SrcFile] = list(initial)
         self._files_total = len(pending)
+        self._public_algo = "xxh3_128" if spec.public_checksum else None
         hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fstream-hash")
 
         def on_retry(tries: int, exc: BaseException, delay: float) -> None:
@@ -150,6 +149,8 @@ class Transfer:
             if not isinstance(exc, FStreamError):
                 self.log.exception("transfer failed unexpectedly")
             self.result.error = err.describe()
+            self.result.cancelled = isinstance(err, CancelledError)
+            self.result.retryable = err.retryable and not self.result.cancelled
             for sf in pending:
                 self._fail_file(sf, err)
         finally:
@@ -163,6 +164,7 @@ class Transfer:
             r.throughput_bps = r.bytes * 8 / r.seconds if r.seconds > 0 else 0.0
             r.files = r.verified_files + r.skipped_files + r.failed_files
             r.ok = r.error is None and r.failed_files == 0
+            r.settle_retryable()
         return self.result
 
     # -- one session ---------------------------------------------------------------------------
@@ -178,7 +180,8 @@ class Transfer:
         def finished(f: InFlight) -> None:
             self._on_finished(f, pool, retry_files)
 
-        control = ControlSession(connector, finished, hasher, verify=self.spec.verify)
+        control = ControlSession(connector, finished, hasher, verify=self.spec.verify,
+                                 public_algo="xxh3_128" if self.spec.public_checksum else None)
         if self.spec.verify:
             self.result.checksum = control.algo
         block_size = min(self.spec.block_size, MAX_SEALED_BLOCK) if encrypt else self.spec.block_size
@@ -247,7 +250,7 @@ class Transfer:
                 if again:
                     pool.add_files(again)
             new: list[SrcFile] = []
-            if watcher is not None and now >= next_scan:
+            if watcher is not None and (now >= next_scan or watcher is self._feed):
                 next_scan = now + spec.interval_s
                 if spec.until is None or time.time() < spec.until:
                     new = watcher.poll()
@@ -281,7 +284,8 @@ class Transfer:
             if not busy and not retry_files:
                 if watcher is None:
                     break
-                if spec.idle_exit_s is not None and now - last_new >= spec.idle_exit_s and not watcher.pending_candidates:
+                idle = watcher is self._feed or spec.idle_exit_s is not None and now - last_new >= spec.idle_exit_s
+                if idle and not watcher.pending_candidates:  # a feed ends when its channel has ended
                     break
                 if spec.until is not None and time.time() >= spec.until:
                     break
@@ -336,11 +340,12 @@ class Transfer:
             self.result.verified_files += 1
             self.result.bytes += sf.size
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "committed",
-                                   "resumed": f.resumed, **public_checksum(f, self.result.checksum)})
+                                   "resumed": f.resumed, **public_checksum(f, self.result.checksum, self._public_algo)})
         elif outcome == "skipped":
             self.result.skipped_files += 1
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "skipped",
-                                   "reason": "already at destination with the same size and checksum"})
+                                   "reason": "already at destination with the same size and checksum",
+                                   **public_checksum(f, self.result.checksum, self._public_algo)})
         else:
             self._fail_file(sf, f.error or FStreamError("failed"))
         self._wake.set()
@@ -489,12 +494,3 @@ class Transfer:
         if self._recorder is not None:
             self._recorder.interval(rec)
         self.on_event("interval", rec)
-
-    @staticmethod
-    def _raise_fd_limit() -> None:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft < hard:
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 16), hard))
-            except (ValueError, OSError):
-                pass

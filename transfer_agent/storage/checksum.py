@@ -48,15 +48,29 @@ def new_hasher(algo: str = "xxh3_128", key: bytes | None = None):
 
 def hash_fd(fd: int, size: int, algo: str = "xxh3_128", key: bytes | None = None) -> str:
     """Hash the first ``size`` bytes of an open file; raises ``EOFError`` if it is shorter."""
+    return hash_fd_also(fd, size, algo, key)[0]
+
+
+def hash_fd_also(fd: int, size: int, algo: str = "xxh3_128", key: bytes | None = None,
+                 also: str | None = None) -> tuple[str, str | None]:
+    """:func:`hash_fd`, plus the unkeyed ``also`` digest of the same bytes from the same read pass.
+
+    A keyed digest proves the bytes to the receiver but means nothing to anyone else; a manifest
+    or a flow record needs a digest others can check (``fstream send --manifest``). Both come from
+    one read, so they describe the same bytes even if the source changes afterwards.
+    """
     h = new_hasher(algo, key)
+    extra = new_hasher(also) if also else None
     off = 0
     while off < size:
         chunk = os.pread(fd, min(CHUNK, size - off), off)
         if not chunk:
             raise EOFError(f"file shorter than expected ({off} of {size} bytes)")
         h.update(chunk)
+        if extra is not None:
+            extra.update(chunk)
         off += len(chunk)
-    return h.hexdigest()
+    return h.hexdigest(), extra.hexdigest() if extra is not None else None
 
 
 class PrefixHasher:
