@@ -16,7 +16,7 @@ from pathlib import Path
 import xxhash
 
 from agentkit import make_files, trees_identical, wait_until
-from transfer_agent.cli.manifest import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_RETRY, EXIT_USAGE
+from transfer_agent.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_RETRY, EXIT_USAGE
 from transfer_agent.receiving.receiver import Receiver
 from transfer_agent.storage.checksum import hash_fd, hash_fd_also
 

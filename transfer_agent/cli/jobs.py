@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # redis (imported by the job model) costs half a second: only
     from fstream_provider.bus.job_state import JobState
     from fstream_provider.bus.jobs import JobStore
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from transfer_agent.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def _common(p: argparse.ArgumentParser) -> None:

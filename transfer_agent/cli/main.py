@@ -93,7 +93,8 @@ def _clean_parts(root: str, max_age: float) -> int:
 
 # -- send ------------------------------------------------------------------------------------------
 def cmd_send(args: argparse.Namespace) -> int:
-    from transfer_agent.cli.manifest import Manifest, chain, exit_code
+    from transfer_agent.cli.exits import EXIT_RETRY, exit_code
+    from transfer_agent.cli.manifest import Manifest, chain
     from transfer_agent.cli.progress import Progress, print_summary
     from transfer_agent.cli.options import history_from_args, spec_from_args
     from transfer_agent.sending.sender import Transfer
@@ -128,7 +129,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     code = exit_code(result)
     if code:
         msg = result.error or "; ".join(f"{f['path']}: {f['reason']}" for f in result.failures[:5])
-        hint = " (retryable: a rerun resends only what is missing)" if code == 75 else ""
+        hint = " (retryable: a rerun resends only what is missing)" if code == EXIT_RETRY else ""
         print(f"fstream send: failed{hint}: {msg}", file=sys.stderr)
     return code
 

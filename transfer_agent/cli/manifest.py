@@ -1,4 +1,4 @@
-"""``fstream send --manifest FILE``: one JSON line per landed file, and the exit codes a pipeline step needs.
+"""``fstream send --manifest FILE``: one JSON line per landed file, for the next step of a pipeline.
 
 A workflow engine (Snakemake, Nextflow, a shell script) runs ``fstream send`` as one step and hands
 what landed to the next. The manifest is JSON Lines, appended and flushed as each file lands (a
@@ -18,24 +18,6 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Callable
-
-from transfer_agent.sending.result import TransferResult
-
-EXIT_OK = 0  # every file landed (or was already there)
-EXIT_FAILED = 1  # a file failed and another try will not help without a change (permissions, source changed, ...)
-EXIT_USAGE = 2  # a bad option, spec or configuration (argparse uses 2 as well)
-EXIT_RETRY = 75  # retryable (EX_TEMPFAIL): receiver unreachable, network, stall; a rerun resends only what is missing
-EXIT_INTERRUPTED = 130  # stopped by SIGINT/SIGTERM; a rerun resumes
-
-
-def exit_code(result: TransferResult) -> int:
-    """The documented exit code of ``fstream send`` for ``result`` (docs/cli.md, "Exit codes")."""
-    if result.ok:
-        return EXIT_OK
-    if result.cancelled:
-        return EXIT_INTERRUPTED
-    return EXIT_RETRY if result.retryable else EXIT_FAILED
-
 
 class Manifest:
     """Writes one JSON line per landed file to ``path`` (truncated at start)."""
