@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import stat
 from typing import Callable, Collection
 
@@ -55,6 +56,22 @@ class TreeLister:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
+
+    @property
+    def notifying(self) -> bool:
+        """True when inotify watches the listed directories (``wait`` can return as soon as something changes)."""
+        return self._inotify is not None and bool(self._wd_dir)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until inotify has news for the next ``scan`` or ``timeout`` seconds pass; True on news.
+
+        Without inotify it just sleeps: a polling watcher looks again after ``timeout``.
+        """
+        if not self.notifying:
+            select.select([], [], [], max(0.0, timeout))
+            return False
+        ready, _, _ = select.select([self._inotify.fileno()], [], [], max(0.0, timeout))
+        return bool(ready)
 
     def _watch_dir(self, d: str) -> None:
         if self._inotify is None:

@@ -16,7 +16,7 @@ from typing import Any
 from fstream_provider.watch.listing import Lister
 from fstream_provider.watch.seen import AsyncSeenStore, MemorySeenStore, SeenStore
 from fstream_provider.watch.stability import FileStat, StabilityTracker
-from fstream_provider.watch.tree import TreeLister
+from fstream_provider.watch.pattern import PatternLister
 
 
 def select_batch(candidates: list[FileStat], max_files: int | None) -> list[FileStat]:
@@ -89,10 +89,11 @@ def watch_path(path: str, *, stable_for: float = 0.0, min_age: float = 0.0, incl
                use_inotify: bool = True, store: SeenStore | AsyncSeenStore | None = None) -> Watcher:
     """A watcher of local files named by a glob or a directory (what ``channel.watch_path`` needs).
 
-    Each file's ``rel`` is its path relative to the directory (or, for a glob, under the matched
-    directory's name, the way ``fstream send`` places it).
+    The glob is read the way Nextflow reads it (:mod:`fstream_provider.watch.pattern`): its base
+    directory is listed incrementally with inotify where available, and each file's ``rel`` is its
+    path relative to that base.
     """
     store = store if store is not None else MemorySeenStore()
     known = store.__contains__ if isinstance(store, MemorySeenStore) else None  # skip shipped files while listing
-    lister = TreeLister([path], "", use_inotify=use_inotify, include_hidden=include_hidden, known=known)
+    lister = PatternLister(path, use_inotify=use_inotify, include_hidden=include_hidden, known=known)
     return Watcher(lister, store=store, min_age=min_age, stable_for=stable_for)

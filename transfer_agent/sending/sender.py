@@ -186,7 +186,8 @@ class Transfer:
             self.result.checksum = control.algo
         block_size = min(self.spec.block_size, MAX_SEALED_BLOCK) if encrypt else self.spec.block_size
         pool = ChannelPool(control, connector, block_size)
-        pool.on_unopenable = lambda sf, exc: self._on_unopenable(sf, exc, watching=watcher is not None)
+        # a scan finds a vanished temp name's final name; a feed's caller hears of the vanished file
+        pool.on_unopenable = lambda sf, exc: self._on_unopenable(sf, exc, watching=watcher not in (None, self._feed))
         try:
             rtt = self.spec.rtt_s or control.rtt()
             self.result.rtt_s = rtt

@@ -1,0 +1,103 @@
+"""``channel.transfer(..., redis=URL)``: each item becomes a job on the Redis bus; its events become records.
+
+Any ``fstream agent`` on that Redis runs the jobs (on the transfer node that holds the files);
+this process only submits and follows, the way the Airflow operator does. A batch whose files
+go to different destination directories is split into one job per directory, because a job places
+the files it names directly under its destination path.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import queue
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from fstream_provider.flow.pipe import Cancelled, Pipe, Subscription, items
+from fstream_provider.flow.records import FlowError
+from fstream_provider.model.spec import TransferSpec
+
+MAX_JOBS = 16  # jobs followed at once
+
+
+def follow_batches(spec: TransferSpec, redis_url: str, sub: Subscription, inp: Pipe, slots: Any,
+                   landed: queue.Queue, rel: Callable[[Path], str], files: Callable[[Any], list[Path]],
+                   done: object) -> None:
+    """Start the submitting and following threads of one subscription (see the module docstring)."""
+    from fstream_provider.bus.client import connect
+    from fstream_provider.bus.embedded import resolve_redis_url
+    from fstream_provider.bus.jobs import JobStore
+
+    store = JobStore(connect(resolve_redis_url(redis_url)))
+    dest = spec.dest
+    running: dict[str, threading.Thread] = {}
+    lock = threading.Lock()
+    room = threading.Semaphore(MAX_JOBS)
+
+    def cancel_all() -> None:
+        with lock:
+            ids = list(running)
+        for job_id in ids:
+            store.cancel(job_id, "the flow that submitted it was cancelled")
+
+    sub.on_close(cancel_all)
+
+    def follow(job_id: str) -> None:
+        from fstream_provider.bus.follow import follow_job
+
+        try:
+            state = follow_job(store, job_id, on_event=lambda _eid, ev: landed.put(ev) if ev.get("kind") == "file"
+                               else None, on_idle=lambda _s: _stop_if(sub))
+            if state.state != "succeeded" and not sub.stop.is_set():
+                landed.put(FlowError(f"job {job_id} ({', '.join(spec_sources(state))}) {state.state}: "
+                                     f"{state.error or 'no reason given'}"))
+        except Cancelled:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - the subscriber sees it
+            landed.put(exc)
+        finally:
+            with lock:
+                running.pop(job_id, None)
+            room.release()
+
+    def submit() -> None:
+        try:
+            for x in items(inp):
+                groups: dict[str, list[Path]] = {}
+                for p in files(x):
+                    groups.setdefault(posixpath.dirname(rel(p)), []).append(p)
+                for folder, paths in groups.items():
+                    for _ in paths:
+                        slots.take()
+                    while not room.acquire(timeout=0.1):
+                        _stop_if(sub)
+                    job_spec = TransferSpec.from_dict({**spec.to_dict(), "sources": [str(p.absolute()) for p in paths],
+                                                       "destination": f"fstream://{dest.host}:{dest.port}/{folder}"})
+                    job_id, _created = store.submit(job_spec)
+                    t = threading.Thread(target=follow, args=(job_id,), name=f"fstream-flow-job-{job_id}", daemon=True)
+                    with lock:
+                        running[job_id] = t
+                    t.start()
+            for _ in range(MAX_JOBS):  # every job followed to its end
+                while not room.acquire(timeout=0.1):
+                    _stop_if(sub)
+        except Cancelled:
+            return
+        except BaseException as exc:  # noqa: BLE001 - the subscriber sees it
+            landed.put(exc)
+        finally:
+            inp.close()
+        landed.put(done)
+
+    sub.spawn("transfer-submit", submit, Pipe(sub, 1))
+
+
+def spec_sources(state: Any) -> list[str]:
+    srcs = list(getattr(state.spec, "sources", []) or [])
+    return srcs[:3] + ([f"and {len(srcs) - 3} more"] if len(srcs) > 3 else [])
+
+
+def _stop_if(sub: Subscription) -> None:
+    if sub.stop.is_set():
+        raise Cancelled()

@@ -1,0 +1,212 @@
+"""``channel.transfer(to=...)``: ship the files of a channel through FStream, emit one record per landed file.
+
+Two ways to run it:
+
+- **in-process** (default): one long-lived ``Transfer`` (the agent's sender) runs for the whole
+  subscription; each file the channel emits is handed to it as it arrives (a ``FlowFeed``),
+  so the tuner sees the stream the way ``fstream send --watch`` does and no connection is set
+  up per batch;
+- **through Redis** (``redis=URL``): each item (a file, or a batch from ``buffer``) becomes a job
+  on the bus that any ``fstream agent`` on that Redis runs; the stage follows each job's events.
+
+Either way every landed file comes out as a :class:`Landed` record with its destination path,
+size and a checksum anyone can check (``xxh3_128`` of the bytes that were verified end to end),
+and a file that fails raises :class:`FlowError` naming it where the user subscribed. At most
+``max_in_flight`` files are between the stage's input and its output: a slow path slows the
+watcher (backpressure). Cancelling the subscription (a ``break``) stops the transfer; files in
+flight stay as hidden per-attempt ``.part`` names at the destination, never under their final
+name, and the next transfer of the same file resumes them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Any
+
+from fstream_provider.flow.jobs import follow_batches
+from fstream_provider.flow.pipe import END, Cancelled, Pipe, Subscription, items
+from fstream_provider.flow.records import FlowError, landed_from_event
+from fstream_provider.model.spec import TransferSpec
+from fstream_provider.watch.sources import SrcFile, join_dest
+
+_DONE = object()
+
+
+class FlowFeed:
+    """New files for a running ``Transfer`` (its ``feed``): the channel puts, the transfer polls."""
+
+    def __init__(self) -> None:
+        self._q: collections.deque[SrcFile] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.wake: threading.Event | None = None  # set by the Transfer: put() wakes its loop
+        self.last_scan_seconds = 0.0
+        self.last_scan_listed = 0
+
+    def put(self, files: list[SrcFile]) -> None:
+        with self._lock:
+            self._q.extend(files)
+        if self.wake is not None:
+            self.wake.set()
+
+    def close(self) -> None:
+        """No more files will come: the transfer ends once the last one landed."""
+        with self._lock:
+            self._closed = True
+        if self.wake is not None:
+            self.wake.set()
+
+    def poll(self) -> list[SrcFile]:
+        with self._lock:
+            out = list(self._q)
+            self._q.clear()
+        return out
+
+    @property
+    def pending_candidates(self) -> bool:
+        with self._lock:
+            return not self._closed or bool(self._q)
+
+
+def _files(x: Any) -> list[Path]:
+    batch = x if isinstance(x, (list, tuple)) else [x]
+    for p in batch:
+        if not isinstance(p, (str, os.PathLike)):
+            raise FlowError(f"transfer: {p!r} is not a file path (a channel of paths or of lists of paths is needed)")
+    return [Path(p) for p in batch]
+
+
+class _Slots:
+    """At most ``n`` files between the stage's input and its output."""
+
+    def __init__(self, n: int, sub: Subscription) -> None:
+        self._sem = threading.Semaphore(n)
+        self._sub = sub
+
+    def take(self) -> None:
+        while not self._sem.acquire(timeout=0.1):
+            if self._sub.stop.is_set():
+                raise Cancelled()
+
+    def give(self) -> None:
+        self._sem.release()
+
+
+def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: str = "fstream",
+             target_throughput: Any = None, redis: str | None = None, max_in_flight: int = 1000,
+             capacity: int = 256, **options: Any) -> Any:
+    """How ``Channel.transfer`` runs: ship each file of ``ch`` to ``to``, emit a
+    :class:`~fstream_provider.flow.records.Landed` record per landed file (returns the stage's opener).
+
+    :param ch: a channel of paths, or of lists of paths (``buffer``).
+    :param to: ``fstream://HOST:PORT/DEST/PATH``; a file lands at its path relative to the glob's base
+        directory under DEST/PATH (``watch_path('/daq/run7/**')`` → ``DEST/PATH/sub/file``), or by its
+        name when the channel does not know where it came from.
+    :param secret_file: the shared secret (default: ``$FSTREAM_STATE_DIR/secret``); or pass ``tls_cert``,
+        ``tls_key``, ``tls_ca``.
+    :param tuner: ``fstream`` (default), ``harp``, ``fixed``, ... as ``fstream send --tuner``.
+    :param target_throughput: QoS target (``600Mbps``).
+    :param redis: run through Redis jobs on this bus (any ``fstream agent`` there runs them) instead
+        of in this process.
+    :param max_in_flight: files handed on but not yet landed before the stage stops reading its input.
+    :param options: any other :class:`~fstream_provider.model.spec.TransferSpec` option of
+        ``fstream send`` (``cc``, ``p``, ``pp``, ``bandwidth``, ``rtt``, ``verify``, ``encrypt``, ...).
+    """
+    if max_in_flight < 1:
+        raise ValueError(f"transfer(max_in_flight={max_in_flight}): must be >= 1")
+    if secret_file is None and not options.get("tls_cert"):
+        from fstream_provider.model.statedir import default_secret_file
+
+        secret_file = str(default_secret_file())
+    source = getattr(ch, "source", None)
+    base = source.base if source is not None else os.getcwd()
+    spec = TransferSpec.from_options([base], to, secret_file=secret_file, tuner=tuner,
+                                     target_throughput=target_throughput, public_checksum=True, **options)
+    dest = spec.dest
+
+    def rel(p: Path) -> str:
+        return join_dest(dest.path, source.rel(p) if source is not None else p.name)
+
+    def opener(sub: Subscription) -> Pipe:
+        inp = ch.open(sub)
+        out = Pipe(sub, capacity)
+        slots = _Slots(max_in_flight, sub)
+        landed: queue.Queue = queue.Queue()  # bounded by the slots
+
+        def emit() -> None:  # records to the consumer; a slot comes back with each
+            while True:
+                ev = landed.get()
+                if ev is _DONE:
+                    out.put(END)
+                    return
+                if isinstance(ev, BaseException):
+                    raise ev
+                if sub.stop.is_set():
+                    raise Cancelled()
+                rec = landed_from_event(ev, dest)
+                if rec is not None:
+                    if not out.put(rec):
+                        return
+                    slots.give()
+
+        run = _in_process if redis is None else _through_redis
+        run(spec, redis, sub, inp, slots, landed, rel)
+        sub.spawn("transfer-emit", emit, out)
+        return out
+
+    return opener
+
+
+def _src(p: Path, rel: str) -> SrcFile:
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise FlowError(f"{p}: vanished before it was sent") from None
+    return SrcFile(str(p.absolute()), rel, st.st_size, st.st_mtime_ns)
+
+
+def _in_process(spec: TransferSpec, _redis: str | None, sub: Subscription, inp: Pipe, slots: _Slots,
+                landed: queue.Queue, rel: Any) -> None:
+    from transfer_agent.sending.sender import Transfer
+
+    feed = FlowFeed()
+    cancel = threading.Event()
+    sub.on_close(cancel.set)
+
+    def feed_files() -> None:
+        try:
+            for x in items(inp):
+                for p in _files(x):
+                    slots.take()
+                    feed.put([_src(p, rel(p))])
+        except Cancelled:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the subscriber sees it, naming the item
+            landed.put(exc)
+            cancel.set()
+        finally:
+            inp.close()
+            feed.close()
+
+    def ship() -> None:
+        try:
+            result = Transfer(spec, feed=feed, cancel=cancel,
+                              on_event=lambda kind, data: landed.put(data) if kind == "file" else None).run()
+            if result.error and not result.cancelled:
+                landed.put(FlowError(f"transfer to {spec.destination} failed: {result.error}"))
+        except BaseException as exc:  # noqa: BLE001 - e.g. no secret: the subscriber sees it
+            landed.put(exc)
+        finally:
+            landed.put(_DONE)
+
+    sub.spawn("transfer-feed", feed_files, Pipe(sub, 1))
+    sub.spawn("transfer", ship, Pipe(sub, 1))
+
+
+def _through_redis(spec: TransferSpec, redis_url: str | None, sub: Subscription, inp: Pipe, slots: _Slots,
+                   landed: queue.Queue, rel: Any) -> None:
+    follow_batches(spec, redis_url or "", sub, inp, slots, landed, rel, _files, _DONE)

@@ -1,0 +1,126 @@
+"""Python flows shipping files through the real agent over loopback, in-process and through Redis jobs."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from agentkit import GatedReceiver, make_files, start_receiver, wait_until
+from fstream_provider.flow import FlowError, Landed, channel
+from transfer_agent.receiving.receiver import Receiver
+
+
+def _visible(root: Path) -> list[str]:
+    """Files a user of the destination sees (hidden per-attempt .part names excluded)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _check(rec: Landed, root: Path) -> None:
+    landed = root / rec.path
+    assert landed.read_bytes() == Path(rec.source).read_bytes(), rec
+    assert rec.size == landed.stat().st_size
+    assert rec.algo == "xxh3_128" and rec.checksum == xxhash.xxh3_128(landed.read_bytes()).hexdigest()
+
+
+def test_a_flow_ships_files_while_a_writer_creates_them(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = tmp_path / "daq"
+    (src / "run1").mkdir(parents=True)
+    names = [f"run1/shot{i:02d}.h5" if i % 3 else f"shot{i:02d}.h5" for i in range(12)]
+
+    def writer() -> None:  # 12 files over ~2.4 s, each written in pieces
+        for rel in names:
+            with open(src / rel, "wb") as f:
+                for _ in range(4):
+                    f.write(os.urandom(64 << 10))
+                    time.sleep(0.03)
+            (src / f"{rel}.log").write_text("not shipped")
+            time.sleep(0.08)
+
+    w = threading.Thread(target=writer)
+    w.start()
+    root = Path(rx.root)
+    recs: list[Landed] = []
+    try:
+        flow = (channel.watch_path(str(src / "**/*.h5"), interval=0.5)
+                .buffer(size=4, duration=0.5)
+                .transfer(to=f"fstream://127.0.0.1:{rx.port}/lcls", secret_file=str(secret), tuner="fixed", cc=2)
+                .take(len(names)))
+        for rec in flow:
+            recs.append(rec)
+    finally:
+        w.join()
+    assert sorted(r.path for r in recs) == sorted(f"lcls/{n}" for n in names)  # each once, relative paths kept
+    for rec in recs:
+        _check(rec, root)
+        assert rec.status == "committed" and rec.url == f"fstream://127.0.0.1:{rx.port}/{rec.path}"
+    assert _visible(root) == sorted(f"lcls/{n}" for n in names)
+
+
+def test_from_path_transfer_collect_and_a_second_run_skips(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    src = make_files(tmp_path / "s", {"a.dat": 1 << 20, "b/c.dat": 5000, "b/d.txt": 10})
+    ch = channel.from_path(str(src / "**/*.dat")).transfer(to=f"fstream://127.0.0.1:{rx.port}/o",
+                                                           secret_file=str(secret))
+    first = ch.collect()
+    assert sorted(r.path for r in first) == ["o/a.dat", "o/b/c.dat"]
+    for rec in first:
+        _check(rec, Path(rx.root))
+    again = {r.path: r for r in ch.collect()}  # the same recipe, run again: already there
+    assert {r.status for r in again.values()} == {"skipped"}
+    assert {p: r.checksum for p, r in again.items()} == {r.path: r.checksum for r in first}
+
+
+def test_breaking_out_leaves_no_partial_file_visible(tmp_path: Path, secret: Path) -> None:
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=8 << 20)
+    src = make_files(tmp_path / "s", {"a_small.dat": 1000, "b_big.dat": 64 << 20})
+    try:
+        ch = channel.from_path(str(src / "*.dat")).transfer(
+            to=f"fstream://127.0.0.1:{rx.port}/o", secret_file=str(secret), tuner="fixed", cc=1, p=1, pp=1,
+            block_size="1MiB")
+        t0 = time.monotonic()
+        for rec in ch:
+            assert rec.path == "o/a_small.dat"
+            wait_until(rx.reached.is_set, 20, "the big file held mid-way at the receiver")
+            break  # the big file is in flight
+        assert time.monotonic() - t0 < 30
+        rx.gate.set()
+        time.sleep(0.5)
+        assert _visible(Path(rx.root)) == ["o/a_small.dat"]  # the big one only as a hidden .part, if at all
+    finally:
+        rx.gate.set()
+        rx.stop()
+
+
+def test_a_failing_file_is_raised_where_the_user_iterates_naming_it(tmp_path: Path, secret: Path,
+                                                                    rx: Receiver) -> None:
+    src = make_files(tmp_path / "s", {"good.dat": 100, "bad.dat": 100})
+    (Path(rx.root) / "o" / "bad.dat").mkdir(parents=True)  # a directory where the file must land
+    with pytest.raises(FlowError, match=r"bad\.dat"):
+        list(channel.from_path(str(src / "*.dat")).transfer(to=f"fstream://127.0.0.1:{rx.port}/o",
+                                                            secret_file=str(secret)))
+    with pytest.raises(FlowError, match="not a file path"):
+        list(channel.of(42).transfer(to=f"fstream://127.0.0.1:{rx.port}/o", secret_file=str(secret)))
+
+
+def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx: Receiver, redis_url: str) -> None:
+    from transfer_agent.daemon.worker import Agent
+
+    src = make_files(tmp_path / "s", {"x1.dat": 3000, "sub/x2.dat": 1 << 20, "sub/x3.dat": 10})
+    agent = Agent(redis_url, name="flow-agent", secret_file=str(secret), poll_interval=0.2, block_ms=100,
+                  flush_interval=0.1, heartbeat_ttl=3)
+    t = threading.Thread(target=agent.run, name="flow-agent")
+    t.start()
+    try:
+        recs = (channel.from_path(str(src / "**/*.dat")).buffer(size=2)
+                .transfer(to=f"fstream://127.0.0.1:{rx.port}/remote", secret_file=str(secret), redis=redis_url)
+                .collect())
+    finally:
+        agent.stop()
+        t.join(30)
+    assert sorted(r.path for r in recs) == ["remote/sub/x2.dat", "remote/sub/x3.dat", "remote/x1.dat"]
+    for rec in recs:
+        _check(rec, Path(rx.root))
