@@ -5,6 +5,11 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Snakemake has a venv of its own: its dependencies may clash with apache-airflow's in $(VENV).
+# tests/test_pipeline_snakemake.py runs $(SNAKEMAKE_VENV)/bin/snakemake with $(VENV)/bin on PATH.
+SNAKEMAKE_VENV  ?= $(VENV)-snakemake
+SNAKEMAKE_SPEC  ?= snakemake>=8,<10
+SNAKEMAKE_STAMP := $(SNAKEMAKE_VENV)/.installed-stamp
 
 .PHONY: demo test install bench-deps bench clean lint
 
@@ -14,13 +19,18 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PIP) install -q -e '.[all]'
 	touch $(STAMP)
 
+$(SNAKEMAKE_STAMP):
+	test -x $(SNAKEMAKE_VENV)/bin/python || $(PYTHON) -m venv $(SNAKEMAKE_VENV)
+	$(SNAKEMAKE_VENV)/bin/pip install -q '$(SNAKEMAKE_SPEC)'
+	touch $(SNAKEMAKE_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/fstream demo
 
-test: $(STAMP) lint
-	bash .ci/pytest.sh $(PYTEST_ARGS)
+test: $(STAMP) $(SNAKEMAKE_STAMP) lint
+	FSTREAM_SNAKEMAKE=$(SNAKEMAKE_VENV)/bin/snakemake bash .ci/pytest.sh $(PYTEST_ARGS)
 
 # The rooms' allowed arrows (.importlinter, docs/architecture.md): CI fails on a broken contract.
 lint: $(STAMP)
@@ -34,4 +44,4 @@ bench: $(STAMP)
 	$(VENV)/bin/fstream bench report
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SNAKEMAKE_VENV) build *.egg-info .pytest_cache
