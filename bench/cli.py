@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = {"airflow": "fstream_bench.airflow_bench", "qos": "fstream_bench.qos_bench",
              "breakdown": "fstream_bench.breakdown_bench", "pathfill": "fstream_bench.pathfill",
              "trust": "fstream_bench.trust_bench", "soak": "fstream_bench.soak",
-             "scheduling": "fstream_bench.scheduling"}
+             "scheduling": "fstream_bench.scheduling", "flow": "fstream_bench.flow_bench"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 

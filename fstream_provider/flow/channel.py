@@ -39,12 +39,15 @@ class FileSource:
     def __init__(self, pattern: str, base: str) -> None:
         self.pattern = pattern
         self.base = base
+        self._prefix = base.rstrip(os.sep) + os.sep
 
     def rel(self, path: str | os.PathLike) -> str:
         """``path`` relative to the base, or its name when it is elsewhere (a ``map`` moved it)."""
-        p = os.path.abspath(path)
-        if p.startswith(self.base.rstrip(os.sep) + os.sep):
-            return os.path.relpath(p, self.base).replace(os.sep, "/")
+        p = os.fspath(path)
+        if not p.startswith(self._prefix) or "/." in p or "//" in p:  # not plainly under the base: normalise
+            p = os.path.abspath(p)
+        if p.startswith(self._prefix):
+            return p[len(self._prefix):].replace(os.sep, "/")
         return os.path.basename(p)
 
 

@@ -9,21 +9,19 @@ the files it names directly under its destination path.
 from __future__ import annotations
 
 import posixpath
-import queue
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from fstream_provider.flow.pipe import Cancelled, Pipe, Subscription, items
+from fstream_provider.flow.pipe import END, Cancelled, Pipe, Subscription, items
 from fstream_provider.flow.records import FlowError
 from fstream_provider.model.spec import TransferSpec
 
 MAX_JOBS = 16  # jobs followed at once
 
 
-def follow_batches(spec: TransferSpec, redis_url: str, sub: Subscription, inp: Pipe, slots: Any,
-                   landed: queue.Queue, rel: Callable[[Path], str], files: Callable[[Any], list[Path]],
-                   done: object) -> None:
+def follow_batches(spec: TransferSpec, redis_url: str, sub: Subscription, inp: Pipe, out: Any,
+                   rel: Callable[[Path], str], files: Callable[[Any], list[Path]]) -> None:
     """Start the submitting and following threads of one subscription (see the module docstring)."""
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import resolve_redis_url
@@ -47,15 +45,15 @@ def follow_batches(spec: TransferSpec, redis_url: str, sub: Subscription, inp: P
         from fstream_provider.bus.follow import follow_job
 
         try:
-            state = follow_job(store, job_id, on_event=lambda _eid, ev: landed.put(ev) if ev.get("kind") == "file"
+            state = follow_job(store, job_id, on_event=lambda _eid, ev: out.deliver(ev) if ev.get("kind") == "file"
                                else None, on_idle=lambda _s: _stop_if(sub))
             if state.state != "succeeded" and not sub.stop.is_set():
-                landed.put(FlowError(f"job {job_id} ({', '.join(spec_sources(state))}) {state.state}: "
-                                     f"{state.error or 'no reason given'}"))
+                out.fail(FlowError(f"job {job_id} ({', '.join(spec_sources(state))}) {state.state}: "
+                                   f"{state.error or 'no reason given'}"))
         except Cancelled:
             pass
         except BaseException as exc:  # noqa: BLE001 - the subscriber sees it
-            landed.put(exc)
+            out.fail(exc)
         finally:
             with lock:
                 running.pop(job_id, None)
@@ -68,8 +66,7 @@ def follow_batches(spec: TransferSpec, redis_url: str, sub: Subscription, inp: P
                 for p in files(x):
                     groups.setdefault(posixpath.dirname(rel(p)), []).append(p)
                 for folder, paths in groups.items():
-                    for _ in paths:
-                        slots.take()
+                    out.slots.take(min(len(paths), out.slots.n))
                     while not room.acquire(timeout=0.1):
                         _stop_if(sub)
                     job_spec = TransferSpec.from_dict({**spec.to_dict(), "sources": [str(p.absolute()) for p in paths],
@@ -85,12 +82,13 @@ def follow_batches(spec: TransferSpec, redis_url: str, sub: Subscription, inp: P
         except Cancelled:
             return
         except BaseException as exc:  # noqa: BLE001 - the subscriber sees it
-            landed.put(exc)
+            out.fail(exc)
+            return
         finally:
             inp.close()
-        landed.put(done)
+        out.put(END)
 
-    sub.spawn("transfer-submit", submit, Pipe(sub, 1))
+    sub.spawn("transfer-submit", submit, out)
 
 
 def spec_sources(state: Any) -> list[str]:

@@ -117,6 +117,20 @@ class Pipe:
                 if timeout is not None and waited >= timeout:
                     return EMPTY
 
+    def ready(self, limit: int = 1024) -> list[Any]:
+        """Up to ``limit`` items already waiting, without blocking; stops before an END or a failure
+        (those stay for the next ``get``)."""
+        out: list[Any] = []
+        while len(out) < limit:
+            with self._q.mutex:
+                if not self._q.queue:
+                    break
+                head = self._q.queue[0]
+                if head is END or isinstance(head, Failure):
+                    break
+            out.append(self._q.get_nowait())
+        return out
+
     def close(self) -> None:
         self.closed.set()
 

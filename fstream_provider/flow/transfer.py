@@ -22,19 +22,15 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import threading
 from pathlib import Path
 from typing import Any
 
 from fstream_provider.flow.jobs import follow_batches
-from fstream_provider.flow.pipe import END, Cancelled, Pipe, Subscription, items
+from fstream_provider.flow.pipe import END, Cancelled, Failure, Pipe, Subscription, items
 from fstream_provider.flow.records import FlowError, landed_from_event
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.watch.sources import SrcFile, join_dest
-
-_DONE = object()
-
 
 class FlowFeed:
     """New files for a running ``Transfer`` (its ``feed``): the channel puts, the transfer polls."""
@@ -81,19 +77,71 @@ def _files(x: Any) -> list[Path]:
 
 
 class _Slots:
-    """At most ``n`` files between the stage's input and its output."""
+    """At most ``n`` files between the stage's input and its consumer: taken when a file is handed
+    on, given back when the consumer takes its record."""
 
     def __init__(self, n: int, sub: Subscription) -> None:
-        self._sem = threading.Semaphore(n)
+        self.n = n
+        self._free = n
+        self._want = 0  # what the one taker waits for
+        self._cond = threading.Condition()
         self._sub = sub
 
-    def take(self) -> None:
-        while not self._sem.acquire(timeout=0.1):
-            if self._sub.stop.is_set():
-                raise Cancelled()
+    def take(self, k: int = 1) -> None:
+        with self._cond:
+            while self._free < k:
+                if self._sub.stop.is_set():
+                    raise Cancelled()
+                self._want = k
+                self._cond.wait(0.1)
+            self._want = 0
+            self._free -= k
 
-    def give(self) -> None:
-        self._sem.release()
+    def give(self, k: int = 1) -> None:
+        with self._cond:
+            self._free += k
+            if self._want and self._free >= self._want:  # wake the taker once, when it can go on
+                self._cond.notify()
+
+
+class Outbox(Pipe):
+    """The stage's output: records are put without blocking from the transfer's own threads (the
+    slots bound how many can wait here), and each one the consumer takes gives its slot back."""
+
+    def __init__(self, sub: Subscription, slots: _Slots, dest: Any) -> None:
+        super().__init__(sub, slots.n + 8)
+        self.slots = slots
+        self.dest = dest
+        self._owed = 0
+
+    def deliver(self, ev: dict) -> None:
+        """A transfer's ``file`` event, from the transfer's own thread: kept as it is (the record is
+        built in the consumer's thread, off the transfer's)."""
+        if ev.get("status") in ("committed", "skipped", "failed"):
+            self._q.put_nowait(_Event(ev))
+
+    def fail(self, exc: BaseException) -> None:
+        self.put(Failure(exc), force=True)
+
+    def get(self, timeout: float | None = None) -> Any:
+        item = super().get(timeout)
+        if isinstance(item, _Event):
+            self._owed += 1
+            if self._owed >= 32 or self._q.empty():  # slots go back in handfuls: one wake-up, not one per file
+                self.slots.give(self._owed)
+                self._owed = 0
+            try:
+                return landed_from_event(item.ev, self.dest)
+            except FlowError as exc:
+                return Failure(exc)
+        return item
+
+
+class _Event:
+    __slots__ = ("ev",)
+
+    def __init__(self, ev: dict) -> None:
+        self.ev = ev
 
 
 def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: str = "fstream",
@@ -133,29 +181,9 @@ def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: 
 
     def opener(sub: Subscription) -> Pipe:
         inp = ch.open(sub)
-        out = Pipe(sub, capacity)
-        slots = _Slots(max_in_flight, sub)
-        landed: queue.Queue = queue.Queue()  # bounded by the slots
-
-        def emit() -> None:  # records to the consumer; a slot comes back with each
-            while True:
-                ev = landed.get()
-                if ev is _DONE:
-                    out.put(END)
-                    return
-                if isinstance(ev, BaseException):
-                    raise ev
-                if sub.stop.is_set():
-                    raise Cancelled()
-                rec = landed_from_event(ev, dest)
-                if rec is not None:
-                    if not out.put(rec):
-                        return
-                    slots.give()
-
+        out = Outbox(sub, _Slots(max_in_flight, sub), dest)
         run = _in_process if redis is None else _through_redis
-        run(spec, redis, sub, inp, slots, landed, rel)
-        sub.spawn("transfer-emit", emit, out)
+        run(spec, redis, sub, inp, out, rel)
         return out
 
     return opener
@@ -169,8 +197,8 @@ def _src(p: Path, rel: str) -> SrcFile:
     return SrcFile(str(p.absolute()), rel, st.st_size, st.st_mtime_ns)
 
 
-def _in_process(spec: TransferSpec, _redis: str | None, sub: Subscription, inp: Pipe, slots: _Slots,
-                landed: queue.Queue, rel: Any) -> None:
+def _in_process(spec: TransferSpec, _redis: str | None, sub: Subscription, inp: Pipe, out: Outbox,
+                rel: Any) -> None:
     from transfer_agent.sending.sender import Transfer
 
     feed = FlowFeed()
@@ -180,13 +208,16 @@ def _in_process(spec: TransferSpec, _redis: str | None, sub: Subscription, inp: 
     def feed_files() -> None:
         try:
             for x in items(inp):
-                for p in _files(x):
-                    slots.take()
-                    feed.put([_src(p, rel(p))])
+                paths = _files(x) + [p for more in inp.ready(out.slots.n) for p in _files(more)]
+                for i in range(0, len(paths), out.slots.n):
+                    chunk = paths[i:i + out.slots.n]
+                    out.slots.take(len(chunk))
+                    # what was waiting goes in one hand-over: one tuner look, not one per file
+                    feed.put([_src(p, rel(p)) for p in chunk])
         except Cancelled:
             raise
         except BaseException as exc:  # noqa: BLE001 - the subscriber sees it, naming the item
-            landed.put(exc)
+            out.fail(exc)
             cancel.set()
         finally:
             inp.close()
@@ -195,18 +226,19 @@ def _in_process(spec: TransferSpec, _redis: str | None, sub: Subscription, inp: 
     def ship() -> None:
         try:
             result = Transfer(spec, feed=feed, cancel=cancel,
-                              on_event=lambda kind, data: landed.put(data) if kind == "file" else None).run()
+                              on_event=lambda kind, data: out.deliver(data) if kind == "file" else None).run()
             if result.error and not result.cancelled:
-                landed.put(FlowError(f"transfer to {spec.destination} failed: {result.error}"))
+                out.fail(FlowError(f"transfer to {spec.destination} failed: {result.error}"))
+                return
         except BaseException as exc:  # noqa: BLE001 - e.g. no secret: the subscriber sees it
-            landed.put(exc)
-        finally:
-            landed.put(_DONE)
+            out.fail(exc)
+            return
+        out.put(END)
 
-    sub.spawn("transfer-feed", feed_files, Pipe(sub, 1))
-    sub.spawn("transfer", ship, Pipe(sub, 1))
+    sub.spawn("transfer-feed", feed_files, out)
+    sub.spawn("transfer", ship, out)
 
 
-def _through_redis(spec: TransferSpec, redis_url: str | None, sub: Subscription, inp: Pipe, slots: _Slots,
-                   landed: queue.Queue, rel: Any) -> None:
-    follow_batches(spec, redis_url or "", sub, inp, slots, landed, rel, _files, _DONE)
+def _through_redis(spec: TransferSpec, redis_url: str | None, sub: Subscription, inp: Pipe, out: Outbox,
+                   rel: Any) -> None:
+    follow_batches(spec, redis_url or "", sub, inp, out, rel, _files)

@@ -65,9 +65,8 @@ class Transfer:
     :param progress_floor_bps: the progress floor in bits/s (default 64 kbit/s).
     :param max_session_retries: reconnect-and-resume attempts for retryable session failures.
     :param history: whether and how transfer history rows are recorded (``history_io.HistoryOptions``).
-    :param feed: where new files come from instead of scanning ``spec.sources`` (a channel's
-        ``.transfer()``): ``poll()`` returns new ``SrcFile``s, ``pending_candidates`` is true while more
-        may come, ``wake`` is set to an event the feed sets when it has files (``FlowFeed``).
+    :param feed: new files from a channel's ``.transfer()`` instead of scanning ``spec.sources``: ``poll()``,
+        ``pending_candidates`` (more may come) and ``wake`` (set to an event it sets on news); ``flow.transfer.FlowFeed``.
     """
 
     def __init__(self, spec: TransferSpec, *, job_id: str | None = None, attempt: int = 1,

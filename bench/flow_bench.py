@@ -1,0 +1,320 @@
+"""Issue 17: Python flows through FStream on loopback — latency, throughput against ``fstream send``, memory.
+
+``fstream bench flow [--parts latency,throughput,memory]``
+
+- **latency**: a writer process closes files at a steady rate (``--rate`` per second, ``--latency-files``
+  of ``--latency-size``) in a watched directory; a flow ``watch_path(...).transfer(...)`` in another
+  process stamps each landed record. Latency = record time − the writer's close time (one clock,
+  one machine), p50/p90/p99/max, with inotify and with 1 s polling (Nextflow's default
+  ``watchPath``).
+- **throughput**: the same data shipped by ``Transfer(spec).run()`` (what ``fstream send`` runs) and
+  by ``channel.from_path(...).transfer(...).collect()``, each in a fresh process, alternating,
+  ``--repeats`` times; the ratio of the medians, for large files and for small ones.
+- **memory**: a flow watching ``--memory-files`` files (hard links, 1,000 per directory) ships all of
+  them; the flow process's peak RSS (``ru_maxrss``), next to ``fstream send``'s on the same tree.
+
+The receiver is ``fstream receive`` in its own process, writing to a tmpfs (``/dev/shm``) so the
+disk is not what is measured; every run checks that each file landed with its size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fstream_bench.report import machine_info
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+# -- the driver: one measured run in a fresh process -------------------------------------------------
+def drive(argv: list[str]) -> int:
+    """``python -m fstream_bench.flow_bench --drive MODE ...``: run one transfer, print one JSON line."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("send", "flow", "watch"))
+    ap.add_argument("--src", required=True)
+    ap.add_argument("--to", required=True)
+    ap.add_argument("--secret-file", required=True)
+    ap.add_argument("--files", type=int, default=0, help="watch: records to wait for")
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--no-inotify", action="store_true")
+    ap.add_argument("--stamps", help="watch: write 'time path' per landed record here")
+    a = ap.parse_args(argv)
+    import resource
+
+    from fstream_provider.flow import channel
+    from fstream_provider.model.spec import TransferSpec
+    from transfer_agent.sending.sender import Transfer
+
+    t0 = time.monotonic()
+    if a.mode == "send":
+        res = Transfer(TransferSpec.from_options([a.src], a.to, secret_file=a.secret_file)).run()
+        files, nbytes, ok = res.verified_files + res.skipped_files, res.bytes, res.ok
+    else:
+        src = os.path.join(a.src, "**")
+        ch = (channel.from_path(src) if a.mode == "flow" else
+              channel.watch_path(src, interval=a.interval, use_inotify=not a.no_inotify))
+        flow = ch.transfer(to=a.to, secret_file=a.secret_file)
+        if a.mode == "watch":
+            flow = flow.take(a.files)
+        files = nbytes = 0
+        out = open(a.stamps, "w") if a.stamps else None
+        for rec in flow:
+            if out:
+                out.write(f"{time.time():.6f} {rec.source}\n")
+            files += 1
+            nbytes += rec.size
+        if out:
+            out.close()
+        ok = True
+    seconds = time.monotonic() - t0
+    print(json.dumps({"mode": a.mode, "files": files, "bytes": nbytes, "seconds": seconds, "ok": ok,
+                      "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
+    return 0
+
+
+PIN = {"src": (), "dst": ()}  # taskset prefixes: the sending process on one core, the receiver on the other
+
+
+def pin(on: bool) -> None:
+    if on and shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+        PIN.update(src=("taskset", "-c", "0"), dst=("taskset", "-c", "1"))
+
+
+def _drive(*args: str, timeout: float = 1800) -> dict:
+    r = subprocess.run([*PIN["src"], sys.executable, "-m", "fstream_bench.flow_bench", "--drive", *args],
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"driver {args[0]} failed ({r.returncode}): {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# -- the receiver ------------------------------------------------------------------------------------
+class Receiver:
+    def __init__(self, root: Path, secret: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([*PIN["dst"], sys.executable, "-m", "transfer_agent.cli", "receive", "--listen",
+                                      "127.0.0.1:0", "--root", str(root), "--secret-file", str(secret)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"receiver did not start: {line!r}")
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def url(self, path: str) -> str:
+        return f"fstream://127.0.0.1:{self.port}/{path}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _landed(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")
+            if p.is_file() and not p.name.startswith(".")}
+
+
+# -- latency -------------------------------------------------------------------------------------------
+WRITER = """
+import os, sys, time
+d, n, size, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+data = os.urandom(size)
+with open(sys.argv[5], "w") as log:
+    t = time.monotonic()
+    for i in range(n):
+        p = os.path.join(d, f"f{i:06d}.dat")
+        with open(p, "wb") as f:
+            f.write(data)
+        log.write(f"{time.time():.6f} {p}\\n")
+        t += 1.0 / rate
+        time.sleep(max(0.0, t - time.monotonic()))
+"""
+
+
+def latency(work: Path, secret: Path, n: int, size: int, rate: float, inotify: bool) -> dict:
+    src, dst = work / "lat-src", work / "lat-dst"
+    for d in (src, dst):
+        shutil.rmtree(d, ignore_errors=True)
+    src.mkdir(parents=True)
+    rx = Receiver(dst, secret)
+    try:
+        stamps, closes = work / "stamps.txt", work / "closes.txt"
+        args = ["watch", "--src", str(src), "--to", rx.url("lat"), "--secret-file", str(secret), "--files", str(n),
+                "--interval", "1.0", "--stamps", str(stamps)] + ([] if inotify else ["--no-inotify"])
+        flow = subprocess.Popen([*PIN["src"], sys.executable, "-m", "fstream_bench.flow_bench", "--drive", *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the flow is watching before the first file closes
+        subprocess.run([sys.executable, "-c", WRITER, str(src), str(n), str(size), str(rate), str(closes)],
+                       check=True, timeout=n / rate + 60)
+        out, err = flow.communicate(timeout=120)
+        if flow.returncode != 0:
+            raise RuntimeError(f"flow failed: {err[-2000:]}")
+        landed = _landed(dst)
+        assert len(landed) == n and set(landed.values()) == {size}, f"{len(landed)} of {n} landed"
+    finally:
+        rx.stop()
+    closed = {p: float(t) for t, p in (line.split(" ", 1) for line in closes.read_text().splitlines())}
+    lat = sorted(float(t) - closed[p] for t, p in (line.split(" ", 1) for line in stamps.read_text().splitlines()))
+    q = statistics.quantiles(lat, n=100, method="inclusive")
+    return {"watch": "inotify" if inotify else "polling 1 s", "files": n, "size": size, "rate": rate,
+            "p50": q[49], "p90": q[89], "p99": q[98], "max": lat[-1], "min": lat[0]}
+
+
+# -- throughput ----------------------------------------------------------------------------------------
+def make_tree(d: Path, files: int, size: int, per_dir: int = 1000) -> None:
+    """``files`` files of ``size`` bytes: one real file per directory, the rest hard links of it."""
+    d.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(size)
+    for i in range(files):
+        sub = d / f"d{i // per_dir:04d}"
+        first = sub / f"f{(i // per_dir) * per_dir:07d}.dat"
+        p = sub / f"f{i:07d}.dat"
+        if i % per_dir == 0:
+            sub.mkdir(exist_ok=True)
+            p.write_bytes(data)
+        else:
+            os.link(first, p)
+
+
+def throughput(work: Path, secret: Path, name: str, files: int, size: int, repeats: int) -> dict:
+    src = work / f"tp-{name}"
+    shutil.rmtree(src, ignore_errors=True)
+    if size >= 16 << 20:  # large files: distinct content each (a dedup-free read path)
+        src.mkdir(parents=True)
+        for i in range(files):
+            (src / f"f{i:04d}.dat").write_bytes(os.urandom(size))
+    else:
+        make_tree(src, files, size)
+    runs: dict[str, list[float]] = {"send": [], "flow": []}
+    for rep in range(repeats):
+        for mode in (("send", "flow") if rep % 2 == 0 else ("flow", "send")):
+            dst = work / "tp-dst"
+            shutil.rmtree(dst, ignore_errors=True)
+            rx = Receiver(dst, secret)
+            try:
+                r = _drive(mode, "--src", str(src), "--to", rx.url("tp"), "--secret-file", str(secret))
+                landed = _landed(dst)
+                assert r["ok"] and len(landed) == files and set(landed.values()) == {size}, (mode, r, len(landed))
+            finally:
+                rx.stop()
+            runs[mode].append(files * size * 8 / r["seconds"])
+    shutil.rmtree(src, ignore_errors=True)
+    med = {m: statistics.median(v) for m, v in runs.items()}
+    return {"data": name, "files": files, "size": size, "send_bps": runs["send"], "flow_bps": runs["flow"],
+            "send_median": med["send"], "flow_median": med["flow"], "ratio": med["flow"] / med["send"]}
+
+
+# -- memory --------------------------------------------------------------------------------------------
+def memory(work: Path, secret: Path, files: int, size: int) -> dict:
+    src = work / "mem-src"
+    shutil.rmtree(src, ignore_errors=True)
+    make_tree(src, files, size)
+    out = {"files": files, "size": size}
+    for mode in ("watch", "send"):
+        dst = work / "mem-dst"
+        shutil.rmtree(dst, ignore_errors=True)
+        rx = Receiver(dst, secret)
+        try:
+            r = _drive(mode, "--src", str(src), "--to", rx.url("mem"), "--secret-file", str(secret),
+                       "--files", str(files))
+            assert len(_landed(dst)) == files, f"{mode}: {len(_landed(dst))} of {files} landed"
+        finally:
+            rx.stop()
+        out[f"{mode}_maxrss_mib"] = r["maxrss_kib"] / 1024
+        out[f"{mode}_seconds"] = r["seconds"]
+    shutil.rmtree(src, ignore_errors=True)
+    return out
+
+
+# -- report --------------------------------------------------------------------------------------------
+def report(res: dict) -> str:
+    m = res["machine"]
+    lines = [f"Machine: {m['nproc']} cores, {m['cpu']}, {m['mem_gib']:.0f} GiB, kernel {m['kernel']}; "
+             f"load average before {m['loadavg']}; {m['date']}; "
+             + ("sender pinned to CPU 0, receiver to CPU 1" if res.get("pinned") else "not pinned"), ""]
+    if res.get("latency"):
+        lines += ["| watch | files | size | rate | p50 | p90 | p99 | max |", "|---|---|---|---|---|---|---|---|"]
+        for r in res["latency"]:
+            lines.append(f"| {r['watch']} | {r['files']} | {r['size'] >> 10} KiB | {r['rate']:g}/s | {r['p50']:.3f} s "
+                         f"| {r['p90']:.3f} s | {r['p99']:.3f} s | {r['max']:.3f} s |")
+        lines.append("")
+    if res.get("throughput"):
+        lines += ["| data | fstream send (median) | flow (median) | flow / send | runs send | runs flow |",
+                  "|---|---|---|---|---|---|"]
+        for r in res["throughput"]:
+            fmt = lambda v: ", ".join(f"{x / 1e9:.2f}" for x in v)  # noqa: E731
+            lines.append(f"| {r['data']}: {r['files']} x {r['size'] >> 10} KiB | {r['send_median'] / 1e9:.2f} Gbit/s "
+                         f"| {r['flow_median'] / 1e9:.2f} Gbit/s | {r['ratio']:.3f} | {fmt(r['send_bps'])} "
+                         f"| {fmt(r['flow_bps'])} |")
+        lines.append("")
+    if res.get("memory"):
+        r = res["memory"]
+        lines += ["| files | flow (watch_path + transfer) peak RSS | fstream send peak RSS | flow time | send time |",
+                  "|---|---|---|---|---|",
+                  f"| {r['files']:,} x {r['size']} B | {r['watch_maxrss_mib']:.0f} MiB | {r['send_maxrss_mib']:.0f} MiB "
+                  f"| {r['watch_seconds']:.0f} s | {r['send_seconds']:.0f} s |", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--drive"]:
+        return drive(argv[1:])
+    ap = argparse.ArgumentParser(prog="fstream bench flow", description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="latency,throughput,memory")
+    ap.add_argument("--latency-files", type=int, default=300)
+    ap.add_argument("--latency-size", type=int, default=256 << 10)
+    ap.add_argument("--rate", type=float, default=20.0, help="files closed per second in the latency run")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--large", default="8x256", help="throughput, large files: COUNTxMiB")
+    ap.add_argument("--small", default="2000x256", help="throughput, small files: COUNTxKiB")
+    ap.add_argument("--memory-files", type=int, default=100_000)
+    ap.add_argument("--memory-size", type=int, default=4096)
+    ap.add_argument("--workdir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ap.add_argument("--results", default=str(RESULTS_DIR))
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the sending side to CPU 0 and the receiver to CPU 1")
+    a = ap.parse_args(argv)
+    pin(not a.no_pin)
+    parts = set(a.parts.split(","))
+    res: dict = {"machine": machine_info(), "argv": argv, "pinned": bool(PIN["src"])}
+    work = Path(tempfile.mkdtemp(prefix="fstream-flow-bench-", dir=a.workdir))
+    try:
+        secret = work / "secret"
+        secret.write_text(os.urandom(32).hex() + "\n")
+        secret.chmod(0o600)
+        if "latency" in parts:
+            res["latency"] = [latency(work, secret, a.latency_files, a.latency_size, a.rate, inotify)
+                              for inotify in (True, False)]
+        if "throughput" in parts:
+            (ln, lm), (sn, sk) = (map(int, a.large.split("x")), map(int, a.small.split("x")))
+            res["throughput"] = [throughput(work, secret, "large", ln, lm << 20, a.repeats),
+                                 throughput(work, secret, "small", sn, sk << 10, a.repeats)]
+        if "memory" in parts:
+            res["memory"] = memory(work, secret, a.memory_files, a.memory_size)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = Path(a.results) / f"flow-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    table = report(res)
+    (out / "table.md").write_text(table + "\n")
+    print(table)
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
