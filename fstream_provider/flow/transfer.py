@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fstream_provider.flow.jobs import follow_batches
-from fstream_provider.flow.pipe import END, Cancelled, Failure, Pipe, Subscription, items
+from fstream_provider.flow.pipe import EMPTY, END, Cancelled, Failure, Pipe, Subscription, items
 from fstream_provider.flow.records import FlowError, landed_from_event
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.watch.sources import SrcFile, join_dest
@@ -105,29 +105,61 @@ class _Slots:
 
 
 class Outbox(Pipe):
-    """The stage's output: records are put without blocking from the transfer's own threads (the
-    slots bound how many can wait here), and each one the consumer takes gives its slot back."""
+    """The stage's output. The transfer's own threads add events without blocking or waking anyone
+    who is not waiting (the slots bound how many wait here); the consumer builds each record in its
+    own thread, and each record taken gives its slot back."""
 
     def __init__(self, sub: Subscription, slots: _Slots, dest: Any) -> None:
         super().__init__(sub, slots.n + 8)
         self.slots = slots
         self.dest = dest
         self._owed = 0
+        self._dq: collections.deque[Any] = collections.deque()
+        self._cv = threading.Condition()
+        self._waiting = False
+
+    def _add(self, item: Any) -> None:
+        self._dq.append(item)
+        if self._waiting:  # read after the append: a consumer about to wait sees the item or is woken
+            with self._cv:
+                self._cv.notify()
 
     def deliver(self, ev: dict) -> None:
-        """A transfer's ``file`` event, from the transfer's own thread: kept as it is (the record is
-        built in the consumer's thread, off the transfer's)."""
+        """A transfer's ``file`` event, from the transfer's own thread: kept as it is."""
         if ev.get("status") in ("committed", "skipped", "failed"):
-            self._q.put_nowait(_Event(ev))
+            self._add(_Event(ev))
+
+    def put(self, item: Any, *, force: bool = False) -> bool:
+        if self.closed.is_set() or self.sub.stop.is_set():
+            return False
+        self._add(item)
+        return True
 
     def fail(self, exc: BaseException) -> None:
-        self.put(Failure(exc), force=True)
+        self.put(Failure(exc))
 
     def get(self, timeout: float | None = None) -> Any:
-        item = super().get(timeout)
+        waited = 0.0
+        while True:
+            try:
+                item = self._dq.popleft()
+                break
+            except IndexError:
+                pass
+            if self.sub.stop.is_set():
+                raise Cancelled()
+            if timeout is not None and waited >= timeout:
+                return EMPTY
+            step = 0.1 if timeout is None else min(0.1, timeout - waited)
+            with self._cv:
+                self._waiting = True
+                if not self._dq:
+                    self._cv.wait(step)
+                self._waiting = False
+            waited += step
         if isinstance(item, _Event):
             self._owed += 1
-            if self._owed >= 32 or self._q.empty():  # slots go back in handfuls: one wake-up, not one per file
+            if self._owed >= 32 or not self._dq:  # slots go back in handfuls: one wake-up, not one per file
                 self.slots.give(self._owed)
                 self._owed = 0
             try:
@@ -135,6 +167,9 @@ class Outbox(Pipe):
             except FlowError as exc:
                 return Failure(exc)
         return item
+
+    def ready(self, limit: int = 1024) -> list[Any]:
+        raise NotImplementedError("Outbox is read with get()")
 
 
 class _Event:
