@@ -7,11 +7,12 @@
   process stamps each landed record. Latency = record time − the writer's close time (one clock,
   one machine), p50/p90/p99/max, with inotify and with 1 s polling (Nextflow's default
   ``watchPath``).
-- **throughput**: the same data shipped by ``Transfer(spec).run()`` (what ``fstream send`` runs) and
-  by ``channel.from_path(...).transfer(...).collect()``, each in a fresh process, alternating,
-  ``--repeats`` times; the ratio of the medians, for large files and for small ones.
+- **throughput**: the same data shipped by ``Transfer(spec).run()`` (what ``fstream send`` runs), by the
+  same with the public digest ``--manifest`` adds (a flow's records carry it too) and by
+  ``channel.from_path(...).transfer(...).collect()``, each in a fresh process, in alternating order,
+  ``--repeats`` times; the ratios of the medians, for large files and for small ones.
 - **memory**: a flow watching ``--memory-files`` files (hard links, 1,000 per directory) ships all of
-  them; the flow process's peak RSS (``ru_maxrss``), next to ``fstream send``'s on the same tree.
+  them; the flow process's peak RSS (``VmHWM``), next to ``fstream send``'s on the same tree.
 
 The receiver is ``fstream receive`` in its own process, writing to a tmpfs (``/dev/shm``) so the
 disk is not what is measured; every run checks that each file landed with its size.
@@ -39,7 +40,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 def drive(argv: list[str]) -> int:
     """``python -m fstream_bench.flow_bench --drive MODE ...``: run one transfer, print one JSON line."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("send", "flow", "watch"))
+    ap.add_argument("mode", choices=("send", "send-manifest", "flow", "watch"))
     ap.add_argument("--src", required=True)
     ap.add_argument("--to", required=True)
     ap.add_argument("--secret-file", required=True)
@@ -48,15 +49,14 @@ def drive(argv: list[str]) -> int:
     ap.add_argument("--no-inotify", action="store_true")
     ap.add_argument("--stamps", help="watch: write 'time path' per landed record here")
     a = ap.parse_args(argv)
-    import resource
-
     from fstream_provider.flow import channel
     from fstream_provider.model.spec import TransferSpec
     from transfer_agent.sending.sender import Transfer
 
     t0 = time.monotonic()
-    if a.mode == "send":
-        res = Transfer(TransferSpec.from_options([a.src], a.to, secret_file=a.secret_file)).run()
+    if a.mode.startswith("send"):  # send-manifest: also the public digest a flow's records carry
+        res = Transfer(TransferSpec.from_options([a.src], a.to, secret_file=a.secret_file,
+                                                 public_checksum=a.mode == "send-manifest")).run()
         files, nbytes, ok = res.verified_files + res.skipped_files, res.bytes, res.ok
     else:
         src = os.path.join(a.src, "**")
@@ -77,7 +77,7 @@ def drive(argv: list[str]) -> int:
         ok = True
     seconds = time.monotonic() - t0
     print(json.dumps({"mode": a.mode, "files": files, "bytes": nbytes, "seconds": seconds, "ok": ok,
-                      "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
+                      "maxrss_kib": _vm_hwm_kib()}), flush=True)
     return 0
 
 
@@ -87,6 +87,16 @@ PIN = {"src": (), "dst": ()}  # taskset prefixes: the sending process on one cor
 def pin(on: bool) -> None:
     if on and shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
         PIN.update(src=("taskset", "-c", "0"), dst=("taskset", "-c", "1"))
+
+
+def _vm_hwm_kib() -> int:
+    """This process's peak resident set (``VmHWM``). Not ``ru_maxrss``: Linux carries that over from
+    the parent's address space at fork and exec, so a child of a big parent reports the parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
 
 
 def _drive(*args: str, timeout: float = 1800) -> dict:
@@ -198,9 +208,10 @@ def throughput(work: Path, secret: Path, name: str, files: int, size: int, repea
             (src / f"f{i:04d}.dat").write_bytes(os.urandom(size))
     else:
         make_tree(src, files, size)
-    runs: dict[str, list[float]] = {"send": [], "flow": []}
+    modes = ("send", "send-manifest", "flow")
+    runs: dict[str, list[float]] = {m: [] for m in modes}
     for rep in range(repeats):
-        for mode in (("send", "flow") if rep % 2 == 0 else ("flow", "send")):
+        for mode in (modes if rep % 2 == 0 else modes[::-1]):
             dst = work / "tp-dst"
             shutil.rmtree(dst, ignore_errors=True)
             rx = Receiver(dst, secret)
@@ -213,8 +224,8 @@ def throughput(work: Path, secret: Path, name: str, files: int, size: int, repea
             runs[mode].append(files * size * 8 / r["seconds"])
     shutil.rmtree(src, ignore_errors=True)
     med = {m: statistics.median(v) for m, v in runs.items()}
-    return {"data": name, "files": files, "size": size, "send_bps": runs["send"], "flow_bps": runs["flow"],
-            "send_median": med["send"], "flow_median": med["flow"], "ratio": med["flow"] / med["send"]}
+    return {"data": name, "files": files, "size": size, "runs_bps": runs, "median_bps": med,
+            "ratio": med["flow"] / med["send"], "ratio_manifest": med["flow"] / med["send-manifest"]}
 
 
 # -- memory --------------------------------------------------------------------------------------------
@@ -252,13 +263,15 @@ def report(res: dict) -> str:
                          f"| {r['p90']:.3f} s | {r['p99']:.3f} s | {r['max']:.3f} s |")
         lines.append("")
     if res.get("throughput"):
-        lines += ["| data | fstream send (median) | flow (median) | flow / send | runs send | runs flow |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["| data | send | send --manifest | flow | flow / send | flow / send --manifest | runs (Gbit/s) "
+                  "send; --manifest; flow |", "|---|---|---|---|---|---|---|"]
         for r in res["throughput"]:
+            med, runs = r["median_bps"], r["runs_bps"]
             fmt = lambda v: ", ".join(f"{x / 1e9:.2f}" for x in v)  # noqa: E731
-            lines.append(f"| {r['data']}: {r['files']} x {r['size'] >> 10} KiB | {r['send_median'] / 1e9:.2f} Gbit/s "
-                         f"| {r['flow_median'] / 1e9:.2f} Gbit/s | {r['ratio']:.3f} | {fmt(r['send_bps'])} "
-                         f"| {fmt(r['flow_bps'])} |")
+            lines.append(f"| {r['data']}: {r['files']} x {r['size'] >> 10} KiB | {med['send'] / 1e9:.2f} Gbit/s "
+                         f"| {med['send-manifest'] / 1e9:.2f} Gbit/s | {med['flow'] / 1e9:.2f} Gbit/s | {r['ratio']:.3f} "
+                         f"| {r['ratio_manifest']:.3f} | {fmt(runs['send'])}; {fmt(runs['send-manifest'])}; "
+                         f"{fmt(runs['flow'])} |")
         lines.append("")
     if res.get("memory"):
         r = res["memory"]

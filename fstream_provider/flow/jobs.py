@@ -20,14 +20,16 @@ from fstream_provider.model.spec import TransferSpec
 MAX_JOBS = 16  # jobs followed at once
 
 
-def follow_batches(spec: TransferSpec, redis_url: str, sub: Subscription, inp: Pipe, out: Any,
-                   rel: Callable[[Path], str], files: Callable[[Any], list[Path]]) -> None:
+def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, sub: Subscription, inp: Pipe,
+                   out: Any, rel: Callable[[Path], str], files: Callable[[Any], list[Path]]) -> None:
     """Start the submitting and following threads of one subscription (see the module docstring)."""
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import resolve_redis_url
     from fstream_provider.bus.jobs import JobStore
 
-    store = JobStore(connect(resolve_redis_url(redis_url)))
+    from fstream_provider.bus.keys import Keys
+
+    store = JobStore(connect(resolve_redis_url(redis_url)), keys=Keys(namespace) if namespace else None)
     dest = spec.dest
     running: dict[str, threading.Thread] = {}
     lock = threading.Lock()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fstream_provider.model.spec import Destination
 
@@ -12,55 +12,40 @@ class FlowError(Exception):
     """A file could not be shipped; the message names it and says why."""
 
 
-class Landed:
-    """One file that landed at the destination, verified (read-only).
+class Landed(NamedTuple):
+    """One file that landed at the destination, verified (a named tuple: cheap to build, read-only).
 
-    :param source: the source path (a :class:`~pathlib.Path`).
+    :param src: the source path, as a string (``source`` is the :class:`~pathlib.Path`).
     :param path: destination path relative to the receiver's root.
-    :param url: ``fstream://HOST:PORT/path``.
+    :param receiver: ``fstream://HOST:PORT`` (``url`` is the file's full URL).
     :param size: bytes.
     :param checksum: hex digest of the landed bytes (``algo``), None with ``verify=False``.
     :param algo: the digest's algorithm (``xxh3_128``).
     :param status: ``committed`` (sent and verified) or ``skipped`` (already there, same size and checksum).
-
-    ``source`` and ``url`` are built when first read: a flow over many small files makes one
-    record per file, and building paths it never reads would cost the transfer's CPU.
     """
 
-    __slots__ = ("_source", "path", "_base", "size", "checksum", "algo", "status")
-    FIELDS = ("source", "path", "url", "size", "checksum", "algo", "status")
-
-    def __init__(self, source: str | Path, path: str, base: str, size: int, checksum: str | None, algo: str | None,
-                 status: str) -> None:
-        for name, value in (("_source", source), ("path", path), ("_base", base), ("size", size),
-                            ("checksum", checksum), ("algo", algo), ("status", status)):
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"Landed is read-only ({name})")
+    src: str
+    path: str
+    receiver: str
+    size: int
+    checksum: str | None
+    algo: str | None
+    status: str
 
     @property
     def source(self) -> Path:
-        return Path(self._source)
+        """The source path."""
+        return Path(self.src)
 
     @property
     def url(self) -> str:
         """``fstream://HOST:PORT/path``."""
-        return f"{self._base}/{self.path}"
+        return f"{self.receiver}/{self.path}"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f: getattr(self, f) for f in self.FIELDS}
-        d["source"] = str(self._source)
-        return d
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Landed) and self.to_dict() == other.to_dict()
-
-    def __hash__(self) -> int:
-        return hash((str(self._source), self.path, self.size, self.checksum))
-
-    def __repr__(self) -> str:
-        return "Landed(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
+        """``source``, ``path``, ``url``, ``size``, ``checksum``, ``algo``, ``status`` (what ``--manifest`` writes)."""
+        return {"source": self.src, "path": self.path, "url": self.url, "size": self.size, "checksum": self.checksum,
+                "algo": self.algo, "status": self.status}
 
 
 def landed_from_event(ev: dict, dest: Destination) -> Landed | None:

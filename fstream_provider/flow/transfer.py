@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fstream_provider.flow.jobs import follow_batches
-from fstream_provider.flow.pipe import EMPTY, END, Cancelled, Failure, Pipe, Subscription, items
+from fstream_provider.flow.pipe import END, Cancelled, Failure, Pipe, Subscription, items
 from fstream_provider.flow.records import FlowError, landed_from_event
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.watch.sources import SrcFile, join_dest
@@ -70,10 +70,14 @@ class FlowFeed:
 
 def _files(x: Any) -> list[Path]:
     batch = x if isinstance(x, (list, tuple)) else [x]
+    out = []
     for p in batch:
-        if not isinstance(p, (str, os.PathLike)):
-            raise FlowError(f"transfer: {p!r} is not a file path (a channel of paths or of lists of paths is needed)")
-    return [Path(p) for p in batch]
+        if not isinstance(p, Path):
+            if not isinstance(p, (str, os.PathLike)):
+                raise FlowError(f"transfer: {p!r} is not a file path (a channel of paths or of lists of paths is needed)")
+            p = Path(p)
+        out.append(p)
+    return out
 
 
 class _Slots:
@@ -105,61 +109,29 @@ class _Slots:
 
 
 class Outbox(Pipe):
-    """The stage's output. The transfer's own threads add events without blocking or waking anyone
-    who is not waiting (the slots bound how many wait here); the consumer builds each record in its
-    own thread, and each record taken gives its slot back."""
+    """The stage's output. The transfer's own threads push events without blocking (the slots bound
+    how many wait here); the consumer builds each record in its own thread, and each record taken
+    gives its slot back (in handfuls: one wake-up of the feeder, not one per file)."""
 
     def __init__(self, sub: Subscription, slots: _Slots, dest: Any) -> None:
         super().__init__(sub, slots.n + 8)
         self.slots = slots
         self.dest = dest
         self._owed = 0
-        self._dq: collections.deque[Any] = collections.deque()
-        self._cv = threading.Condition()
-        self._waiting = False
-
-    def _add(self, item: Any) -> None:
-        self._dq.append(item)
-        if self._waiting:  # read after the append: a consumer about to wait sees the item or is woken
-            with self._cv:
-                self._cv.notify()
 
     def deliver(self, ev: dict) -> None:
         """A transfer's ``file`` event, from the transfer's own thread: kept as it is."""
         if ev.get("status") in ("committed", "skipped", "failed"):
-            self._add(_Event(ev))
-
-    def put(self, item: Any, *, force: bool = False) -> bool:
-        if self.closed.is_set() or self.sub.stop.is_set():
-            return False
-        self._add(item)
-        return True
+            self.push(_Event(ev))
 
     def fail(self, exc: BaseException) -> None:
-        self.put(Failure(exc))
+        self.put(Failure(exc), force=True)
 
     def get(self, timeout: float | None = None) -> Any:
-        waited = 0.0
-        while True:
-            try:
-                item = self._dq.popleft()
-                break
-            except IndexError:
-                pass
-            if self.sub.stop.is_set():
-                raise Cancelled()
-            if timeout is not None and waited >= timeout:
-                return EMPTY
-            step = 0.1 if timeout is None else min(0.1, timeout - waited)
-            with self._cv:
-                self._waiting = True
-                if not self._dq:
-                    self._cv.wait(step)
-                self._waiting = False
-            waited += step
+        item = super().get(timeout)
         if isinstance(item, _Event):
             self._owed += 1
-            if self._owed >= 32 or not self._dq:  # slots go back in handfuls: one wake-up, not one per file
+            if self._owed >= 32 or not self._dq:
                 self.slots.give(self._owed)
                 self._owed = 0
             try:
@@ -167,9 +139,6 @@ class Outbox(Pipe):
             except FlowError as exc:
                 return Failure(exc)
         return item
-
-    def ready(self, limit: int = 1024) -> list[Any]:
-        raise NotImplementedError("Outbox is read with get()")
 
 
 class _Event:
@@ -180,8 +149,8 @@ class _Event:
 
 
 def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: str = "fstream",
-             target_throughput: Any = None, redis: str | None = None, max_in_flight: int = 1000,
-             capacity: int = 256, **options: Any) -> Any:
+                    target_throughput: Any = None, redis: str | None = None, namespace: str | None = None,
+                    max_in_flight: int = 1000, capacity: int = 256, **options: Any) -> Any:
     """How ``Channel.transfer`` runs: ship each file of ``ch`` to ``to``, emit a
     :class:`~fstream_provider.flow.records.Landed` record per landed file (returns the stage's opener).
 
@@ -195,6 +164,7 @@ def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: 
     :param target_throughput: QoS target (``600Mbps``).
     :param redis: run through Redis jobs on this bus (any ``fstream agent`` there runs them) instead
         of in this process.
+    :param namespace: the agents' key namespace on that Redis (``fstream agent --namespace``).
     :param max_in_flight: files handed on but not yet landed before the stage stops reading its input.
     :param options: any other :class:`~fstream_provider.model.spec.TransferSpec` option of
         ``fstream send`` (``cc``, ``p``, ``pp``, ``bandwidth``, ``rtt``, ``verify``, ``encrypt``, ...).
@@ -217,8 +187,10 @@ def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: 
     def opener(sub: Subscription) -> Pipe:
         inp = ch.open(sub)
         out = Outbox(sub, _Slots(max_in_flight, sub), dest)
-        run = _in_process if redis is None else _through_redis
-        run(spec, redis, sub, inp, out, rel)
+        if redis is None:
+            _in_process(spec, sub, inp, out, rel)
+        else:
+            follow_batches(spec, redis, namespace, sub, inp, out, rel, _files)
         return out
 
     return opener
@@ -229,11 +201,11 @@ def _src(p: Path, rel: str) -> SrcFile:
         st = os.stat(p)
     except FileNotFoundError:
         raise FlowError(f"{p}: vanished before it was sent") from None
-    return SrcFile(str(p.absolute()), rel, st.st_size, st.st_mtime_ns)
+    path = str(p)
+    return SrcFile(path if path.startswith("/") else os.path.abspath(path), rel, st.st_size, st.st_mtime_ns)
 
 
-def _in_process(spec: TransferSpec, _redis: str | None, sub: Subscription, inp: Pipe, out: Outbox,
-                rel: Any) -> None:
+def _in_process(spec: TransferSpec, sub: Subscription, inp: Pipe, out: Outbox, rel: Any) -> None:
     from transfer_agent.sending.sender import Transfer
 
     feed = FlowFeed()
@@ -272,8 +244,3 @@ def _in_process(spec: TransferSpec, _redis: str | None, sub: Subscription, inp: 
 
     sub.spawn("transfer-feed", feed_files, out)
     sub.spawn("transfer", ship, out)
-
-
-def _through_redis(spec: TransferSpec, redis_url: str | None, sub: Subscription, inp: Pipe, out: Outbox,
-                   rel: Any) -> None:
-    follow_batches(spec, redis_url or "", sub, inp, out, rel, _files)
