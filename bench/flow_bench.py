@@ -8,7 +8,8 @@
   one machine), p50/p90/p99/max, with inotify and with 1 s polling (Nextflow's default
   ``watchPath``).
 - **throughput**: the same data shipped by ``Transfer(spec).run()`` (what ``fstream send`` runs), by the
-  same with the public digest ``--manifest`` adds (a flow's records carry it too) and by
+  same with what ``--manifest`` adds (the public digest and a JSON line per file: a flow's records
+  carry the same) and by
   ``channel.from_path(...).transfer(...).collect()``, each in a fresh process, in alternating order,
   ``--repeats`` times; the ratios of the medians, for large files and for small ones.
 - **memory**: a flow watching ``--memory-files`` files (hard links, 1,000 per directory) ships all of
@@ -54,9 +55,18 @@ def drive(argv: list[str]) -> int:
     from transfer_agent.sending.sender import Transfer
 
     t0 = time.monotonic()
-    if a.mode.startswith("send"):  # send-manifest: also the public digest a flow's records carry
-        res = Transfer(TransferSpec.from_options([a.src], a.to, secret_file=a.secret_file,
-                                                 public_checksum=a.mode == "send-manifest")).run()
+    if a.mode.startswith("send"):  # send-manifest: what `fstream send --manifest` adds, a record per file
+        manifest = None
+        if a.mode == "send-manifest":
+            from transfer_agent.cli.manifest import Manifest
+
+            manifest = Manifest(os.path.join(tempfile.gettempdir(), f"flow-bench-{os.getpid()}.jsonl"), a.to)
+        spec = TransferSpec.from_options([a.src], a.to, secret_file=a.secret_file, public_checksum=manifest is not None)
+        res = Transfer(spec, on_event=lambda kind, data: manifest.record(data) if manifest and kind == "file"
+                       else None).run()
+        if manifest is not None:
+            manifest.close()
+            os.unlink(manifest.path)
         files, nbytes, ok = res.verified_files + res.skipped_files, res.bytes, res.ok
     else:
         src = os.path.join(a.src, "**")
@@ -76,8 +86,11 @@ def drive(argv: list[str]) -> int:
             out.close()
         ok = True
     seconds = time.monotonic() - t0
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"mode": a.mode, "files": files, "bytes": nbytes, "seconds": seconds, "ok": ok,
-                      "maxrss_kib": _vm_hwm_kib()}), flush=True)
+                      "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kib": _vm_hwm_kib()}), flush=True)
     return 0
 
 
@@ -210,6 +223,7 @@ def throughput(work: Path, secret: Path, name: str, files: int, size: int, repea
         make_tree(src, files, size)
     modes = ("send", "send-manifest", "flow")
     runs: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}  # CPU-seconds of the sending process (all its threads)
     for rep in range(repeats):
         for mode in (modes if rep % 2 == 0 else modes[::-1]):
             dst = work / "tp-dst"
@@ -222,9 +236,11 @@ def throughput(work: Path, secret: Path, name: str, files: int, size: int, repea
             finally:
                 rx.stop()
             runs[mode].append(files * size * 8 / r["seconds"])
+            cpu[mode].append(r["cpu_s"])
     shutil.rmtree(src, ignore_errors=True)
     med = {m: statistics.median(v) for m, v in runs.items()}
     return {"data": name, "files": files, "size": size, "runs_bps": runs, "median_bps": med,
+            "cpu_s": {m: statistics.median(v) for m, v in cpu.items()},
             "ratio": med["flow"] / med["send"], "ratio_manifest": med["flow"] / med["send-manifest"]}
 
 
@@ -272,6 +288,13 @@ def report(res: dict) -> str:
                          f"| {med['send-manifest'] / 1e9:.2f} Gbit/s | {med['flow'] / 1e9:.2f} Gbit/s | {r['ratio']:.3f} "
                          f"| {r['ratio_manifest']:.3f} | {fmt(runs['send'])}; {fmt(runs['send-manifest'])}; "
                          f"{fmt(runs['flow'])} |")
+        lines += ["", "| data | sending process CPU-seconds (median): send | send --manifest | flow | per GB | "
+                  "per 1,000 files |", "|---|---|---|---|---|---|"]
+        for r in res["throughput"]:
+            c, gb, k = r["cpu_s"], r["files"] * r["size"] / 1e9, r["files"] / 1000
+            per = lambda d: " / ".join(f"{c[m] / d:.3f}" for m in ("send", "send-manifest", "flow"))  # noqa: E731
+            lines.append(f"| {r['data']} | {c['send']:.2f} | {c['send-manifest']:.2f} | {c['flow']:.2f} | {per(gb)} "
+                         f"| {per(k)} |")
         lines.append("")
     if res.get("memory"):
         r = res["memory"]

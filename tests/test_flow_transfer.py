@@ -107,16 +107,18 @@ def test_a_failing_file_is_raised_where_the_user_iterates_naming_it(tmp_path: Pa
 
 
 def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx: Receiver, redis_url: str) -> None:
+    from fstream_provider.bus.keys import Keys
     from transfer_agent.daemon.worker import Agent
 
     src = make_files(tmp_path / "s", {"x1.dat": 3000, "sub/x2.dat": 1 << 20, "sub/x3.dat": 10})
     agent = Agent(redis_url, name="flow-agent", secret_file=str(secret), poll_interval=0.2, block_ms=100,
-                  flush_interval=0.1, heartbeat_ttl=3)
+                  flush_interval=0.1, heartbeat_ttl=3, keys=Keys("flowtest"))
     t = threading.Thread(target=agent.run, name="flow-agent")
     t.start()
     try:
         recs = (channel.from_path(str(src / "**/*.dat")).buffer(size=2)
-                .transfer(to=f"fstream://127.0.0.1:{rx.port}/remote", secret_file=str(secret), redis=redis_url)
+                .transfer(to=f"fstream://127.0.0.1:{rx.port}/remote", secret_file=str(secret), redis=redis_url,
+                          namespace="flowtest")
                 .collect())
     finally:
         agent.stop()
@@ -124,3 +126,4 @@ def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx
     assert sorted(r.path for r in recs) == ["remote/sub/x2.dat", "remote/sub/x3.dat", "remote/x1.dat"]
     for rec in recs:
         _check(rec, Path(rx.root))
+        assert rec.to_dict()["url"] == rec.url == f"fstream://127.0.0.1:{rx.port}/{rec.path}"

@@ -84,6 +84,8 @@ class _Slots:
     """At most ``n`` files between the stage's input and its consumer: taken when a file is handed
     on, given back when the consumer takes its record."""
 
+    LOW = 64  # a partial taker is woken once this many (or all it asked for) are free: no wake per file
+
     def __init__(self, n: int, sub: Subscription) -> None:
         self.n = n
         self._free = n
@@ -91,15 +93,19 @@ class _Slots:
         self._cond = threading.Condition()
         self._sub = sub
 
-    def take(self, k: int = 1) -> None:
+    def take(self, k: int = 1, *, partial: bool = False) -> int:
+        """Take ``k`` slots (``partial``: as many as are free, at least ``min(k, LOW)``); returns how many."""
+        need = min(k, self.LOW) if partial else k
         with self._cond:
-            while self._free < k:
+            while self._free < need:
                 if self._sub.stop.is_set():
                     raise Cancelled()
-                self._want = k
+                self._want = need
                 self._cond.wait(0.1)
             self._want = 0
-            self._free -= k
+            got = min(k, self._free)
+            self._free -= got
+            return got
 
     def give(self, k: int = 1) -> None:
         with self._cond:
@@ -216,11 +222,10 @@ def _in_process(spec: TransferSpec, sub: Subscription, inp: Pipe, out: Outbox, r
         try:
             for x in items(inp):
                 paths = _files(x) + [p for more in inp.ready(out.slots.n) for p in _files(more)]
-                for i in range(0, len(paths), out.slots.n):
-                    chunk = paths[i:i + out.slots.n]
-                    out.slots.take(len(chunk))
-                    # what was waiting goes in one hand-over: one tuner look, not one per file
-                    feed.put([_src(p, rel(p)) for p in chunk])
+                while paths:  # what was waiting goes in as few hand-overs as the slots allow (one tuner look each)
+                    got = out.slots.take(len(paths), partial=True)
+                    feed.put([_src(p, rel(p)) for p in paths[:got]])
+                    paths = paths[got:]
         except Cancelled:
             raise
         except BaseException as exc:  # noqa: BLE001 - the subscriber sees it, naming the item
