@@ -118,8 +118,12 @@ def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx
     try:
         recs = (channel.from_path(str(src / "**/*.dat")).buffer(size=2)
                 .transfer(to=f"fstream://127.0.0.1:{rx.port}/remote", secret_file=str(secret), redis=redis_url,
-                          namespace="flowtest")
+                          namespace="flowtest", max_in_flight=1)
                 .collect())
+        from fstream_provider.bus.client import connect
+        from fstream_provider.bus.jobs import JobStore
+
+        jobs = JobStore(connect(redis_url), keys=Keys("flowtest")).list()
     finally:
         agent.stop()
         t.join(30)
@@ -127,3 +131,5 @@ def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx
     for rec in recs:
         _check(rec, Path(rx.root))
         assert rec.to_dict()["url"] == rec.url == f"fstream://127.0.0.1:{rx.port}/{rec.path}"
+    # the batch [sub/x2, sub/x3] is split: a job never holds more files than max_in_flight
+    assert sorted(len(j.spec.sources) for j in jobs) == [1, 1, 1] and {j.state for j in jobs} == {"succeeded"}

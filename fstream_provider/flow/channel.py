@@ -20,7 +20,7 @@ from typing import Any
 
 from fstream_provider.flow.core import Channel, from_iterable
 from fstream_provider.flow.pipe import END, Pipe, Subscription
-from fstream_provider.watch.pattern import PatternLister
+from fstream_provider.watch.pattern import PatternLister, list_matching
 from fstream_provider.watch.seen import MemorySeenStore
 from fstream_provider.watch.watcher import Watcher
 
@@ -64,12 +64,7 @@ def from_path(pattern: str, *, hidden: bool = False, capacity: int = 256) -> Cha
         out = Pipe(sub, capacity)
 
         def run() -> None:
-            found = PatternLister(pattern, use_inotify=False, include_hidden=hidden)
-            try:
-                paths = sorted(f.path for f in found.scan())
-            finally:
-                found.close()
-            for p in paths:
+            for p in list_matching(pattern, include_hidden=hidden):
                 if not out.put(Path(p)):
                     return
             out.put(END)

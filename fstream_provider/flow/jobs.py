@@ -67,8 +67,9 @@ def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, su
                 groups: dict[str, list[Path]] = {}
                 for p in files(x):
                     groups.setdefault(posixpath.dirname(rel(p)), []).append(p)
-                for folder, paths in groups.items():
-                    out.slots.take(min(len(paths), out.slots.n))
+                for folder, paths in ((f, g[i:i + out.slots.n]) for f, g in groups.items()
+                                      for i in range(0, len(g), out.slots.n)):  # a job never holds more than the slots
+                    out.slots.take(len(paths))
                     while not room.acquire(timeout=0.1):
                         _stop_if(sub)
                     job_spec = TransferSpec.from_dict({**spec.to_dict(), "sources": [str(p.absolute()) for p in paths],
