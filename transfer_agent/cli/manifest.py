@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any, Callable
 
 class Manifest:
@@ -30,6 +31,7 @@ class Manifest:
         except OSError as exc:
             raise ValueError(f"--manifest {path}: cannot write it ({exc.strerror})") from None
         self.count = 0
+        self._lock = threading.Lock()  # file events come from the transfer's control and hashing threads
 
     def record(self, data: dict[str, Any]) -> None:
         if data.get("status") not in ("committed", "skipped"):
@@ -37,9 +39,11 @@ class Manifest:
         row = {"source": data.get("source"), "path": data["path"], "url": "/".join([*self._base, data["path"]]),
                "size": data.get("size"), "checksum": data.get("checksum"), "algo": data.get("algo"),
                "status": data["status"]}
-        self._f.write(json.dumps({k: v for k, v in row.items() if v is not None}) + "\n")
-        self._f.flush()
-        self.count += 1
+        line = json.dumps({k: v for k, v in row.items() if v is not None}) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+            self.count += 1
 
     def close(self) -> None:
         try:

@@ -42,6 +42,8 @@ class ControlSession:
         same bytes in the same read pass, for manifests and flow records (``spec.public_checksum``).
     """
 
+    public_algo: str | None = None  # set per session in __init__ (a class default for sessions built without it)
+
     def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
                  algo: str | None = None, verify: bool = True, public_algo: str | None = None) -> None:
         self.connector = connector
