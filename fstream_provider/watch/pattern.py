@@ -14,6 +14,7 @@ import os
 import re
 from typing import Collection
 
+from fstream_provider.watch.sources import walk_files
 from fstream_provider.watch.stability import FileStat
 from fstream_provider.watch.tree import TreeLister
 
@@ -69,20 +70,8 @@ def list_matching(pattern: str, *, include_hidden: bool = False) -> list[str]:
     if not os.path.isdir(base):
         raise FileNotFoundError(f"watch {pattern!r}: directory {base!r} does not exist")
     prefix = base.rstrip(os.sep) + os.sep
-    out: list[str] = []
-    stack = [base]
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                for e in it:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                    elif (include_hidden or not e.name.startswith(".")) and e.is_file() \
-                            and (regex is None or regex.match(e.path[len(prefix):])):
-                        out.append(e.path)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
+    out = [e.path for e in walk_files(base) if (include_hidden or not e.name.startswith("."))
+           and (regex is None or regex.match(e.path[len(prefix):]))]
     out.sort()
     return out
 

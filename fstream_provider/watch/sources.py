@@ -69,7 +69,8 @@ def source_roots(sources: Iterable[str], dest_prefix: str) -> Iterator[tuple[str
                 raise ValueError(f"source {m!r}: not a regular file or directory")
 
 
-def _walk(root: str) -> Iterator[os.DirEntry]:
+def walk_files(root: str) -> Iterator[os.DirEntry]:
+    """Regular files under ``root`` (symlinks to files too), directories not followed; vanished ones skipped."""
     stack = [root]
     while stack:
         d = stack.pop()
@@ -89,7 +90,7 @@ def expand_sources(sources: Iterable[str], dest_prefix: str) -> list[SrcFile]:
     out: list[SrcFile] = []
     for path, prefix, is_dir in source_roots(sources, dest_prefix):
         if is_dir:
-            for e in _walk(path):
+            for e in walk_files(path):
                 st = e.stat()
                 out.append(SrcFile(e.path, join_dest(prefix, os.path.relpath(e.path, path).replace(os.sep, "/")),
                                    st.st_size, st.st_mtime_ns))
