@@ -133,3 +133,28 @@ def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx
         assert rec.to_dict()["url"] == rec.url == f"fstream://127.0.0.1:{rx.port}/{rec.path}"
     # the batch [sub/x2, sub/x3] is split: a job never holds more files than max_in_flight
     assert sorted(len(j.spec.sources) for j in jobs) == [1, 1, 1] and {j.state for j in jobs} == {"succeeded"}
+
+
+def test_max_in_flight_below_the_batch_does_not_hang(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    """Review finding: a feeder waiting for min(batch, 64) free slots when only 2 can ever be free hung."""
+    src = make_files(tmp_path / "s", {f"f{i}.dat": 1000 for i in range(5)})
+    got: list[Landed] = []
+    run = (channel.from_path(str(src / "*.dat")).buffer(size=5)
+           .transfer(to=f"fstream://127.0.0.1:{rx.port}/o", secret_file=str(secret), max_in_flight=2)
+           .subscribe(got.append))
+    try:
+        assert run.wait(30), "the flow hung with max_in_flight below the batch size"
+    finally:
+        run.cancel()
+    assert sorted(r.path for r in got) == [f"o/f{i}.dat" for i in range(5)]
+
+
+def test_transfer_refuses_options_that_belong_to_the_channel(tmp_path: Path, secret: Path, rx: Receiver) -> None:
+    url = f"fstream://127.0.0.1:{rx.port}/o"
+    for opt in ({"until": 1.0}, {"watch": True}, {"idle_exit": "5s"}):
+        with pytest.raises(ValueError, match=r"\.until\(\) or \.take\(\)"):
+            channel.of(tmp_path).transfer(to=url, secret_file=str(secret), **opt)
+    src = make_files(tmp_path / "s", {"a.dat": 10})
+    with pytest.raises(FlowError, match=r"Landed\(.*is not a file path"):  # a record is not a batch of paths
+        list(channel.from_path(str(src / "*.dat")).transfer(to=url, secret_file=str(secret))
+             .transfer(to=url, secret_file=str(secret)))

@@ -1,7 +1,9 @@
 """``channel.transfer(..., redis=URL)``: each item becomes a job on the Redis bus; its events become records.
 
 Any ``fstream agent`` on that Redis runs the jobs (on the transfer node that holds the files);
-this process only submits and follows, the way the Airflow operator does. A batch whose files
+this process only submits and follows, the way the Airflow operator does. A job's records come out
+when it ended, one per file: an agent that retries a job, or takes over a dead agent's, reports a
+file again (failed by the first try, skipped by the next), and only the last word counts. A batch whose files
 go to different destination directories is split into one job per directory, because a job places
 the files it names directly under its destination path.
 """
@@ -43,15 +45,26 @@ def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, su
 
     sub.on_close(cancel_all)
 
-    def follow(job_id: str) -> None:
+    def follow(job_id: str, n_files: int) -> None:
         from fstream_provider.bus.follow import follow_job
 
+        last: dict[str, dict] = {}  # a retried or redelivered job reports a file again: its last word counts
+
+        def on_event(_eid: str, ev: dict) -> None:
+            if ev.get("kind") == "file" and ev.get("status") in ("committed", "skipped", "failed"):
+                last[ev.get("source") or ev.get("path")] = ev
+
         try:
-            state = follow_job(store, job_id, on_event=lambda _eid, ev: out.deliver(ev) if ev.get("kind") == "file"
-                               else None, on_idle=lambda _s: _stop_if(sub))
-            if state.state != "succeeded" and not sub.stop.is_set():
-                out.fail(FlowError(f"job {job_id} ({', '.join(spec_sources(state))}) {state.state}: "
-                                   f"{state.error or 'no reason given'}"))
+            state = follow_job(store, job_id, on_event=on_event, on_idle=lambda _s: _stop_if(sub))
+            if state.state != "succeeded":
+                if not sub.stop.is_set():
+                    out.fail(FlowError(f"job {job_id} ({', '.join(spec_sources(state))}) {state.state}: "
+                                       f"{state.error or 'no reason given'}"))
+                return
+            for ev in last.values():  # one record per file, once the job ended
+                out.deliver(ev)
+            if n_files > len(last):
+                out.slots.give(n_files - len(last))
         except Cancelled:
             pass
         except BaseException as exc:  # noqa: BLE001 - the subscriber sees it
@@ -75,7 +88,8 @@ def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, su
                     job_spec = TransferSpec.from_dict({**spec.to_dict(), "sources": [str(p.absolute()) for p in paths],
                                                        "destination": f"fstream://{dest.host}:{dest.port}/{folder}"})
                     job_id, _created = store.submit(job_spec)
-                    t = threading.Thread(target=follow, args=(job_id,), name=f"fstream-flow-job-{job_id}", daemon=True)
+                    t = threading.Thread(target=follow, args=(job_id, len(paths)), name=f"fstream-flow-job-{job_id}",
+                                         daemon=True)
                     with lock:
                         running[job_id] = t
                     t.start()

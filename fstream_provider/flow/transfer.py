@@ -69,7 +69,7 @@ class FlowFeed:
 
 
 def _files(x: Any) -> list[Path]:
-    batch = x if isinstance(x, (list, tuple)) else [x]
+    batch = x if isinstance(x, list) or type(x) is tuple else [x]  # a Landed record is a named tuple, not a batch
     out = []
     for p in batch:
         if not isinstance(p, Path):
@@ -95,7 +95,7 @@ class _Slots:
 
     def take(self, k: int = 1, *, partial: bool = False) -> int:
         """Take ``k`` slots (``partial``: as many as are free, at least ``min(k, LOW)``); returns how many."""
-        need = min(k, self.LOW) if partial else k
+        need = min(k, self.LOW, self.n) if partial else k
         with self._cond:
             while self._free < need:
                 if self._sub.stop.is_set():
@@ -177,6 +177,10 @@ def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: 
     """
     if max_in_flight < 1:
         raise ValueError(f"transfer(max_in_flight={max_in_flight}): must be >= 1")
+    for name in ("watch", "until", "idle_exit", "interval"):
+        if name in options:  # the channel decides what comes and when it ends (watch_path, until, take)
+            raise ValueError(f"transfer({name}=...): not an option of a channel's transfer; use watch_path, "
+                             f".until() or .take() on the channel")
     if secret_file is None and not options.get("tls_cert"):
         from fstream_provider.model.statedir import default_secret_file
 

@@ -107,9 +107,9 @@ def cmd_send(args: argparse.Namespace) -> int:
         from fstream_provider.bus.client import connect
         from fstream_provider.bus.embedded import resolve_redis_url
         redis = connect(resolve_redis_url(args.redis))
+    manifest = Manifest(args.manifest, spec.destination) if args.manifest else None  # a bad path: before the bar
     show = not args.json and (args.progress or sys.stderr.isatty())
     progress = Progress(show)
-    manifest = Manifest(args.manifest, spec.destination) if args.manifest else None
     try:
         kw = {}
         if args.stall_timeout:

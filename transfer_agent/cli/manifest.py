@@ -59,8 +59,8 @@ def chain(first: Callable[[str, dict], None], manifest: Manifest | None) -> Call
         return first
 
     def on_event(kind: str, data: dict) -> None:
-        first(kind, data)
-        if kind == "file":
+        if kind == "file":  # the manifest first: a failing progress display must not lose a line
             manifest.record(data)
+        first(kind, data)
 
     return on_event
