@@ -55,7 +55,6 @@ def parse_duration(text: str | float | int) -> float:
 def parse_until(text: str, now: float | None = None) -> float:
     """A stop time as UNIX seconds: an ISO-8601 time (``2026-11-25T18:00``, UTC unless it names a
     zone) or a duration from ``now`` (``30m``, ``2h``)."""
-    import datetime as dt
     import time
 
     try:
@@ -63,10 +62,17 @@ def parse_until(text: str, now: float | None = None) -> float:
     except ValueError:
         pass
     try:
-        d = dt.datetime.fromisoformat(str(text))
+        return iso_to_unix(text)
     except ValueError:
         raise ValueError(f"until {text!r}: expected an ISO-8601 time such as 2026-11-25T18:00 "
                          f"or a duration from now such as 30m") from None
+
+
+def iso_to_unix(text: str) -> float:
+    """An ISO-8601 time (UTC unless it names a zone) as UNIX seconds; ``ValueError`` if it is not one."""
+    import datetime as dt
+
+    d = dt.datetime.fromisoformat(str(text))
     return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 

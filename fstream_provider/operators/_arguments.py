@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from fstream_provider.model.units import parse_duration, parse_rate
+from fstream_provider.model.units import iso_to_unix, parse_duration, parse_rate
 
 
 def normalize_sources(sources: Any) -> list[str]:
@@ -42,10 +42,9 @@ def to_unix_time(until: Any) -> float | None:
     except (TypeError, ValueError):
         pass
     try:
-        d = dt.datetime.fromisoformat(str(until))
+        return iso_to_unix(until)
     except ValueError:
         raise ValueError(f"until {until!r}: expected a datetime, an ISO-8601 string or UNIX seconds") from None
-    return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
 def rendered_int(task_id: str, name: str, value: Any) -> int | None:

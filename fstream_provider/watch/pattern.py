@@ -19,6 +19,14 @@ from fstream_provider.watch.stability import FileStat
 from fstream_provider.watch.tree import TreeLister
 
 
+def existing_base(pattern: str) -> tuple[str, re.Pattern[str] | None]:
+    """:func:`split_glob`, refusing a pattern whose base directory does not exist (naming both)."""
+    base, regex = split_glob(pattern)
+    if not os.path.isdir(base):
+        raise FileNotFoundError(f"watch {pattern!r}: directory {base!r} does not exist")
+    return base, regex
+
+
 def split_glob(pattern: str) -> tuple[str, re.Pattern[str] | None]:
     """(base directory, regex on the path relative to it); regex None: every file under the base."""
     path = os.path.abspath(os.path.expanduser(pattern))
@@ -66,9 +74,7 @@ def list_matching(pattern: str, *, include_hidden: bool = False) -> list[str]:
     """The files ``pattern`` matches now, sorted, without a stat each (``channel.from_path``: a one-shot
     listing needs names only; whoever ships a file looks at it then). Hidden file names are skipped
     unless ``include_hidden``, as :class:`~fstream_provider.watch.tree.TreeLister` does."""
-    base, regex = split_glob(pattern)
-    if not os.path.isdir(base):
-        raise FileNotFoundError(f"watch {pattern!r}: directory {base!r} does not exist")
+    base, regex = existing_base(pattern)
     prefix = base.rstrip(os.sep) + os.sep
     out = [e.path for e in walk_files(base) if (include_hidden or not e.name.startswith("."))
            and (regex is None or regex.match(e.path[len(prefix):]))]
@@ -85,9 +91,7 @@ class PatternLister:
     def __init__(self, pattern: str, *, use_inotify: bool = True, include_hidden: bool = False,
                  known=None) -> None:
         self.pattern = pattern
-        self.base, self.regex = split_glob(pattern)
-        if not os.path.isdir(self.base):
-            raise FileNotFoundError(f"watch {pattern!r}: directory {self.base!r} does not exist")
+        self.base, self.regex = existing_base(pattern)
         self.tree = TreeLister([self.base], "", use_inotify=use_inotify, include_hidden=include_hidden, known=known)
 
     @property

@@ -179,8 +179,7 @@ class Transfer:
         def finished(f: InFlight) -> None:
             self._on_finished(f, pool, retry_files)
 
-        control = ControlSession(connector, finished, hasher, verify=self.spec.verify,
-                                 public_algo="xxh3_128" if self.spec.public_checksum else None)
+        control = ControlSession(connector, finished, hasher, verify=self.spec.verify, public_algo=self._public_algo)
         if self.spec.verify:
             self.result.checksum = control.algo
         block_size = min(self.spec.block_size, MAX_SEALED_BLOCK) if encrypt else self.spec.block_size
