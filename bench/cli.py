@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="run directories (default: the latest); several are merged, later runs win per workload")
     rep.add_argument("--results", default=str(RESULTS_DIR))
 
-    lb = sub.add_parser("loopback", help="issue 2: fstream vs GridFTP vs iperf3 on loopback, same run")
+    lb = sub.add_parser("loopback", help="issues 2/13: fstream vs GridFTP vs iperf3 on loopback, pinned, with CPU per GB and per file")
     lb.add_argument("--repeat", type=int, default=1)
     lb.add_argument("--big-bytes", type=parse_size, default=2**30)
     lb.add_argument("--small-count", type=int, default=2000)
@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--workdir", default=None)
     lb.add_argument("--results", default=str(RESULTS_DIR))
     lb.add_argument("--keep", action="store_true", help="keep the generated datasets")
+    lb.add_argument("--no-pin", action="store_true", help="do not pin the two sides to CPU 0 and CPU 1")
+    lb.add_argument("--cases", default="", help="comma-separated words; run only the cases whose name has one")
+    lb.add_argument("--tools", default="", help="comma-separated tools (fstream, fstream-nofsync, gridftp, "
+                    "gridftp+md5, iperf3)")
 
     sc = sub.add_parser("scale", help="issue 2 (c): --watch stream growing to many small files; RSS and scan time")
     sc.add_argument("--files", type=int, default=100_000)

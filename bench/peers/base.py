@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from fstream_bench.cpu_meter import Finished, wait_with_usage
+
 
 class PeerError(RuntimeError):
     """A peer tool could not be started or its transfer failed (the message names the tool and why)."""
@@ -63,6 +65,8 @@ class PeerResult:
     :param error: why it failed (empty when ok).
     :param intervals: ``{t, throughput_bps, cc, p, pp}`` samples over time.
     :param extra: tool-specific numbers (self-reported seconds, retransmits, ...).
+    :param cpu_src_s: CPU-seconds (user + system) of the source side, when measured.
+    :param cpu_dst_s: CPU-seconds of the destination side, when measured.
     """
 
     tool: str
@@ -75,6 +79,8 @@ class PeerResult:
     error: str = ""
     intervals: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    cpu_src_s: float | None = None
+    cpu_dst_s: float | None = None
 
     @property
     def throughput_bps(self) -> float:
@@ -269,6 +275,13 @@ def dataset_stats(paths: Sequence[Path]) -> tuple[int, int]:
 def run_timed(argv: list[str], timeout: float, log_path: Path | None = None,
               env: dict | None = None) -> tuple[int, float, str]:
     """Run ``argv`` to completion; return (status, wall seconds, captured stdout)."""
+    done = run_client(argv, timeout, log_path, env)
+    return done.status, done.wall, done.out
+
+
+def run_client(argv: list[str], timeout: float, log_path: Path | None = None,
+               env: dict | None = None) -> Finished:
+    """Run ``argv`` to completion; its status, wall seconds, stdout and CPU-seconds (``wait4``)."""
     t0 = time.monotonic()
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
@@ -280,14 +293,14 @@ def run_timed(argv: list[str], timeout: float, log_path: Path | None = None,
         if log_path:
             log.close()
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, cpu = wait_with_usage(proc, timeout)
     except subprocess.TimeoutExpired:
         stop(proc)
         raise PeerError(f"{shlex.join(argv[:3])}...: did not finish within {timeout:.0f} s")
     except BaseException:
         stop(proc)
         raise
-    return proc.returncode, time.monotonic() - t0, out.decode(errors="replace")
+    return Finished(proc.returncode, time.monotonic() - t0, out, cpu)
 
 
 def log_tail(log_path: Path | None, n: int = 600) -> str:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from fstream_bench.peers.base import PeerError, PeerResult, Sites, log_tail, run_timed, spawn, stop
+from fstream_bench.peers.base import PeerError, PeerResult, Sites, log_tail, run_client, spawn, stop
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
 
@@ -162,7 +162,8 @@ def send(receiver: FStreamReceiver, sources: Sequence[Path], dest: str, *, tuner
     log = receiver.workdir / f"{label}.log"
     env = {**os.environ, "FSTREAM_STATE_DIR": str(receiver.workdir / "state-send")}
     t0 = time.monotonic()
-    status, wall, out = run_timed(receiver.sites.argv("src", argv), timeout, log, env=env)
+    done = run_client(receiver.sites.argv("src", argv), timeout, log, env=env)
+    status, wall, out = done.status, done.wall, done.out
     settings = {"tuner": tuner, **options}
     doc = _last_json(out)
     if doc is None:
@@ -179,7 +180,8 @@ def send(receiver: FStreamReceiver, sources: Sequence[Path], dest: str, *, tuner
                         intervals=intervals,
                         extra={"self_seconds": doc.get("seconds"), "self_throughput_bps": doc.get("throughput_bps"),
                                "verified_files": doc.get("verified_files"), "failed_files": failed,
-                               "started": t0})
+                               "started": t0},
+                        cpu_src_s=done.cpu_s)
     if not ok:
         rx = receiver.proc.poll() if receiver.proc else None
         result.error = (f"fstream send: status {status}, failed files {failed!r}: {log_tail(log, 400)}"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 from urllib.parse import quote
 
-from fstream_bench.peers.base import (PeerError, PeerResult, Sites, free_port, log_tail, run_timed, spawn, stop,
+from fstream_bench.peers.base import (PeerError, PeerResult, Sites, free_port, log_tail, run_client, spawn, stop,
                                       wait_listening)
 
 MB = 1_000_000
@@ -153,10 +153,10 @@ def copy(server: GridFTPServer, files: Sequence[Path], src_root: Path, dest_dir:
         argv.append("-verify-checksum")
     argv += ["-f", str(listing)]
     log = server.workdir / f"{label}.log"
-    status, wall, _out = run_timed(server.sites.argv("src", _resolvable(server.sites, server.workdir, argv)),
-                                   timeout, log)
+    done = run_client(server.sites.argv("src", _resolvable(server.sites, server.workdir, argv)), timeout, log)
+    status, wall = done.status, done.wall
     result = PeerResult(tool=label, settings={**settings.as_dict(), "verify": verify}, files=len(files),
-                        bytes=total, seconds=wall, ok=status == 0, verified=verify)
+                        bytes=total, seconds=wall, ok=status == 0, verified=verify, cpu_src_s=done.cpu_s)
     if status != 0:
         result.error = f"globus-url-copy: status {status}: {log_tail(log, 400)}"
         return result

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
-from fstream_bench.peers.base import PeerError, PeerResult, Sites, run_timed, spawn, stop, wait_listening
+from fstream_bench.cpu_meter import wait_with_usage
+from fstream_bench.peers.base import PeerError, PeerResult, Sites, run_client, spawn, stop, wait_listening
 
 
 def available() -> str | None:
@@ -39,7 +41,12 @@ class Iperf3:
             argv = ["iperf3", "-c", self.sites.dst_host, "-p", str(self.port), "-P", str(streams), "-J",
                     "-i", str(interval)]
             argv += ["-n", str(nbytes)] if nbytes else ["-t", str(seconds or 10)]
-            status, wall, out = run_timed(self.sites.argv("src", argv), timeout, log)
+            done = run_client(self.sites.argv("src", argv), timeout, log)
+            status, wall, out = done.status, done.wall, done.out
+            try:  # the server exits after one test (-1): its whole CPU, from wait4
+                _, server_cpu = wait_with_usage(server, 10.0)
+            except subprocess.TimeoutExpired:
+                server_cpu = None
         finally:
             stop(server)
         settings = {"cc": 1, "p": streams, "pp": 0}
@@ -57,7 +64,8 @@ class Iperf3:
         sent = doc["end"].get("sum_sent", {})
         return PeerResult(tool=label, settings=settings, files=0, bytes=int(recv["bytes"]),
                           seconds=float(recv["seconds"]), ok=True, verified=False, intervals=intervals,
-                          extra={"wall_seconds": wall, "retransmits": sent.get("retransmits")})
+                          extra={"wall_seconds": wall, "retransmits": sent.get("retransmits")},
+                          cpu_src_s=done.cpu_s, cpu_dst_s=server_cpu)
 
 
 def measure(sites: Sites, workdir: Path, **kw) -> PeerResult:
