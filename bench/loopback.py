@@ -92,19 +92,46 @@ def disk_ceiling(d: Path, nbytes: int = GIB) -> float:
     return rate
 
 
+def checksum_cost(path: Path) -> dict[str, float]:
+    """CPU-seconds per GiB of the agent's own checksum pass (``storage.checksum.hash_fd``, which each side
+    runs once per file) over a page-cached file, on CPU 0: what verification adds per side."""
+    from transfer_agent.storage.checksum import hash_fd
+
+    old = os.sched_getaffinity(0)
+    out = {}
+    try:
+        os.sched_setaffinity(0, {0})
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            for algo, key in (("blake3-keyed", bytes(32)), ("xxh3_128", None)):
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.process_time()
+                    hash_fd(fd, size, algo, key)
+                    best = min(best, time.process_time() - t0)
+                out[algo] = best / (size / 2**30)
+        finally:
+            os.close(fd)
+    finally:
+        os.sched_setaffinity(0, old)
+    return out
+
+
 def cases_for(small_count: int, pp: int) -> list[tuple[str, str, dict, str]]:
     """(case, dataset, knobs, destination kind): tmpfs for the data path, disk for durability."""
     return [
         ("a: 1 GiB, p=1", "big", {"cc": 1, "p": 1, "pp": 1}, "tmpfs"),
         ("a: 1 GiB, p=4", "big", {"cc": 1, "p": 4, "pp": 1}, "tmpfs"),
         (f"b: {small_count} files, cc=4, pp", "small", {"cc": 4, "p": 1, "pp": pp}, "tmpfs"),
+        (f"c: {small_count} files of 1 byte, cc=4, pp", "bytes", {"cc": 4, "p": 1, "pp": pp}, "tmpfs"),
         ("z: 1 file of 1 byte", "tiny", {"cc": 1, "p": 1, "pp": 1}, "tmpfs"),
         ("d: 1 GiB, p=4, disk", "big", {"cc": 1, "p": 4, "pp": 1}, "disk"),
         (f"d: {small_count} files, cc=4, pp, disk", "small", {"cc": 4, "p": 1, "pp": pp}, "disk"),
     ]
 
 
-TMPFS_TOOLS = ("fstream", "fstream-nofsync", "gridftp", "gridftp+md5", "iperf3")
+TMPFS_TOOLS = ("fstream", "fstream-nofsync", "fstream-noverify", "gridftp", "gridftp+md5", "iperf3")
 
 
 def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: int = 2000,
@@ -129,14 +156,23 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
     tiny.parent.mkdir(parents=True, exist_ok=True)
     tiny.write_bytes(b"x")
     data["tiny"] = [tiny]
+    data["bytes"] = []
+    for i in range(small_count):  # the per-file cost without data: every file one byte
+        p = src / "bytes" / f"b{i:05d}.dat"
+        if not p.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(b"x")
+        data["bytes"].append(p)
     _warm(data["big"] + data["small"])
-    sizes = {"big": big_bytes, "small": small_count * small_bytes, "tiny": 1}
+    sizes = {"big": big_bytes, "small": small_count * small_bytes, "tiny": 1, "bytes": small_count}
     cases = [c for c in cases_for(small_count, pp) if not only or any(w and w in c[0] for w in only.split(","))]
     wanted = set(filter(None, tools.split(","))) or None
     missing = {name: why for name, why in (("iperf3", iperf.available()), ("gridftp", gridftp.available()),
                                            ("fstream", fs_peer.available())) if why}
     for name, why in missing.items():
         log(f"loopback: skipping {name}: {why}")
+    hashing = checksum_cost(data["big"][0])
+    log(f"loopback: checksum pass, CPU-s per GiB: {hashing}")
     ceilings = [disk_ceiling(workdir / "ceiling") for _ in range(repeat)] if any(c[3] == "disk" for c in cases) else []
     results: list[dict] = []
     try:
@@ -146,8 +182,8 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
                 for case, dataset, knobs, kind in cases:
                     dst_root = (fast_root if kind == "tmpfs" else workdir) / "dst"
                     names = TMPFS_TOOLS if kind == "tmpfs" else ("fstream",)
-                    if dataset == "tiny":
-                        names = ("fstream", "gridftp")
+                    if dataset in ("tiny", "bytes"):
+                        names = ("fstream", "fstream-noverify", "gridftp")
                     names = [n for n in names if n.partition("-")[0].partition("+")[0] not in missing
                              and (wanted is None or n in wanted)]
                     for tool in names:
@@ -170,7 +206,8 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
         if tmpfs:
             shutil.rmtree(fast_root, ignore_errors=True)
     return {"machine": machine_info(), "pinned": pinned, "memory": memory_note, "cases": [c[0] for c in cases], "results": results,
-            "files": {"big": 1, "small": small_count, "tiny": 1}, "disk_ceiling_Bps": ceilings,
+            "files": {"big": 1, "small": small_count, "tiny": 1, "bytes": small_count}, "disk_ceiling_Bps": ceilings,
+            "checksum_cpu_s_per_gib": hashing,
             "medians": medians(results)}
 
 
@@ -183,10 +220,11 @@ def _one(tool: str, sites: Sites, workdir: Path, dest: Path, src: Path, dataset:
     root = _fresh(dest)
     if tool.startswith("fstream"):
         extra = ("--no-fsync",) if tool == "fstream-nofsync" else ()
+        options = {**knobs, "no_verify": tool == "fstream-noverify"}  # the checksum's own cost, measured
         with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=root, extra_args=extra) as rx:
             meter = ServerCpu(rx.proc.pid).start()
-            srcs = [src / dataset] if dataset == "small" else files
-            r = fs_peer.send(rx, srcs, "in", tuner="fixed", options=knobs, label=tool)
+            srcs = [src / dataset] if dataset in ("small", "bytes") else files
+            r = fs_peer.send(rx, srcs, "in", tuner="fixed", options=options, label=tool)
             r.cpu_dst_s = meter.stop()
             return r
     with gridftp.GridFTPServer(sites=sites, workdir=workdir / "gridftp") as srv:
@@ -229,8 +267,10 @@ def fixed_cost(doc: dict, tool: str) -> float | None:
     """A tool's CPU-seconds (both sides) for one 1-byte file: its per-run cost (start-up, connect, auth)."""
     base = "fstream" if tool.startswith("fstream") else "gridftp"
     for case, tools in doc["medians"].items():
-        if case.startswith("z:") and base in tools:
-            return tools[base]["cpu_s"]
+        if case.startswith("z:"):
+            for name in (tool, base):
+                if name in tools:
+                    return tools[name]["cpu_s"]
     return None
 
 
@@ -256,7 +296,9 @@ def markdown(doc: dict, command: str) -> str:
              f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}, {m['mem_gib']:.0f} GiB RAM; "
              f"load average at start {m.get('loadavg', '?')}; date {m['date']}; repeats per cell: {reps} "
              f"(median, min-max); pinned: {'source on CPU 0, destination on CPU 1' if doc.get('pinned') else 'no'}.  ",
-             f"Memory: {doc.get('memory', 'not recorded')}.",
+             f"Memory: {doc.get('memory', 'not recorded')}.  ",
+             "Checksum pass alone (`hash_fd`, page-cached, CPU 0), CPU-s per GiB per side: "
+             + ", ".join(f"{k} {v:.3f}" for k, v in doc.get("checksum_cpu_s_per_gib", {}).items()) + ".",
              "", "| case | tool | Gbit/s (min-max) | CPU-s source | CPU-s dest | CPU-s both (min-max) "
              "| per GB or per 1,000 files | same, net of the 1-byte run |", "|---|---|---|---|---|---|---|---|"]
 
@@ -285,13 +327,17 @@ def markdown(doc: dict, command: str) -> str:
             continue
         a, b = cpu_per_unit(doc, case, "fstream"), cpu_per_unit(doc, case, "gridftp")
         an, bn = cpu_per_unit(doc, case, "fstream", net=True), cpu_per_unit(doc, case, "gridftp", net=True)
+        nv = cpu_per_unit(doc, case, "fstream-noverify", net=True)
         if a and b:
             lines.append(f"| {case}: CPU both sides, fstream (checksum, fsync) / gridftp -fast <= 1 "
-                         f"| {a / b:.2f} (net of the per-run cost: {f(an / bn if an and bn else None)}) |")
+                         f"| {a / b:.2f}; net of each tool's per-run cost {f(an / bn if an and bn else None)}; "
+                         f"without the checksum (`--no-verify`, net) {f(nv / bn if nv and bn else None)} |")
         fs, g = med.get(case, {}).get("fstream"), med.get(case, {}).get("gridftp")
-        if fs and g:
+        if fs and g and not case.startswith("c:"):
+            nvc = med.get(case, {}).get("fstream-noverify")
             lines.append(f"| {case}: throughput fstream / gridftp >= 1.5 (p=4 and the small set) "
-                         f"| {fs['bps'] / g['bps']:.2f} |")
+                         f"| {fs['bps'] / g['bps']:.2f}; without the checksum "
+                         f"{f(nvc['bps'] / g['bps'] if nvc else None)} |")
     for r in doc["results"]:
         if not r["ok"]:
             lines.append(f"\n- {r['case']}: {r['tool']} failed: {r['error'][:300]}")

@@ -90,3 +90,25 @@ def test_max_control_parameter() -> None:
         a.sendall(pack_control(Frame.HELLO, {"x": "y" * 5000}))
         with pytest.raises(ProtocolError, match="control body of .* bytes \\(limit 4096\\)"):
             recv_frame(b, 4096)
+
+
+def test_mac_spliced_into_the_canonical_body() -> None:
+    """The sender encodes a body once and adds the MAC as the last member (issue 13); the frame decodes to
+    the body plus ``mac``, and the receiver's check over the canonical body accepts it."""
+    import hmac as hmac_mod
+    import json
+
+    from transfer_agent.wire.protocol import canonical
+    from transfer_agent.wire.secure import ControlLink, with_mac
+
+    body = {"z": [1, "é"], "a": {"b": None}, "path": 'x"y'}
+    spliced = with_mac(canonical(body), "00ff")
+    assert json.loads(spliced) == {**body, "mac": "00ff"}
+    assert json.loads(with_mac(canonical({}), "ab")) == {"mac": "ab"}
+
+    key = bytes(range(32))
+    link = ControlLink.__new__(ControlLink)
+    by_bytes = link._mac(key, 7, int(Frame.OPEN), 3, canonical(body))
+    assert by_bytes == link._mac(key, 7, int(Frame.OPEN), 3, body)
+    expected = hmac_mod.new(key, ControlLink._aad(7, int(Frame.OPEN), 3) + canonical(body), "sha256").digest()[:16]
+    assert by_bytes == expected.hex()  # the MAC every earlier sender computed: the wire format is unchanged

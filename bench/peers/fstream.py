@@ -30,6 +30,28 @@ def fstream_argv() -> list[str]:
     return [sys.executable, "-c", "import sys; from transfer_agent.cli.main import main; sys.exit(main())"]
 
 
+_compiled = False
+
+
+def precompile() -> None:
+    """Write the agent's bytecode once, as ``pip install`` does for an installed package.
+
+    An editable checkout under ``PYTHONDONTWRITEBYTECODE`` (this machine sets it) otherwise compiles
+    ~75 modules from source in every ``fstream send``: ~60 ms of CPU that an installed agent never pays.
+    """
+    global _compiled
+    if _compiled:
+        return
+    import compileall
+
+    import fstream_provider
+    import transfer_agent
+
+    for pkg in (transfer_agent, fstream_provider):
+        compileall.compile_dir(str(Path(pkg.__file__).parent), quiet=1)
+    _compiled = True
+
+
 def available() -> str | None:
     """Return None when the agent's CLI is importable, else why not."""
     try:
@@ -60,6 +82,7 @@ class FStreamReceiver:
         why = available()
         if why:
             raise PeerError(why)
+        precompile()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         self.secret = self.workdir / "secret"

@@ -143,7 +143,12 @@ SEND_EPILOG = """exit codes:
 
 
 # -- parser ----------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+BUILTIN = frozenset({"receive", "send", "agent", "submit", "status", "cancel", "reconcile", "redis", "seen",
+                     "history", "calibrate", "pools", "schedule"})
+
+
+def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``plugins`` (default: every installed one) adds the other packages' commands."""
     from transfer_agent.cli.options import add_history_options, add_transfer_options
 
     parser = argparse.ArgumentParser(prog="fstream", description="Stream files over tuned parallel TCP channels.")
@@ -196,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                 jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
                 calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser):
         add(sub)
-    for name, register in plugin_commands().items():
+    for name, register in (plugin_commands() if plugins is None else plugins).items():
         register(sub)
     return parser
 
@@ -221,10 +226,13 @@ def plugin_commands() -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    plugins = plugin_commands()
+    # a built-in command needs no plugin: reading the entry points and importing every plugin (the
+    # benchmarks, the demo) cost `send` 50 ms of CPU per run (issue 13); help and plugin commands load them
+    command = next((a for a in argv if not a.startswith("-")), None)
+    plugins = {} if command in BUILTIN and not {"-h", "--help"} & set(argv[:argv.index(command)]) else plugin_commands()
     if argv[:1] and getattr(plugins.get(argv[0]), "passthrough", False):
         argv = [argv[0], "--", *argv[1:]]  # everything after the name (options too) belongs to that command
-    parser = build_parser()
+    parser = build_parser(plugins)
     args = parser.parse_args(argv)
     rest = getattr(args, "passthrough_args", None)
     if rest and rest[:1] == ["--"]:

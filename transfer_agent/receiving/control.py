@@ -145,7 +145,7 @@ class ControlSessions(DataStreams):
             f = RecvFile(fid, rel, dir_fd, base, tmp, size, mtime_ns, algo, fd, ranges, session, part_key=key)
             f.dirty = True
             if size >= HASH_AHEAD_MIN:
-                f.hasher = PrefixHasher(algo, digest_key)  # reads from disk: a taken-over part is hashed with this key
+                f.hasher = PrefixHasher(algo, digest_key, size)  # reads from disk: a taken-over part is hashed with this key
             f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:
             if fd >= 0:

@@ -6,15 +6,22 @@ import os
 from typing import Any
 
 
-def sync_files(fds: list[int], pool: Any) -> None:
-    """Make a group of files durable together: their ``fdatasync`` calls run concurrently, so the
-    filesystem folds them into a few journal commits instead of one synchronous flush per file
-    (``syncfs`` would also flush every other writer's dirty data on a shared disk)."""
+def sync_files(fds: list[int], pool: Any, ways: int = 8) -> None:
+    """Make a group of files durable together: their ``fdatasync`` calls run concurrently (``ways`` at
+    a time), so the filesystem folds them into a few journal commits instead of one synchronous flush
+    per file (``syncfs`` would also flush every other writer's dirty data on a shared disk). Each
+    task syncs a slice of the group: one task per file cost a future and a hand-off per file, ~10 %
+    of the receiver's CPU per small file (issue 13)."""
     if len(fds) == 1:
         os.fdatasync(fds[0])
         return
-    for fut in [pool.submit(os.fdatasync, fd) for fd in fds]:
+    for fut in [pool.submit(_sync_each, fds[i::ways]) for i in range(min(ways, len(fds)))]:
         fut.result()
+
+
+def _sync_each(fds: list[int]) -> None:
+    for fd in fds:
+        os.fdatasync(fd)
 
 
 def free_bytes(dir_fd: int) -> int:

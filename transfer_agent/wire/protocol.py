@@ -67,8 +67,9 @@ def canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def pack_control(ftype: int, body: dict[str, Any], file_id: int = 0) -> bytes:
-    payload = json.dumps(body, separators=(",", ":")).encode()
+def pack_control(ftype: int, body: dict[str, Any] | bytes, file_id: int = 0) -> bytes:
+    """A control frame: header and JSON body (``body`` may already be encoded)."""
+    payload = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
     if len(payload) > MAX_CONTROL:
         raise ProtocolError(f"control frame {Frame(ftype).name} too large ({len(payload)} bytes)")
     return pack_header(ftype, file_id, 0, len(payload)) + payload

@@ -134,8 +134,11 @@ class ControlLink:
     def _aad(seq: int, ftype: int, fid: int) -> bytes:
         return struct.pack("!QBI", seq, int(ftype), fid)
 
-    def _mac(self, key: bytes, seq: int, ftype: int, fid: int, body: dict[str, Any]) -> str:
-        return hmac.new(key, self._aad(seq, ftype, fid) + canonical(body), hashlib.sha256).digest()[:MAC_BYTES].hex()
+    def _mac(self, key: bytes, seq: int, ftype: int, fid: int, body: dict[str, Any] | bytes) -> str:
+        """HMAC-SHA256 (truncated) of the frame's sequence, type, file id and canonical body; one-shot
+        ``hmac.digest`` (OpenSSL, no HMAC object per frame: issue 13's per-file cost)."""
+        canon = body if isinstance(body, bytes) else canonical(body)
+        return hmac.digest(key, self._aad(seq, ftype, fid) + canon, "sha256")[:MAC_BYTES].hex()
 
     def send(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
         with self._lock:
@@ -145,8 +148,9 @@ class ControlLink:
             elif self._seal is not None:
                 wire = {"sealed": base64.b64encode(self._seal.seal(canonical(body),
                                                                    self._aad(seq, ftype, file_id))).decode()}
-            else:
-                wire = {**body, "mac": self._mac(self._mac_out, seq, ftype, file_id, body)}
+            else:  # the canonical encoding the MAC covers is the payload too, with the MAC added last
+                canon = canonical(body)
+                wire = with_mac(canon, self._mac(self._mac_out, seq, ftype, file_id, canon))
             data = pack_control(ftype, wire, file_id)
             try:
                 self.sock.sendall(data)
@@ -183,6 +187,13 @@ class ControlLink:
         raise ProtocolError(f"control frame {ftype.name} from {self.peer} failed authentication "
                             f"({'missing' if mac is None and 'sealed' not in body else 'bad'} MAC or sequence "
                             f"{seq}; tampered in transit?)")
+
+
+def with_mac(canon: bytes, mac: str) -> bytes:
+    """``canon`` (a canonical JSON object) with ``"mac": mac`` added as its last member, without encoding
+    the body a second time; it decodes to the body plus ``mac``, which is all the receiver reads."""
+    tail = b'"mac":"' + mac.encode() + b'"}'
+    return b"{" + tail if canon == b"{}" else canon[:-1] + b"," + tail
 
 
 class DataSealer:
