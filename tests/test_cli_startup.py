@@ -16,7 +16,9 @@ try:
     status = main(sys.argv[1:])
 except SystemExit as e:
     status = e.code
+import os
 print(json.dumps({"status": status, "bench": "fstream_bench" in sys.modules,
+                  "pydantic_plugins_off": os.environ.get("PYDANTIC_DISABLE_PLUGINS") == "__all__",
                   "metadata": "importlib.metadata" in sys.modules}))
 """
 
@@ -34,9 +36,17 @@ def test_builtin_names_are_the_parsers_commands():
 def test_send_does_not_load_plugins(tmp_path):
     got = _run("send", str(tmp_path / "missing"), "--to", "fstream://127.0.0.1:1/x", "--secret-file",
                str(tmp_path / "none"))
-    assert got["status"] == 2 and not got["bench"]
+    assert got["status"] == 2 and not got["bench"] and got["pydantic_plugins_off"]
 
 
 def test_help_and_plugin_commands_still_load_them():
     assert _run("--help")["bench"]
     assert _run("bench", "--help")["bench"]
+
+
+def test_send_path_does_not_import_asyncio():
+    """The watcher awaits only inside the trigger and the sensor; `fstream send` never does (~10 ms)."""
+    code = ("import sys, transfer_agent.cli.main, transfer_agent.cli.options, transfer_agent.sending.sender; "
+            "print('asyncio' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

@@ -10,7 +10,6 @@ and trigger (``apoll``) and the channels' ``watch_path`` all run this loop. This
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fstream_provider.watch.listing import Lister
@@ -75,6 +74,8 @@ class Watcher:
 
     async def apoll(self, min_files: int = 1, max_files: int | None = None) -> list[FileStat]:
         """:meth:`poll` for an event loop: lists in a thread (file system and SFTP block), async store."""
+        import asyncio  # here, not at import: `fstream send` never awaits, and asyncio costs every run ~10 ms
+
         files = await asyncio.to_thread(self.lister.scan, self.tracker.pending)
         batch = self._complete(await self.store.aunseen(files), min_files, max_files)
         won = await self.store.aclaim(batch) if batch else []

@@ -229,7 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a built-in command needs no plugin: reading the entry points and importing every plugin (the
     # benchmarks, the demo) cost `send` 50 ms of CPU per run (issue 13); help and plugin commands load them
     command = next((a for a in argv if not a.startswith("-")), None)
-    plugins = {} if command in BUILTIN and not {"-h", "--help"} & set(argv[:argv.index(command)]) else plugin_commands()
+    builtin = command in BUILTIN and not {"-h", "--help"} & set(argv[:argv.index(command)])
+    plugins = {} if builtin else plugin_commands()
+    if builtin:  # nor pydantic's plugins (none is used here): their entry-point scan was another 15-25 ms
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if argv[:1] and getattr(plugins.get(argv[0]), "passthrough", False):
         argv = [argv[0], "--", *argv[1:]]  # everything after the name (options too) belongs to that command
     parser = build_parser(plugins)
