@@ -73,6 +73,7 @@ BAD_OPENS = [
     {"path": "m/e.bin", "size": "10", "mtime_ns": 1, "algo": "blake3-keyed"},
     {"path": "m/f.bin", "size": 10, "mtime_ns": 1, "algo": ["blake3-keyed"]},
     {"path": "m/g.bin", "size": 10, "mtime_ns": 1, "algo": "blake3-keyed", "replace": "yes"},
+    {"path": "m/i.bin", "size": 10, "mtime_ns": 1, "algo": "blake3-keyed", "verify": "no"},
     {"path": ["m", "h.bin"], "size": 10, "mtime_ns": 1, "algo": "blake3-keyed"},
 ]
 

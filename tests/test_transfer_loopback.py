@@ -356,3 +356,34 @@ def test_a_tuner_that_fails_mid_transfer_keeps_the_layout_and_loses_nothing(tmp_
         rx.stop()
     assert res.ok and res.verified_files == 12 and trees_identical(src, tmp_path / "dst" / "out")
     assert any("tuner error, layout kept: ValueError" in iv["reason"] for iv in res.intervals)
+
+
+def test_without_verification_the_receiver_hashes_nothing(tmp_path: Path, secret: Path, rx: Receiver,
+                                                          monkeypatch) -> None:
+    """``--no-verify``: the OPEN says so and the receiver neither hashes a large file while it arrives nor
+    an existing copy for a skip check (issue 13: it did both and threw the digests away, ~0.3 CPU-s per
+    GiB). With verification the same files are hashed, so the count below can fail."""
+    from transfer_agent.receiving import control as rx_control
+    from transfer_agent.storage import checksum
+
+    hashed: list[str] = []
+
+    class CountingPrefixHasher(checksum.PrefixHasher):
+        def advance(self, fd: int, upto: int) -> None:
+            hashed.append("ahead")
+            super().advance(fd, upto)
+
+    def counting_hash_fd(*a, **k):
+        hashed.append("existing")
+        return checksum.hash_fd(*a, **k)
+
+    monkeypatch.setattr(rx_control, "PrefixHasher", CountingPrefixHasher)
+    monkeypatch.setattr(rx_control, "hash_fd", counting_hash_fd)
+    src = make_files(tmp_path / "src", {"big.bin": 40 * MiB, "small.bin": 10 * KiB})
+    res = send(src, rx.port, secret, cc=1, p=2, pp=1, verify=False)
+    assert res.ok and res.files == 2
+    res = send(src, rx.port, secret, cc=1, p=2, pp=1, verify=False)  # both exist now: replaced, not hashed
+    assert res.ok and trees_identical(src, tmp_path / "dst" / "out")
+    assert hashed == []
+    res = send(src, rx.port, secret, cc=1, p=2, pp=1)  # verifying: the existing copies are hashed and skipped
+    assert res.ok and res.skipped_files == 2 and hashed.count("existing") == 2

@@ -92,6 +92,7 @@ class ControlSessions(DataStreams):
         if fid in session.files or (fid in session.deferred and not body.get("replace")):
             raise ProtocolError(f"file id {fid} opened twice")
         rel, size, mtime_ns, algo = self._validate_open(body)
+        verify = body.get("verify", True)  # false: the COMMIT will carry no digest; nothing is hashed ahead
         digest_key = session.digest_key(algo)
         if session.keys is not None and digest_key is None:
             raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} is not keyed; this receiver has a shared "
@@ -107,7 +108,7 @@ class ControlSessions(DataStreams):
         fd = -1
         created: str | None = None
         try:
-            existing_hash = (None if body.get("replace")
+            existing_hash = (None if body.get("replace") or not verify
                              else self._existing_hash(dir_fd, base, rel, size, algo, digest_key))
             if existing_hash is not None:
                 # nothing is created or reserved until the sender says whether its copy differs
@@ -144,7 +145,7 @@ class ControlSessions(DataStreams):
             # that commits within the flush interval never costs an extra file
             f = RecvFile(fid, rel, dir_fd, base, tmp, size, mtime_ns, algo, fd, ranges, session, part_key=key)
             f.dirty = True
-            if size >= HASH_AHEAD_MIN:
+            if size >= HASH_AHEAD_MIN and verify:
                 f.hasher = PrefixHasher(algo, digest_key, size)  # reads from disk: a taken-over part is hashed with this key
             f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:
@@ -212,8 +213,9 @@ class ControlSessions(DataStreams):
             raise RefusedError(f"{rel!r}: malformed OPEN: algo {algo!r} is not a string")
         if algo not in ALGORITHMS:
             raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} not supported")
-        if not isinstance(body.get("replace", False), bool):
-            raise RefusedError(f"{rel!r}: malformed OPEN: replace {body.get('replace')!r} is not a boolean")
+        for flag, default in (("replace", False), ("verify", True)):
+            if not isinstance(body.get(flag, default), bool):
+                raise RefusedError(f"{rel!r}: malformed OPEN: {flag} {body.get(flag)!r} is not a boolean")
         return rel, size, mtime_ns, algo
 
     def _existing_hash(self, dir_fd: int, base: str, rel: str, size: int, algo: str,

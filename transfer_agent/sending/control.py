@@ -101,16 +101,23 @@ class ControlSession:
         else:
             f.hash_future = Future()
             f.hash_future.set_result(None)
-        self.writer.send(Frame.OPEN, {"path": sf.rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                      "algo": self.algo}, fid)
+        self.writer.send(Frame.OPEN, self._open_body(sf.rel, st.st_size, st.st_mtime_ns), fid)
         return f
+
+    def _open_body(self, rel: str, size: int, mtime_ns: int, **more: Any) -> dict[str, Any]:
+        """An OPEN's body. Without verification it says so (``verify: false``): the receiver then neither
+        hashes the file while it arrives nor hashes an existing copy for a skip check (issue 13: both were
+        done and thrown away); a receiver that predates the field ignores it."""
+        body = {"path": rel, "size": size, "mtime_ns": mtime_ns, "algo": self.algo, **more}
+        if not self.verify:
+            body["verify"] = False
+        return body
 
     def reopen(self, f: InFlight) -> None:
         """Ask again to open a file whose destination copy differs: this time it is replaced."""
         f.reply = None
         f.opened.clear()
-        self.writer.send(Frame.OPEN, {"path": f.sf.rel, "size": f.st_size, "mtime_ns": f.st_mtime_ns,
-                                      "algo": self.algo, "replace": True}, f.file_id)
+        self.writer.send(Frame.OPEN, self._open_body(f.sf.rel, f.st_size, f.st_mtime_ns, replace=True), f.file_id)
 
     def _hash(self, f: InFlight) -> str | None:
         """Checksum ``f``'s source under a hold, so a session closing meanwhile cannot close (and the
