@@ -112,3 +112,81 @@ def test_mac_spliced_into_the_canonical_body() -> None:
     assert by_bytes == link._mac(key, 7, int(Frame.OPEN), 3, body)
     expected = hmac_mod.new(key, ControlLink._aad(7, int(Frame.OPEN), 3) + canonical(body), "sha256").digest()[:16]
     assert by_bytes == expected.hex()  # the MAC every earlier sender computed: the wire format is unchanged
+
+
+def _links(buffered: bool):
+    import os as os_mod
+
+    from transfer_agent.wire.secure import ControlLink, derive_keys
+
+    keys = derive_keys(os_mod.urandom(32), b"c" * 16, b"s" * 16, b"transcript", encrypt=False)
+    a, b = socket.socketpair()
+    tx, rx = ControlLink(a, keys, client=True), ControlLink(b, keys, client=False)
+    if buffered:
+        rx.read_ahead()
+    return a, b, tx, rx
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_many_pipelined_frames_in_one_read(buffered: bool) -> None:
+    """Frames queued together come out one by one, in order, authenticated, through the buffer or not."""
+    import threading
+
+    a, b, tx, rx = _links(buffered)
+    with a, b:
+        sender = threading.Thread(target=lambda: [tx.send(Frame.OPEN_OK, {"missing": [[0, i]], "n": i} if i % 3 else {},
+                                                          file_id=i) for i in range(300)])
+        sender.start()
+        for i in range(300):
+            assert rx.recv() == (Frame.OPEN_OK, i, {"missing": [[0, i]], "n": i} if i % 3 else {})
+        sender.join()
+
+
+def test_buffered_frames_split_byte_by_byte() -> None:
+    from transfer_agent.wire.protocol import FrameBuffer
+
+    a, b = socket.socketpair()
+    with a, b:
+        data = b"".join(pack_control(Frame.COMMIT, {"hash": "ab" * i}, file_id=i) for i in range(1, 6))
+        data += pack_header(Frame.DATA, 9, 0, 3) + b"xyz"
+        fb = FrameBuffer(b)
+        for i in range(len(data)):
+            a.sendall(data[i:i + 1])
+        for i in range(1, 6):
+            ftype, fid, raw = fb.frame()
+            assert (ftype, fid) == (Frame.COMMIT, i) and raw == b'{"hash":"' + b"ab" * i + b'"}'
+        assert fb.frame()[:2] == (Frame.DATA, 9)  # a DATA frame's payload is not taken as a body
+
+
+def test_buffered_reader_truncation_and_close() -> None:
+    from transfer_agent.wire.protocol import FrameBuffer
+
+    a, b = socket.socketpair()
+    fb = FrameBuffer(b)
+    a.sendall(pack_control(Frame.OPEN, {"path": "x"})[:-2])
+    a.close()
+    with pytest.raises(ProtocolError, match="truncated frame"):
+        fb.frame()
+    b.close()
+    a, b = socket.socketpair()
+    a.close()
+    with b, pytest.raises(NetworkError, match="closed by peer"):
+        FrameBuffer(b).frame()
+
+
+def test_old_style_mac_still_accepted_and_tampering_refused() -> None:
+    """A sender that put the MAC among the fields (dict order, not canonical) is still understood; a body
+    changed after the MAC was computed is refused in both forms."""
+    from transfer_agent.wire.protocol import canonical
+
+    a, b, tx, rx = _links(True)
+    with a, b:
+        body = {"path": "z/a", "size": 3, "algo": "blake3-keyed"}
+        mac = tx._mac(tx._mac_out, 0, int(Frame.OPEN), 1, body)
+        a.sendall(pack_control(Frame.OPEN, {**body, "mac": mac}, 1))  # insertion order: not canonical
+        assert rx.recv() == (Frame.OPEN, 1, body)
+        mac = tx._mac(tx._mac_out, 1, int(Frame.OPEN), 2, body)
+        forged = canonical({**body, "size": 4})[:-1] + b',"mac":"' + mac.encode() + b'"}'
+        a.sendall(pack_header(Frame.OPEN, 2, 0, len(forged)) + forged)
+        with pytest.raises(ProtocolError, match="failed authentication"):
+            rx.recv()

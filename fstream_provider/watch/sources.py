@@ -90,10 +90,11 @@ def expand_sources(sources: Iterable[str], dest_prefix: str) -> list[SrcFile]:
     out: list[SrcFile] = []
     for path, prefix, is_dir in source_roots(sources, dest_prefix):
         if is_dir:
+            cut = len(path.rstrip(os.sep)) + 1  # every walked path starts with the root: cut, not relpath (15 us a file)
             for e in walk_files(path):
                 st = e.stat()
-                out.append(SrcFile(e.path, join_dest(prefix, os.path.relpath(e.path, path).replace(os.sep, "/")),
-                                   st.st_size, st.st_mtime_ns))
+                rel = e.path[cut:] if e.path.startswith(path) else os.path.relpath(e.path, path)
+                out.append(SrcFile(e.path, join_dest(prefix, rel.replace(os.sep, "/")), st.st_size, st.st_mtime_ns))
         else:
             st = os.stat(path)
             out.append(SrcFile(path, join_dest(prefix, os.path.basename(path)), st.st_size, st.st_mtime_ns))

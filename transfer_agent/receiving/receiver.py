@@ -257,6 +257,7 @@ class Receiver(ControlSessions):
                 session.sock = conn
                 writer.send(Frame.WELCOME, {"session": sid, "root_free": storage.free_bytes(self._root_fd)})
                 self.log.info("session %s from %s: job %s attempt %d", sid[:8], peer, job, attempt)
+                writer.read_ahead()  # only control frames follow on this connection
                 self._control_loop(session, writer)
             elif role == "data":
                 with self._lock:

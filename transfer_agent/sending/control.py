@@ -54,6 +54,7 @@ class ControlSession:
         self.keys = hs.keys
         self.sock = hs.link.sock
         self.writer = hs.link  # MAC'd (or sealed) control frames; same send() as a ControlWriter
+        self.writer.read_ahead()  # the handshake is done: only control frames follow
         self.digest_key = self.keys.digest if self.keys is not None else None
         self.algo = algo or ("blake3-keyed" if self.digest_key is not None else "xxh3_128")
         if self.algo != "blake3-keyed":

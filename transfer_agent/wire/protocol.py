@@ -110,6 +110,44 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+class FrameBuffer:
+    """Control frames read through a buffer: one ``recv`` brings every frame already queued (with
+    pipelining, an OPEN_OK or COMMITTED for many files), where ``recv_frame`` made two calls per frame
+    (issue 13). Holds at most ``CHUNK`` bytes beyond the frame being read. Only for a connection that
+    nothing else reads afterwards: bytes read ahead belong to this buffer.
+    """
+
+    CHUNK = 64 << 10
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+        self._pos = 0
+
+    def _take(self, n: int) -> bytes:
+        while len(self._buf) - self._pos < n:
+            if self._pos:
+                del self._buf[:self._pos]
+                self._pos = 0
+            try:
+                chunk = self.sock.recv(max(self.CHUNK, n - len(self._buf)))
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                raise NetworkError(f"connection lost while reading: {exc}") from exc
+            if not chunk:
+                if not self._buf:
+                    raise NetworkError("connection closed by peer")
+                raise ProtocolError(f"truncated frame: connection closed after {len(self._buf)} of {n} bytes")
+            self._buf += chunk
+        out = bytes(self._buf[self._pos:self._pos + n])
+        self._pos += n
+        return out
+
+    def frame(self, max_control: int = MAX_CONTROL) -> tuple[Frame, int, bytes]:
+        """The next frame's type, file id and raw body (a DATA frame's payload is not read)."""
+        ftype, file_id, _offset, length = parse_header(self._take(HEADER_SIZE), max_control)
+        return ftype, file_id, (self._take(length) if length and ftype != Frame.DATA else b"")
+
+
 def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """True when JSON text nests arrays/objects deeper than ``limit`` (brackets inside strings do not count).
 

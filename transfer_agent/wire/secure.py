@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from transfer_agent.errors import NetworkError, ProtocolError
-from transfer_agent.wire.protocol import (MAX_CONTROL, Frame, canonical, decode_body, error_from_body, pack_control,
-                                     recv_frame)
+from transfer_agent.wire.protocol import (HEADER_SIZE, MAX_CONTROL, Frame, FrameBuffer, canonical, decode_body,
+                                         error_from_body, pack_control, parse_header, recv_exact)
 
 MAC_BYTES = 16
 TAG_BYTES = 16  # AEAD tag appended to every sealed payload
@@ -122,6 +122,7 @@ class ControlLink:
     def __init__(self, sock: Any, keys: SessionKeys | None, *, client: bool, peer: str = "peer") -> None:
         self.sock, self.keys, self.peer = sock, keys, peer
         self._lock = threading.Lock()
+        self._frames: FrameBuffer | None = None
         self._send_seq = self._recv_seq = 0
         self._seal = self._open = None
         if keys is not None:
@@ -158,13 +159,22 @@ class ControlLink:
                 raise NetworkError(f"connection lost while sending {ftype.name}: {exc}") from exc
             self._send_seq = seq + 1
 
+    def read_ahead(self) -> None:
+        """From now on read frames through a buffer (``FrameBuffer``): for a session's control connection
+        once the handshake is done, never for a data connection (its payload is spliced from the socket)."""
+        self._frames = FrameBuffer(self.sock)
+
     def recv(self, *, max_control: int = MAX_CONTROL, plain_error: bool = False) -> tuple[Frame, int, dict[str, Any]]:
         """Read and authenticate one control frame. ``plain_error``: an unauthenticated ERROR (sent before the
         peer could authenticate, e.g. a refused handshake) is raised as the error it names."""
-        ftype, fid, _off, _len, body = recv_frame(self.sock, max_control)
+        if self._frames is not None:
+            ftype, fid, raw = self._frames.frame(max_control)
+        else:
+            ftype, fid, _off, length = parse_header(recv_exact(self.sock, HEADER_SIZE), max_control)
+            raw = recv_exact(self.sock, length) if length and ftype != Frame.DATA else b""
         if ftype == Frame.DATA:
             raise ProtocolError(f"unexpected DATA frame on the control connection from {self.peer}")
-        body = body or {}
+        body = decode_body(ftype, raw) if raw else {}
         if self.keys is None:
             return ftype, fid, body
         seq = self._recv_seq
@@ -178,8 +188,7 @@ class ControlLink:
             self._recv_seq = seq + 1
             return ftype, fid, decode_body(ftype, plain)
         mac = body.pop("mac", None)
-        if self._open is None and isinstance(mac, str) and hmac.compare_digest(
-                mac, self._mac(self._mac_in, seq, ftype, fid, body)):
+        if self._open is None and isinstance(mac, str) and self._mac_ok(mac, seq, ftype, fid, raw, body):
             self._recv_seq = seq + 1
             return ftype, fid, body
         if plain_error and ftype == Frame.ERROR:
@@ -187,6 +196,19 @@ class ControlLink:
         raise ProtocolError(f"control frame {ftype.name} from {self.peer} failed authentication "
                             f"({'missing' if mac is None and 'sealed' not in body else 'bad'} MAC or sequence "
                             f"{seq}; tampered in transit?)")
+
+
+    def _mac_ok(self, mac: str, seq: int, ftype: int, fid: int, raw: bytes, body: dict[str, Any]) -> bool:
+        """The MAC checked over the bytes received when they are ``with_mac``'s form (the body's canonical
+        encoding, then the MAC): no second encoding (issue 13). A body sent another way (an older sender
+        put the MAC among the fields) is checked over its canonical encoding, as before. Either way the
+        body returned is the one decoded from bytes the key holder authenticated."""
+        tail = b'"mac":"' + mac.encode() + b'"}'
+        if raw.endswith(b"," + tail) or raw == b"{" + tail:
+            canon = raw[:-len(tail) - 1] + b"}" if raw != b"{" + tail else b"{}"
+            if hmac.compare_digest(mac, self._mac(self._mac_in, seq, ftype, fid, canon)):
+                return True
+        return hmac.compare_digest(mac, self._mac(self._mac_in, seq, ftype, fid, body))
 
 
 def with_mac(canon: bytes, mac: str) -> bytes:
