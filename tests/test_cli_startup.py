@@ -16,8 +16,8 @@ try:
     status = main(sys.argv[1:])
 except SystemExit as e:
     status = e.code
-import os
-print(json.dumps({"status": status, "bench": "fstream_bench" in sys.modules,
+import gc, os
+print(json.dumps({"status": status, "gc": [gc.get_threshold()[0], gc.get_freeze_count() > 1000], "bench": "fstream_bench" in sys.modules,
                   "pydantic_plugins_off": os.environ.get("PYDANTIC_DISABLE_PLUGINS") == "__all__",
                   "metadata": "importlib.metadata" in sys.modules}))
 """
@@ -37,6 +37,7 @@ def test_send_does_not_load_plugins(tmp_path):
     got = _run("send", str(tmp_path / "missing"), "--to", "fstream://127.0.0.1:1/x", "--secret-file",
                str(tmp_path / "none"))
     assert got["status"] == 2 and not got["bench"] and got["pydantic_plugins_off"]
+    assert got["gc"] == [20_000, True]  # start-up's objects frozen, young collections rarer
 
 
 def test_help_and_plugin_commands_still_load_them():

@@ -224,6 +224,17 @@ def plugin_commands() -> dict[str, Any]:
     return out
 
 
+def quiet_gc() -> None:
+    """Fewer, cheaper cyclic collections for a transfer process (issue 13: ``gc`` was ~3 % of the sending
+    core on small files): what start-up created (modules, classes, the parser) is frozen out of every
+    later collection, and the youngest generation is collected after 20,000 allocations instead of 700.
+    The per-file objects are mostly freed by reference counting; cycles are still collected."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # a built-in command needs no plugin: reading the entry points and importing every plugin (the
@@ -241,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest and rest[:1] == ["--"]:
         args.passthrough_args = rest[1:]
     _setup_logging(args.verbose)
+    quiet_gc()
     try:
         return int(args.func(args) or 0)
     except (FStreamError, ValueError, FileNotFoundError) as exc:
