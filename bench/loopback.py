@@ -144,6 +144,7 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
     ``only`` keeps the cases whose name contains one of its comma-separated words; ``tools`` the
     tools named in it.
     """
+    machine = machine_info()  # load average before the datasets are written and anything runs
     pinned = pin and shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
     sites = Sites(src_prefix=("taskset", "-c", "0"), dst_prefix=("taskset", "-c", "1")) if pinned else Sites()
     workdir = Path(workdir)
@@ -205,7 +206,7 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
     finally:
         if tmpfs:
             shutil.rmtree(fast_root, ignore_errors=True)
-    return {"machine": machine_info(), "pinned": pinned, "memory": memory_note, "cases": [c[0] for c in cases], "results": results,
+    return {"machine": machine, "pinned": pinned, "memory": memory_note, "cases": [c[0] for c in cases], "results": results,
             "files": {"big": 1, "small": small_count, "tiny": 1, "bytes": small_count}, "disk_ceiling_Bps": ceilings,
             "checksum_cpu_s_per_gib": hashing,
             "medians": medians(results)}
