@@ -190,3 +190,13 @@ def test_old_style_mac_still_accepted_and_tampering_refused() -> None:
         a.sendall(pack_header(Frame.OPEN, 2, 0, len(forged)) + forged)
         with pytest.raises(ProtocolError, match="failed authentication"):
             rx.recv()
+
+
+def test_non_ascii_mac_is_an_authentication_failure() -> None:
+    """A MAC field that is not ASCII is refused as a failed MAC (``hmac.compare_digest`` raised TypeError on
+    it, which ended the connection as an unexpected error rather than a refusal)."""
+    a, b, tx, rx = _links(True)
+    with a, b:
+        a.sendall(pack_control(Frame.OPEN, {"path": "x", "mac": "é" * 32}, 1))
+        with pytest.raises(ProtocolError, match="failed authentication"):
+            rx.recv()

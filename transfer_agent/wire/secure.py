@@ -188,7 +188,8 @@ class ControlLink:
             self._recv_seq = seq + 1
             return ftype, fid, decode_body(ftype, plain)
         mac = body.pop("mac", None)
-        if self._open is None and isinstance(mac, str) and self._mac_ok(mac, seq, ftype, fid, raw, body):
+        if (self._open is None and isinstance(mac, str) and mac.isascii()  # compare_digest raises on non-ASCII
+                and self._mac_ok(mac, seq, ftype, fid, raw, body)):
             self._recv_seq = seq + 1
             return ftype, fid, body
         if plain_error and ftype == Frame.ERROR:
