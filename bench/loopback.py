@@ -348,7 +348,8 @@ def markdown(doc: dict, command: str) -> str:
 def main(args) -> int:
     """Entry for ``fstream bench loopback``."""
     workdir = Path(args.workdir or f"/tmp/fstream-bench-loopback-{os.getpid()}")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the memory hold is restored on a kill
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # so the memory hold is restored on a kill or a hang-up
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     t0 = time.time()
     doc = run(workdir, repeat=args.repeat, big_bytes=args.big_bytes, small_count=args.small_count,
               small_bytes=args.small_bytes, pp=args.pp, pin=not args.no_pin, only=args.cases, tools=args.tools)

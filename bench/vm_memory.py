@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import signal
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -44,34 +46,54 @@ def prefault(nbytes: int) -> None:
         m.close()
 
 
-def _hold() -> tuple[dict[str, str], str]:
-    """Set the hold; return the values to restore and the line for the report."""
+def _hold(changed: dict[str, str]) -> str:
+    """Set the hold, recording each old value in ``changed`` before its knob is written (a signal between
+    the two leaves nothing unrestored); return the line for the report."""
     old = {name: _read(name) for name in HOLD}
     if any(v is None for v in old.values()):
-        return {}, "free page reporting: no knobs here; memory first touched in a run costs what the host charges"
-    changed: dict[str, str] = {}
+        return "free page reporting: no knobs here; memory first touched in a run costs what the host charges"
+    if old == HOLD:  # another run holds them, or one was killed before it could restore them
+        return ("free page reporting already held when this run started (another run, or one that could not "
+                f"restore {KNOBS}); left as found")
     for name, value in HOLD.items():
+        changed[name] = old[name]  # type: ignore[assignment]
         try:
             (KNOBS / name).write_text(value)
         except OSError as e:
             _restore(changed)
-            return {}, f"free page reporting not held ({KNOBS / name}: {e}); first-touch memory costs what the host charges"
-        changed[name] = old[name]  # type: ignore[assignment]
-    return changed, (f"free page reporting held for the run ({', '.join(f'{k} {old[k]} -> {v}' for k, v in HOLD.items())}"
-                     "; restored after)")
+            changed.clear()
+            return f"free page reporting not held ({KNOBS / name}: {e}); first-touch memory costs what the host charges"
+    return (f"free page reporting held for the run ({', '.join(f'{k} {old[k]} -> {v}' for k, v in HOLD.items())}"
+            "; restored after)")
 
 
 def _restore(changed: dict[str, str]) -> None:
-    for name, value in changed.items():
-        with contextlib.suppress(OSError):
-            (KNOBS / name).write_text(value)
+    """Write the old values back, with SIGINT/SIGTERM/SIGHUP held off meanwhile (a second Ctrl-C or a
+    `timeout` would otherwise skip the rest); a value that cannot be written back is said on stderr."""
+    if not changed:
+        return
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    try:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, ValueError):
+        blocked = None
+    try:
+        for name, value in changed.items():
+            try:
+                (KNOBS / name).write_text(value)
+            except OSError as e:
+                print(f"vm_memory: could not restore {KNOBS / name} to {value}: {e}", file=sys.stderr)
+    finally:
+        if blocked is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @contextlib.contextmanager
 def held_free_pages(warm_bytes: int = 0) -> Iterator[str]:
     """Hold freed pages in the guest for the duration; yields a line for the report saying what it did."""
-    changed, line = _hold()
+    changed: dict[str, str] = {}
     try:
+        line = _hold(changed)
         prefault(warm_bytes)
         yield f"{line}; {warm_bytes / 2**30:.1f} GiB touched first"
     finally:

@@ -201,3 +201,15 @@ def test_apoll_runs_the_same_loop_on_an_event_loop(tmp_path):
     first, second = asyncio.run(twice())
     assert [f.rel for f in first] == ["a"] and second == []
     w.close()
+
+
+def test_one_shot_listing_keeps_paths_relative_whatever_the_root_spelling(tmp_path):
+    """The listing cuts the root off each walked path (issue 13, instead of relpath); a root written with
+    trailing slashes must not leave a leading one (an absolute destination path)."""
+    from fstream_provider.watch.sources import expand_sources
+
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "x").write_bytes(b"1")
+    (tmp_path / "d" / "y").write_bytes(b"2")
+    for root in (f"{tmp_path}/d", f"{tmp_path}/d/", f"{tmp_path}/d//"):
+        assert sorted(f.rel for f in expand_sources([root], "in")) == ["in/sub/x", "in/y"], root

@@ -90,7 +90,7 @@ def expand_sources(sources: Iterable[str], dest_prefix: str) -> list[SrcFile]:
     out: list[SrcFile] = []
     for path, prefix, is_dir in source_roots(sources, dest_prefix):
         if is_dir:
-            cut = len(path.rstrip(os.sep)) + 1  # every walked path starts with the root: cut, not relpath (15 us a file)
+            cut = len(path) + (0 if path.endswith(os.sep) else 1)  # every walked path starts with the root: cut, not relpath (15 us a file)
             for e in walk_files(path):
                 st = e.stat()
                 rel = e.path[cut:] if e.path.startswith(path) else os.path.relpath(e.path, path)

@@ -228,7 +228,8 @@ def quiet_gc() -> None:
     """Fewer, cheaper cyclic collections for a transfer process (issue 13: ``gc`` was ~3 % of the sending
     core on small files): what start-up created (modules, classes, the parser) is frozen out of every
     later collection, and the youngest generation is collected after 20,000 allocations instead of 700.
-    The per-file objects are mostly freed by reference counting; cycles are still collected."""
+    The per-file objects are mostly freed by reference counting; cycles are still collected, later: in
+    the long-running ``receive`` and ``agent`` a cycle holding a buffer or a socket lives a little longer."""
     import gc
 
     gc.freeze()

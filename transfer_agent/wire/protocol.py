@@ -130,7 +130,7 @@ class FrameBuffer:
                 del self._buf[:self._pos]
                 self._pos = 0
             try:
-                chunk = self.sock.recv(max(self.CHUNK, n - len(self._buf)))
+                chunk = self.sock.recv(self.CHUNK)  # never a larger allocation, however large the frame
             except (ConnectionError, TimeoutError, OSError) as exc:
                 raise NetworkError(f"connection lost while reading: {exc}") from exc
             if not chunk:
