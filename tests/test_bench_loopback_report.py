@@ -1,0 +1,68 @@
+"""The loopback benchmark's accounting (issue 13): CPU of real child processes, per-GB and per-file
+figures, the per-run cost subtracted, and the goal lines — on a synthetic run document."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fstream_bench import loopback
+from fstream_bench.cpu_meter import ServerCpu, wait_with_usage
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\nprint('done')"
+
+
+def test_client_cpu_from_wait4_counts_the_childs_work():
+    proc = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.3)], stdout=subprocess.PIPE)
+    out, cpu = wait_with_usage(proc, 30)
+    assert out.strip() == "done" and proc.returncode == 0
+    assert 0.25 <= cpu < 2.0
+
+
+def test_server_cpu_is_the_difference_while_it_works():
+    code = "import sys, time\nsys.stdin.readline()\n" + BURN.format(s=0.3) + "\nsys.stdout.flush()\nsys.stdin.readline()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        meter = ServerCpu(proc.pid).start()  # start-up before this point is not counted
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        cpu = meter.stop()
+        assert 0.25 <= cpu < 1.0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _row(case, tool, bps, src, dst, nbytes, files, rep=0):
+    return {"case": case, "tool": tool, "repeat": rep, "ok": True, "throughput_bps": bps, "cpu_src_s": src,
+            "cpu_dst_s": dst, "bytes": nbytes, "files": files, "error": ""}
+
+
+def test_per_gb_per_file_net_and_goal_lines():
+    gib = 2**30
+    results = [
+        _row("a: 1 GiB, p=4", "fstream", 8e9, 0.9, 0.9, gib, 1),
+        _row("a: 1 GiB, p=4", "fstream", 9e9, 1.1, 0.9, gib, 1, rep=1),
+        _row("a: 1 GiB, p=4", "gridftp", 16e9, 0.5, 0.5, gib, 1),
+        _row("b: 2000 files, cc=4, pp", "fstream", 4e9, 0.9, 0.7, 2000 * 262144, 2000),
+        _row("b: 2000 files, cc=4, pp", "gridftp", 6e9, 0.4, 0.6, 2000 * 262144, 2000),
+        _row("z: 1 file of 1 byte", "fstream", 0, 0.2, 0.0, 1, 1),
+        _row("z: 1 file of 1 byte", "gridftp", 0, 0.01, 0.0, 1, 1),
+    ]
+    doc = {"machine": {"nproc": 2, "cpu": "x", "kernel": "k", "mem_gib": 1, "date": "d", "loadavg": "0"},
+           "pinned": True, "memory": "m", "checksum_cpu_s_per_gib": {"blake3-keyed": 0.3},
+           "cases": ["a: 1 GiB, p=4", "b: 2000 files, cc=4, pp", "z: 1 file of 1 byte"], "results": results,
+           "disk_ceiling_Bps": []}
+    doc["medians"] = loopback.medians(results)
+    cell = doc["medians"]["a: 1 GiB, p=4"]["fstream"]
+    assert cell["cpu_s"] == pytest.approx(1.9) and cell["bps_min"] == 8e9 and cell["bps_max"] == 9e9
+    assert loopback.cpu_per_unit(doc, "a: 1 GiB, p=4", "fstream") == pytest.approx(1.9 / (gib / 1e9))
+    assert loopback.cpu_per_unit(doc, "a: 1 GiB, p=4", "fstream", net=True) == pytest.approx(1.7 / (gib / 1e9))
+    assert loopback.cpu_per_unit(doc, "b: 2000 files, cc=4, pp", "gridftp") == pytest.approx(0.5)  # per 1,000
+    assert loopback.cpu_per_unit(doc, "z: 1 file of 1 byte", "fstream") is None
+    md = loopback.markdown(doc, "fstream bench loopback")
+    assert "| a: 1 GiB, p=4: CPU both sides, fstream (checksum, fsync) / gridftp -fast <= 1 | 1.90;" in md
+    assert "| a: 1 GiB, p=4: throughput fstream / gridftp >= 1.5 (p=4 and the small set) | 0.53;" in md
