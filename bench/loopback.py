@@ -150,33 +150,33 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
     workdir = Path(workdir)
     tmpfs = _tmpfs_root()
     fast_root = Path(tempfile.mkdtemp(prefix="fstream-bench-loopback-", dir=tmpfs)) if tmpfs else workdir / "fast"
-    src = fast_root / "src"
-    log(f"loopback: preparing datasets under {src} (destinations: {fast_root} and {workdir}); pinned: {pinned}")
-    data = make_datasets(src, big_bytes=big_bytes, small_count=small_count, small_bytes=small_bytes)
-    tiny = src / "tiny" / "one-byte.dat"
-    tiny.parent.mkdir(parents=True, exist_ok=True)
-    tiny.write_bytes(b"x")
-    data["tiny"] = [tiny]
-    data["bytes"] = []
-    for i in range(small_count):  # the per-file cost without data: every file one byte
-        p = src / "bytes" / f"b{i:05d}.dat"
-        if not p.exists():
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(b"x")
-        data["bytes"].append(p)
-    _warm(data["big"] + data["small"])
-    sizes = {"big": big_bytes, "small": small_count * small_bytes, "tiny": 1, "bytes": small_count}
-    cases = [c for c in cases_for(small_count, pp) if not only or any(w and w in c[0] for w in only.split(","))]
-    wanted = set(filter(None, tools.split(","))) or None
-    missing = {name: why for name, why in (("iperf3", iperf.available()), ("gridftp", gridftp.available()),
-                                           ("fstream", fs_peer.available())) if why}
-    for name, why in missing.items():
-        log(f"loopback: skipping {name}: {why}")
-    hashing = checksum_cost(data["big"][0])
-    log(f"loopback: checksum pass, CPU-s per GiB: {hashing}")
-    ceilings = [disk_ceiling(workdir / "ceiling") for _ in range(repeat)] if any(c[3] == "disk" for c in cases) else []
-    results: list[dict] = []
-    try:
+    try:  # the datasets live on tmpfs (RAM): removed however the run ends
+        src = fast_root / "src"
+        log(f"loopback: preparing datasets under {src} (destinations: {fast_root} and {workdir}); pinned: {pinned}")
+        data = make_datasets(src, big_bytes=big_bytes, small_count=small_count, small_bytes=small_bytes)
+        tiny = src / "tiny" / "one-byte.dat"
+        tiny.parent.mkdir(parents=True, exist_ok=True)
+        tiny.write_bytes(b"x")
+        data["tiny"] = [tiny]
+        data["bytes"] = []
+        for i in range(small_count):  # the per-file cost without data: every file one byte
+            p = src / "bytes" / f"b{i:05d}.dat"
+            if not p.exists():
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(b"x")
+            data["bytes"].append(p)
+        _warm(data["big"] + data["small"])
+        sizes = {"big": big_bytes, "small": small_count * small_bytes, "tiny": 1, "bytes": small_count}
+        cases = [c for c in cases_for(small_count, pp) if not only or any(w and w in c[0] for w in only.split(","))]
+        wanted = set(filter(None, tools.split(","))) or None
+        missing = {name: why for name, why in (("iperf3", iperf.available()), ("gridftp", gridftp.available()),
+                                               ("fstream", fs_peer.available())) if why}
+        for name, why in missing.items():
+            log(f"loopback: skipping {name}: {why}")
+        hashing = checksum_cost(data["big"][0])
+        log(f"loopback: checksum pass, CPU-s per GiB: {hashing}")
+        ceilings = [disk_ceiling(workdir / "ceiling") for _ in range(repeat)] if any(c[3] == "disk" for c in cases) else []
+        results: list[dict] = []
         with held_free_pages(warm_bytes=2 * big_bytes + sizes["small"]) as memory_note:
             log(f"loopback: {memory_note}")
             for rep in range(repeat):
