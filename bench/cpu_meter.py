@@ -1,14 +1,14 @@
 """CPU-seconds of each side of a transfer (issue 13: "CPU per GB and per 1,000 files, both sides").
 
-A side is a process tree. The client side (``fstream send``, ``globus-url-copy``, ``iperf3 -c``)
-runs start to finish, so its CPU is the kernel's own account at exit: ``wait4``'s rusage, user +
-system, every thread and every reaped child. A server side (``fstream receive``,
-``globus-gridftp-server`` and the child it forks per session, ``iperf3 -s``) is already running
-when the client starts, so it is measured as a difference: the tree's CPU (user + system of each
-live process and of its reaped children, from ``/proc`` through psutil) just before the client
-starts and again once the tree has gone quiet after the client ended. Start-up (imports,
-listening) is then outside the server's figure; the client's figure includes its own start-up,
-as a user pays it (``startup_cpu`` measures that part for the report).
+A side is a process tree. A client (``fstream send``, ``globus-url-copy``, ``iperf3 -c``) runs
+start to finish, so its CPU is the kernel's own account at exit: ``wait4``'s rusage, user + system,
+every thread and every reaped child; it includes the client's start-up, as a user pays it (the
+benchmark's 1-byte run measures that part). A server (``fstream receive``, ``globus-gridftp-server``
+and the child it forks per session) is already running when the client starts, so it is measured
+as a difference: the tree's CPU (user + system of each live process and of its reaped children,
+from ``/proc`` through psutil) just before the client starts and again once the tree has gone quiet
+after the client ended; its start-up is outside the figure. ``iperf3 -s -1`` serves one test and
+exits: its whole life, from ``wait4``.
 """
 
 from __future__ import annotations
@@ -107,13 +107,3 @@ def wait_with_usage(proc: subprocess.Popen, timeout: float) -> tuple[str, float]
         reader.join(5.0)
         proc.stdout.close()  # type: ignore[union-attr]
     return b"".join(chunks).decode(errors="replace"), ru.ru_utime + ru.ru_stime
-
-
-def startup_cpu(argv: list[str], repeats: int = 3) -> float:
-    """Median CPU-seconds of running ``argv`` to completion (a client's fixed start-up cost)."""
-    costs = []
-    for _ in range(repeats):
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        _, cpu = wait_with_usage(proc, 60.0)
-        costs.append(cpu)
-    return sorted(costs)[len(costs) // 2]
