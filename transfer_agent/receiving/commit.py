@@ -28,7 +28,7 @@ class GroupCommit(PartStore):
     def __init__(self, *, root: str, fsync: bool, log: logging.Logger, part_max_age: float | None) -> None:
         super().__init__(root=root, fsync=fsync, log=log, part_max_age=part_max_age)
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()  # None: stop after what is queued
-        self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fstream-fsync")
+        self._sync_pool = ThreadPoolExecutor(max_workers=storage.SYNC_WAYS, thread_name_prefix="fstream-fsync")
 
     def _commit_loop(self) -> None:
         while True:

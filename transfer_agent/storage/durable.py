@@ -6,7 +6,10 @@ import os
 from typing import Any
 
 
-def sync_files(fds: list[int], pool: Any, ways: int = 8) -> None:
+SYNC_WAYS = 8  # fdatasync calls in flight at once: the group commit's pool size and the slices it is given
+
+
+def sync_files(fds: list[int], pool: Any, ways: int = SYNC_WAYS) -> None:
     """Make a group of files durable together: their ``fdatasync`` calls run concurrently (``ways`` at
     a time), so the filesystem folds them into a few journal commits instead of one synchronous flush
     per file (``syncfs`` would also flush every other writer's dirty data on a shared disk). Each

@@ -191,6 +191,14 @@ def decode_body(ftype: Frame, raw: bytes) -> dict[str, Any]:
     return body
 
 
+def recv_raw(sock: socket.socket, max_control: int = MAX_CONTROL) -> tuple[Frame, int, int, int, bytes]:
+    """Read one frame's header and, for a control frame, its undecoded body (``b""`` for a DATA frame,
+    whose payload is left on the socket for the caller): (type, file id, offset, length, body)."""
+    ftype, file_id, offset, length = parse_header(recv_exact(sock, HEADER_SIZE), max_control)
+    raw = recv_exact(sock, length) if length and ftype != Frame.DATA else b""
+    return ftype, file_id, offset, length, raw
+
+
 def recv_frame(sock: socket.socket, max_control: int = MAX_CONTROL
                ) -> tuple[Frame, int, int, int, dict[str, Any] | None]:
     """Read one frame. Control frames return their decoded JSON body; DATA frames return
@@ -198,13 +206,10 @@ def recv_frame(sock: socket.socket, max_control: int = MAX_CONTROL
 
     :param max_control: largest control body accepted (``PRE_AUTH_MAX_CONTROL`` before authentication).
     """
-    ftype, file_id, offset, length = parse_header(recv_exact(sock, HEADER_SIZE), max_control)
+    ftype, file_id, offset, length, raw = recv_raw(sock, max_control)
     if ftype == Frame.DATA:
         return ftype, file_id, offset, length, None
-    body: dict[str, Any] = {}
-    if length:
-        body = decode_body(ftype, recv_exact(sock, length))
-    return ftype, file_id, offset, length, body
+    return ftype, file_id, offset, length, decode_body(ftype, raw) if raw else {}
 
 
 def expect(sock: socket.socket, *types: Frame, max_control: int = MAX_CONTROL) -> tuple[Frame, dict[str, Any]]:

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from transfer_agent.errors import NetworkError, ProtocolError
-from transfer_agent.wire.protocol import (HEADER_SIZE, MAX_CONTROL, Frame, FrameBuffer, canonical, decode_body,
-                                         error_from_body, pack_control, parse_header, recv_exact)
+from transfer_agent.wire.protocol import (MAX_CONTROL, Frame, FrameBuffer, canonical, decode_body, error_from_body,
+                                         pack_control, recv_raw)
 
 MAC_BYTES = 16
 TAG_BYTES = 16  # AEAD tag appended to every sealed payload
@@ -170,8 +170,7 @@ class ControlLink:
         if self._frames is not None:
             ftype, fid, raw = self._frames.frame(max_control)
         else:
-            ftype, fid, _off, length = parse_header(recv_exact(self.sock, HEADER_SIZE), max_control)
-            raw = recv_exact(self.sock, length) if length and ftype != Frame.DATA else b""
+            ftype, fid, _off, _len, raw = recv_raw(self.sock, max_control)
         if ftype == Frame.DATA:
             raise ProtocolError(f"unexpected DATA frame on the control connection from {self.peer}")
         body = decode_body(ftype, raw) if raw else {}
@@ -198,13 +197,12 @@ class ControlLink:
                             f"({'missing' if mac is None and 'sealed' not in body else 'bad'} MAC or sequence "
                             f"{seq}; tampered in transit?)")
 
-
     def _mac_ok(self, mac: str, seq: int, ftype: int, fid: int, raw: bytes, body: dict[str, Any]) -> bool:
         """The MAC checked over the bytes received when they are ``with_mac``'s form (the body's canonical
         encoding, then the MAC): no second encoding (issue 13). A body sent another way (an older sender
         put the MAC among the fields) is checked over its canonical encoding, as before. Either way the
         body returned is the one decoded from bytes the key holder authenticated."""
-        tail = b'"mac":"' + mac.encode() + b'"}'
+        tail = _mac_member(mac)
         if raw.endswith(b"," + tail) or raw == b"{" + tail:
             canon = raw[:-len(tail) - 1] + b"}" if raw != b"{" + tail else b"{}"
             if hmac.compare_digest(mac, self._mac(self._mac_in, seq, ftype, fid, canon)):
@@ -212,10 +210,15 @@ class ControlLink:
         return hmac.compare_digest(mac, self._mac(self._mac_in, seq, ftype, fid, body))
 
 
+def _mac_member(mac: str) -> bytes:
+    """The MAC as the last member of a control body, with the body's closing brace."""
+    return b'"mac":"' + mac.encode() + b'"}'
+
+
 def with_mac(canon: bytes, mac: str) -> bytes:
     """``canon`` (a canonical JSON object) with ``"mac": mac`` added as its last member, without encoding
     the body a second time; it decodes to the body plus ``mac``, which is all the receiver reads."""
-    tail = b'"mac":"' + mac.encode() + b'"}'
+    tail = _mac_member(mac)
     return b"{" + tail if canon == b"{}" else canon[:-1] + b"," + tail
 
 
