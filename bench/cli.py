@@ -44,6 +44,14 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", nargs="*", default=None,
                      help="run directories (default: the latest); several are merged, later runs win per workload")
     rep.add_argument("--results", default=str(RESULTS_DIR))
+    rep.add_argument("--goals", action="store_true",
+                     help="rewrite BENCHMARKS.md's goals table from the result files bench/goals.py names")
+    rep.add_argument("--check", action="store_true",
+                     help="fail naming each goals row whose result is missing, or that BENCHMARKS.md shows "
+                          "differently from its result and today's code (stale code, hand edits); runs nothing")
+    rep.add_argument("--strict", action="store_true", help="with --check: also fail on rows that are not current")
+    rep.add_argument("--benchmarks", default=str(RESULTS_DIR.parent.parent / "BENCHMARKS.md"),
+                     help="the BENCHMARKS.md to write or check (default: the repository's)")
 
     lb = sub.add_parser("loopback", help="issues 2/13: fstream vs GridFTP vs iperf3 on loopback, pinned, with CPU per GB and per file")
     lb.add_argument("--repeat", type=int, default=1)
@@ -76,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     extra = {"airflow": "fstream_bench.airflow_bench", "qos": "fstream_bench.qos_bench",
              "breakdown": "fstream_bench.breakdown_bench", "pathfill": "fstream_bench.pathfill",
              "trust": "fstream_bench.trust_bench", "soak": "fstream_bench.soak",
-             "scheduling": "fstream_bench.scheduling", "flow": "fstream_bench.flow_bench"}
+             "scheduling": "fstream_bench.scheduling", "flow": "fstream_bench.flow_bench",
+             "harp": "fstream_bench.harp_bench", "tuning-science": "fstream_bench.tuning_science",
+             "tuning-wan": "fstream_bench.tuning_wan", "pools-wan": "fstream_bench.pools_wan",
+             "sched-wan": "fstream_bench.sched_wan"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 
@@ -98,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         from fstream_bench.harness import main as run_main
         return run_main(args)
+    if args.cmd == "report" and (args.goals or args.check):
+        from fstream_bench.goals_table import main as goals_main
+        return goals_main(args)
     if args.cmd == "report":
         from fstream_bench.report import main as report_main
         return report_main(args)

@@ -5,8 +5,10 @@ Every benchmark writes ``provenance`` into its result file (``start`` before the
 same modules and calls a result stale when it differs: a number whose code has changed since is
 stale until re-measured (BENCHMARKS.md, "Goals at a glance").
 
-The hash is taken over each module's syntax tree with docstrings dropped (``ast.dump``), so a
-comment or a reworded docstring does not stale a result and any change to what runs does.
+The hash is taken over each module's syntax tree with docstrings dropped, written back as source
+(``ast.unparse``: the same text on every Python that parses it, where ``ast.dump``'s fields change
+between versions), so a comment, a blank line or a reworded docstring does not stale a result and
+any change to what runs does.
 Modules are named by import name (``transfer_agent``, ``fstream_bench.loopback``); a package
 stands for every ``.py`` file under it.
 """
@@ -17,6 +19,7 @@ import ast
 import hashlib
 import importlib.util
 import os
+import platform
 import shlex
 import subprocess
 import time
@@ -52,11 +55,11 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 
 def code_hash(modules: list[str] | tuple[str, ...]) -> str:
-    """sha256 over the docstring-free syntax trees of ``modules`` (sorted, each named)."""
+    """sha256 over the docstring- and comment-free source of ``modules`` (sorted, each named)."""
     h = hashlib.sha256()
     for name, path in sorted({f for m in modules for f in _files(m)}):
         tree = _strip_docstrings(ast.parse(path.read_bytes(), filename=str(path)))
-        h.update(name.encode() + b"\0" + ast.dump(tree, include_attributes=False).encode() + b"\0")
+        h.update(name.encode() + b"\0" + ast.unparse(tree).encode() + b"\0")
     return "sha256:" + h.hexdigest()
 
 
@@ -84,6 +87,7 @@ def start(bench: str, args: list[str], modules: list[str] | tuple[str, ...]) -> 
         "modules": mods,
         "code_hash": code_hash(mods),
         "machine": machine_info(),
+        "python": platform.python_version(),
         "load_start": list(os.getloadavg()),
         "started_unix": time.time(),
     }
