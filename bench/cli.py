@@ -87,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
              "scheduling": "fstream_bench.scheduling", "flow": "fstream_bench.flow_bench",
              "harp": "fstream_bench.harp_bench", "tuning-science": "fstream_bench.tuning_science",
              "tuning-wan": "fstream_bench.tuning_wan", "pools-wan": "fstream_bench.pools_wan",
-             "sched-wan": "fstream_bench.sched_wan"}
+             "sched-wan": "fstream_bench.sched_wan", "ab": "fstream_bench.ab", "micro": "fstream_bench.micro"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 
         return int(importlib.import_module(extra[argv[0]]).main(argv[1:]) or 0)
+    if argv and argv[0] == "sim":  # issue 4's simulator tables as a result file (its own parser)
+        from fstream_bench.sim_bench import main as sim_main
+
+        return int(sim_main(argv[1:]) or 0)
     if argv and argv[0] == "wan":
         try:
             from fstream_bench.wan.cli import main as wan_main
@@ -110,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         from fstream_bench.harness import main as run_main
         return run_main(args)
     if args.cmd == "report" and (args.goals or args.check):
+        from fstream_bench.goals import GOALS
         from fstream_bench.goals_table import main as goals_main
-        return goals_main(args)
+        return goals_main(args, GOALS)
     if args.cmd == "report":
         from fstream_bench.report import main as report_main
         return report_main(args)

@@ -217,13 +217,11 @@ def check(bench_md: Path, goals: list[Goal], root: Path = REPO, strict: bool = F
     return failures
 
 
-def main(args) -> int:
-    """``fstream bench report --goals`` / ``--check [--strict]``."""
-    from fstream_bench.goals import GOALS
-
+def main(args, goals: list[Goal]) -> int:
+    """``fstream bench report --goals`` / ``--check [--strict]`` over ``goals`` (``fstream_bench.goals.GOALS``)."""
     bench_md = Path(args.benchmarks)
     if args.goals:
-        rows = write(bench_md, GOALS)
+        rows = write(bench_md, goals)
         counts = {s: sum(r.status == s for r in rows) for s in ("current", "stale", "unrecorded", "not-here", "broken")}
         print(f"{bench_md}: goals table rewritten, {len(rows)} rows: "
               + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
@@ -231,12 +229,12 @@ def main(args) -> int:
             if r.problem:
                 print(f"  issue {r.goal.issue}, “{r.goal.goal}”: {r.problem}")
         return 1 if any(r.problem for r in rows) else 0
-    failures = check(bench_md, GOALS, strict=args.strict)
+    failures = check(bench_md, goals, strict=args.strict)
     for f in failures:
         print(f"goals check: {f}")
     if failures:
         print(f"goals check: {len(failures)} row(s) of {bench_md} do not match their evidence; "
               "re-measure, or run `fstream bench report --goals` to show what the results say")
         return 1
-    print(f"goals check: {bench_md}'s goals table matches its {len(GOALS)} results and today's code")
+    print(f"goals check: {bench_md}'s goals table matches its {len(goals)} results and today's code")
     return 0
