@@ -13,6 +13,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from fstream_bench import trust_report
 from fstream_bench.goals_table import Goal, med_range
 
 # ---- readers: result document -> (measured, met) --------------------------------------------------
@@ -119,7 +120,7 @@ GOALS: list[Goal] = [
          "bench/results/soak-*.json", WAN + "fstream bench soak --minutes 30",
          was=("45 faults, 1,513/1,513 files verified, 0 / 0 / 0", "yes")),
     Goal("8", "cost of each auth mode, in one run (loopback CPU per GB; WAN not window-bound)",
-         "bench/results/trust-*.json", WAN + "fstream bench trust",
+         "bench/results/trust-*.json", WAN + "fstream bench trust --wan", measure=trust_report.goal_measure,
          was=("loopback (before the freed-page hold): `--encrypt` 0.63–0.92×, TLS 0.66–0.82× of `hmac`; "
               "WAN 0.96–1.01× but capped by the TCP window", "measured, unfairly")),
     Goal("10", "HARP beats the heuristic from the first byte of the same phase (WAN, quiet / background / "

@@ -1,7 +1,7 @@
-"""Issue 8: what each authentication mode costs, measured in one run.
+"""Issue 8 (reworked for issue 26): what each authentication mode costs, measured in one run.
 
-``fstream bench trust`` sends the same data with every mode the agent offers and reports
-throughput and CPU-seconds of each side per GB moved:
+``fstream bench trust`` sends the same data with every mode the agent offers and reports both
+sides' CPU-seconds per GB moved and the throughput of each:
 
 - ``hmac``: shared secret; mutual HMAC proofs, MAC'd control frames, keyed BLAKE3 file digests;
   data blocks travel in the clear with ``sendfile``/``splice``.
@@ -10,29 +10,51 @@ throughput and CPU-seconds of each side per GB moved:
 - ``hmac --no-verify``: no end-to-end digest at all: the floor of the data path, for reference
   (not a mode anyone should run on data they care about).
 
-On loopback each side runs pinned (``taskset``: sender on CPU 0, receiver on CPU 1), the
-destination is on tmpfs and ``--no-fsync`` is set, so the figures are the data path's own cost.
-CPU-seconds are user + system of all threads: the sender's from ``wait4`` rusage, the
-receiver's from psutil before and after each transfer. ``--wan`` runs the same cases on the
-emulated WAN (1 Gbit/s, 40 ms), where the question is whether the mode lowers throughput at all.
-Repeats interleave the modes; the table gives medians and the spread.
+Cases: one big file on one channel of 4 streams, and many 1 MiB files on 4 channels with
+pipelining; sources and destinations on tmpfs, the receiver with ``--no-fsync``, so the figures are
+the data path's own cost. Rounds interleave the modes (per round, per case: hmac, hmac+encrypt,
+tls, --no-verify, then again); every run is kept in the result and the summary is the median and
+range of all runs, with each mode's ratio to ``hmac`` taken within a round.
+
+CPU per GB is the evidence (on a 2-core VM throughput moves with the machine); CPU-seconds are
+user + system of every thread: the sender's from ``wait4`` at its exit (its ~0.2 s start-up
+included), the receiver's as the difference of its process tree's CPU around the run
+(``fstream_bench.cpu_meter``). Freed pages are held in the guest for the whole run
+(``fstream_bench.vm_memory``, root only; without it a run's CPU swung 2-3x with how long ago
+its memory was freed).
+
+Loopback (default): each side pinned (sender on CPU 0, receiver on CPU 1, as ``bench loopback``).
+``--wan`` (root): the same cases through the emulated WAN (default 1 Gbit/s, 40 ms) with TCP
+buffers of at least twice the path's bandwidth-delay product (16 MiB at 1 Gbit/s x 40 ms; the
+testbed's default 1 MiB cap held one stream to ~130 Mbit/s), so the path and not the window is
+the limit; the selfcheck's one-stream iperf3 figure in the report shows it. Where no mode can be
+the limit at the path's rate, the CPU per GB and the cores each side kept busy show the cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import statistics
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from fstream_provider.model.units import parse_size
+from fstream_provider.model.units import format_bytes, parse_duration, parse_rate, parse_size
 
-MODES = ("hmac", "hmac+encrypt", "tls", "hmac --no-verify")
+from fstream_bench.trust_report import BASE, MODES, markdown, schedule, summarise, wan_buffer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def log(msg: str) -> None:
+    print(f"trust: {msg}", file=sys.stderr, flush=True)
 
 
 def _certs(d: Path) -> dict[str, str]:
@@ -75,208 +97,269 @@ def _warm(d: Path) -> None:
                 pass
 
 
-class _Receiver:
-    """``fstream receive`` for one mode, optionally pinned and inside the destination namespace."""
-
-    def __init__(self, mode: str, work: Path, root: Path, secret: Path, certs: dict[str, str], prefix: list[str],
-                 host: str) -> None:
-        from fstream_bench.peers.fstream import fstream_argv
-
-        args = ["receive", "--listen", f"{host}:0", "--root", str(root), "--no-fsync"]
-        if mode == "tls":
-            args += ["--tls-cert", certs["server.pem"], "--tls-key", certs["server.key"], "--tls-ca", certs["ca.pem"]]
-        else:
-            args += ["--secret-file", str(secret)]
-        self.log = open(work / f"receiver-{mode.replace(' ', '_')}.log", "wb")
-        self.proc = subprocess.Popen([*prefix, *fstream_argv(), *args], stdout=subprocess.PIPE, stderr=self.log,
-                                     env={**os.environ, "FSTREAM_STATE_DIR": str(work / "state")})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        if "listening on" not in line:
-            raise RuntimeError(f"fstream receive ({mode}) did not start: {line!r}")
-        self.port = int(line.rsplit(":", 1)[1].split()[0].strip(", "))
-        self.host = host
-
-    def cpu(self) -> float:
-        import psutil
-
-        total = 0.0
-        procs = [psutil.Process(self.proc.pid)]
-        procs += procs[0].children(recursive=True)
-        for p in procs:
-            t = p.cpu_times()
-            total += t.user + t.system
-        return total
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return format_bytes(n)
 
 
-def _send(mode: str, rx: _Receiver, src: Path, dest: str, secret: Path, certs: dict[str, str], prefix: list[str],
-          opts: list[str], work: Path) -> dict:
-    from fstream_bench.peers.fstream import fstream_argv
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text).strip("_")
 
-    argv = [*prefix, *fstream_argv(), "send", str(src), "--to", f"fstream://{rx.host}:{rx.port}/{dest}",
-            "--tuner", "fixed", "--json", *opts]
+
+def auth_args(side: str, mode: str, secret: Path, certs: dict[str, str]) -> list[str]:
+    """The options that make ``fstream send`` (``side`` "send") or ``receive`` use ``mode``."""
     if mode == "tls":
-        argv += ["--tls-cert", certs["client.pem"], "--tls-key", certs["client.key"], "--tls-ca", certs["ca.pem"]]
-    else:
-        argv += ["--secret-file", str(secret)]
-    if mode == "hmac+encrypt":
-        argv.append("--encrypt")
-    if mode == "hmac --no-verify":
-        argv.append("--no-verify")
-    rx_cpu0 = rx.cpu()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "FSTREAM_STATE_DIR": str(work / "state-send")})
-    out, err = proc.communicate()
-    wall = time.perf_counter() - t0
-    # the sender's CPU: children's rusage (wait4 already reaped it through communicate)
-    rx_cpu = rx.cpu() - rx_cpu0
-    doc: dict = {}
-    for line in reversed(out.decode().splitlines()):
-        try:
-            doc = json.loads(line)
-            break
-        except ValueError:
-            continue
-    if proc.returncode != 0 or not doc:
-        raise RuntimeError(f"fstream send ({mode}) failed with {proc.returncode}: {err.decode()[-600:]}")
-    return {"wall": wall, "bytes": int(doc.get("bytes", 0)), "files": int(doc.get("files", 0)),
-            "verified": int(doc.get("verified_files", 0)), "bps": float(doc.get("throughput_bps", 0.0)),
-            "rx_cpu": rx_cpu}
-
-
-def _children_cpu() -> float:
-    r = os.times()
-    return r.children_user + r.children_system
-
-
-def run_cases(sites: str, cases: list[tuple[str, Path, list[str]]], modes: list[str], repeat: int, work: Path,
-              src_prefix: list[str], dst_prefix: list[str], dst_host: str) -> list[dict]:
-    from transfer_agent.wire.auth import create_secret_file
-
-    secret = create_secret_file(work / "secret")
-    certs = _certs(work / "certs")
-    rows: list[dict] = []
-    receivers = {m: _Receiver(m, work, work / "dst", secret, certs, dst_prefix, dst_host) for m in modes}
-    try:
-        for rep in range(repeat):
-            for case, src, opts in cases:
-                for mode in modes:  # interleaved: a slow minute of the machine hits every mode alike
-                    dest = f"{case}-{mode.replace(' ', '_').replace('+', '_')}-{rep}"
-                    c0 = _children_cpu()
-                    r = _send(mode, receivers[mode], src, dest, secret, certs, src_prefix, opts, work)
-                    r["tx_cpu"] = _children_cpu() - c0
-                    r.update(case=case, mode=mode, rep=rep, sites=sites)
-                    rows.append(r)
-                    shutil.rmtree(work / "dst" / dest, ignore_errors=True)
-                    print(f"{sites} {case} {mode} rep {rep}: {r['bps'] / 1e9:.2f} Gbit/s, sender "
-                          f"{r['tx_cpu']:.2f} s, receiver {r['rx_cpu']:.2f} s CPU", file=sys.stderr)
-    finally:
-        for rx in receivers.values():
-            rx.stop()
-    return rows
-
-
-def summarise(rows: list[dict]) -> list[str]:
-    out = ["| where | case | mode | runs | Gbit/s (median, min–max) | / hmac | sender CPU-s per GB | "
-           "receiver CPU-s per GB | both per GB / hmac |", "|---|---|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["sites"], r["case"]) for r in rows}, key=lambda k: (k[0] != "loopback", k[1]))
-    for sites, case in keys:
-        per_mode: dict[str, dict] = {}
-        for mode in MODES:
-            rs = [r for r in rows if r["sites"] == sites and r["case"] == case and r["mode"] == mode]
-            if not rs:
-                continue
-            gb = [r["bytes"] / 1e9 for r in rs]
-            per_mode[mode] = {
-                "n": len(rs), "bps": statistics.median(r["bps"] for r in rs),
-                "lo": min(r["bps"] for r in rs), "hi": max(r["bps"] for r in rs),
-                "tx": statistics.median(r["tx_cpu"] / g for r, g in zip(rs, gb)),
-                "rx": statistics.median(r["rx_cpu"] / g for r, g in zip(rs, gb)),
-                "ok": all(r["verified"] == r["files"] or r["mode"] == "hmac --no-verify" for r in rs)}
-        base = per_mode.get("hmac")
-        for mode, m in per_mode.items():
-            rel = f"{m['bps'] / base['bps']:.2f}" if base else "–"
-            cpu_rel = f"{(m['tx'] + m['rx']) / (base['tx'] + base['rx']):.2f}" if base else "–"
-            out.append(f"| {sites} | {case} | {mode}{'' if m['ok'] else ' (NOT VERIFIED)'} | {m['n']} | "
-                       f"{m['bps'] / 1e9:.2f} ({m['lo'] / 1e9:.2f}–{m['hi'] / 1e9:.2f}) | {rel} | "
-                       f"{m['tx']:.2f} | {m['rx']:.2f} | {cpu_rel} |")
+        role = "client" if side == "send" else "server"
+        return ["--tls-cert", certs[f"{role}.pem"], "--tls-key", certs[f"{role}.key"], "--tls-ca", certs["ca.pem"]]
+    out = ["--secret-file", str(secret)]
+    if side == "send" and mode == "hmac+encrypt":
+        out.append("--encrypt")
+    if side == "send" and mode == "hmac --no-verify":
+        out.append("--no-verify")
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _receiver(mode: str, *, sites, workdir: Path, root: Path, secret: Path, certs: dict[str, str]):
+    """``fstream receive`` for ``mode`` at the destination site (pinned / in its namespace by ``sites``)."""
+    from fstream_bench.peers import fstream as fs_peer
+    from fstream_bench.peers.base import spawn, stop
+
+    class ModeReceiver(fs_peer.FStreamReceiver):
+        def __enter__(self) -> "ModeReceiver":
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.secret = secret
+            self.log = self.workdir / "receiver.log"
+            argv = [*fs_peer.fstream_argv(), "receive", "--listen", f"{self.sites.dst_host}:0", "--root",
+                    str(self.root), "--no-fsync", *auth_args("receive", mode, secret, certs)]
+            self.proc = spawn(self.sites, "dst", argv, log_path=self.log, stdout=subprocess.PIPE,
+                              env={**os.environ, "FSTREAM_STATE_DIR": str(self.workdir / "state")})
+            try:
+                self.port = self._wait_port(timeout=30.0)
+            except BaseException:
+                stop(self.proc)
+                raise
+            return self
+
+    return ModeReceiver(sites=sites, workdir=workdir, root=root)
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def _one(mode: str, rx, sites, sources: list[Path], knobs: list[str], dest: str, secret: Path,
+         certs: dict[str, str], workdir: Path, timeout: float) -> dict:
+    """One ``fstream send`` with ``mode``: status, bytes, the agent's throughput, both sides' CPU-seconds."""
+    from fstream_bench.cpu_meter import ServerCpu
+    from fstream_bench.peers.base import PeerError, log_tail, run_client
+    from fstream_bench.peers.fstream import _last_json, fstream_argv
+
+    argv = [*fstream_argv(), "send", *map(str, sources), "--to", rx.url(dest), "--tuner", "fixed", "--json",
+            *knobs, *auth_args("send", mode, secret, certs)]
+    slog = workdir / f"send-{_slug(mode)}.log"
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(workdir / "state-send")}
+    meter = ServerCpu(rx.proc.pid).start()
+    try:
+        try:
+            done = run_client(sites.argv("src", argv), timeout, slog, env=env)
+        finally:
+            rx_cpu = meter.stop()  # once the receiver is quiet
+    except PeerError as e:
+        return {"ok": False, "error": str(e), "bytes": 0, "files": 0, "verified_files": 0, "wall_s": 0.0,
+                "agent_s": None, "bps": 0.0, "tx_cpu_s": None, "rx_cpu_s": None}
+    finally:
+        _remove(rx.root / dest)  # freed now, so the next run writes into the pages this one used
+    doc = _last_json(done.out) or {}
+    failed = doc.get("failed_files", 0)
+    nfailed = len(failed) if isinstance(failed, list) else int(failed or 0)
+    files, verified = int(doc.get("files", 0)), int(doc.get("verified_files", 0))
+    ok = done.status == 0 and bool(doc) and nfailed == 0 and (verified == files or mode == "hmac --no-verify")
+    error = "" if ok else (f"status {done.status}, files {files}, verified {verified}, failed {failed!r}: "
+                           f"{log_tail(slog, 300)} | receiver: {log_tail(rx.log, 300)}")
+    return {"ok": ok, "error": error, "bytes": int(doc.get("bytes", 0)), "files": files, "verified_files": verified,
+            "wall_s": done.wall, "agent_s": doc.get("seconds"), "bps": float(doc.get("throughput_bps") or 0.0),
+            "tx_cpu_s": done.cpu_s, "rx_cpu_s": rx_cpu}
+
+
+def run_cases(where: str, sites, cases: dict[str, tuple[list[Path], list[str]]], modes: list[str], repeat: int,
+              work: Path, secret: Path, certs: dict[str, str], timeout: float) -> list[dict]:
+    """Every (round, case, mode) of ``schedule`` at ``sites``, one receiver per mode kept running."""
+    runs: list[dict] = []
+    root = work / "dst" / where
+    with contextlib.ExitStack() as stack:
+        rxs = {m: stack.enter_context(_receiver(m, sites=sites, workdir=work / where / _slug(m), root=root,
+                                                secret=secret, certs=certs)) for m in modes}
+        plan = schedule(list(cases), modes, repeat)
+        for seq, (rep, case, mode) in enumerate(plan):
+            sources, knobs = cases[case]
+            r = _one(mode, rxs[mode], sites, sources, knobs, f"{_slug(case)}-{_slug(mode)}-{rep}", secret, certs,
+                     work / where, timeout)
+            r.update(where=where, case=case, mode=mode, rep=rep, seq=seq)
+            runs.append(r)
+            if r["ok"]:
+                log(f"[{seq + 1}/{len(plan)}] {where} {case} {mode} round {rep + 1}: {r['bps'] / 1e9:.2f} Gbit/s, "
+                    f"CPU-s sender {r['tx_cpu_s']:.2f} receiver {r['rx_cpu_s']:.2f}")
+            else:
+                log(f"[{seq + 1}/{len(plan)}] {where} {case} {mode} round {rep + 1}: FAILED {r['error'][:400]}")
+    return runs
+
+
+def _wan_site(args, buffer: int, pin: bool) -> tuple[object, object, dict]:
+    """Our own WAN path (``--wan-run-id``), selfchecked; (bench, sites, what the report says of it)."""
+    from fstream_bench.peers.base import Sites
+    from fstream_bench.wan_rig import open_bench
+
+    bench = open_bench(SimpleNamespace(rate=args.wan_rate, rtt=args.wan_rtt, buffer=str(buffer),
+                                       run_id=args.wan_run_id, loopback=False, force_path=args.force_path), log=log)
+    try:
+        cfg = bench.path.config
+        sites = bench.sites
+        if pin:
+            sites = Sites(src_host=sites.src_host, dst_host=sites.dst_host,
+                          src_prefix=("taskset", "-c", "0", *sites.src_prefix),
+                          dst_prefix=("taskset", "-c", "1", *sites.dst_prefix), name=sites.name)
+        check = bench.selfcheck
+        one = check.get("single_stream_bps")
+        share = one / cfg.expected_goodput_bps if one else None
+        limit = ("so the path, not the window, limits" if share is not None and share >= 0.9 else
+                 "below 0.9 of the path: something other than the path limits one stream (see the selfcheck)")
+        note = (f"{cfg.describe()}: buffer {buffer / cfg.bdp_bytes:.1f}x the bandwidth-delay product "
+                f"({format_bytes(cfg.bdp_bytes)}); one iperf3 stream reached "
+                f"{'?' if share is None else f'{share:.2f}'} of the path's goodput in the selfcheck, {limit}; "
+                "sides " + ("pinned (sender CPU 0, receiver CPU 1)" if pin else
+                            "not pinned (the delay line needs CPU too)"))
+        info = {"rate_bps": cfg.rate_bps, "rtt_s": cfg.rtt_s, "buffer_bytes": buffer, "bdp_bytes": cfg.bdp_bytes,
+                "expected_goodput_bps": cfg.expected_goodput_bps, "single_stream_of_path": share, "pinned": pin,
+                "selfcheck": check, "note": note}
+    except BaseException:
+        bench.close()
+        raise
+    return bench, sites, info
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fstream bench trust", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--big-bytes", type=parse_size, default=parse_size("1GiB"))
-    ap.add_argument("--small-count", type=int, default=500)
-    ap.add_argument("--small-bytes", type=parse_size, default=parse_size("1MiB"))
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--wan", action="store_true", help="also run on the emulated WAN (root; 1 Gbit/s, 40 ms)")
-    ap.add_argument("--no-loopback", action="store_true")
-    ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
-    args = ap.parse_args(argv)
-    from fstream_bench.report import machine_info
+    ap.add_argument("--repeat", type=int, default=5, help="rounds on loopback (default 5)")
+    ap.add_argument("--big-bytes", type=parse_size, default=parse_size("1GiB"), help="the big file (default 1GiB)")
+    ap.add_argument("--small-count", type=int, default=500, help="files in the small set (default 500)")
+    ap.add_argument("--small-bytes", type=parse_size, default=parse_size("1MiB"), help="each small file (default 1MiB)")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, must include {BASE} "
+                    f"(default: {','.join(MODES)})")
+    ap.add_argument("--no-pin", action="store_true", help="loopback: do not pin the sides to CPU 0 and CPU 1")
+    ap.add_argument("--wan", action="store_true", help="also run on the emulated WAN (root)")
+    ap.add_argument("--no-loopback", action="store_true", help="skip the loopback runs (with --wan: WAN only)")
+    ap.add_argument("--wan-repeat", type=int, default=4, help="rounds on the WAN (default 4)")
+    ap.add_argument("--wan-rate", default="1Gbit", help="WAN bottleneck rate (default 1Gbit)")
+    ap.add_argument("--wan-rtt", default="40ms", help="WAN round-trip time (default 40ms)")
+    ap.add_argument("--wan-buffer", default="auto", type=lambda v: v if v == "auto" else parse_size(v),
+                    help="WAN TCP buffer cap; auto (default): the smallest power of two >= 2x the bandwidth-delay "
+                    "product (16MiB at 1Gbit x 40ms)")
+    ap.add_argument("--wan-pin", action="store_true", help="WAN: pin the sides too (default not: the delay line "
+                    "needs CPU on this 2-core machine)")
+    ap.add_argument("--wan-run-id", default="trust", help="own WAN run id (default trust; never shared)")
+    ap.add_argument("--force-path", action="store_true", help="WAN: measure even if the selfcheck fails (noted)")
+    ap.add_argument("--timeout", type=parse_duration, default=parse_duration("10m"), help="per send (default 10m)")
+    ap.add_argument("--results", default=str(RESULTS), help="where trust-STAMP.{json,md} go")
+    return ap
 
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
         ap.error(f"--modes: unknown mode(s) {', '.join(bad)} (known: {', '.join(MODES)})")
-    work = Path("/dev/shm") / f"fstream-trust-{os.getpid()}"
-    work.mkdir(parents=True)
-    load0 = os.getloadavg()
+    if BASE not in modes:
+        ap.error(f"--modes must include {BASE}: every ratio is taken against it")
+    if args.no_loopback and not args.wan:
+        ap.error("nothing to run: --no-loopback without --wan")
+    if min(args.repeat, args.wan_repeat) < 1:
+        ap.error("--repeat and --wan-repeat must be at least 1")
+    rate, rtt = parse_rate(args.wan_rate), parse_duration(args.wan_rtt)
+    buffer = wan_buffer(rate, rtt) if args.wan_buffer == "auto" else args.wan_buffer
+    if args.wan and os.geteuid() != 0:
+        ap.error("--wan needs root (network namespaces)")
+    if args.wan and buffer < 2 * rate * rtt / 8:
+        log(f"warning: --wan-buffer {format_bytes(buffer)} is under twice the bandwidth-delay product "
+            f"({format_bytes(int(rate * rtt / 8))}): the window may be the limit, not the mode")
+
+    from fstream_bench import provenance
+    from fstream_bench.peers import fstream as fs_peer
+    from fstream_bench.vm_memory import held_free_pages
+    from transfer_agent.wire.auth import create_secret_file
+
+    modules = [*provenance.AGENT, "fstream_bench.trust_bench", "fstream_bench.trust_report", "fstream_bench.cpu_meter",
+               "fstream_bench.vm_memory", "fstream_bench.peers.base", "fstream_bench.peers.fstream"]
+    if args.wan:
+        modules += ["fstream_bench.wan_rig", "fstream_bench.wan"]
+    prov = provenance.start("trust", argv, modules)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # so the memory hold, the path and the tmpfs data go on a kill
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
+    fs_peer.precompile()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    rows: list[dict] = []
-    try:
+    pin = not args.no_pin and shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
+    doc: dict = {"bench": "trust", "modes": modes,
+                 "settings": {"repeat": args.repeat, "wan_repeat": args.wan_repeat, "big_bytes": args.big_bytes,
+                              "small_count": args.small_count, "small_bytes": args.small_bytes},
+                 "order": f"per round, per case, every mode in turn ({', '.join(modes)}); ratios to {BASE} "
+                          "within a round", "sites": {}, "runs": []}
+    work = Path(tempfile.mkdtemp(prefix="fstream-trust-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    try:  # the datasets live on tmpfs (RAM): removed however the run ends
+        secret = create_secret_file(work / "secret")
+        certs = _certs(work / "certs")
+        log(f"preparing datasets under {work}")
         big = _dataset(work / "src" / "big", 1, args.big_bytes)
         small = _dataset(work / "src" / "small", args.small_count, args.small_bytes)
         _warm(big)
         _warm(small)
-        cases = [("1 x big, p=4", big, ["--cc", "1", "--p", "4", "--pp", "0"]),
-                 (f"{args.small_count} x {args.small_bytes >> 20} MiB, cc=4 pp=16", small,
-                  ["--cc", "4", "--p", "1", "--pp", "16"])]
-        if not args.no_loopback:
-            pin_tx = ["taskset", "-c", "0"] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1 else []
-            pin_rx = ["taskset", "-c", "1"] if pin_tx else []
-            rows += run_cases("loopback", cases, modes, args.repeat, work, pin_tx, pin_rx, "127.0.0.1")
-        if args.wan:
-            from fstream_bench.wan import netns
-            from fstream_bench.wan.path import WanConfig, WanPath
+        cases = {  # the same on loopback and the WAN
+            f"1 x {_size(args.big_bytes)}, cc=1 p=4": (sorted(big.iterdir()), ["--cc", "1", "--p", "4", "--pp", "0"]),
+            f"{args.small_count} x {_size(args.small_bytes)}, cc=4 pp=16": (
+                [small], ["--cc", "4", "--p", "1", "--pp", "16"])}
+        doc["cases"] = {c: knobs for c, (_, knobs) in cases.items()}
+        with held_free_pages(warm_bytes=2 * args.big_bytes + args.small_count * args.small_bytes) as memory:
+            log(memory)
+            doc["memory"] = memory
+            if not args.no_loopback:
+                from fstream_bench.peers.base import Sites
 
-            path = WanPath(WanConfig(rate_bps=1e9, rtt_s=0.040, buffer_bytes=1 << 20, run_id="tr"))
-            path.up()
-            try:
-                wan_cases = [(c, s, [*o[:-4], "--cc", "4", "--p", "4", "--pp", o[-1]]) if c.startswith("1 x") else
-                             (c, s, ["--cc", "8", "--p", "2", "--pp", "16"]) for c, s, o in cases]
-                rows += run_cases("wan 1G/40ms", wan_cases, modes, max(1, args.repeat - 1), work,
-                                  netns.ns_exec_argv(path.src_ns, []), netns.ns_exec_argv(path.dst_ns, []),
-                                  path.dst_ip)
-            finally:
-                path.down()
+                sites = Sites(src_prefix=("taskset", "-c", "0"), dst_prefix=("taskset", "-c", "1")) if pin else Sites()
+                doc["sites"]["loopback"] = {
+                    "pinned": pin, "note": "127.0.0.1; " + ("sender pinned to CPU 0, receiver to CPU 1" if pin
+                                                            else "not pinned") + "; tmpfs to tmpfs, --no-fsync"}
+                doc["runs"] += run_cases("loopback", sites, cases, modes, args.repeat, work, secret, certs,
+                                         args.timeout)
+            if args.wan:
+                bench, sites, info = _wan_site(args, buffer, args.wan_pin)
+                doc["sites"]["wan"] = info
+                log(info["note"])
+                try:
+                    doc["runs"] += run_cases("wan", sites, cases, modes, args.wan_repeat, work, secret, certs,
+                                             args.timeout)
+                finally:
+                    bench.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    mi = machine_info()
-    md = "\n".join([
-        "# Cost of each authentication mode (issue 8)", "",
-        f"machine: nproc {mi['nproc']}, {mi['cpu']}, kernel {mi['kernel']}; load average at start "
-        f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"reproduce: `fstream bench trust {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
-        *summarise(rows), ""])
+    doc["provenance"] = provenance.finish(prov)
+    goodput = {"wan": doc["sites"]["wan"]["expected_goodput_bps"]} if "wan" in doc["sites"] else None
+    doc["summary"] = summarise(doc["runs"], goodput)
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
+    md = markdown(doc)
+    (out / f"trust-{stamp}.json").write_text(json.dumps(doc, indent=1))
     (out / f"trust-{stamp}.md").write_text(md)
-    (out / f"trust-{stamp}.json").write_text(json.dumps(rows, indent=1))
     print(md)
-    return 0
+    print(f"results: {out / f'trust-{stamp}.json'}, {out / f'trust-{stamp}.md'}")
+    return 0 if all(r["ok"] for r in doc["runs"]) else 1
 
 
 if __name__ == "__main__":
