@@ -8,13 +8,17 @@
    share the bottleneck); ``buffer`` (the tuners are told an 8 MiB TCP buffer while the path caps at 1 MiB).
 3. In-process on the same history: the Optimizer's time per chunk and the paper's validation accuracy.
 
-First-interval throughput = bytes over the first ``--first-window`` seconds after the settings were
-applied: HARP's allocation (its samples excluded), else the tuner's first decision (so the ~1 s a
-history-reading tuner spends loading pandas, scikit-learn and the history is not in the window, but it
-is in the total time). The amortisation size is Eq. 6–7 of the
-paper solved for D with the measured Thr_0 (static), Thr_S (the sample) and Thr_H (after the sample).
+Every tuner is measured alike from its own interval records (``fstream_bench.harp_windows``): from the
+transfer's first byte (connection set-up and a tuner's start-up before it excluded for all) to the last byte
+landed (every file committed). The headline is that **total time**, HARP's sample transfer included, as
+the median and range of every repeat. The "first window" is the rate over the first ``--first-window``
+seconds after each transfer's own first byte (the same length for every tuner); the "allocation-offset
+window" measures every tuner of a repeat over the same ``--first-window`` seconds starting as long after
+its own first byte as HARP's allocation came after HARP's. Ratios are taken within a repeat. The
+amortisation size is Eq. 6–7 of the paper solved for D with the measured Thr_0 (static), Thr_S (the
+sample) and Thr_H (after the sample), all from the first byte.
 
-Run: ``python -m fstream_bench.harp_bench`` (root; ``--loopback`` for a smoke run).
+Run: ``fstream bench harp`` or ``python -m fstream_bench.harp_bench`` (root; ``--loopback`` for a smoke run).
 """
 
 from __future__ import annotations
@@ -22,14 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shlex
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_bench.breakdown_bench import UnixRedis
+from fstream_bench.harp_windows import PAIRS, med_range, run_metrics, summarize
 from fstream_bench.wan_rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
 from fstream_bench.report import machine_info
 
@@ -53,37 +57,6 @@ def make_dataset(root: Path, size: int, count: int) -> Path:
             f.seek(0)
             f.write(i.to_bytes(8, "big") + os.urandom(8))  # distinct content per file
     return root
-
-
-def window_bps(intervals: list[dict], start: float, seconds: float) -> float:
-    """Rate over [start, start + seconds]: each interval record (ending at ``t``, lasting ``dt``) counts with
-    the share of its bytes that falls in the window (records are not evenly spaced: the sender's loop
-    writes none while it opens channels)."""
-    end = start + seconds
-    got = 0.0
-    for r in intervals:
-        a, b = r["t"] - r["dt"], r["t"]
-        overlap = min(b, end) - max(a, start)
-        if r["dt"] > 0 and overlap > 0:
-            got += r["bytes"] * overlap / r["dt"]
-    return got * 8 / seconds
-
-
-def harp_times(tuning: list[dict]) -> tuple[float | None, str]:
-    """(time of HARP's channel allocation, its reason); (None, "") when it never allocated."""
-    for d in tuning:
-        r = d.get("reason", "")
-        if r.startswith("harp:") and re.search(r"(?:^harp: |; )start ", r):
-            return d["t"], r
-    return None, ""
-
-
-def amortisation_bytes(thr0: float, thr_h: float, thr_s: float, ds: float, c: float) -> float | None:
-    """Smallest dataset (bytes) for which Eq. 7's t_H beats Eq. 6's t_0; None when HARP is not faster."""
-    if thr_h <= thr0 or thr_s <= 0:
-        return None
-    b0, bh, bs = 8 / thr0, 8 / thr_h, 8 / thr_s  # seconds per byte
-    return max(0.0, (ds * (bs - bh) + c) / (b0 - bh))
 
 
 def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
@@ -115,10 +88,37 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
     return out
 
 
+#: the modules a run exercises (provenance's code hash): the agent, this benchmark and its rig
+MODULES = (*provenance.AGENT, "fstream_bench.harp_bench", "fstream_bench.harp_windows", "fstream_bench.wan_rig",
+           "fstream_bench.breakdown_bench", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.report")
+
+
+def _settings(r: dict) -> str:
+    last = r["tuning"][-1]["layouts"] if r.get("tuning") else {}
+    return ", ".join(f"{c} {v['cc']}/{v['p']}/{v['pp']}" for c, v in last.items())
+
+
+def _load(prov: dict, key: str) -> str:
+    v = prov.get(key)
+    return f"{v[0]:.2f}" if v else "?"
+
+
 def report(summary: dict) -> str:
-    """The markdown tables: per dataset and condition, each tuner's time, throughput and first window."""
+    """The markdown: total time per case (the headline), the aligned windows, then every run.
+
+    Recomputed from the runs' interval records, so a report can be rebuilt from any summary.json.
+    """
+    w = parse_duration(summary.get("first_window", "2s"))
+    wtxt = f"{w:g} s"
+    runs = summary.get("runs", [])
+    cases = summarize(runs, w, summary.get("bandwidth_bps", 1e9))
+    prov = summary.get("provenance", {})
     lines = [f"# HARP on {summary['path']}", "", summary["machine_line"], summary.get("machine_line_end", ""),
              summary["selfcheck_line"], "", "    " + summary["command"], ""]
+    if prov:
+        lines += [f"Commit {prov.get('commit', '?')[:12]}{' (dirty)' if prov.get('dirty') else ''}, code "
+                  f"{prov.get('code_hash', '?')[:19]}, load average {_load(prov, 'load_start')} at the start, "
+                  f"{_load(prov, 'load_end')} at the end.", ""]
     cal = summary.get("calibration", {})
     lines += [f"Calibration: status {cal.get('status')}, {cal.get('seconds', 0):.0f} s.", ""]
     lines += ["| dataset | chunk | history rows | optimizer (s) | validation accuracy | prediction |", "|---|---|---:|---:|---:|---|"]
@@ -129,41 +129,98 @@ def report(summary: dict) -> str:
         accuracy = "-" if acc is None else f"{acc:.1%}"
         lines.append(f"| {o['dataset']} | {o['chunk']} | {o['rows']} | {o['optimizer_seconds']:.2f} | "
                      f"{accuracy} ({o['validation'].get('reason', '')}) | {shown} |")
-    first = parse_duration(summary.get("first_window", "2s"))
-    for r in summary.get("runs", []):  # recomputed here, so a report can be rebuilt from summary.json
-        r["first_bps"] = window_bps(r.get("intervals", []), r["settings_at"], first)
-    lines += ["", "| dataset | condition | tuner | ok | seconds | Mbit/s | first window Mbit/s (from t) | settings |",
-              "|---|---|---|---|---:|---:|---:|---|"]
-    runs = summary.get("runs", [])
+    tuners = list(dict.fromkeys(r["tuner"] for r in runs))
+    lines += ["", "## Total time (the headline)", "",
+              "Seconds from the transfer's first byte to its last byte landed (the sender's last interval record, "
+              "written once every file is committed), for every tuner alike: HARP's sample transfer is inside it; "
+              "connection set-up and any tuner's start-up before the first byte are not. The first byte is located "
+              "inside the first interval record that carries bytes by the next record's rate. Each cell is the "
+              "median (min–max, n runs) of every repeat that succeeded; ratios are taken within a repeat.", "",
+              "| dataset | condition | " + " | ".join(f"`{t}` s" for t in tuners) + " | "
+              + " | ".join(f"{a} / {b} total" for a, b in PAIRS) + " |",
+              "|---|---|" + "---:|" * (len(tuners) + len(PAIRS))]
+    for c in cases:
+        cells = [med_range(c["tuners"][t]["total_s"], "{:.1f}") if t in c["tuners"] else "-" for t in tuners]
+        cells += [med_range(c["ratios"][f"{a}/{b} total"]) for a, b in PAIRS]
+        lines.append(f"| {c['dataset']} | {c['condition']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Windows aligned on each transfer's own first byte", "",
+              f"*First window*: the rate over the first {wtxt} after each transfer's own first byte (same length "
+              f"for every tuner; HARP is then in its sample transfer at the heuristic's settings). *At HARP's "
+              f"allocation offset*: in each repeat, a = HARP's allocation - HARP's first byte, and every tuner "
+              f"of that repeat is measured over [its first byte + a, + {wtxt}] (HARP's own settings against the "
+              f"others at the same stage of their transfers). A window is cut at the last byte when the transfer "
+              f"is shorter. Mbit/s; median (min–max, n runs).", "",
+              "| dataset | condition | tuner | first window | at HARP's allocation offset | first byte (s after start) |",
+              "|---|---|---|---:|---:|---:|"]
+    for c in cases:
+        for t, v in c["tuners"].items():
+            lines.append(f"| {c['dataset']} | {c['condition']} | `{t}` | {med_range(v['first_window_bps'], '{:.0f}', 1e-6)} "
+                         f"| {med_range(v['alloc_offset_window_bps'], '{:.0f}', 1e-6)} "
+                         f"| {med_range(v['first_byte_s'], '{:.2f}')} |")
+    lines += ["", "| dataset | condition | harp / static first window | fstream+harp / fstream first window | "
+              "harp / static at allocation offset | HARP allocated at (s after its first byte) | "
+              "amortisation size (x BW-seconds) |", "|---|---|---:|---:|---:|---:|---:|"]
+    for c in cases:
+        am = med_range(c["amortisation_bw_seconds"], "{:.1f}")
+        if c["amortisation_never"]:
+            am += f"; never (HARP not faster) in {c['amortisation_never']}"
+        lines.append(f"| {c['dataset']} | {c['condition']} | {med_range(c['ratios']['harp/static first_window'])} | "
+                     f"{med_range(c['ratios']['fstream+harp/fstream first_window'])} | "
+                     f"{med_range(c['ratios']['harp/static alloc_offset_window'])} | "
+                     f"{med_range(c['harp_alloc_after_first_byte_s'], '{:.1f}')} | {am} |")
+    failed = [f"{c['dataset']}/{c['condition']}: {', '.join(c['failed'])}" for c in cases if c["failed"]]
+    if failed:
+        lines += ["", "Failed runs (left out of every median): " + "; ".join(failed) + "."]
+    lines += ["", "## Every run", "",
+              "| dataset | condition | repeat | tuner | ok | first byte s | total s | Mbit/s | first window Mbit/s | "
+              "HARP allocated (s after first byte) | agent s (start to end) | settings |",
+              "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in runs:
-        last = r["tuning"][-1]["layouts"] if r.get("tuning") else {}
-        shown = ", ".join(f"{c} {v['cc']}/{v['p']}/{v['pp']}" for c, v in last.items())
-        lines.append(f"| {r['dataset']} | {r['condition']} | {r['tuner']} | {r['ok']} | {r['seconds'] or 0:.1f} | "
-                     f"{(r['throughput_bps'] or 0) / 1e6:.0f} | {r['first_bps'] / 1e6:.0f} ({r['settings_at']:.1f} s) | "
-                     f"{shown} |")
-    lines += ["", "| dataset | condition | harp first / static first | fstream+harp first / fstream first | "
-              "harp total / static total | amortisation size (x BW-seconds) |", "|---|---|---:|---:|---:|---:|"]
-    by = {(r["dataset"], r["condition"], r["tuner"]): r for r in runs if r["ok"]}
-    for d in dict.fromkeys(r["dataset"] for r in runs):
-        for c in dict.fromkeys(r["condition"] for r in runs):
-            st, hp, fs, fh = (by.get((d, c, t)) for t in ("static", "harp", "fstream", "fstream+harp"))
-            def ratio(a, b, key):
-                return f"{a[key] / b[key]:.2f}" if a and b and b[key] else "-"
-            amort = "-"
-            if st and hp and hp.get("settings_at"):
-                thr_s = hp.get("sample_bps")
-                thr_h = hp.get("after_bps")
-                if thr_s and thr_h and hp.get("sample_bytes"):
-                    a = amortisation_bytes(st["throughput_bps"], thr_h, thr_s, hp["sample_bytes"], 0.0)
-                    bw = summary.get("bandwidth_bps", 1e9) / 8
-                    amort = "never (HARP not faster)" if a is None else f"{a / bw:.1f}"
-            lines.append(f"| {d} | {c} | {ratio(hp, st, 'first_bps')} | {ratio(fh, fs, 'first_bps')} | "
-                         f"{ratio(hp, st, 'seconds')} | {amort} |")
+        m = run_metrics(r.get("intervals", []), r.get("tuning", []), r["tuner"], w)
+        def f(x, fmt):
+            return "-" if x is None else fmt.format(x)
+        lines.append(f"| {r['dataset']} | {r['condition']} | {r.get('repeat', 0)} | {r['tuner']} | {r['ok']} | "
+                     f"{f(m['first_byte_s'], '{:.2f}')} | {f(m['total_s'], '{:.1f}')} | "
+                     f"{f(m['total_bps'] and m['total_bps'] / 1e6, '{:.0f}')} | "
+                     f"{f(m['first_window_bps'] and m['first_window_bps'] / 1e6, '{:.0f}')} | "
+                     f"{f(m['alloc_after_first_byte_s'], '{:.1f}')} | {f(r.get('seconds'), '{:.1f}')} | {_settings(r)} |")
     return "\n".join(lines) + "\n"
 
 
+def _one_run(bench, rx, redis_srv, src: Path, base: dict, args, dname: str, cond: str, tuner: str, k: int,
+             pos: int, first: float, work: Path) -> dict:
+    """One ``fstream send`` of ``src``; its record keeps the agent's raw interval records and decisions."""
+    opts = dict(base)
+    if tuner in ("harp", "fstream+harp"):
+        import redis as redis_py  # each run starts from the calibrated history alone:
+        r0 = redis_py.Redis.from_url(redis_srv.url)  # no profiling history of the last
+        for key in r0.scan_iter(match="{fstream}:profiling:*"):
+            r0.delete(key)
+        opts["redis"] = redis_srv.url  # evaluation runs read the calibrated history
+        opts["no_history"] = True      # and add nothing: every run sees the same one
+    if cond == "buffer":
+        opts["tcp_buffer"] = args.told_buffer
+    label = f"{dname}-{cond}-{tuner.replace('+', '-')}-r{k}"
+    r = send_json(bench.sites, rx, [src], label, tuner=tuner.split("+")[0], options=opts,
+                  label=label, timeout=parse_duration(args.timeout))
+    shutil.rmtree(work / "dst" / label, ignore_errors=True)
+    m = run_metrics(r.intervals, r.tuning, tuner, first)
+    rec = {"dataset": dname, "condition": cond, "tuner": tuner, "repeat": k, "order": pos, "ok": r.ok,
+           "error": r.error, **{key: v for key, v in m.items()},
+           "seconds": r.self_seconds, "throughput_bps": r.self_throughput_bps, "process_seconds": r.seconds,
+           "first_reason": (r.tuning[0]["reason"] if r.tuning else ""), "loadavg": os.getloadavg(),
+           "tuning": r.tuning, "intervals": r.intervals}
+    mbit = lambda x: "-" if x is None else f"{x / 1e6:.0f}"  # noqa: E731
+    secs = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+    print(f"{label}: ok={r.ok} first byte {secs(m['first_byte_s'])} s, total {secs(m['total_s'])} s "
+          f"({mbit(m['total_bps'])} Mbit/s), first {first:g} s {mbit(m['first_window_bps'])} Mbit/s"
+          + ("" if m["alloc_after_first_byte_s"] is None else
+             f", HARP allocated {m['alloc_after_first_byte_s']:.1f} s after its first byte"), flush=True)
+    return rec
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fstream_bench.harp_bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="fstream bench harp", description=__doc__.splitlines()[0])
     add_path_args(ap, "tb10h")
     ap.add_argument("--budget", default="8m", help="calibration budget (default 8m)")
     ap.add_argument("--grid", default="cc=1,2,4,8,16:p=1,2,4,8:pp=0,4", help="calibration grid")
@@ -173,18 +230,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tuners", default=",".join(TUNERS))
     ap.add_argument("--background-flows", type=int, default=4)
     ap.add_argument("--told-buffer", default="8MiB", help="what the tuners are told in the 'buffer' condition")
-    ap.add_argument("--first-window", default="2s")
+    ap.add_argument("--first-window", default="2s",
+                    help="window after each transfer's own first byte, the same for every tuner (default 2s)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each (dataset, condition, tuner); the report gives the median and range of all "
+                         "(default 3; the tuners' order rotates from one repeat to the next)")
+    ap.add_argument("--sample-interval", default="0.1s",
+                    help="the sender's interval records: what locates the first byte and the windows (default 0.1s)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the dataset file counts")
     ap.add_argument("--timeout", default="300s", help="per run")
     ap.add_argument("--report-only", metavar="SUMMARY_JSON", help="rebuild report.md from a summary.json")
     ap.add_argument("--history-csv", metavar="FILE", help="import this history instead of calibrating")
-    args = ap.parse_args(argv)
+    raw_args = list(sys.argv[1:] if argv is None else argv)  # the words after ``fstream bench harp``
+    args = ap.parse_args(raw_args)
     if args.report_only:
         summary_path = Path(args.report_only)
         summary = json.loads(summary_path.read_text())
         (summary_path.parent / "report.md").write_text(report(summary))
         print(report(summary))
         return 0
+    prov = provenance.start("harp", raw_args, MODULES)
     from fstream_bench.peers import fstream as fs_peer
     from fstream_bench.peers.base import run_timed
 
@@ -196,17 +261,18 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.workdir or f"/dev/shm/fstream-harp-{stamp}")
     first = parse_duration(args.first_window)
+    repeat = max(1, args.repeat)
     bench = open_bench(args)
     summary: dict = {"machine": machine_info(), "machine_line": machine_line(), "selfcheck_line": selfcheck_line(bench.selfcheck),
-                     "command": "python -m fstream_bench.harp_bench " + " ".join(
-                         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+                     "command": prov["command"], "provenance": prov,
                      "path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
                      "concurrent": concurrent_benchmarks(), "runs": [], "datasets": datasets,
-                     "first_window": args.first_window}
+                     "first_window": args.first_window, "repeat": repeat, "sample_interval": args.sample_interval,
+                     "cases": []}
     print(summary["machine_line"], flush=True)
     print(summary["selfcheck_line"], flush=True)
     base = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
-            "profile_interval": "2s", "sample_interval": "0.5s"}
+            "profile_interval": "2s", "sample_interval": args.sample_interval}
     try:
         with UnixRedis(work / "redis") as redis_srv, \
                 fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
@@ -242,43 +308,13 @@ def main(argv: list[str] | None = None) -> int:
                         from fstream_bench.wan.background import set_background
                         set_background(bench.path, args.background_flows)
                     try:
-                        for tuner in tuners:
-                            opts = dict(base)
-                            if tuner in ("harp", "fstream+harp"):
-                                import redis as redis_py  # each run starts from the calibrated history alone:
-                                r0 = redis_py.Redis.from_url(redis_srv.url)  # no profiling history of the last
-                                for k in r0.scan_iter(match="{fstream}:profiling:*"):
-                                    r0.delete(k)
-                                opts["redis"] = redis_srv.url  # evaluation runs read the calibrated history
-                                opts["no_history"] = True      # and add nothing: every run sees the same one
-                            if cond == "buffer":
-                                opts["tcp_buffer"] = args.told_buffer
-                            label = f"{dname}-{cond}-{tuner.replace('+', '-')}"
-                            r = send_json(bench.sites, rx, [src], label, tuner=tuner.split("+")[0], options=opts,
-                                          label=label, timeout=parse_duration(args.timeout))
-                            shutil.rmtree(work / "dst" / label, ignore_errors=True)
-                            t_alloc, why = harp_times(r.tuning) if tuner == "harp" else (None, "")
-                            # the first window starts when the settings under test were applied: HARP's
-                            # allocation (after its samples), else the tuner's first decision
-                            start = t_alloc if t_alloc is not None else (r.tuning[0]["t"] if r.tuning else 0.0)
-                            sample_bytes = sum(iv["bytes"] for iv in r.intervals if t_alloc and iv["t"] <= t_alloc)
-                            after_bytes = sum(iv["bytes"] for iv in r.intervals if t_alloc and iv["t"] > t_alloc)
-                            total_s = r.intervals[-1]["t"] if r.intervals else 0.0
-                            rec_extra = {} if not t_alloc else {
-                                "sample_bytes": sample_bytes, "sample_bps": sample_bytes * 8 / t_alloc,
-                                "after_bps": after_bytes * 8 / max(total_s - t_alloc, 1e-3)}
-                            rec = {**rec_extra, "dataset": dname, "condition": cond, "tuner": tuner, "ok": r.ok,
-                                   "error": r.error,
-                                   "seconds": r.self_seconds, "throughput_bps": r.self_throughput_bps,
-                                   "first_bps": window_bps(r.intervals, start, first), "settings_at": start,
-                                   "first_reason": (r.tuning[0]["reason"] if r.tuning else ""),
-                                   "harp_reason": why, "tuning": r.tuning, "loadavg": os.getloadavg()}
-                            summary["runs"].append(rec)
-                            rec["intervals"] = r.intervals
-                            print(f"{label}: ok={r.ok} {rec['seconds'] or 0:.1f} s "
-                                  f"{(rec['throughput_bps'] or 0) / 1e6:.0f} Mbit/s, first {rec['first_bps'] / 1e6:.0f} "
-                                  f"Mbit/s from t={start:.1f}", flush=True)
-                            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+                        for k in range(repeat):
+                            order = tuners[k % len(tuners):] + tuners[:k % len(tuners)]  # no tuner always first
+                            for pos, tuner in enumerate(order):
+                                summary["runs"].append(_one_run(bench, rx, redis_srv, src, base, args, dname, cond,
+                                                                tuner, k, pos, first, work))
+                                summary["cases"] = summarize(summary["runs"], first, bench.bandwidth_bps)
+                                (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
                     finally:
                         if cond == "background" and bench.path is not None:
                             from fstream_bench.wan.background import set_background
@@ -290,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
         summary["machine_line_end"] = machine_line()
         summary["bandwidth_bps"] = bench.bandwidth_bps
+        summary["cases"] = summarize(summary["runs"], first, bench.bandwidth_bps)
+        summary["provenance"] = provenance.finish(prov)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         (out / "report.md").write_text(report(summary))
     print(f"results: {out}", flush=True)
