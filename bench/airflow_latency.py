@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fstream_bench.airflow_results import KIB, machine_line, say, summary, write_results
+from fstream_bench.airflow_results import KIB, machine_line, say, start, summary, write_results
 from fstream_bench.airflow_rig import Rig
 from fstream_bench.airflow_timed import MARKS
 
@@ -176,6 +176,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     polls = [float(x) for x in args.polls.split(",") if x]
     workdir = Path(tempfile.mkdtemp(prefix="fstream-bench-airflow-", dir=args.workdir))
     load_before = os.getloadavg()
+    prov = start(args)
     try:
         kw = f'tuner="fixed", cc=2, plot_dir="{workdir}/plots"'
         dag_polls = tuple(float(x) for x in args.dag_polls.split(",") if x)
@@ -200,5 +201,5 @@ def cmd_latency(args: argparse.Namespace) -> int:
     res = {"bench": "airflow-latency", "machine": machine_line(), "load_before": load_before,
            "load_after": os.getloadavg(), "file_size": args.file_size, "seed": args.seed, "timings": timings,
            "trigger": trig, "simulated": sims, "dag": dag, "argv": args.raw_argv}
-    return write_results("latency", res, latency_markdown(res), args)
+    return write_results("latency", res, latency_markdown(res), args, prov)
 

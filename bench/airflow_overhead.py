@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from fstream_bench.airflow_results import machine_line, say, size_label, write_results
+from fstream_bench.airflow_results import machine_line, say, size_label, start, write_results
 from fstream_bench.airflow_rig import Rig, fstream_bin
 
 
@@ -43,6 +43,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         datasets.append((item, int(n), int(parse_size(sz))))
     workdir = Path(tempfile.mkdtemp(prefix="fstream-bench-airflow-", dir=args.workdir))
     load_before = os.getloadavg()
+    prov = start(args)
     results: dict[str, Any] = {}
     try:
         kw = f'tuner="{args.tuner}", cc={args.cc}, plot_dir="{workdir}/plots"'
@@ -116,7 +117,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     res = {"bench": "airflow-overhead", "machine": machine_line(), "load_before": load_before,
            "load_after": os.getloadavg(), "tuner": args.tuner, "cc": args.cc, "reps": args.reps, "warmup": args.warmup,
            "timings": timings, "datasets": results, "argv": args.raw_argv}
-    return write_results("overhead", res, overhead_markdown(res), args)
+    return write_results("overhead", res, overhead_markdown(res), args, prov)
 
 
 def _time_save_plot(path: Path, runs: int = 5) -> float:

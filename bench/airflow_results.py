@@ -10,7 +10,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fstream_bench import provenance
+
 KIB, MIB = 2**10, 2**20
+
+#: what an Airflow result exercised (``provenance``): the agent, the whole provider (operator, sensor,
+#: trigger, hooks, bus), and the benchmark's own pieces (rig, timed classes, dataset writer)
+MODULES = (*provenance.AGENT, "fstream_provider", "fstream_bench.airflow_bench", "fstream_bench.airflow_latency",
+           "fstream_bench.airflow_overhead", "fstream_bench.airflow_results", "fstream_bench.airflow_rig",
+           "fstream_bench.airflow_timed", "fstream_bench.report", "fstream_bench.workload_gen")
+
+
+def start(args: argparse.Namespace) -> dict:
+    """The provenance of a run that starts now (``args.raw_argv``: the words after ``fstream bench airflow``)."""
+    return provenance.start("airflow", list(getattr(args, "raw_argv", None) or []), MODULES)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -40,9 +53,16 @@ def size_label(n: int) -> str:
 
 
 
-def write_results(kind: str, res: dict[str, Any], md: str, args: argparse.Namespace) -> int:
+def write_results(kind: str, res: dict[str, Any], md: str, args: argparse.Namespace,
+                  prov: dict | None = None) -> int:
+    """``airflow-KIND-<stamp>.json`` and ``.md``; the JSON carries ``provenance`` (``prov`` from
+    :func:`start`, finished here; one started now if the caller had none)."""
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
+    res["provenance"] = provenance.finish(prov if prov is not None else start(args))
+    md += (f"\nProvenance: `{res['provenance']['command']}`, commit {res['provenance']['commit'][:12]}"
+           f"{' (dirty)' if res['provenance']['dirty'] else ''}, code {res['provenance']['code_hash'][:19]}; "
+           "every sample is in the JSON.\n")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = out / f"airflow-{kind}-{stamp}"
     base.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str) + "\n")

@@ -37,6 +37,18 @@ from fstream_bench.report import machine_info
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
+def __getattr__(name: str):
+    """``MODULES``: what a flow result exercised (``provenance``): the agent (``send``, ``receive``), the
+    flow package and this benchmark (its driver runs in the measured processes). Computed on use, so
+    the driver processes, whose peak RSS is measured, do not import ``provenance``."""
+    if name == "MODULES":
+        from fstream_bench import provenance
+
+        return (*provenance.AGENT, "fstream_provider.flow", "fstream_bench.flow_bench", "fstream_bench.report",
+                "fstream_bench.workload_gen")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # -- the driver: one measured run in a fresh process -------------------------------------------------
 def drive(argv: list[str]) -> int:
     """``python -m fstream_bench.flow_bench --drive MODE ...``: run one transfer, print one JSON line."""
@@ -193,7 +205,8 @@ def latency(work: Path, secret: Path, n: int, size: int, rate: float, inotify: b
     lat = sorted(float(t) - closed[p] for t, p in (line.split(" ", 1) for line in stamps.read_text().splitlines()))
     q = statistics.quantiles(lat, n=100, method="inclusive")
     return {"watch": "inotify" if inotify else "polling 1 s", "files": n, "size": size, "rate": rate,
-            "p50": q[49], "p90": q[89], "p99": q[98], "max": lat[-1], "min": lat[0]}
+            "p50": q[49], "p90": q[89], "p99": q[98], "max": lat[-1], "min": lat[0],
+            "latencies_s": [round(x, 6) for x in lat]}  # every file's, sorted
 
 
 # -- throughput ----------------------------------------------------------------------------------------
@@ -224,6 +237,7 @@ def throughput(work: Path, secret: Path, name: str, files: int, size: int, repea
     modes = ("send", "send-manifest", "flow")
     runs: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}  # CPU-seconds of the sending process (all its threads)
+    raw: list[dict] = []  # every run as the driver reported it, in the order run
     for rep in range(repeats):
         for mode in (modes if rep % 2 == 0 else modes[::-1]):
             dst = work / "tp-dst"
@@ -237,10 +251,11 @@ def throughput(work: Path, secret: Path, name: str, files: int, size: int, repea
                 rx.stop()
             runs[mode].append(files * size * 8 / r["seconds"])
             cpu[mode].append(r["cpu_s"])
+            raw.append({"repeat": rep, **r})
     shutil.rmtree(src, ignore_errors=True)
     med = {m: statistics.median(v) for m, v in runs.items()}
     return {"data": name, "files": files, "size": size, "runs_bps": runs, "median_bps": med,
-            "cpu_s": {m: statistics.median(v) for m, v in cpu.items()},
+            "cpu_s": {m: statistics.median(v) for m, v in cpu.items()}, "runs_cpu_s": cpu, "runs": raw,
             "ratio": med["flow"] / med["send"], "ratio_manifest": med["flow"] / med["send-manifest"]}
 
 
@@ -262,6 +277,7 @@ def memory(work: Path, secret: Path, files: int, size: int) -> dict:
             rx.stop()
         out[f"{mode}_maxrss_mib"] = r["maxrss_kib"] / 1024
         out[f"{mode}_seconds"] = r["seconds"]
+        out.setdefault("runs", []).append(r)  # the driver's own report of each run
     shutil.rmtree(src, ignore_errors=True)
     return out
 
@@ -302,6 +318,10 @@ def report(res: dict) -> str:
                   "|---|---|---|---|---|",
                   f"| {r['files']:,} x {r['size']} B | {r['watch_maxrss_mib']:.0f} MiB | {r['send_maxrss_mib']:.0f} MiB "
                   f"| {r['watch_seconds']:.0f} s | {r['send_seconds']:.0f} s |", ""]
+    if res.get("provenance"):
+        p = res["provenance"]
+        lines.append(f"Provenance: `{p['command']}`, commit {p['commit'][:12]}{' (dirty)' if p['dirty'] else ''}, "
+                     f"code {p['code_hash'][:19]}; every run and every file's latency are in results.json.")
     return "\n".join(lines)
 
 
@@ -325,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     pin(not a.no_pin)
     parts = set(a.parts.split(","))
-    res: dict = {"machine": machine_info(), "argv": argv, "pinned": bool(PIN["src"])}
+    from fstream_bench import provenance
+
+    prov = provenance.start("flow", argv, __getattr__("MODULES"))
+    res: dict = {"bench": "flow", "provenance": prov, "machine": machine_info(), "argv": argv,
+                 "pinned": bool(PIN["src"])}
     work = Path(tempfile.mkdtemp(prefix="fstream-flow-bench-", dir=a.workdir))
     try:
         secret = work / "secret"
@@ -342,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             res["memory"] = memory(work, secret, a.memory_files, a.memory_size)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    provenance.finish(prov)
     out = Path(a.results) / f"flow-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1))

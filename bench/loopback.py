@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import statistics
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from fstream_bench import provenance
 from fstream_bench.cpu_meter import ServerCpu
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers import gridftp, iperf
@@ -35,6 +35,11 @@ from fstream_bench.workload_gen import content_block, write_file
 
 GIB = 2**30
 KIB = 2**10
+
+#: what a loopback result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
+#: GridFTP, iperf3 drivers), CPU meter, memory hold and dataset writer
+MODULES = (*provenance.AGENT, "fstream_bench.loopback", "fstream_bench.peers", "fstream_bench.cpu_meter",
+           "fstream_bench.report", "fstream_bench.vm_memory", "fstream_bench.workload_gen")
 
 
 def make_datasets(root: Path, *, big_bytes: int = GIB, small_count: int = 2000, small_bytes: int = 256 * KIB,
@@ -342,6 +347,11 @@ def markdown(doc: dict, command: str) -> str:
     for r in doc["results"]:
         if not r["ok"]:
             lines.append(f"\n- {r['case']}: {r['tool']} failed: {r['error'][:300]}")
+    if doc.get("provenance"):
+        p = doc["provenance"]
+        lines += ["", f"Provenance: commit {p['commit'][:12]}{' (dirty)' if p['dirty'] else ''}, code "
+                  f"{p['code_hash'][:19]}, load {p['load_start'][0]:.2f} at start, {p['load_end'][0]:.2f} at end; "
+                  "every run is in the JSON's `results`."]
     return "\n".join(lines) + "\n"
 
 
@@ -351,9 +361,11 @@ def main(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):  # so the memory hold is restored on a kill or a hang-up
         signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     t0 = time.time()
+    prov = provenance.start("loopback", list(args.raw_argv), MODULES)
     doc = run(workdir, repeat=args.repeat, big_bytes=args.big_bytes, small_count=args.small_count,
               small_bytes=args.small_bytes, pp=args.pp, pin=not args.no_pin, only=args.cases, tools=args.tools)
-    doc["command"] = "fstream bench loopback " + " ".join(shlex.quote(a) for a in args.raw_argv)
+    doc["provenance"] = provenance.finish(prov)
+    doc["command"] = prov["command"]
     doc["wall_seconds"] = time.time() - t0
     out = Path(args.results) / f"loopback-{time.strftime('%Y%m%d-%H%M%S')}"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_provider.model.units import parse_duration, parse_rate, parse_size
+
+#: what a pathfill result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
+#: GridFTP, iperf3), the WAN testbed (path, delay line driver, selfcheck) and the harness pieces
+MODULES = (*provenance.AGENT, "fstream_bench.pathfill", "fstream_bench.peers", "fstream_bench.wan",
+           "fstream_bench.cpu_meter", "fstream_bench.report", "fstream_bench.workload_gen")
 
 
 def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:
@@ -40,6 +46,7 @@ def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="fstream bench pathfill", description=__doc__)
     ap.add_argument("--rate", default="1Gbit")
     ap.add_argument("--rtt", default="40ms")
@@ -69,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.results)
     out_dir.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()
+    prov = provenance.start("pathfill", argv, MODULES)
     path = WanPath(WanConfig(rate_bps=rate, rtt_s=rtt, buffer_bytes=buf, run_id="pf"))
     path.up()
     rows: list[dict] = []
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"selfcheck: rtt {check.get('rtt_ms')} ms, iperf3 -P 16 {check.get('parallel_bps', 0) / 1e6:.0f} Mbit/s, "
              f"one stream {check.get('single_stream_bps', 0) / 1e6:.0f} Mbit/s, cc {check.get('cc')}", "",
-             f"reproduce: `fstream bench pathfill {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+             f"reproduce: `{prov['command']}`", "",
              "| case | tool | ok | files | GB | s | Mbit/s | / iperf3 -P 16 | / link payload |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -114,10 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     g, s_ = by.get("gridftp-globus (1000 x 1 MiB)"), by.get("fstream (1000 x 1 MiB)")
     if g and s_ and g["throughput_bps"]:
         lines += ["", f"fstream / gridftp-globus on 1000 x 1 MiB: {s_['throughput_bps'] / g['throughput_bps']:.2f}x"]
+    provenance.finish(prov)
+    lines += ["", f"provenance: commit {prov['commit'][:12]}{' (dirty)' if prov['dirty'] else ''}, code "
+              f"{prov['code_hash'][:19]}, load {prov['load_start'][0]:.2f} at start, {prov['load_end'][0]:.2f} "
+              "at end; every run is in the JSON's `rows`"]
     md = "\n".join(lines) + "\n"
     (out_dir / f"pathfill-{stamp}.md").write_text(md)
-    (out_dir / f"pathfill-{stamp}.json").write_text(json.dumps({"selfcheck": check, "rows": rows}, indent=1,
-                                                                 default=str))
+    config = {"rate": args.rate, "rtt": args.rtt, "buffer": args.buffer, "large_count": args.large_count,
+              "large_size": args.large_size, "small_count": args.small_count, "small_size": args.small_size,
+              "profile_interval": args.profile_interval, "link_payload_bps": link}
+    (out_dir / f"pathfill-{stamp}.json").write_text(json.dumps(
+        {"bench": "pathfill", "provenance": prov, "config": config, "selfcheck": check, "rows": rows},
+        indent=1, default=str))
     print(md)
     return 0
 

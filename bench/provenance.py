@@ -10,7 +10,7 @@ The hash is taken over each module's syntax tree with docstrings dropped, writte
 between versions), so a comment, a blank line or a reworded docstring does not stale a result and
 any change to what runs does.
 Modules are named by import name (``transfer_agent``, ``fstream_bench.loopback``); a package
-stands for every ``.py`` file under it.
+stands for every source file under it (``.py`` by syntax tree; ``.c``, ``.h``, ``.rs`` byte for byte).
 """
 
 from __future__ import annotations
@@ -33,14 +33,18 @@ AGENT = ("transfer_agent", "fstream_provider.model", "fstream_provider.tuning", 
          "fstream_provider.bus")
 
 
+#: What a package's code is made of: Python, and the C some benchmarks compile (bench/wan's delay line).
+SOURCE_SUFFIXES = (".py", ".c", ".h", ".rs")
+
+
 def _files(module: str) -> list[tuple[str, Path]]:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None and not spec.submodule_search_locations:
         raise LookupError(f"provenance: module {module!r} is not importable")
     if spec.submodule_search_locations:  # a package: every .py file under it
         root = Path(next(iter(spec.submodule_search_locations)))
-        return [(module + "/" + p.relative_to(root).as_posix(), p) for p in sorted(root.rglob("*.py"))
-                if "__pycache__" not in p.parts]
+        return [(module + "/" + p.relative_to(root).as_posix(), p) for p in sorted(root.rglob("*"))
+                if p.suffix in SOURCE_SUFFIXES and p.is_file() and "__pycache__" not in p.parts]
     return [(module, Path(spec.origin))]
 
 
@@ -58,8 +62,11 @@ def code_hash(modules: list[str] | tuple[str, ...]) -> str:
     """sha256 over the docstring- and comment-free source of ``modules`` (sorted, each named)."""
     h = hashlib.sha256()
     for name, path in sorted({f for m in modules for f in _files(m)}):
-        tree = _strip_docstrings(ast.parse(path.read_bytes(), filename=str(path)))
-        h.update(name.encode() + b"\0" + ast.unparse(tree).encode() + b"\0")
+        if path.suffix == ".py":
+            body = ast.unparse(_strip_docstrings(ast.parse(path.read_bytes(), filename=str(path)))).encode()
+        else:  # native sources (the WAN delay line's C): byte for byte
+            body = path.read_bytes()
+        h.update(name.encode() + b"\0" + body + b"\0")
     return "sha256:" + h.hexdigest()
 
 

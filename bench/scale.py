@@ -7,7 +7,10 @@ and verifies every file). At each checkpoint (10k, 50k, 100k) the benchmark wait
 destination holds every file, then records the sender's and the receiver's RSS (psutil) and
 the cost of a scan: the agent's own ``SourceWatcher`` polled in this process on the same tree,
 once with nothing new and once after ``batch`` new files, in both inotify and polling mode.
-If the sender's interval records carry ``scan_seconds`` those are reported too.
+The watcher timed is the class ``fstream send --watch`` itself uses (taken from
+``transfer_agent.sending.sender``, today ``fstream_provider.watch.source_watcher.SourceWatcher``).
+The sender's own interval records carry ``scan_seconds`` (and ``scan_listed``); those are kept
+per record and summarised per checkpoint too.
 """
 
 from __future__ import annotations
@@ -15,16 +18,34 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import threading
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers.base import PeerError, Sites, spawn, stop
 from fstream_bench.report import machine_info
 from fstream_bench.workload_gen import content_block
 
 PER_DIR = 1000
+
+#: what a scale result exercised (``provenance``): the agent, this benchmark and its harness pieces
+MODULES = (*provenance.AGENT, "fstream_bench.scale", "fstream_bench.peers", "fstream_bench.cpu_meter",
+           "fstream_bench.report", "fstream_bench.workload_gen")
+
+
+def watcher_class():
+    """The class ``fstream send --watch`` scans its sources with (so the benchmark times that one)."""
+    from transfer_agent.sending import sender
+
+    return sender.SourceWatcher
+
+
+def watcher_name() -> str:
+    w = watcher_class()
+    return f"{w.__module__}.{w.__qualname__}"
 
 
 def _rss(pid: int) -> int:
@@ -64,9 +85,7 @@ def _add(src: Path, protos: Path, start: int, count: int, size: int, block: byte
 
 def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dict:
     """Time a SourceWatcher's polls over ``src``: first (all files), idle, and after new files."""
-    from fstream_provider.watch.source_watcher import SourceWatcher
-
-    w = SourceWatcher([str(src) + "/"], "scan", use_inotify=inotify)
+    w = watcher_class()([str(src) + "/"], "scan", use_inotify=inotify)
     try:
         t = time.perf_counter()
         w.poll()
@@ -82,7 +101,7 @@ def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dic
 
 def run(workdir: Path, *, files: int = 100_000, size: int = 64 * 2**10, checkpoints=(10_000, 50_000, 100_000),
         batch: int = 2000, interval: str = "1s", log=print) -> dict:
-    from fstream_provider.watch.source_watcher import SourceWatcher
+    SourceWatcher = watcher_class()  # noqa: N806  (the sender's own watcher class)
 
     workdir = Path(workdir)
     src, dst = workdir / "src", workdir / "dst"
@@ -164,15 +183,29 @@ def run(workdir: Path, *, files: int = 100_000, size: int = 64 * 2**10, checkpoi
         probe_inotify.close()
         stop(sender)
     doc = {"machine": machine_info(), "files": files, "size": size, "batch": batch, "interval": interval,
+           "watcher": watcher_name(),
            "checkpoints": [r["checkpoint"] for r in rows if "checkpoint" in r],
            "steps": [r for r in rows if "checkpoint" not in r]}
     try:
         send_doc = json.loads((workdir / "send.json").read_text() or "{}")
-        scans = [iv.get("scan_seconds") for iv in send_doc.get("intervals", []) if "scan_seconds" in iv]
-        doc["sender_scan_seconds"] = scans
     except (OSError, json.JSONDecodeError):
-        doc["sender_scan_seconds"] = []
+        send_doc = {}
+    # the sender's own scans, one per interval record: what ``send --watch`` paid, in its process
+    doc["sender_scans"] = [{k: iv.get(k) for k in ("t", "scan_seconds", "scan_listed", "files_done")}
+                           for iv in send_doc.get("intervals", []) if "scan_seconds" in iv]
+    doc["sender_scan_seconds"] = [s["scan_seconds"] for s in doc["sender_scans"]]
+    prev = -1
+    for c in doc["checkpoints"]:  # per checkpoint: the scans while the sender's shipped count was in (prev, files]
+        c["sender_scans"] = _scan_summary([s["scan_seconds"] for s in doc["sender_scans"]
+                                           if prev < (s.get("files_done") or 0) <= c["files"]])
+        prev = c["files"]
     return doc
+
+
+def _scan_summary(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0}
+    return {"n": len(xs), "median_s": statistics.median(xs), "max_s": max(xs)}
 
 
 def markdown(doc: dict, command: str) -> str:
@@ -180,19 +213,34 @@ def markdown(doc: dict, command: str) -> str:
     lines = [f"Command: `{command}`  ",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}; load average at start "
              f"{m.get('loadavg', '?')}; date {m['date']}. {doc['size'] // 1024} KiB files, "
-             f"{doc['batch']} new files per step, sender `--watch --interval {doc['interval']}`.", "",
+             f"{doc['batch']} new files per step, sender `--watch --interval {doc['interval']}`. "
+             f"Scan cost: the benchmark polls `{doc.get('watcher', '?')}` (the watcher `fstream send --watch` "
+             "uses) over the same growing tree, once polling and once with inotify; \"sender's own scans\" are "
+             "the `scan_seconds` of the sender's interval records while it had shipped up to that checkpoint "
+             "(median / max, count).", "",
              "| files | landed | elapsed (s) | sender RSS (MiB) | receiver RSS (MiB) | sender peak | receiver peak "
              "| scan with new files, polling (ms) | same, inotify (ms) | idle scan, polling (ms) "
-             "| idle scan, inotify (ms) | fresh full scan (ms) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| idle scan, inotify (ms) | fresh full scan (ms) | sender's own scans (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["checkpoints"]:
         lines.append(f"| {c['files']:,} | {c['landed']:,} | {c['elapsed_s']:.0f} | {c['sender_rss'] / 2**20:.0f} | "
                      f"{c['receiver_rss'] / 2**20:.0f} | {c['sender_peak_rss'] / 2**20:.0f} | "
                      f"{c['receiver_peak_rss'] / 2**20:.0f} | {c['scan_new_poll_s'] * 1000:.1f} | "
                      f"{c['scan_new_inotify_s'] * 1000:.1f} | {c['scan_idle_poll_s'] * 1000:.1f} | "
                      f"{c['scan_idle_inotify_s'] * 1000:.1f} | "
-                     f"{c['fresh_watcher_full_scan']['first_scan_s'] * 1000:.0f} |")
+                     f"{c['fresh_watcher_full_scan']['first_scan_s'] * 1000:.0f} | "
+                     f"{_scan_cell(c.get('sender_scans'))} |")
+    if "provenance" in doc:
+        p = doc["provenance"]
+        lines += ["", f"Provenance: commit {p['commit'][:12]}{' (dirty)' if p['dirty'] else ''}, code "
+                  f"{p['code_hash'][:19]}, load {p['load_start'][0]:.2f} at start, {p['load_end'][0]:.2f} at end."]
     return "\n".join(lines) + "\n"
+
+
+def _scan_cell(s: dict | None) -> str:
+    if not s or not s.get("n"):
+        return "—"
+    return f"{s['median_s'] * 1000:.1f} / {s['max_s'] * 1000:.1f} ({s['n']})"
 
 
 def main(args) -> int:
@@ -201,13 +249,15 @@ def main(args) -> int:
 
     workdir = Path(args.workdir or f"/tmp/fstream-bench-scale-{os.getpid()}")
     cps = tuple(int(x) for x in args.checkpoints.split(",") if x.strip())
+    prov = provenance.start("scale", list(args.raw_argv), MODULES)
     try:
         doc = run(workdir, files=args.files, size=args.size, checkpoints=cps, batch=args.batch,
                   interval=args.interval)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    cmd = "fstream bench scale " + " ".join(args.raw_argv)
+    doc["provenance"] = provenance.finish(prov)
+    cmd = prov["command"]
     doc["command"] = cmd
     out = Path(args.results) / f"scale-{time.strftime('%Y%m%d-%H%M%S')}"
     out.parent.mkdir(parents=True, exist_ok=True)

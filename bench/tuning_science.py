@@ -13,23 +13,40 @@
   simulated calibration history, against the same oracle under background traffic
   (``fstream_provider.tuning.harp_ablation``).
 
-``--part fstream`` or ``--part harp`` runs one half.
+``--part fstream`` or ``--part harp`` runs one half. Every run also writes
+``bench/results/tuning-science-<stamp>.json`` (``--results``): ``provenance``, the grid and every row
+behind the tables (``throughput``, ``recovery``, ``qos``, ``harp``; the mix timeline and the QoS
+traces of the figures), so a goal is read from the result, not from the Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import math
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_provider.tuning import ablation as A
 from fstream_provider.tuning import harp_ablation as H
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 QUICK_GRID = ((2, 4, 8, 16, 32), (1, 4, 16), (0, 4, 32))
+#: what a tuning-science result exercised (``provenance``): the simulator, tuners and ablation, and this driver
+MODULES = ("fstream_provider.tuning", "fstream_bench.tuning_science")
+
+
+def _plain(rows: list[dict]) -> list[dict]:
+    """The rows without their simulation objects, NaN as None: JSON for the result file."""
+    def num(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return [{k: num(v) for k, v in r.items() if k != "result"} for r in rows]
 
 
 def _csv(path: Path, rows: list[dict]) -> None:
@@ -185,14 +202,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "figures"), help="where PNG, CSV and Markdown go")
     ap.add_argument("--quick", action="store_true", help="a 45-point oracle grid instead of 200")
     ap.add_argument("--part", choices=("all", "fstream", "harp"), default="all", help="one half only")
+    ap.add_argument("--results", default=str(RESULTS_DIR),
+                    help="where tuning-science-<stamp>.json goes (default bench/results)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     grid = QUICK_GRID if args.quick else A.ORACLE_GRID
     load = os.getloadavg()[0]
+    prov = provenance.start("tuning-science", argv, MODULES)
+    setup = A.Setup()
+    doc: dict = {"bench": "tuning-science", "provenance": prov, "part": args.part,
+                 "grid": {"cc": list(grid[0]), "p": list(grid[1]), "pp": list(grid[2])},
+                 "path": {"bandwidth_bps": setup.path.bandwidth_bps, "rtt_s": setup.path.rtt_s,
+                          "tcp_buffer": setup.path.tcp_buffer}, "seconds": {}}
     if args.part in ("all", "harp"):
         t0 = time.time()
         hr = H.harp_rows(grid=grid)
+        doc["seconds"]["harp"] = time.time() - t0
+        doc["harp"] = _plain(hr)
         _csv(out / "tuning-harp.csv", hr)
         md = harp_markdown(hr, grid=grid, seconds=time.time() - t0)
         (out / "tuning-harp.md").write_text(
@@ -200,16 +228,20 @@ def main(argv: list[str] | None = None) -> int:
             f"load {load:.2f} -->\n\n" + md + "\n")
         print(md)
     if args.part == "harp":
-        return 0
+        return _write(doc, args)
     t0 = time.time()
     tp = A.throughput_rows(grid=grid)
     rec = A.recovery_rows(grid=grid)
     qos = A.qos_rows()
     seconds = time.time() - t0
+    doc["seconds"]["fstream"] = seconds
+    doc["throughput"], doc["recovery"], doc["qos"] = _plain(tp), _plain(rec), _plain(qos)
     _csv(out / "tuning-vs-oracle.csv", tp)
     _plot_vs_oracle(tp, out / "tuning-vs-oracle.png")
-    _csv(out / "tuning-timeline-mix.csv", _plot_timeline(tp, out / "tuning-timeline-mix.png"))
-    _csv(out / "tuning-qos.csv", _plot_qos(qos, out / "tuning-qos.png"))
+    doc["timeline_mix"] = _plot_timeline(tp, out / "tuning-timeline-mix.png")
+    _csv(out / "tuning-timeline-mix.csv", doc["timeline_mix"])
+    doc["qos_timeline"] = _plot_qos(qos, out / "tuning-qos.png")
+    _csv(out / "tuning-qos.csv", doc["qos_timeline"])
     _csv(out / "tuning-qos-errors.csv", qos)
     _csv(out / "tuning-mix-recovery.csv", rec)
     md = markdown(tp, rec, qos, grid=grid, seconds=seconds)
@@ -217,6 +249,16 @@ def main(argv: list[str] | None = None) -> int:
         f"<!-- python -m fstream_bench.tuning_science{' --quick' if args.quick else ''}; load {load:.2f} -->\n\n"
         + md + "\n")
     print(md)
+    return _write(doc, args)
+
+
+def _write(doc: dict, args: argparse.Namespace) -> int:
+    provenance.finish(doc["provenance"])
+    res = Path(args.results)
+    res.mkdir(parents=True, exist_ok=True)
+    path = res / f"tuning-science-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"results: {path}")
     return 0
 
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from pathlib import Path
 
 from fstream_bench.wan import netns
 from fstream_bench.wan.netns import NotRootError, WanError
 
 EXIT_FAIL, EXIT_USAGE = 1, 2
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+#: what a selfcheck result exercised (``provenance``): the whole testbed (path, delay line driver,
+#: probe, background flows, storage cap) and this command line
+SELFCHECK_MODULES = ("fstream_bench.wan", "fstream_provider.model")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--parallel", type=int, default=16)
     sc.add_argument("--keep", action="store_true",
                     help="if the path was not up, build it for the check and leave it up")
+    sc.add_argument("--results", nargs="?", const=str(RESULTS_DIR), default=None, metavar="DIR",
+                    help="also write selfcheck-<stamp>.json (every sample + provenance) into DIR "
+                         "(default with no DIR: bench/results); written when the check fails too")
     bh = sub.add_parser("blackhole", help="drop all packets both ways for SECONDS")
     path_opts(bh, shape=False)
     bh.add_argument("seconds")
@@ -78,7 +87,9 @@ def _config(a: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``fstream bench wan`` command; 0 ok, 1 failed check/error, 2 usage or not root."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = _parser().parse_args(argv)
+    a.raw_argv = argv
     try:
         netns.require_root()
         return _dispatch(a)
@@ -125,12 +136,24 @@ def _dispatch(a: argparse.Namespace) -> int:
     if a.cmd == "selfcheck":
         from fstream_provider.model.units import parse_duration
 
+        prov = None
+        if a.results:
+            from fstream_bench import provenance
+
+            prov = provenance.start("wan", a.raw_argv, SELFCHECK_MODULES)
         try:
             path, built = WanPath.attach(a.run_id), False
         except WanError:
             path, built = WanPath(_config(a)).up(), True
         try:
-            res = selfcheck(path, duration=parse_duration(a.duration), parallel=a.parallel)
+            try:
+                res = selfcheck(path, duration=parse_duration(a.duration), parallel=a.parallel)
+            except WanError as exc:  # a failed check is a result too (SelfcheckError carries it)
+                if prov is not None and getattr(exc, "result", None) is not None:
+                    _write_selfcheck(Path(a.results), exc.result, prov, built=built)
+                raise
+            if prov is not None:
+                _write_selfcheck(Path(a.results), res, prov, built=built)
         finally:
             if built and not a.keep:
                 path.down()
@@ -161,6 +184,19 @@ def _dispatch(a: argparse.Namespace) -> int:
                           "background_flows": background_flows(path),
                           "delayline": path.stats()}, indent=1))
     return 0
+
+
+def _write_selfcheck(out_dir: Path, res: dict, prov: dict, *, built: bool) -> Path:
+    """``selfcheck-<stamp>.json``: the measurement (every RTT sample, each iperf3 second) and provenance."""
+    from fstream_bench import provenance
+
+    provenance.finish(prov)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"selfcheck-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    path.write_text(json.dumps({"bench": "wan selfcheck", "provenance": prov, "path_built_for_check": built,
+                                "ok": res.get("ok"), "result": res}, indent=1, default=str) + "\n")
+    print(f"results: {path}", file=sys.stderr)
+    return path
 
 
 if __name__ == "__main__":

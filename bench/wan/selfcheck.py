@@ -63,7 +63,9 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
         "cpus": os.cpu_count(),
     }
     result.update(_rtt(path, rtt_samples))
-    result["single_stream_bps"] = _iperf(path, 1, duration)["bps"]
+    single = _iperf(path, 1, duration)
+    result["single_stream_bps"] = single["bps"]
+    result["single_stream_intervals_bps"] = single["intervals_bps"]
     dl_pid = path.delayline_pid or (path.state.delayline_pid if path.state else None)
     cpu0, t0 = (netns.pid_cpu_times(dl_pid), time.monotonic()) if dl_pid else ((0.0, 0.0), 0.0)
     par = _iperf(path, parallel, duration)
@@ -76,6 +78,7 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
     result["parallel"] = parallel
     result["parallel_bps"] = par["bps"]
     result["parallel_retransmits"] = par["retransmits"]
+    result["parallel_intervals_bps"] = par["intervals_bps"]
     result["expected_goodput_bps"] = cfg.expected_goodput_bps
     result["buffer_limit_bps"] = cfg.buffer_bytes * 8 / cfg.rtt_s
     result["rate_ratio"] = round(par["bps"] / cfg.expected_goodput_bps, 4)
@@ -92,7 +95,7 @@ def selfcheck(path: WanPath, *, duration: float = 5.0, parallel: int = 16, rtt_s
         nbytes = int(min(256 << 20, max(16 << 20, cfg.disk_rate_bps / 8 * 3)))  # ~3 s of writing
         result["disk_dir"] = str(path.dst_dir)
         result["disk_rate_bps"] = cfg.disk_rate_bps
-        result["disk_write_bps"] = measure_write_bps(path.dst_dir, nbytes=nbytes)
+        result["disk_write_bps"] = measure_write_bps(path.dst_dir, nbytes=nbytes, cgroup=path.disk_cgroup)
         result["disk_ratio"] = round(result["disk_write_bps"] / cfg.disk_rate_bps, 4)
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     failures = []
@@ -153,7 +156,10 @@ def _rtt(path: WanPath, samples: int) -> dict[str, Any]:
     echo = sorted(m["echo_ms"])
     return {"rtt_ms": round(m["echo_median_ms"], 3), "rtt_min_ms": round(echo[0], 3),
             "rtt_max_ms": round(echo[-1], 3), "rtt_connect_ms": round(m["connect_median_ms"], 3),
-            "rtt_samples": len(echo)}
+            "rtt_samples": len(echo),
+            # every sample, in the order taken: the medians above are read from these
+            "rtt_echo_samples_ms": [round(x, 4) for x in m["echo_ms"]],
+            "rtt_connect_samples_ms": [round(x, 4) for x in m["connect_ms"]]}
 
 
 def _iperf(path: WanPath, streams: int, duration: float) -> dict[str, Any]:
@@ -175,7 +181,10 @@ def _iperf(path: WanPath, streams: int, duration: float) -> dict[str, Any]:
             raise WanError(f"iperf3 -P {streams} failed: {doc['error']}")
         end = doc["end"]
         return {"bps": float(end["sum_received"]["bits_per_second"]),
-                "retransmits": int(end.get("sum_sent", {}).get("retransmits", 0))}
+                "retransmits": int(end.get("sum_sent", {}).get("retransmits", 0)),
+                # the sender's per-second rate (the omitted first second excluded), for the record
+                "intervals_bps": [float(iv["sum"]["bits_per_second"]) for iv in doc.get("intervals", [])
+                                  if not iv.get("sum", {}).get("omitted")]}
     finally:
         netns.kill_and_wait([server.pid], timeout=2)
         server.wait()
