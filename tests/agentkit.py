@@ -64,7 +64,8 @@ def send(src: Any, port: int, secret_file: Path, dest: str = "out", **opts: Any)
     if not isinstance(opts.get("tuner", ""), str):
         kw["tuner"] = opts.pop("tuner")
     spec_opts = {k: v for k, v in opts.items() if k not in kw}
-    spec_opts.setdefault("tuner", "fixed")
+    if "tuner" not in kw:  # an injected tuner runs under the spec's default name, which takes every option
+        spec_opts.setdefault("tuner", "fixed")
     spec = TransferSpec.from_options(sources, f"fstream://127.0.0.1:{port}/{dest}", secret_file=str(secret_file),
                                      **spec_opts)
     return Transfer(spec, **kw).run()

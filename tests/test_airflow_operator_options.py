@@ -34,6 +34,8 @@ def op(**kw):
     ({"tuner_options": {"block_size": "4 bananas"}}, "tuner_options: block_size '4 bananas': expected a size"),
     ({"tuner_options": {"blocksize": "4MiB"}}, "unknown key(s) blocksize (accepted: profile_interval"),
     ({"tuner_options": {"cc": 4}}, "tuner_options: cc has its own parameter; pass cc= instead"),
+    ({"tuner": "fixed", "tuner_options": {"profile_interval": "5s"}}, "tuner 'fixed' takes no profile_interval"),
+    ({"tuner": "globus", "tuner_options": {"profile_interval": "5s"}}, "tuner 'globus' takes no profile_interval"),
 ])
 def test_bad_options_fail_at_construction_naming_what_is_wrong(kw, says):
     with pytest.raises(ValueError) as e:

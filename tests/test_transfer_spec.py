@@ -118,3 +118,80 @@ def test_cli_refuses_a_starting_point_the_tuner_would_ignore_before_connecting(c
                  "--cc", "8"])
     err = capsys.readouterr().err
     assert code == 2 and "fstream send: error: transfer spec: tuner 'dynamic' takes no cc/p/pp (got cc=8)" in err
+
+
+# -- every tuner against every tuning option (issue 26 item 7) ----------------------------------
+# What each tuner does with an option, read from the tuners (not from the registry's flags): an option
+# outside its set is refused by name. ``max_cc``, ``bandwidth``, ``rtt``, ``tcp_buffer`` and
+# ``sample_interval`` are not in the table: the sender uses them whatever the tuner (the channel cap, the
+# path recorded in the transfer history, the interval records), so every tuner takes them.
+TUNING_OPTIONS = {"cc": 4, "p": 2, "pp": 2, "target_throughput": "500Mbps", "variant": None,
+                  "utilisation": 0.8, "band": 0.1, "profile_interval": "5s"}
+TAKES = {
+    "fixed": {"cc", "p", "pp"},
+    "static": {"profile_interval"},
+    "dynamic": {"profile_interval"},
+    "fstream": set(TUNING_OPTIONS),
+    "globus": set(),
+    "adaptivecc": {"cc", "p", "pp", "profile_interval"},
+    "harp": {"variant", "profile_interval"},
+}
+# what a refusal says about the option (after "tuner 'NAME' ")
+REFUSAL = {"cc": "takes no cc/p/pp (got cc=4)", "p": "takes no cc/p/pp (got p=2)", "pp": "takes no cc/p/pp (got pp=2)",
+           "target_throughput": "cannot hold a target throughput", "variant": "has no variants",
+           "utilisation": "takes no utilisation or band", "band": "takes no utilisation or band",
+           "profile_interval": "takes no profile_interval (--profile-interval)"}
+
+
+def test_the_table_covers_every_tuner():
+    assert set(TAKES) == set(TUNER_NAMES)
+
+
+@pytest.mark.parametrize("name", TUNER_NAMES)
+@pytest.mark.parametrize("option", TUNING_OPTIONS)
+def test_every_tuner_takes_an_option_it_uses_and_refuses_one_it_would_ignore_naming_both(name, option):
+    value = TUNING_OPTIONS[option]
+    if option == "variant":
+        value = {"fstream": "thesis", "harp": "paper"}.get(name, "default")
+    if name in TAKES and option in TAKES[name]:
+        spec = TransferSpec.from_options(["/a"], DEST, tuner=name, **{option: value})
+        assert TransferSpec.from_json(spec.to_json()) == spec
+        return
+    with pytest.raises(ValueError) as e:
+        TransferSpec.from_options(["/a"], DEST, tuner=name, **{option: value})
+    assert f"tuner {name!r} {REFUSAL[option]}" in str(e.value)
+
+
+@pytest.mark.parametrize("name", TUNER_NAMES)
+def test_options_the_sender_uses_whatever_the_tuner_are_taken_by_every_tuner(name):
+    spec = TransferSpec.from_options(["/a"], DEST, tuner=name, max_cc=8, bandwidth="1Gbit", rtt="40ms",
+                                     tcp_buffer="1MiB", sample_interval="0.5s")
+    assert (spec.max_cc, spec.bandwidth_bps, spec.rtt_s, spec.tcp_buffer, spec.sample_interval_s) == (
+        8, 1e9, 0.04, 2**20, 0.5)
+
+
+def test_profile_interval_refusal_says_why_and_which_tuners_take_it():
+    with pytest.raises(ValueError) as e:
+        TransferSpec.from_options(["/a"], DEST, tuner="fixed", profile_interval="10s")
+    assert str(e.value) == (
+        "transfer spec: tuner 'fixed' takes no profile_interval (--profile-interval): it keeps the given cc/p/pp "
+        "for the whole transfer and never looks at a measurement; only 'static', 'dynamic', 'fstream', "
+        "'adaptivecc', 'harp' can change their settings between arrivals of files, at that interval")
+
+
+def test_a_stored_job_with_an_interval_its_tuner_ignored_still_reads_without_it():
+    # written before the refusal: the interval changed nothing for fixed, so dropping it changes nothing
+    spec = TransferSpec.from_options(["/a"], DEST, tuner="fixed", cc=3)
+    stored = {**json.loads(spec.to_json()), "profile_interval_s": 5.0}
+    assert TransferSpec.from_json(json.dumps(stored)) == spec
+    taker = TransferSpec.from_options(["/a"], DEST, tuner="static", profile_interval="5s")
+    assert TransferSpec.from_json(taker.to_json()).profile_interval_s == 5.0  # kept where it is used
+
+
+def test_cli_refuses_a_profile_interval_the_tuner_would_ignore_before_connecting(capsys, tmp_path):
+    from transfer_agent.cli.main import main
+
+    code = main(["send", str(tmp_path), "--to", DEST, "--secret-file", "/dev/null", "--tuner", "fixed",
+                 "--profile-interval", "10s"])
+    err = capsys.readouterr().err
+    assert code == 2 and "fstream send: error: transfer spec: tuner 'fixed' takes no profile_interval" in err

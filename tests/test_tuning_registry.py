@@ -74,3 +74,46 @@ def test_unknown_tuner_and_target_refusals_name_the_value_and_the_accepted():
     with pytest.raises(ValueError, match=r"tuner 'adaptivecc' cannot hold a target throughput; only 'fstream' can"):
         check_options("adaptivecc", target_throughput_bps=1e8)
     assert check_options("fstream", cc=4, target_throughput_bps=1e8).name == "fstream"
+
+
+TAKES_INTERVAL = [n for n in TUNER_NAMES if TUNERS[n].takes_interval]
+
+
+def _mixed() -> Workload:
+    """Small and large files at once: clustering tuners split the channels and re-split them as work drains."""
+    return Workload("mixed", [Batch(0.0, [FileInfo(f"s/{i}.dat", 2_000_000, "dat") for i in range(200)]
+                                    + [FileInfo(f"l/{i}.h5", 150_000_000, "h5") for i in range(10)])])
+
+
+def _run(name: str, interval: float) -> list:
+    """What tuner ``name`` did at each max_cc when consulted every ``interval`` seconds (everything arrives at 0)."""
+    out = []
+    for max_cc in (2, 8):  # 2: the channels are shared between clusters; 8: room for adaptivecc's doubling
+        path = PathInfo(1e9, 0.040, tcp_buffer=2**20, max_cc=max_cc)
+        res = simulate(make_tuner(name, path=path), _mixed(), path, profile_interval_s=interval,
+                       storage=dtn_storage(1e9))
+        layouts = [tuple((l["cluster"], l["cc"], l["p"], l["pp"]) for l in iv["layouts"]) for iv in res.intervals]
+        out.append((res.total_time_s, res.channels_opened, [x for i, x in enumerate(layouts) if i == 0 or x != layouts[i - 1]]))
+    return out
+
+
+def test_every_tuner_takes_or_refuses_the_profile_interval_and_a_refusal_says_why():
+    assert TAKES_INTERVAL == ["static", "dynamic", "fstream", "adaptivecc", "harp"]
+    for name, info in TUNERS.items():
+        assert info.takes_interval != bool(info.no_interval), name
+    for name in set(TUNER_NAMES) - set(TAKES_INTERVAL):
+        with pytest.raises(ValueError) as e:
+            check_options(name, profile_interval=True)
+        assert f"tuner {name!r} takes no profile_interval" in str(e.value) and TUNERS[name].no_interval in str(e.value)
+    for name in TAKES_INTERVAL:
+        assert check_options(name, profile_interval=True).name == name
+
+
+@pytest.mark.parametrize("name", TUNER_NAMES)
+def test_the_profile_interval_changes_what_the_tuners_taking_it_do_and_nothing_else(name):
+    # the simulator consults the tuner every interval, as the agent does between arrivals of files
+    often, rarely = _run(name, 0.5), _run(name, 5.0)
+    if name in TAKES_INTERVAL:
+        assert often != rarely, f"{name} takes a profile interval but did the same at 0.5 s and 5 s"
+    else:
+        assert often == rarely, f"{name} refuses a profile interval but it changed what it did"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import wankit
 from fstream_bench.wan import cli, netns
 from fstream_bench.wan.background import set_background
 from fstream_bench.wan.netns import WanError
@@ -22,16 +22,10 @@ from fstream_bench.wan.netns import WanError
 RATE, RTT = "200Mbit", "20ms"
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, TUN devices, tc)"
-    missing = netns.missing_tools()
-    if shutil.which("ss") is None:
-        missing.append("ss (iproute2)")
-    return ("missing " + ", ".join(missing)) if missing else None
-
-
-_REASON = _why_not()
+@pytest.fixture
+def wan_ready():
+    """Skip without root or a TUN device; without a tool skip too, or fail under FSTREAM_REQUIRE_WAN=1."""
+    wankit.require_wan("WAN testbed")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +52,7 @@ def _config(run_id: str):
 
 @pytest.fixture(scope="module")
 def wan_path(state_dir):
-    if _REASON is not None:
-        pytest.skip(f"WAN testbed: {_REASON}")
+    wankit.require_wan("WAN testbed")
     from fstream_bench.wan.path import WanPath
 
     path = WanPath(_config(_run_id()))
@@ -95,7 +88,7 @@ def test_bad_run_id_is_refused():
 
 
 @pytest.mark.wan
-@pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")
+@pytest.mark.usefixtures("wan_ready")
 def test_selfcheck_measures_the_configured_path(wan_path):
     from fstream_bench.wan.selfcheck import SelfcheckError, selfcheck
 
@@ -122,7 +115,7 @@ def test_selfcheck_measures_the_configured_path(wan_path):
 
 
 @pytest.mark.wan
-@pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")
+@pytest.mark.usefixtures("wan_ready")
 def test_selfcheck_fails_loudly_when_the_path_is_off(wan_path, capsys):
     from fstream_bench.wan.selfcheck import SelfcheckError, selfcheck
 
@@ -154,7 +147,7 @@ _HALF_OPEN = textwrap.dedent("""
 
 
 @pytest.mark.wan
-@pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")
+@pytest.mark.usefixtures("wan_ready")
 def test_blackhole_drops_everything_but_connections_survive(wan_path):
     from fstream_bench.wan.path import wait_listening
     from fstream_bench.wan.selfcheck import PROBE_PORT
@@ -187,7 +180,7 @@ def test_blackhole_drops_everything_but_connections_survive(wan_path):
 
 
 @pytest.mark.wan
-@pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")
+@pytest.mark.usefixtures("wan_ready")
 def test_background_flows_switch_on_and_off(wan_path):
     from fstream_bench.wan.background import background_flows
 
@@ -207,7 +200,7 @@ def test_background_flows_switch_on_and_off(wan_path):
 
 
 @pytest.mark.wan
-@pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")
+@pytest.mark.usefixtures("wan_ready")
 def test_down_removes_leftovers_of_a_crashed_run_and_nothing_else(state_dir):
     run_id = _run_id()
     # A process that builds a path, starts a flow inside it, and dies without cleaning up.
@@ -250,7 +243,7 @@ def test_down_removes_leftovers_of_a_crashed_run_and_nothing_else(state_dir):
 
 
 @pytest.mark.wan
-@pytest.mark.skipif(_REASON is not None, reason=f"WAN testbed: {_REASON}")
+@pytest.mark.usefixtures("wan_ready")
 def test_cli_up_down_leaves_nothing_behind(state_dir, capsys):
     run_id = _run_id()
     assert cli.main(["up", "--run-id", run_id, "--rate", "100Mbit", "--rtt", "10ms", "--json"]) == 0
@@ -264,32 +257,98 @@ def test_cli_up_down_leaves_nothing_behind(state_dir, capsys):
     _assert_nothing_left(run_id, [pid])
 
 
-def _storage_reason() -> str | None:
-    if _REASON is not None:
-        return _REASON
-    from fstream_bench.wan.storage import storage_supported
+@pytest.fixture
+def disk_ready(wan_ready):
+    """The WAN testbed, the disk tools (a missing one fails under FSTREAM_REQUIRE_WAN=1) and block I/O
+    throttling (cgroup-v1 blkio or cgroup-v2 io + memory; a host without it skips, saying why)."""
+    from fstream_bench.wan import storage
 
-    return storage_supported()
+    wankit.require_wan("disk limit", extra_tools=storage.missing_tools())
+    mode, why = storage.throttle_mode()
+    if mode is None:
+        pytest.skip(f"disk limit: {why}")
+    return mode
 
 
 @pytest.mark.wan
-@pytest.mark.skipif(_storage_reason() is not None, reason=f"disk limit: {_storage_reason()}")
-def test_destination_disk_write_cap_is_in_force_and_removed(state_dir):
+def test_destination_disk_write_cap_is_in_force_and_removed(state_dir, disk_ready):
     from fstream_bench.wan.path import WanConfig, WanPath
-    from fstream_bench.wan.storage import measure_write_bps
+    from fstream_bench.wan.storage import BLKIO_WRITE, measure_write_bps
 
     cap = 80e6 * 8  # 80 MB/s: far below what a RAM-backed loop device does uncapped
     path = WanPath(WanConfig(rate_bps=1e8, rtt_s=0.01, run_id=_run_id(), disk_rate_bps=cap,
                              disk_size_bytes=256 << 20))
     with path:
         info = dict(path.state.storage)
+        assert info["throttle"] == disk_ready
         assert os.path.ismount(path.dst_dir)
-        rate = measure_write_bps(path.dst_dir, nbytes=96 << 20)
+        if disk_ready == "v2":  # the cap is on the cgroup the destination's processes run in
+            assert path.disk_cgroup == info["cgroup"]
+            assert f"{info['majmin']} " in Path(info["cgroup"], "io.max").read_text()
+            inside = path.run("dst", ["cat", "/proc/self/cgroup"]).stdout
+            assert f"0::/{Path(info['cgroup']).name}" in inside.splitlines(), inside
+        else:
+            assert path.disk_cgroup is None  # the v1 rule caps every writer
+        rate = measure_write_bps(path.dst_dir, nbytes=96 << 20, cgroup=path.disk_cgroup)
         assert rate <= 1.05 * cap, f"wrote {rate / 8e6:.0f} MB/s through an 80 MB/s cap"
     assert not os.path.ismount(info["mount"]) and not os.path.exists(info["image"])
     back = netns.run(["losetup", "-nO", "BACK-FILE", info["loop"]], check=False).stdout
     assert info["image"] not in back, "loop device still attached to our image"
-    from fstream_bench.wan.storage import BLKIO_WRITE
+    if disk_ready == "v2":
+        assert not os.path.exists(info["cgroup"]), "cgroup left behind"
+    else:
+        assert not any(line.startswith(info["majmin"] + " ")
+                       for line in BLKIO_WRITE.read_text().splitlines()), "throttle rule left behind"
 
-    assert not any(line.startswith(info["majmin"] + " ")
-                   for line in BLKIO_WRITE.read_text().splitlines()), "throttle rule left behind"
+
+def _cgroup2_writable() -> str | None:
+    from fstream_bench.wan.storage import cgroup2_root
+
+    root = cgroup2_root()
+    if root is None:
+        return "no cgroup-v2 hierarchy mounted"
+    if not os.access(root / "cgroup.procs", os.W_OK):
+        return f"{root} is not writable here"
+    return None
+
+
+@pytest.mark.wan
+def test_the_disk_cgroup_holds_what_dst_starts_and_is_removed_even_when_removing_the_disk_fails(wan_path, tmp_path):
+    # A cgroup-v2 cap's cgroup, made by hand so that this runs on any cgroup-v2 mount (io.max itself
+    # needs the io controller on v2, which a hybrid host keeps on v1): the same names, joins, removal.
+    why = _cgroup2_writable()
+    if why:
+        pytest.skip(f"disk cgroup: {why}")
+    from fstream_bench.wan.path import _disk_paths, find_runs
+    from fstream_bench.wan.storage import cgroup2_root, leftover_cgroups, remove_disk
+
+    run_id = wan_path.config.run_id
+    cgroup = cgroup2_root() / f"fswan-{run_id}-dstdisk"
+    cgroup.mkdir()
+    proc = None
+    try:
+        wan_path.update_state(storage={"cgroup": str(cgroup)})
+        assert wan_path.disk_cgroup == str(cgroup) and leftover_cgroups()[run_id] == cgroup
+        assert run_id in find_runs()
+        proc = wan_path.exec("dst", ["sleep", "30"])  # the same pid runs sleep, inside the cgroup
+        deadline = time.monotonic() + 5
+        while (str(proc.pid) not in (cgroup / "cgroup.procs").read_text().split()
+               or netns.pid_cmdline(proc.pid)[:1] != ["sleep"]):
+            assert time.monotonic() < deadline, "the process never ran sleep inside the disk cgroup"
+            time.sleep(0.02)
+        src_side = wan_path.run("src", ["cat", "/proc/self/cgroup"]).stdout
+        assert f"0::/{cgroup.name}" not in src_side.splitlines()  # only the destination is capped
+        # removing the disk fails half-way (its "image" is a directory), the cgroup goes all the same
+        image_dir = tmp_path / "not-an-image"
+        image_dir.mkdir()
+        with pytest.raises(IsADirectoryError):
+            remove_disk({"image": str(image_dir), "mount": str(_disk_paths(run_id)[1])})
+        assert not cgroup.exists(), "cgroup left behind after a failed removal"
+        assert proc.poll() is None, "a process left in the cgroup is moved out, not killed"
+    finally:
+        wan_path.update_state(storage={})
+        if proc is not None:
+            netns.kill_and_wait([proc.pid])
+            proc.wait()
+        if cgroup.exists():
+            cgroup.rmdir()

@@ -120,13 +120,17 @@ def _dispatch(a: argparse.Namespace) -> int:
             print(json.dumps(res or {"run_id": path.config.run_id, "src_ns": path.src_ns,
                                      "dst_ns": path.dst_ns, "src_ip": path.src_ip,
                                      "dst_ip": path.dst_ip,
-                                     "dst_dir": str(path.dst_dir) if path.dst_dir else None},
+                                     "dst_dir": str(path.dst_dir) if path.dst_dir else None,
+                                     "dst_cgroup": path.disk_cgroup},
                                     indent=1))
         else:
             print(f"up: {path.config.describe()}; {path.src_ns} ({path.src_ip}) -> "
                   f"{path.dst_ns} ({path.dst_ip}); run commands with "
                   f"`ip netns exec {path.src_ns} ...`"
-                  + (f"; destination disk {path.dst_dir}" if path.dst_dir else ""))
+                  + (f"; destination disk {path.dst_dir}" if path.dst_dir else "")
+                  + (f" (cgroup v2: its write cap applies to processes in {path.disk_cgroup}; "
+                     f"`echo $$ > {path.disk_cgroup}/cgroup.procs` before `ip netns exec`)"
+                     if path.disk_cgroup else ""))
         return 0
     if a.cmd == "down":
         removed = cleanup_all() if a.all else {a.run_id: cleanup_run(a.run_id)}

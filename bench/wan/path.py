@@ -127,6 +127,13 @@ class WanPath:
         """Mount point of the write-capped destination disk (None without a disk limit)."""
         return _disk_paths(self.config.run_id)[1] if self.config.disk_rate_bps else None
 
+    @property
+    def disk_cgroup(self) -> str | None:
+        """The cgroup-v2 directory whose processes the disk cap applies to (None: no cap, or a v1 cap that
+        applies to every writer). :meth:`exec` and :meth:`run` put what they start in ``dst`` there."""
+        st = self.state
+        return (st.storage or {}).get("cgroup") if st else None
+
     def _disk_image(self) -> Path:
         base = self.config.disk_backing_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
         return Path(base) / f"fswan-{self.config.run_id}.disk.img" if base else _disk_paths(
@@ -293,16 +300,27 @@ class WanPath:
     def exec(self, ns: str, argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
         """Start ``argv`` inside namespace ``ns`` ("src"/"dst"); returns the Popen.
 
-        ``ip netns exec`` execs in place, so the Popen's pid is the program itself.
+        ``ip netns exec`` execs in place, so the Popen's pid is the program itself. In ``dst`` with a
+        cgroup-v2 disk cap it first joins :attr:`disk_cgroup` (and still execs in place).
         """
-        return subprocess.Popen(netns.ns_exec_argv(self.ns(ns), list(argv)), **popen_kwargs)
+        return subprocess.Popen(self._argv(ns, argv), **popen_kwargs)
+
+    def _argv(self, ns: str, argv: list[str]) -> list[str]:
+        name = self.ns(ns)
+        full = netns.ns_exec_argv(name, list(argv))
+        cgroup = self.disk_cgroup if name == self.dst_ns else None
+        if cgroup:  # joined before `ip netns exec`, whose fresh /sys has no cgroup mounts
+            from fstream_bench.wan.storage import in_cgroup_argv
+
+            full = in_cgroup_argv(cgroup, full)
+        return full
 
     def run(self, ns: str, argv: list[str], *, check: bool = True,
             timeout: float | None = None, **kw: Any) -> subprocess.CompletedProcess:
         """Run ``argv`` inside ``ns`` to completion, capturing text output."""
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
-        cp = subprocess.run(netns.ns_exec_argv(self.ns(ns), list(argv)), timeout=timeout, **kw)
+        cp = subprocess.run(self._argv(ns, argv), timeout=timeout, **kw)
         if check and cp.returncode != 0:
             raise WanError(f"{' '.join(argv)} in {self.ns(ns)} failed (exit {cp.returncode}): "
                            f"{(cp.stderr or cp.stdout or '').strip()}")
@@ -379,7 +397,8 @@ def cleanup_run(run_id: str) -> list[str]:
     """Remove every trace of run ``run_id``; return what was removed (for messages).
 
     Only things this testbed names: processes inside ``fswan-<id>-*`` namespaces, delay
-    line processes whose argv names those namespaces, the namespaces, and state files.
+    line processes whose argv names those namespaces, the namespaces, the destination disk and
+    its ``fswan-<id>-dstdisk`` cgroup, and state files.
     """
     netns.check_run_id(run_id)
     removed: list[str] = []
@@ -413,6 +432,11 @@ def cleanup_run(run_id: str) -> list[str]:
             from fstream_bench.wan.storage import remove_disk
 
             removed += remove_disk(disk)
+    from fstream_bench.wan.storage import leftover_cgroups, remove_cgroup
+
+    cgroup = leftover_cgroups().get(run_id)  # a v2 disk cap's cgroup, even with the disk already gone
+    if cgroup is not None and remove_cgroup(cgroup):
+        removed.append(f"cgroup {cgroup}")
     sd = state_dir()
     for suffix in (".json", ".ctl", ".tmp"):
         f = sd / f"{run_id}{suffix}"
@@ -428,8 +452,10 @@ def _disk_paths(run_id: str) -> tuple[Path, Path]:
 
 
 def find_runs() -> set[str]:
-    """Run ids with anything left on this machine: namespaces, state files, delay lines."""
-    run_ids = set(netns.our_namespaces())
+    """Run ids with anything left on this machine: namespaces, state files, delay lines, disk cgroups."""
+    from fstream_bench.wan.storage import leftover_cgroups
+
+    run_ids = set(netns.our_namespaces()) | set(leftover_cgroups())
     for f in state_dir().glob("*.json"):
         if netns.RUN_ID_RE.match(f.stem):
             run_ids.add(f.stem)

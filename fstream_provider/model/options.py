@@ -47,7 +47,8 @@ BlockSize = Annotated[int, BeforeValidator(_block_size)]
 class TunerOptions(BaseModel):
     """Options an operator passes as ``tuner_options``; every key is optional, unknown keys are refused.
 
-    :param profile_interval: the profiling interval (``10s``; default: the tuner's own).
+    :param profile_interval: the profiling interval (``10s``; default: the tuner's own); ``fixed`` and ``globus``
+        refuse it (``registry.check_options``).
     :param variant: ``fstream``: ``thesis``, ``default`` or either with switches (``thesis+jump``); ``harp``:
         ``paper``, ``default`` or either with switches (``paper+observed-grid``).
     :param utilisation: ``fstream``: the share of the bandwidth online profiling aims for (0.05-1).

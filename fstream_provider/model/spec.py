@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 from fstream_provider.model.validation import SpecError, explain
-from fstream_provider.tuning.registry import DEFAULT_TUNER, check_options, tuner_info, tuner_variant
+from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNERS, check_options, tuner_info, tuner_variant
 from fstream_provider.tuning.variants import FStreamVariant, HarpVariant
 
 BLOCK_SIZE_MIN = 4096
@@ -83,7 +83,7 @@ class TransferSpec(BaseModel):
     :param band: ``fstream`` only: accepted distance from that target (default and thesis 0.15).
     :param profile_interval_s: the profiling interval: how often the tuner decides (``fstream``) and is
         consulted at least (None: the tuner's own; fstream ``max(2 s, 50 RTT)``, its thesis variant and
-        the other tuners 10 s).
+        the other tuners 10 s); refused by tuners it would not change (``fixed``, ``globus``: ``registry.check_options``).
     :param sample_interval_s: how often an interval record is taken.
     :param watch: keep scanning the sources and ship new files.
     :param interval_s: scan interval in watch mode.
@@ -213,7 +213,8 @@ class TransferSpec(BaseModel):
             raise ValueError("tls_cert and tls_key must be given together")
         if self.cc is not None and self.cc > self.max_cc:
             raise ValueError(f"cc {self.cc}: more than max_cc {self.max_cc}")
-        check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=self.target_throughput_bps)
+        check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=self.target_throughput_bps,
+                      profile_interval=self.profile_interval_s is not None)
         self.tuner_variant()
         return self
 
@@ -243,10 +244,17 @@ class TransferSpec(BaseModel):
 
     @classmethod
     def from_json(cls, text: str) -> "TransferSpec":
-        """Read a spec stored on Redis (fields of older versions that nothing reads are dropped)."""
+        """Read a spec stored on Redis (fields of older versions that nothing reads are dropped).
+
+        Older versions also stored a profiling interval for tuners that ignore it (now refused when given):
+        it is dropped here, which changes nothing for those tuners, so such a queued job still runs.
+        """
         data = json.loads(text)
         for name in RETIRED_FIELDS:
             data.pop(name, None)
+        info = TUNERS.get(data.get("tuner", DEFAULT_TUNER)) if isinstance(data, dict) else None
+        if info is not None and not info.takes_interval:
+            data.pop("profile_interval_s", None)
         return cls.from_dict(data)
 
     @classmethod

@@ -191,7 +191,7 @@ class FStreamTransferOperator(BaseOperator):
             cc, p, pp = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp"))
             given = {k for k, v in opts.items() if v is not None} if isinstance(opts, dict) else set()
             check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target, variant="variant" in given,
-                          profiling=bool(given & {"utilisation", "band"}))
+                          profiling=bool(given & {"utilisation", "band"}), profile_interval="profile_interval" in given)
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: invalid transfer options: {exc}") from None
 

@@ -62,6 +62,9 @@ class TunerInfo:
     :param variant_of: parses its ``--variant`` text (the paper's algorithms as written, ours, switches);
         None: it has no variants.
     :param takes_profiling: it runs the thesis' online profiling, so ``--utilisation`` and ``--band`` apply.
+    :param takes_interval: its layout can change between arrivals of files, so how often it is consulted
+        (``--profile-interval``) changes what it does; a tuner without it is consulted at every arrival anyway.
+    :param no_interval: why ``--profile-interval`` is refused (when ``takes_interval`` is False).
     """
 
     name: str
@@ -74,6 +77,8 @@ class TunerInfo:
     uses_transfer_history: bool = False
     variant_of: Callable[..., Any] | None = None
     takes_profiling: bool = False
+    takes_interval: bool = False
+    no_interval: str = ""
 
     @property
     def takes_variant(self) -> bool:
@@ -101,29 +106,34 @@ def _harp(a: TunerArgs) -> Tuner:
 
 _ALL = (
     TunerInfo("fixed", "the given cc/p/pp (default 4/1/4) for every file, never changed", _fixed,
-              layout="settings"),
+              layout="settings",
+              no_interval="it keeps the given cc/p/pp for the whole transfer and never looks at a measurement"),
     TunerInfo("static", "the heuristic per cluster on the initial dataset, then kept",
               lambda a: StaticTuner(path=a.path),
               no_layout="it takes cc/p/pp from the heuristic once and never moves, so a starting point "
-                        "would be the whole transfer (that is the fixed tuner)"),
+                        "would be the whole transfer (that is the fixed tuner)",
+              takes_interval=True),
     TunerInfo("dynamic", "the heuristic again for every cluster that receives new files",
               lambda a: DynamicTuner(path=a.path),
               no_layout="it takes cc/p/pp from the heuristic on every dataset and measures nothing, "
-                        "so there is no search for a starting point to start"),
+                        "so there is no search for a starting point to start",
+              takes_interval=True),
     TunerInfo("fstream", "dynamic heuristic + online profiling + profiling history + QoS target; starts from "
               "HARP's prediction when transfer history exists", _fstream,
               layout="start", holds_target=True, uses_history=True, uses_transfer_history=True,
-              variant_of=FStreamVariant.parse, takes_profiling=True),
+              variant_of=FStreamVariant.parse, takes_profiling=True, takes_interval=True),
     TunerInfo("globus", "Globus-like presets by average file size (2 files at once)",
               lambda a: GlobusTuner(path=a.path),
-              no_layout="its presets by file size are the point of the baseline"),
+              no_layout="its presets by file size are the point of the baseline",
+              no_interval="it picks its preset when files arrive (and it is consulted at every arrival) and "
+                          "changes nothing in between"),
     TunerInfo("adaptivecc", "heuristic start, concurrency doubled while a utility improves, then kept",
               lambda a: AdaptiveCCTuner(path=a.path, start=a.start),
-              layout="start"),
+              layout="start", takes_interval=True),
     TunerInfo("harp", "HARP: one sample transfer per chunk, then settings from regression over transfer history",
               _harp, no_layout="its settings come from the history and the sample transfers (the sample "
                                "itself uses the heuristic, as in the paper)", uses_transfer_history=True,
-              variant_of=HarpVariant.parse),
+              variant_of=HarpVariant.parse, takes_interval=True),
 )
 
 TUNERS: dict[str, TunerInfo] = {t.name: t for t in _ALL}
@@ -145,7 +155,7 @@ def _names(pred: Callable[[TunerInfo], bool]) -> str:
 
 def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp: int | None = None,
                   target_throughput_bps: float | None = None, variant: bool = False,
-                  profiling: bool = False) -> TunerInfo:
+                  profiling: bool = False, profile_interval: bool = False) -> TunerInfo:
     """Refuse what tuner ``name`` would ignore, with the reason; return its ``TunerInfo``.
 
     :param name: the tuner.
@@ -155,6 +165,7 @@ def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp:
     :param target_throughput_bps: a QoS target.
     :param variant: a variant was given (only tuners with ``variant_of`` have variants).
     :param profiling: p or band was given (only tuners with ``takes_profiling``).
+    :param profile_interval: a profiling interval was given (only tuners with ``takes_interval``).
     """
     info = tuner_info(name)
     if variant and not info.takes_variant:
@@ -163,6 +174,10 @@ def check_options(name: str, *, cc: int | None = None, p: int | None = None, pp:
     if profiling and not info.takes_profiling:
         raise ValueError(f"tuner {name!r} takes no utilisation or band: those are the thesis' online "
                          f"profiling settings, which only {_names(lambda t: t.takes_profiling)} runs")
+    if profile_interval and not info.takes_interval:
+        raise ValueError(f"tuner {name!r} takes no profile_interval (--profile-interval): {info.no_interval}; "
+                         f"only {_names(lambda t: t.takes_interval)} can change their settings between "
+                         "arrivals of files, at that interval")
     given = {k: v for k, v in (("cc", cc), ("p", p), ("pp", pp)) if v is not None}
     if given and not info.layout:
         shown = ", ".join(f"{k}={v}" for k, v in given.items())

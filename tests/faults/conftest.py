@@ -5,7 +5,8 @@
 - ``agents``: starts ``fstream receive``/``send`` subprocesses with a fresh secret and kills
   whatever is left after the test;
 - ``fault_wan``: one emulated WAN path (200 Mbit/s, 20 ms) for the module, skipped without root
-  or tools (like ``tests/test_wan.py``), torn down with nothing left.
+  or tools (like ``tests/test_wan.py``; a missing tool fails under ``FSTREAM_REQUIRE_WAN=1``,
+  ``tests/wankit.py``), torn down with nothing left.
 """
 
 from __future__ import annotations
@@ -45,28 +46,12 @@ def agents(tmp_path: Path, fault_secret: Path) -> Iterator[Agents]:
         a.cleanup()
 
 
-def wan_reason() -> str | None:
-    """Why the emulated WAN cannot run here (None: it can)."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, TUN devices, tc)"
-    try:
-        from fstream_bench.wan import netns
-    except ImportError as exc:
-        return f"WAN testbed not importable ({exc})"
-    import shutil
-
-    missing = netns.missing_tools()
-    if shutil.which("ss") is None:
-        missing.append("ss (iproute2)")
-    return ("missing " + ", ".join(missing)) if missing else None
-
-
 @pytest.fixture(scope="module")
 def fault_wan(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A 200 Mbit/s, 20 ms RTT emulated path for this module (namespaces removed afterwards)."""
-    reason = wan_reason()
-    if reason is not None:
-        pytest.skip(f"WAN testbed: {reason}")
+    import wankit  # skip without root or TUN; without a tool skip too, or fail under FSTREAM_REQUIRE_WAN=1
+
+    wankit.require_wan("WAN testbed")
     from fstream_bench.wan.path import WanConfig, WanPath
 
     old = os.environ.get("FSTREAM_STATE_DIR")

@@ -42,7 +42,9 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-throughput", metavar="RATE", help="QoS target, e.g. 600Mbps")
     p.add_argument("--profile-interval", metavar="DURATION",
                    help="profiling interval: how often the tuner decides (default: the tuner's own; fstream "
-                        "max(2s, 50 RTT), its thesis variant and the other tuners 10s)")
+                        "max(2s, 50 RTT), its thesis variant and the other tuners 10s); used by --tuner "
+                        + ", ".join(t.name for t in TUNERS.values() if t.takes_interval)
+                        + "; the other tuners refuse it")
     p.add_argument("--variant", metavar="NAME",
                    help="fstream: 'thesis' (Alg. 1-3 as written) or 'default', with switches added or removed, "
                         "e.g. thesis+jump or default-pacing; switches: " + ", ".join(SWITCHES)
