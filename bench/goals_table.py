@@ -51,6 +51,9 @@ class Goal:
     #: what a result without provenance said (measured, met): shown as history, never as met
     was: tuple[str, str] | None = None
     doc: str = "summary.json"  #: the JSON inside a directory source
+    #: which results count, for a bench whose result files hold different measurements (a JSON
+    #: result that fails it is skipped; results before provenance are not JSON-checked)
+    select: Callable[[dict], bool] | None = None
     not_here: str | None = None  #: why it cannot be re-measured on this machine
 
 
@@ -104,17 +107,24 @@ def _load(path: Path, doc: str) -> dict:
 _STAMP = re.compile(r"(\d{8}-\d{6})")
 
 
-def _newest(root: Path, source: str | tuple[str, ...]) -> Path | None:
-    """The match with the latest ``YYYYMMDD-HHMMSS`` stamp in its name (then by name)."""
-    pats = (source,) if isinstance(source, str) else source
+def _newest(root: Path, goal: Goal) -> Path | None:
+    """The match with the latest ``YYYYMMDD-HHMMSS`` stamp in its name that ``select`` takes."""
+    pats = (goal.source,) if isinstance(goal.source, str) else goal.source
     matches = [Path(p) for pat in pats for p in glob.glob(str(root / pat))]
-    if not matches:
-        return None
 
-    def key(p: Path) -> tuple[str, str]:
+    def key(p: Path) -> tuple[str, bool, str]:  # the same stamp: the JSON (or run directory) over its .md
         m = _STAMP.search(p.name)
-        return (m.group(1) if m else "", p.name)
-    return max(matches, key=key)
+        return (m.group(1) if m else "", p.suffix == ".json" or p.is_dir(), p.name)
+    for p in sorted(matches, key=key, reverse=True):
+        if goal.select is None:
+            return p
+        try:
+            data = _load(p, goal.doc)
+        except (OSError, ValueError):
+            return p  # resolve() reports it unreadable
+        if not data or goal.select(data):
+            return p
+    return None
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -126,7 +136,7 @@ def _rel(path: Path, root: Path) -> str:
 
 def resolve(goal: Goal, root: Path = REPO) -> Row:
     """The row as the newest matching result and today's code say it is."""
-    path = _newest(root, goal.source)
+    path = _newest(root, goal)
     if path is None:
         return Row(goal, "broken", "—", "—", f"no result matches `{goal.source}`",
                    problem=f"its result is missing: nothing matches {goal.source}")

@@ -83,6 +83,10 @@ def _add(src: Path, protos: Path, start: int, count: int, size: int, block: byte
         os.link(first, d / f"f{i:06d}.dat")
 
 
+#: Idle scans timed per checkpoint (a single 7 ms scan is one sample of a noisy clock).
+IDLE_SCANS = 5
+
+
 def _scan_cost(src: Path, add_dir: Path | None, step: int, inotify: bool) -> dict:
     """Time a SourceWatcher's polls over ``src``: first (all files), idle, and after new files."""
     w = watcher_class()([str(src) + "/"], "scan", use_inotify=inotify)
@@ -154,18 +158,22 @@ def run(workdir: Path, *, files: int = 100_000, size: int = 64 * 2**10, checkpoi
                     for k, pid in (("sender", sender.pid), ("receiver", rx.proc.pid)):
                         peak[k] = max(peak[k], _rss(pid))
                 # idle scans over the whole tree: nothing new, so cost should not grow with files seen
-                t = time.perf_counter()
-                probe.poll()
-                idle_poll = time.perf_counter() - t
-                t = time.perf_counter()
-                probe_inotify.poll()
-                idle_inotify = time.perf_counter() - t
+                idle_polls, idle_inotifies = [], []
+                for _ in range(IDLE_SCANS):  # each scan kept; the table gives their median
+                    t = time.perf_counter()
+                    probe.poll()
+                    idle_polls.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    probe_inotify.poll()
+                    idle_inotifies.append(time.perf_counter() - t)
+                idle_poll, idle_inotify = statistics.median(idle_polls), statistics.median(idle_inotifies)
                 step = [r for r in rows if r.get("files") == have][-1]
                 point = {"files": have, "landed": done, "elapsed_s": time.monotonic() - t_start,
                          "sender_rss": _rss(sender.pid), "receiver_rss": _rss(rx.proc.pid),
                          "sender_peak_rss": peak["sender"], "receiver_peak_rss": peak["receiver"],
                          "scan_new_poll_s": step["poll_scan_s"], "scan_new_inotify_s": step["inotify_scan_s"],
                          "scan_idle_poll_s": idle_poll, "scan_idle_inotify_s": idle_inotify,
+                         "scan_idle_poll_runs_s": idle_polls, "scan_idle_inotify_runs_s": idle_inotifies,
                          "new_per_scan": step["step_new"],
                          "fresh_watcher_full_scan": _scan_cost(src, None, batch, False)}
                 log(f"scale: {have} files ({done} landed, {point['elapsed_s']:.0f} s): "

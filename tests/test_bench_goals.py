@@ -130,3 +130,19 @@ def test_repository_goals_table_matches_its_results():
                           "--benchmarks", str(REPO / "BENCHMARKS.md")], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"matches its {len(GOALS)} results" in out.stdout
+
+
+def test_select_takes_the_newest_result_of_the_right_kind(world):
+    """One bench writing two kinds of result (e.g. scheduling with and without --batch): each row reads its own."""
+    world["result"]("probe-20260101-000000.json", [7.0])
+    p = world["result"]("probe-20260301-000000.json", [1.0])
+    doc = json.loads(p.read_text())
+    doc["batch"] = True
+    p.write_text(json.dumps(doc))
+    g = world["goal"]
+    plain = gt.Goal(g.issue, g.goal, g.source, g.rerun, measure=g.measure, select=lambda d: not d.get("batch"))
+    batch = gt.Goal(g.issue, g.goal, g.source, g.rerun, measure=g.measure, select=lambda d: bool(d.get("batch")))
+    assert gt.resolve(plain, world["root"]).measured == "7.00 (1 run)"
+    assert gt.resolve(batch, world["root"]).measured == "1.00 (1 run)"
+    none = gt.Goal(g.issue, g.goal, g.source, g.rerun, measure=g.measure, select=lambda d: False)
+    assert "nothing matches" in gt.resolve(none, world["root"]).problem
