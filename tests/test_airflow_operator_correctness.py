@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -138,16 +139,44 @@ def test_trigger_fails_a_job_queued_with_no_live_agent_after_agent_timeout(conn,
     assert JobStore(redis_client, keys=Keys()).get(job_id).state == "cancelled"
 
 
-def test_trigger_waits_while_an_agent_is_alive_even_if_the_job_stays_queued(conn, redis_client):
+def _record_agent_checks(monkeypatch) -> list[tuple[float, int]]:
+    """Every look the trigger or the operator takes for live agents while the job is queued: (when, agents
+    alive). The real ``NoAgentWatch.check`` still decides; this only records that it was asked."""
+    from fstream_provider.bus.agents import NoAgentWatch
+
+    seen: list[tuple[float, int]] = []
+    real = NoAgentWatch.check
+
+    def check(self, job_id: str, state: str | None, alive: int) -> None:
+        seen.append((time.monotonic(), alive))
+        real(self, job_id, state, alive)
+
+    monkeypatch.setattr(NoAgentWatch, "check", check)
+    return seen
+
+
+def _watched_alive_for(seen: list[tuple[float, int]]) -> float:
+    """Seconds between the first and the last look that found the agent alive (0 before two such looks)."""
+    alive = [t for t, n in seen if n > 0]
+    return alive[-1] - alive[0] if len(alive) >= 2 else 0.0
+
+
+def test_trigger_waits_while_an_agent_is_alive_even_if_the_job_stays_queued(conn, redis_client, monkeypatch):
     """A busy agent (alive, on another job) is no reason to give up; once its heartbeat expires the job fails."""
     job_id = _queued_job(redis_client)
     hb = _heartbeat(redis_client)
     trigger = FStreamTransferTrigger(job_id=job_id, block_ms=100, agent_timeout=0.3)
+    checks = _record_agent_checks(monkeypatch)
 
     async def scenario():
         task = asyncio.ensure_future(_first_event(trigger, within=20))
-        done, _ = await asyncio.wait({task}, timeout=2.0)  # > 6 x agent_timeout with the agent alive
-        assert not done, f"the trigger gave up while an agent was alive: {task.result()}"
+        # the trigger looked for agents again and again and found the busy one alive, for 3 x agent_timeout:
+        # one that gave up on a queued job regardless would have ended by now
+        deadline = time.monotonic() + 15
+        while _watched_alive_for(checks) < 3 * 0.3 and not task.done():
+            assert time.monotonic() < deadline, f"the trigger did not keep looking for agents: {checks}"
+            await asyncio.sleep(0.02)
+        assert not task.done(), f"the trigger gave up while an agent was alive: {task.result()}"
         await asyncio.to_thread(redis_client.delete, hb)  # the agent died: its heartbeat key is gone
         return await task
 
@@ -155,12 +184,13 @@ def test_trigger_waits_while_an_agent_is_alive_even_if_the_job_stays_queued(conn
     assert event["status"] == "error" and "no live agent" in event["message"]
 
 
-def test_polling_waits_while_an_agent_is_alive_and_fails_once_none_is(conn, redis_client):
+def test_polling_waits_while_an_agent_is_alive_and_fails_once_none_is(conn, redis_client, monkeypatch):
     import threading
 
     hb = _heartbeat(redis_client)
     op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination=DEST, deferrable=False,
                                  poll_interval=0.1, agent_timeout="0.3s")
+    checks = _record_agent_checks(monkeypatch)
     errors: list[BaseException] = []
 
     def run():
@@ -171,7 +201,11 @@ def test_polling_waits_while_an_agent_is_alive_and_fails_once_none_is(conn, redi
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    t.join(2.0)
+    # the poll loop found the busy agent alive over 3 x agent_timeout (see the trigger test above)
+    deadline = time.monotonic() + 15
+    while _watched_alive_for(checks) < 3 * 0.3 and t.is_alive():
+        assert time.monotonic() < deadline, f"polling did not keep looking for agents: {checks}"
+        t.join(0.02)
     assert t.is_alive() and not errors, f"polling gave up while an agent was alive: {errors}"
     redis_client.delete(hb)
     t.join(15)

@@ -202,21 +202,24 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
         _wait(lambda: len(_runs(db)) >= 2 and all(s in ("success", "failed") for _, s in _runs(db)), 180, "run 2",
               diag)
 
-        # Quiet period: the watcher keeps running (shared-stream ack mode: one poll loop, not a re-run per
-        # event); each batch is acknowledged once the triggerer confirmed its event stored, and nothing new fires.
+        # The watcher keeps running (shared-stream ack mode: one poll loop, not a re-run per event); each batch
+        # is acknowledged once the triggerer confirmed its event stored. Then a third batch: its run holds only
+        # its own file, so the watcher looked again after both acknowledgements and re-reported nothing (a
+        # re-reported file would come out in an extra run before it, or in its batch).
         _wait(lambda: _pending_batches(redis_url) == 0, 60, "the triggerer to acknowledge the stored batches", diag)
-        quiet_until = time.monotonic() + 5
-        while time.monotonic() < quiet_until:
-            assert len(_runs(db)) == 2, f"an extra run appeared: {_runs(db)}\n{diag()}"
-            time.sleep(0.25)
+        batch3 = ["c0.h5"]
+        closed.append(_drop(watch, batch3))
+        _wait(lambda: len(_runs(db)) >= 3 and all(s in ("success", "failed") for _, s in _runs(db)), 180, "run 3",
+              diag)
 
         runs = _runs(db)
-        assert [s for _, s in runs] == ["success", "success"], diag()
+        assert [s for _, s in runs] == ["success", "success", "success"], f"{runs}\n{diag()}"
         batches = _batches(db)
         assert sorted(map(sorted, batches.values())) == [sorted(str(watch / n) for n in batch1),
-                                                         sorted(str(watch / n) for n in batch2)]
-        assert sorted(p.name for p in (tmp_path / "dst" / "landed").iterdir()) == sorted(batch1 + batch2)
-        assert fired() == 2  # one watcher event per batch, none for files already reported
+                                                         sorted(str(watch / n) for n in batch2),
+                                                         sorted(str(watch / n) for n in batch3)]
+        assert sorted(p.name for p in (tmp_path / "dst" / "landed").iterdir()) == sorted(batch1 + batch2 + batch3)
+        assert fired() == 3  # one watcher event per batch, none for files already reported
         print("LATENCY " + _latencies(redis_url, db, closed))
     finally:
         af.stop_all()

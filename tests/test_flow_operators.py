@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,15 +15,19 @@ import pytest
 from agentkit import wait_until
 from fstream_provider.flow import Channel, channel
 from fstream_provider.flow.core import from_iterable
+from fstream_provider.flow.pipe import Pipe
 
 
-def _counting(n: int | None = None) -> tuple[list[int], Channel]:
-    """A channel of 0, 1, 2, ... that records how many values its source produced."""
+def _counting(n: int | None = None, threads: set[threading.Thread] | None = None) -> tuple[list[int], Channel]:
+    """A channel of 0, 1, 2, ... that records how many values its source produced (and in ``threads``,
+    the threads that produced them)."""
     produced: list[int] = []
 
     def gen():
         for i in itertools.count() if n is None else range(n):
             produced.append(i)
+            if threads is not None:
+                threads.add(threading.current_thread())
             yield i
 
     return produced, from_iterable(gen(), capacity=4)
@@ -30,6 +35,14 @@ def _counting(n: int | None = None) -> tuple[list[int], Channel]:
 
 def _alive_flow_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("fstream-flow")]
+
+
+def _waiting_for_room(t: threading.Thread) -> bool:
+    """Is ``t`` blocked in ``Pipe.put`` on a full pipe (in the condition wait, not between two slices)?"""
+    frame = sys._current_frames().get(t.ident)
+    caller = frame.f_back if frame is not None else None
+    return (caller is not None and frame.f_code is threading.Condition.wait.__code__
+            and caller.f_code is Pipe.put.__code__)
 
 
 def test_map_filter_keep_order_and_are_lazy():
@@ -83,22 +96,28 @@ def test_backpressure_bounds_what_a_slow_consumer_has_pulled():
     produced, ch = _counting()
     it = iter(ch.map(lambda x: x).filter(lambda x: True))
     assert next(it) == 0
-    time.sleep(0.5)  # the consumer stalls: every stage fills its pipe and blocks
     bound = 3 * 4 + 4  # three pipes of capacity 4, and one item in each stage's hands
+    stages = [t for t in threading.enumerate() if t.name.startswith("fstream-flow")]
+    assert sorted(t.name for t in stages) == ["fstream-flow-filter", "fstream-flow-map", "fstream-flow-of"]
+    # the consumer stalls: every stage fills its pipe and blocks waiting for room (seen in its stack)
+    wait_until(lambda: len(produced) > bound or all(_waiting_for_room(t) for t in stages), 5,
+               "every stage blocked on a full pipe")
     assert len(produced) <= bound
+    assert all(_waiting_for_room(t) for t in stages)  # blocked, so nothing more is pulled while the consumer stalls
     it.close()
     wait_until(lambda: not _alive_flow_threads(), 5, "flow threads ended after close")
 
 
 def test_breaking_out_cancels_every_stage():
-    produced, ch = _counting()
+    source: set[threading.Thread] = set()
+    produced, ch = _counting(threads=source)
     for x in ch.map(lambda v: v + 1).buffer(size=2):
         if x[0] > 5:
             break
     wait_until(lambda: not _alive_flow_threads(), 5, "flow threads ended after break")
-    n = len(produced)
-    time.sleep(0.3)
-    assert len(produced) == n  # nothing runs after the loop
+    (runner,) = source  # the one thread that ever advanced the endless source ...
+    assert not runner.is_alive()  # ... has ended: nothing runs after the loop
+    assert len(produced) < 64  # the source was stopped at the break, within what the pipes hold
 
 
 def test_an_error_is_raised_where_the_user_subscribed():
@@ -173,10 +192,15 @@ def test_watch_path_emits_each_file_once_and_only_when_complete(tmp_path: Path, 
             closed_at = time.monotonic()
         (tmp_path / "skip.txt").write_bytes(b"not matched")
         wait_until(lambda: len(got) >= 2, 10, "two files emitted")
-        time.sleep(1.0)  # nothing more: each file once
+        # each file once: two more files, the second written only once the first came out, so the watcher
+        # looked again at least twice after emitting old.dat and grow.dat; anything it re-emitted in those
+        # looks comes out before the last marker (one pipe, in order)
+        for marker in ("zz1.dat", "zz2.dat"):
+            (tmp_path / marker).write_bytes(b"m")
+            wait_until(lambda: marker in [n for _, n in got], 10, f"{marker} emitted")
     finally:
         run.cancel()
     with lock:
         names = [n for _, n in got]
-    assert names == ["old.dat", "grow.dat"]
+    assert names == ["old.dat", "grow.dat", "zz1.dat", "zz2.dat"]
     assert got[1][0] >= closed_at  # never while it was still growing

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from agentkit import GatedReceiver, make_files, start_receiver, wait_until
+from agentkit import GatedReceiver, make_files, part_files, start_receiver, wait_until
 from fstream_provider.flow import FlowError, Landed, channel
 from transfer_agent.receiving.receiver import Receiver
 
@@ -77,6 +77,7 @@ def test_from_path_transfer_collect_and_a_second_run_skips(tmp_path: Path, secre
 def test_breaking_out_leaves_no_partial_file_visible(tmp_path: Path, secret: Path) -> None:
     rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=8 << 20)
     src = make_files(tmp_path / "s", {"a_small.dat": 1000, "b_big.dat": 64 << 20})
+    root = Path(rx.root)
     try:
         ch = channel.from_path(str(src / "*.dat")).transfer(
             to=f"fstream://127.0.0.1:{rx.port}/o", secret_file=str(secret), tuner="fixed", cc=1, p=1, pp=1,
@@ -87,12 +88,16 @@ def test_breaking_out_leaves_no_partial_file_visible(tmp_path: Path, secret: Pat
             wait_until(rx.reached.is_set, 20, "the big file held mid-way at the receiver")
             break  # the big file is in flight
         assert time.monotonic() - t0 < 30
-        rx.gate.set()
-        time.sleep(0.5)
-        assert _visible(Path(rx.root)) == ["o/a_small.dat"]  # the big one only as a hidden .part, if at all
+        rx.gate.set()  # the held blocks go on: whatever the sender still does now reaches the disk
+        # the sender hung up: its session is closed at the receiver, so no COMMIT can come any more ...
+        wait_until(lambda: not rx._sessions, 20, "the cancelled transfer's session closed at the receiver")
     finally:
         rx.gate.set()
-        rx.stop()
+        rx.stop()  # ... and stop() returns once every commit already queued has finished
+    assert _visible(root) == ["o/a_small.dat"]
+    # the big file was cut mid-way: it is there only as a hidden part the next run resumes
+    (part,) = part_files(root)
+    assert part.name.startswith(".b_big.dat") and 0 < part.stat().st_size <= 64 << 20
 
 
 def test_a_failing_file_is_raised_where_the_user_iterates_naming_it(tmp_path: Path, secret: Path,

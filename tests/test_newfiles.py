@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import paramiko
 import pytest
 
 from fstream_provider.bus.keys import Keys
@@ -99,7 +100,6 @@ def test_concurrent_claimers_split_without_overlap(redis_url):
 
 
 # --------------------------------------------------------------------------- SFTP on loopback
-paramiko = pytest.importorskip("paramiko")
 
 
 class _Server(paramiko.ServerInterface):

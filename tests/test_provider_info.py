@@ -45,7 +45,7 @@ def test_connection_type_hook_exists():
 
 
 def test_provider_info_matches_airflow_schema():
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema  # an Airflow dependency
     import airflow
 
     with open(os.path.join(os.path.dirname(airflow.__file__), "provider_info.schema.json")) as f:
@@ -93,7 +93,7 @@ FORM_FIELDS = {"url", "secret_file", "namespace", "agent_group", "ssl", "tls_cer
 def test_connection_type_declares_its_form_like_a_provider_yaml():
     """``conn-fields`` and ``ui-field-behaviour`` follow the schema Airflow 3.3 validates ``provider.yaml`` with
     (``provider_info.schema.json`` does not describe them, so a typo there would pass the other check)."""
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema  # an Airflow dependency
     schema = _airflow_schema("provider.yaml.schema.json")["properties"]["connection-types"]
     info = provider_info(fstream_provider.__version__)
     jsonschema.validate(info["connection-types"], schema)
@@ -107,7 +107,7 @@ def test_connection_type_declares_its_form_like_a_provider_yaml():
 
 def test_hook_ui_field_behaviour_is_the_provider_infos():
     """Where FAB is installed Airflow calls ``get_ui_field_behaviour``; it must say what the provider info says."""
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema  # an Airflow dependency
     from fstream_provider.hooks.fstream import FStreamHook
 
     got = FStreamHook.get_ui_field_behaviour()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentkit import (GatedReceiver, PacedReceiver, make_files, part_files, send, start_receiver, trees_identical,
-                      write_secret)
+                      wait_until, write_secret)
 from fstream_provider.tuning.base import ClusterLayout, FileInfo, Observation, Suggestion
 from transfer_agent.receiving.receiver import Receiver
 
@@ -114,14 +114,11 @@ def test_resume_after_sigkill_of_sender(tmp_path: Path, secret: Path) -> None:
             proc.stderr.close()
         rx.hold_after = None
         rx.gate.set()
-        parts = []
-        for _ in range(200):  # the receiver persists ranges when the dead session closes
-            parts = part_files(tmp_path / "dst")
-            if parts and Path(str(parts[0]) + ".meta").exists() and json.loads(
-                    Path(str(parts[0]) + ".meta").read_text())["ranges"] and not rx._sessions:
-                break
-            threading.Event().wait(0.05)
+        # the receiver closes the dead session and persists the part's ranges (only then is the listing final)
+        wait_until(lambda: not rx._sessions, 10, "the dead sender's session closed at the receiver")
+        parts = part_files(tmp_path / "dst")
         assert len(parts) == 1, "the interrupted file must stay as one resumable part"
+        assert json.loads(Path(str(parts[0]) + ".meta").read_text())["ranges"], "its received ranges persisted"
         assert not (tmp_path / "dst" / "out" / "big.bin").exists(), "never visible before it is complete"
         res = send(src / "big.bin", rx.port, secret, cc=1, p=2, block_size=1 * MiB)
         assert res.ok and res.verified_files == 1

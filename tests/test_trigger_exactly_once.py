@@ -127,9 +127,12 @@ def test_a_batch_claimed_by_a_killed_triggerer_is_delivered_again_then_never_twi
     assert again[0]["batch_id"] == first["batch_id"] and sorted(again[0]["files"]) == sorted(first["files"])
     assert again[0]["redelivered"] is True
     assert _pending(redis_url, "crash") == 0, "the stored batch was not acknowledged"
-    # acknowledged: never delivered again, even by a trigger that redelivers at once
-    assert asyncio.run(_triggerer(_trigger(tmp_path, "crash", redeliver_after=0), 2)) == []
     assert connect(redis_url).scard(Keys().seen("crash")) == 2
+    # acknowledged: never delivered again, even by a trigger that redelivers at once. A look delivers a batch
+    # due for redelivery before any new file, so the first thing this trigger delivers is the only new file.
+    (tmp_path / "c.dat").write_bytes(b"x" * 100)
+    after = asyncio.run(_triggerer(_trigger(tmp_path, "crash", redeliver_after=0), 30, until=bool))
+    assert [(e["files"], e.get("redelivered", False)) for e in after] == [([str(tmp_path / "c.dat")], False)], after
 
 
 def test_an_event_airflow_did_not_store_is_delivered_again_and_a_stored_one_never(tmp_path, redis_url, monkeypatch):
@@ -146,9 +149,20 @@ def test_an_event_airflow_did_not_store_is_delivered_again_and_a_stored_one_neve
     got = asyncio.run(_triggerer(_trigger(tmp_path, "unstored"), 20,
                                  until=lambda ev: ev and _pending(redis_url, "unstored") == 0))
     assert [e["batch_id"] for e in got] == [lost[0]["batch_id"]] and got[0]["files"] == [str(tmp_path / "x.dat")]
-    (tmp_path / "y.dat").write_bytes(b"y" * 10)  # the next batch is new files only, once
-    nxt = asyncio.run(_triggerer(_trigger(tmp_path, "unstored", redeliver_after=0), 3))
-    assert [e["files"] for e in nxt] == [[str(tmp_path / "y.dat")]] and nxt[0]["batch_id"] != lost[0]["batch_id"]
+    # the next batch is new files only, once: a look delivers a batch due for redelivery before any new file
+    # (here at once: redeliver_after=0), so y.dat coming first, and z.dat (written once y.dat's batch was
+    # stored) coming next, show that neither the stored batch nor y.dat's was delivered again
+    y, z = tmp_path / "y.dat", tmp_path / "z.dat"
+    y.write_bytes(b"y" * 10)
+
+    def y_then_z(events: list) -> bool:
+        if events and not z.exists():
+            z.write_bytes(b"z" * 10)
+        return len(events) >= 2
+
+    nxt = asyncio.run(_triggerer(_trigger(tmp_path, "unstored", redeliver_after=0), 20, until=y_then_z))
+    assert [e["files"] for e in nxt] == [[str(y)], [str(z)]], nxt
+    assert len({lost[0]["batch_id"], *(e["batch_id"] for e in nxt)}) == 3
 
 
 def test_a_deferred_sensor_trigger_runs_alone_and_asset_triggers_share_by_settings(tmp_path):
@@ -177,7 +191,12 @@ def test_identity_path_size_mtime_reports_a_rewritten_file_again_and_seen_reset_
     f.write_bytes(b"y" * 20)  # rewritten: a new version
     os.utime(f, (time.time() + 5, time.time() + 5))
     assert files("path+size+mtime") == [[str(f)]]
-    assert files("path", 2) == []  # identity path: reported once, whatever happens to it
+    # identity path: reported once, whatever happens to it. One look reports every new file it finds in one
+    # batch, so a new file reported alone shows the rewritten one is not new under this identity.
+    marker = tmp_path / "s.dat"
+    marker.write_bytes(b"s")
+    assert files("path") == [[str(marker)]]
+    marker.unlink()
     with pytest.raises(ValueError, match=r"identity 'size': expected one of 'path', 'path\+size\+mtime'"):
         asyncio.run(_triggerer(_trigger(tmp_path, "bad", identity="size"), 5))
     def seen(*args: str) -> subprocess.CompletedProcess:
@@ -186,10 +205,10 @@ def test_identity_path_size_mtime_reports_a_rewritten_file_again_and_seen_reset_
                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
 
     out = seen("list")
-    assert out.returncode == 0 and f"seen     {f}" in out.stdout and "1 seen file(s), 0 pending" in out.stdout, out
+    assert out.returncode == 0 and f"seen     {f}" in out.stdout and "2 seen file(s), 0 pending" in out.stdout, out
     # `fstream seen reset` forgets the scope: the file is reported again
     out = seen("reset")
-    assert out.returncode == 0 and "removed 1 seen file(s)" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "removed 2 seen file(s)" in out.stdout, out.stdout + out.stderr
     assert files("path") == [[str(f)]]
 
 

@@ -12,6 +12,7 @@ import asyncio
 import os
 import tempfile
 import threading
+import time
 from urllib.parse import urlparse
 
 import pytest
@@ -145,8 +146,11 @@ def test_trigger_fails_clearly_when_the_job_is_flushed_from_under_it(conn, store
 
     async def scenario() -> dict:
         task = asyncio.ensure_future(_fire(trigger))
-        await asyncio.sleep(0.3)
-        assert not task.done()
+        deadline = time.monotonic() + DEADLINE
+        while trigger.last_event_id == "0-0" and not task.done():  # until it has read the job's first events
+            assert time.monotonic() < deadline, "the trigger never read the job's events"
+            await asyncio.sleep(0.01)
+        assert not task.done(), task.result()  # and is waiting for more
         redis_client.flushall()
         return await asyncio.wait_for(task, 10)  # not for ever
 

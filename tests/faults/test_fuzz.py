@@ -20,6 +20,7 @@ import struct
 import threading
 import unicodedata
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,7 @@ def test_recv_frame_raises_only_protocol_or_network_errors(data):
 @pytest.mark.parametrize("depth", [5_000, 100_000])
 def test_deeply_nested_json_is_a_protocol_error_not_a_crash(depth):
     """Issue 8 defect 7: nested JSON raised RecursionError out of recv_frame (a traceback per connection).
-    The depth check is added on the crypto branch: this fails here until that merge."""
+    Now a body nested deeper than ``MAX_JSON_DEPTH`` is refused as a ``ProtocolError`` naming the nesting."""
     for opener, closer in (("[", "]"), ('{"a":', "}")):
         payload = ('{"a":' + opener * depth + "1" + closer * depth + "}").encode()
         assert len(payload) <= MAX_CONTROL
@@ -128,18 +129,14 @@ def test_deeply_nested_json_is_a_protocol_error_not_a_crash(depth):
 
 
 def test_recv_frame_max_control_bounds_a_pre_auth_body():
-    """With the crypto branch's ``max_control`` (pre-authentication limit), a larger declared body is refused
-    from the header alone, before it is read."""
-    import inspect
-
-    if "max_control" not in inspect.signature(recv_frame).parameters:
-        pytest.skip("recv_frame has no max_control parameter on this branch (added by the crypto branch)")
+    """With ``max_control`` (the pre-authentication limit), a larger declared body is refused from the header
+    alone, before it is read."""
     data = _control(int(Frame.HELLO), b"", declared=4097)
     a, b = socket.socketpair()
     try:
         a.sendall(data)  # nothing follows the header: reading the body would block, refusing must not
         b.settimeout(5)
-        with pytest.raises(ProtocolError):
+        with pytest.raises(ProtocolError, match=r"4097 bytes \(limit 4096\)"):
             recv_frame(b, max_control=4096)
     finally:
         a.close()
@@ -193,8 +190,8 @@ def _fds() -> int:
 class _OpenProbe:
     """Authenticated control sessions to a real receiver; sends one OPEN per session and reports the answer.
 
-    Uses the sender's own ``ControlSession`` (so the frames are whatever the sender would send,
-    MACs included once the crypto branch adds them) with a stand-in in-flight record per file id.
+    Uses the sender's own ``ControlSession`` (so the frames are whatever the sender would send, MACs
+    included) with a stand-in in-flight record per file id.
     """
 
     def __init__(self, port: int, secret: bytes) -> None:
@@ -251,7 +248,11 @@ _any_open = st.builds(lambda base, bad: {**base, **bad}, _well_typed_open.filter
                                       min_size=1, max_size=3))
 
 
-def _check_open_fuzz(tmp_path: Path, bodies, examples: int, *, both_outcomes: bool = True) -> None:
+def _check_open_fuzz(tmp_path: Path, bodies, examples: int, *, both_outcomes: bool = True,
+                     must_refuse: Callable[[dict], bool] = lambda body: False,
+                     extra_examples: tuple[dict, ...] = ()) -> None:
+    """Fuzz OPEN with ``bodies``: every answer comes on a live session, leaves no descriptor and no file;
+    a body ``must_refuse`` picks out is refused."""
     rcv, root, secret = _receiver(tmp_path)
     probe = _OpenProbe(rcv.port, secret)
     try:
@@ -259,16 +260,11 @@ def _check_open_fuzz(tmp_path: Path, bodies, examples: int, *, both_outcomes: bo
         base = _fds()
         seen = []
 
-        @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                  phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is a real session
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-        # One OPEN that must be accepted (a keyed digest in secret mode): the outcome check below needs
-        # both paths exercised, and newer Hypothesis releases draw other examples from the same seed.
-        @example({"path": "fuzz/ok.dat", "size": 10, "mtime_ns": 1, "algo": "blake3-keyed"})
-        @given(bodies)
         def run(body):
             outcome, _reply, _err = probe.open(body)
             seen.append(outcome)
+            if must_refuse(body):
+                assert outcome.startswith("refused"), f"malformed OPEN {body!r} was accepted"
             deadline = threading.Event()
             for _ in range(200):  # sessions close on the receiver's threads: let them settle (bounded)
                 if _fds() <= base and not _temps(root):
@@ -277,6 +273,14 @@ def _check_open_fuzz(tmp_path: Path, bodies, examples: int, *, both_outcomes: bo
             assert _fds() <= base, f"descriptor leak after OPEN {body!r} ({outcome}): {_fds()} > {base}"
             assert not _temps(root), f"temp left after OPEN {body!r} ({outcome}): {_temps(root)}"
 
+        # One OPEN that must be accepted (a keyed digest in secret mode): the outcome check below needs
+        # both paths exercised, and newer Hypothesis releases draw other examples from the same seed.
+        run = given(bodies)(run)
+        for body in ({"path": "fuzz/ok.dat", "size": 10, "mtime_ns": 1, "algo": "blake3-keyed"}, *extra_examples):
+            run = example(body)(run)
+        run = settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                       phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is a real session
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(run)
         run()
         if both_outcomes:
             assert any(s == "opened" for s in seen) and any(s.startswith("refused") for s in seen)
@@ -292,11 +296,24 @@ def test_receiver_open_fuzz_well_typed_fields(tmp_path):
     _check_open_fuzz(tmp_path, _well_typed_open, 150)
 
 
+def _mistyped(body: dict) -> bool:
+    """An OPEN field of the wrong JSON type (what the receiver validates before it opens anything)."""
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    return (not isinstance(body.get("path"), str) or not is_int(body.get("size"))
+            or not is_int(body.get("mtime_ns", 0)) or not isinstance(body.get("algo", "xxh3_128"), str)
+            or not isinstance(body.get("replace", False), bool))
+
+
 def test_receiver_open_fuzz_any_json_fields(tmp_path):
     """Arbitrary JSON in every OPEN field (``mtime_ns: "x"``, ``size: true`` ...). Issue 8 defects 4 and 7:
-    a malformed field after the part file was opened leaked its descriptor and left the ``.part``; the
-    fix (validate the whole request before opening anything) is on another branch: fails here until merged."""
-    _check_open_fuzz(tmp_path, _any_open, 150, both_outcomes=False)
+    a malformed field after the part file was opened leaked its descriptor and left the ``.part``. Fixed by
+    validating the whole request before opening anything: every mistyped OPEN is refused on a live session,
+    and leaves no descriptor and no file behind."""
+    _check_open_fuzz(tmp_path, _any_open, 150, both_outcomes=False, must_refuse=_mistyped,
+                     extra_examples=({"path": "fuzz/m.dat", "size": 10, "mtime_ns": "x", "algo": "blake3-keyed"},
+                                     {"path": "fuzz/b.dat", "size": True, "mtime_ns": 1, "algo": "blake3-keyed"}))
 
 
 def test_struct_of_header_is_what_the_fuzzers_assume():

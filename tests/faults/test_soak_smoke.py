@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
 from faultkit import CLI
 
 
 def test_loopback_soak_holds_invariants_under_every_fault_kind(tmp_path):
-    pytest.importorskip("fstream_bench.soak")
-    pytest.importorskip("psutil")
     results = tmp_path / "results"
     cp = subprocess.run([*CLI, "bench", "soak", "--loopback", "--minutes", "0.4", "--seed", "3", "--rate", "48Mbit",
                          "--drain-timeout", "20", "--final-timeout", "20", "--workdir", str(tmp_path),
