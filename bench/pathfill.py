@@ -22,7 +22,7 @@ from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 #: what a pathfill result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
 #: GridFTP, iperf3), the WAN testbed (path, delay line driver, selfcheck) and the harness pieces
 MODULES = (*provenance.AGENT, "fstream_bench.pathfill", "fstream_bench.peers", "fstream_bench.wan",
-           "fstream_bench.cpu_meter", "fstream_bench.report", "fstream_bench.workload_gen")
+           "fstream_bench.cpu_meter", "fstream_bench.report", "fstream_bench.workload_gen", "fstream_bench.runstats")
 
 
 def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:
@@ -45,6 +45,29 @@ def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:
     return out
 
 
+def pathfill_ratios(rows: list[dict], link_bps: float) -> dict[str, list[float]]:
+    """Per round: fstream's large files over iperf3 -P 16, its 1000 x 1 MiB over the link's payload rate and
+    over GridFTP's (Globus presets); a round missing a tool (or with a failed run) gives no ratio for it."""
+    out: dict[str, list[float]] = {"large / iperf3": [], "small / link": [], "small / gridftp-globus": []}
+    for k in sorted({r["round"] for r in rows}):
+        by = {r["tool"]: r for r in rows if r["round"] == k and r.get("ok")}
+        ip, lg = by.get("iperf3-P16"), by.get("fstream (large files)")
+        sm, gf = by.get("fstream (1000 x 1 MiB)"), by.get("gridftp-globus (1000 x 1 MiB)")
+        if ip and lg:
+            out["large / iperf3"].append(lg["throughput_bps"] / ip["throughput_bps"])
+        if sm:
+            out["small / link"].append(sm["throughput_bps"] / link_bps)
+        if sm and gf and gf["throughput_bps"]:
+            out["small / gridftp-globus"].append(sm["throughput_bps"] / gf["throughput_bps"])
+    return out
+
+
+def pathfill_summary(rows: list[dict], link_bps: float) -> dict[str, str]:
+    from fstream_bench.runstats import med_range
+
+    return {k: med_range(v) for k, v in pathfill_ratios(rows, link_bps).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="fstream bench pathfill", description=__doc__)
@@ -56,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-count", type=int, default=1000)
     ap.add_argument("--small-size", default="1MiB")
     ap.add_argument("--profile-interval", default="2s")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds; each runs iperf3, fstream on both sets and GridFTP, ratios taken within a round")
     ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -86,26 +111,26 @@ def main(argv: list[str] | None = None) -> int:
                       dst_prefix=tuple(netns.ns_exec_argv(path.dst_ns, [])), name="wan")
         large = _dataset(work / "src" / "large", args.large_count, parse_size(args.large_size), 1)
         small = _dataset(work / "src" / "small", args.small_count, parse_size(args.small_size), 2)
-        ip = Iperf3(sites=sites, workdir=work / "iperf").measure(streams=16, seconds=10, label="iperf3-P16")
-        rows.append({"case": "path limit", **ip.to_dict()})
         opts = {"bandwidth": args.rate, "rtt": args.rtt, "profile_interval": args.profile_interval}
-        with FStreamReceiver(sites=sites, workdir=work / "rx", root=work / "dst") as rx:
-            for case, files in (("large files", large), ("1000 x 1 MiB", small)):
-                r = send(rx, [files[0].parent], case.replace(" ", "_"), tuner="fstream", options=opts,
-                         label=f"fstream ({case})")
-                rows.append({"case": case, **r.to_dict()})
-                shutil.rmtree(work / "dst" / case.replace(" ", "_"), ignore_errors=True)
         preset = globus_preset(parse_size(args.small_size))
-        with GridFTPServer(sites=sites, workdir=work / "gridftp") as gs:
-            (work / "gdst").mkdir(parents=True, exist_ok=True)
-            g = copy(gs, small, small[0].parent, work / "gdst", preset, label="gridftp-globus (1000 x 1 MiB)")
-            rows.append({"case": "1000 x 1 MiB", **g.to_dict()})
+        for k in range(args.repeat):
+            ip = Iperf3(sites=sites, workdir=work / "iperf").measure(streams=16, seconds=10, label="iperf3-P16")
+            rows.append({"round": k, "case": "path limit", **ip.to_dict()})
+            with FStreamReceiver(sites=sites, workdir=work / "rx", root=work / "dst") as rx:
+                for case, files in (("large files", large), ("1000 x 1 MiB", small)):
+                    r = send(rx, [files[0].parent], case.replace(" ", "_"), tuner="fstream", options=opts,
+                             label=f"fstream ({case})")
+                    rows.append({"round": k, "case": case, **r.to_dict()})
+                    shutil.rmtree(work / "dst" / case.replace(" ", "_"), ignore_errors=True)
+            with GridFTPServer(sites=sites, workdir=work / "gridftp") as gs:
+                shutil.rmtree(work / "gdst", ignore_errors=True)
+                (work / "gdst").mkdir(parents=True, exist_ok=True)
+                g = copy(gs, small, small[0].parent, work / "gdst", preset, label="gridftp-globus (1000 x 1 MiB)")
+                rows.append({"round": k, "case": "1000 x 1 MiB", **g.to_dict()})
     finally:
         path.down()
         shutil.rmtree(work, ignore_errors=True)
     link = rate * 1448 / 1500
-    by = {r["tool"]: r for r in rows}
-    ipbps = by["iperf3-P16"]["throughput_bps"]
     lines = [f"# Path filling on the emulated WAN ({args.rate}, {args.rtt}, {args.buffer} TCP buffer)", "",
              "machine: nproc {nproc}, {cpu}, kernel {kernel}; ".format(**machine_info())
              + f"load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
@@ -113,15 +138,15 @@ def main(argv: list[str] | None = None) -> int:
              f"selfcheck: rtt {check.get('rtt_ms')} ms, iperf3 -P 16 {check.get('parallel_bps', 0) / 1e6:.0f} Mbit/s, "
              f"one stream {check.get('single_stream_bps', 0) / 1e6:.0f} Mbit/s, cc {check.get('cc')}", "",
              f"reproduce: `{prov['command']}`", "",
-             "| case | tool | ok | files | GB | s | Mbit/s | / iperf3 -P 16 | / link payload |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| round | case | tool | ok | files | GB | s | Mbit/s | / iperf3 -P 16 (same round) | / link payload |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bps = r["throughput_bps"]
-        lines.append(f"| {r['case']} | {r['tool']} | {r['ok']} | {r['files']} | {r['bytes'] / 1e9:.2f} | "
+        ipbps = next(x["throughput_bps"] for x in rows if x["round"] == r["round"] and x["tool"] == "iperf3-P16")
+        lines.append(f"| {r['round'] + 1} | {r['case']} | {r['tool']} | {r['ok']} | {r['files']} | {r['bytes'] / 1e9:.2f} | "
                      f"{r['seconds']:.1f} | {bps / 1e6:.0f} | {bps / ipbps:.2f} | {bps / link:.2f} |")
-    g, s_ = by.get("gridftp-globus (1000 x 1 MiB)"), by.get("fstream (1000 x 1 MiB)")
-    if g and s_ and g["throughput_bps"]:
-        lines += ["", f"fstream / gridftp-globus on 1000 x 1 MiB: {s_['throughput_bps'] / g['throughput_bps']:.2f}x"]
+    summary = pathfill_summary(rows, link)
+    lines += ["", "Over all rounds (median, min–max): " + "; ".join(f"{k} {v}" for k, v in summary.items())]
     provenance.finish(prov)
     lines += ["", f"provenance: commit {prov['commit'][:12]}{' (dirty)' if prov['dirty'] else ''}, code "
               f"{prov['code_hash'][:19]}, load {prov['load_start'][0]:.2f} at start, {prov['load_end'][0]:.2f} "
@@ -130,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / f"pathfill-{stamp}.md").write_text(md)
     config = {"rate": args.rate, "rtt": args.rtt, "buffer": args.buffer, "large_count": args.large_count,
               "large_size": args.large_size, "small_count": args.small_count, "small_size": args.small_size,
-              "profile_interval": args.profile_interval, "link_payload_bps": link}
+              "profile_interval": args.profile_interval, "link_payload_bps": link, "repeat": args.repeat}
     (out_dir / f"pathfill-{stamp}.json").write_text(json.dumps(
-        {"bench": "pathfill", "provenance": prov, "config": config, "selfcheck": check, "rows": rows},
+        {"bench": "pathfill", "provenance": prov, "config": config, "selfcheck": check, "rows": rows,
+         "summary": summary},
         indent=1, default=str))
     print(md)
     return 0

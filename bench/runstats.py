@@ -36,7 +36,7 @@ def pair_ratios(a: list[float], b: list[float]) -> list[float]:
 
 
 def med_range(values: list[float], fmt: str = "{:.2f}") -> str:
-    """``median (min–max, n runs)``: the form BENCHMARKS.md quotes (as ``goals_table.med_range``)."""
+    """``median (min–max, n runs)`` of every run: the form BENCHMARKS.md and its goals table quote."""
     s = summarize(values)
     if not s["n"]:
         return "no runs"
