@@ -110,8 +110,13 @@ def _newest(root: Path, goal: Goal) -> Path | None:
             data = _load(p, goal.doc)
         except (OSError, ValueError):
             return p  # resolve() reports it unreadable
-        if not data or goal.select(data):
+        if not data:
             return p
+        try:
+            if goal.select(data):
+                return p
+        except (KeyError, TypeError):  # a result of another shape (another kind, or an older writer)
+            continue
     return None
 
 
