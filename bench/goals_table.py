@@ -56,6 +56,8 @@ class Goal:
     #: result that fails it is skipped; results before provenance are not JSON-checked)
     select: Callable[[dict], bool] | None = None
     not_here: str | None = None  #: why it cannot be re-measured on this machine
+    #: why a result from before provenance has not been re-measured yet (it can be, here)
+    pending: str | None = None
 
 
 @dataclass
@@ -148,8 +150,9 @@ def resolve(goal: Goal, root: Path = REPO) -> Row:
         if goal.not_here:
             return Row(goal, "not-here", f"was: {measured}", f"cannot be re-measured here: {goal.not_here}",
                        f"`{rel}` (before provenance)")
+        why = f" (not re-run yet: {goal.pending})" if goal.pending else ""
         return Row(goal, "unrecorded", f"was: {measured}", f"unverified (was “{met}”)",
-                   f"`{rel}` predates provenance; re-measure: `{goal.rerun}`")
+                   f"`{rel}` predates provenance{why}; re-measure: `{goal.rerun}`")
     if goal.measure is None:
         return Row(goal, "broken", "—", "—", f"`{rel}`", problem="the goal has no `measure` for a result with provenance")
     try:

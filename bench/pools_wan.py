@@ -18,15 +18,22 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.qos_bench import build_dataset
 from fstream_bench.wan_rig import add_path_args, machine_line, open_bench, selfcheck_line, send_json
 from fstream_provider.model.units import parse_duration, parse_size
+
+#: what a pools-wan result exercised (``provenance``): the agents, the bus's pools, the WAN rig and testbed,
+#: the peers and the dataset builder
+MODULES = (*provenance.AGENT, "fstream_bench.pools_wan", "fstream_bench.qos_bench", "fstream_bench.wan_rig",
+           "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen")
 
 
 def _redis(workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s-i", type=int, default=4)
     ap.add_argument("--s-u", type=int, default=4)
     args = ap.parse_args(argv)
+    prov = provenance.start("pools-wan", list(sys.argv[1:] if argv is None else argv), MODULES)
     size, stagger = parse_size(args.size), parse_duration(args.stagger)
     out = Path(args.results) / f"pools-wan-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     redis_proc, url = _redis(work)
     summary: dict = {"machine_line": machine_line(), "selfcheck_line": selfcheck_line(bench.selfcheck),
                      "policy": {"s_pmax": args.s_pmax, "s_cmax": args.s_cmax, "s_i": args.s_i, "s_u": args.s_u},
-                     "size_bytes": size, "stagger_s": stagger, "modes": {}}
+                     "size_bytes": size, "stagger_s": stagger, "modes": {}, "provenance": prov}
     print(summary["machine_line"], flush=True)
     print(summary["selfcheck_line"], flush=True)
     link = bench.selfcheck.get("parallel_bps") or bench.bandwidth_bps
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         redis_proc.wait(10)
         bench.close()
         shutil.rmtree(work, ignore_errors=True)
+    provenance.finish(prov)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     lines = [f"# Two agents, one path: stream pool vs none\n", summary["machine_line"], "", summary["selfcheck_line"], "",
              f"`python -m fstream_bench.pools_wan {' '.join(argv or [])}`; each agent {size / 1e9:.1f} GB of large files, "

@@ -23,10 +23,16 @@ import sys
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_bench.report import machine_info
 from fstream_bench.wan_rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
 
 from fstream_provider.model.units import parse_duration, parse_size
+
+#: what a QoS result exercised (``provenance``): the agent and tuners, this benchmark (its simulator
+#: view too), the WAN rig and testbed, the peers that run the agent, and the dataset writer
+MODULES = (*provenance.AGENT, "fstream_bench.qos_bench", "fstream_bench.wan_rig", "fstream_bench.wan",
+           "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen")
 
 MiB = 2**20
 KINDS = ("small", "large", "mixed")
@@ -267,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", default="240s", help="per case")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    prov = provenance.start("qos", list(sys.argv[1:] if argv is None else argv), MODULES)
     from fstream_bench.peers import fstream as fs_peer
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -285,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                "command": "python -m fstream_bench.qos_bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
                "profile_interval": args.profile_interval or f"{window_s:g}s", "variant": args.variant or "default",
                "sample_interval": args.sample_interval,
-               "window_s": window_s, "concurrent": concurrent_benchmarks(), "cases": []}
+               "window_s": window_s, "concurrent": concurrent_benchmarks(), "cases": [], "provenance": prov}
     print(summary["machine_line"], flush=True)
     print(summary["selfcheck_line"], flush=True)
     try:
@@ -335,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
         summary["machine_line_end"] = machine_line()
+        provenance.finish(prov)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         (out / "report.md").write_text(_md(summary))
     print(_md(summary))

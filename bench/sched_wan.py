@@ -29,16 +29,24 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.pools_wan import _overlap, _redis, jain
 from fstream_bench.qos_bench import build_dataset
 from fstream_bench.wan_rig import add_path_args, machine_line, open_bench, selfcheck_line
 from fstream_provider.model.units import parse_size
+
+#: what a sched-wan result exercised (``provenance``): the agents and their scheduler over the bus, the
+#: WAN rig and testbed, the peers, the pools bench's helpers and the dataset builder
+MODULES = (*provenance.AGENT, "fstream_bench.sched_wan", "fstream_bench.pools_wan", "fstream_bench.qos_bench",
+           "fstream_bench.wan_rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.report",
+           "fstream_bench.workload_gen")
 
 # (name, class, dataset kind, size option, submitted at s)
 BURST = [("batch-1", "batch", "large", "batch", 0.0), ("batch-2", "batch", "large", "batch", 0.0),
@@ -227,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="fifo,steal", help="agent schedulers to compare (default fifo,steal)")
     ap.add_argument("--agent-args", default="", help="more `fstream agent` options for the seal/steal agents")
     args = ap.parse_args(argv)
+    prov = provenance.start("sched-wan", list(sys.argv[1:] if argv is None else argv), MODULES)
     sizes = {"batch": parse_size(args.batch), "interactive": parse_size(args.interactive), "small": parse_size(args.small)}
     out = Path(args.results) / f"sched-wan-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
@@ -263,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.close()
         shutil.rmtree(work, ignore_errors=True)
     summary["load_after"] = os.getloadavg()
+    summary["provenance"] = provenance.finish(prov)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     _plots(summary, out)
     lines = ["# A burst of mixed jobs through several agents: fifo vs STEAL\n", summary["machine_line"], "",

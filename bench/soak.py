@@ -36,9 +36,17 @@ import sys
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_bench.soak_report import write_report
 from fstream_bench.soak_run import Soak
 from fstream_provider.model.units import parse_rate
+
+#: what a soak result exercised (``provenance``): the agents, receivers and bus, the soak's producer, agents,
+#: faults, checks and report, the WAN testbed and the peers
+MODULES = (*provenance.AGENT, "fstream_bench.soak", "fstream_bench.soak_run", "fstream_bench.soak_agents",
+           "fstream_bench.soak_producer", "fstream_bench.soak_faults", "fstream_bench.soak_check",
+           "fstream_bench.soak_monitor", "fstream_bench.soak_report", "fstream_bench.wan", "fstream_bench.peers",
+           "fstream_bench.report", "fstream_bench.workload_gen")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the source and destination")
     ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
+    prov = provenance.start("soak", list(sys.argv[1:] if argv is None else argv), MODULES)
     from fstream_bench.report import machine_info
 
     if not args.loopback and os.geteuid() != 0:
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"command": "fstream bench soak " + " ".join(argv if argv is not None else sys.argv[1:]),
            "where": "loopback" if args.loopback else "emulated WAN (1 Gbit/s, 40 ms, 1 MiB buffer)",
            "minutes": args.minutes, "seed": args.seed, "started_utc": started, "machine": machine_info(),
-           "load_average_at_start": list(load0), "result": result}
+           "load_average_at_start": list(load0), "result": result, "provenance": provenance.finish(prov)}
     write_report(doc, Path(args.results), stamp)
     return 0 if result["ok"] else 1
 

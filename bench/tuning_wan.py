@@ -23,9 +23,11 @@ import csv
 import itertools
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
+from fstream_bench import provenance
 from fstream_bench.harness import Scenario, run_scenario
 from fstream_bench.report import machine_info
 from fstream_bench.workload_gen import build
@@ -33,6 +35,11 @@ from fstream_provider.tuning.ablation import ORACLE_GRID, SIM_KW, Setup
 from fstream_provider.tuning.base import PathInfo
 from fstream_provider.tuning.fixed import FixedTuner
 from fstream_provider.tuning.sim import dtn_storage
+
+#: what a tuning-wan result exercised (``provenance``): the agent and tuners, the scenario harness with its
+#: peers and the WAN testbed, the workloads, and this driver (its simulator ranking too)
+MODULES = (*provenance.AGENT, "fstream_bench.tuning_wan", "fstream_bench.harness", "fstream_bench.peers",
+           "fstream_bench.wan", "fstream_bench.report", "fstream_bench.workload_gen")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TUNERS = ("fstream-static", "fstream-fstream@thesis", "fstream-fstream")
@@ -107,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args(argv)
+    prov = provenance.start("tuning-wan", list(sys.argv[1:] if argv is None else argv), MODULES)
     bw, rtt, buf = 1e9, 0.040, 2**20
     out = Path(args.results) / f"tuning-wan-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.workdir or f"/tmp/fstream-tuning-wan-{os.getpid()}")
     summary = {"machine": machine_info(), "load_start": os.getloadavg(), "count_factor": args.count_factor,
-               "grid": ORACLE_GRID, "sim": SIM_KW, "workloads": {}}
+               "grid": ORACLE_GRID, "sim": SIM_KW, "workloads": {}, "provenance": prov}
     for name in args.workloads.split(","):
         w = build(name, bandwidth_bps=bw, rtt_s=rtt, seed=args.seed, interval_s=0.0, count_factor=args.count_factor)
         rank = ranked(w, bw, rtt, buf)
@@ -136,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             _plot_mix(run_dir / "samples.csv", out / "tuning-wan-mix.png")
         (out / "tuning-wan.json").write_text(json.dumps(summary, indent=1, default=str))
     summary["load_end"] = os.getloadavg()
+    provenance.finish(prov)
     (out / "tuning-wan.json").write_text(json.dumps(summary, indent=1, default=str))
     lines = [f"Emulated WAN 1 Gbit/s, 40 ms, 1 MiB buffers; backlogged; count factor {args.count_factor}; "
              f"load {summary['load_start'][0]:.2f} -> {summary['load_end'][0]:.2f}.", "",

@@ -146,3 +146,12 @@ def test_select_takes_the_newest_result_of_the_right_kind(world):
     assert gt.resolve(batch, world["root"]).measured == "1.00 (1 run)"
     none = gt.Goal(g.issue, g.goal, g.source, g.rerun, measure=g.measure, select=lambda d: False)
     assert "nothing matches" in gt.resolve(none, world["root"]).problem
+
+
+def test_a_pending_row_says_why_it_was_not_re_measured(world):
+    (world["root"] / "bench" / "results" / "probe-20250101-000000.json").write_text(json.dumps({"runs": [3.0]}))
+    g = gt.Goal("99", "probe ≥ 2", "bench/results/probe-*.json", "fstream bench probe", was=("3.0", "yes"),
+                pending="30 minutes of exclusive WAN time")
+    row = gt.resolve(g, world["root"])
+    assert row.status == "unrecorded" and row.met == "unverified (was “yes”)"
+    assert "(not re-run yet: 30 minutes of exclusive WAN time); re-measure: `fstream bench probe`" in row.evidence

@@ -156,14 +156,17 @@ def _covered(name: str, modules) -> bool:
 
 def _bench_modules():
     from fstream_bench import airflow_results, flow_bench, loopback, pathfill, scale, scheduling, sim_bench
-    from fstream_bench import tuning_science
+    from fstream_bench import harp_bench, pools_wan, qos_bench, sched_wan, soak, tuning_science, tuning_wan
     from fstream_bench.wan import cli as wan_cli
 
     return [("fstream_bench.scale", scale.MODULES), ("fstream_bench.loopback", loopback.MODULES),
             ("fstream_bench.pathfill", pathfill.MODULES), ("fstream_bench.scheduling", scheduling.MODULES),
             ("fstream_bench.airflow_bench", airflow_results.MODULES), ("fstream_bench.flow_bench", flow_bench.MODULES),
             ("fstream_bench.sim_bench", sim_bench.MODULES), ("fstream_bench.tuning_science", tuning_science.MODULES),
-            ("fstream_bench.wan.cli", wan_cli.SELFCHECK_MODULES)]
+            ("fstream_bench.wan.cli", wan_cli.SELFCHECK_MODULES), ("fstream_bench.qos_bench", qos_bench.MODULES),
+            ("fstream_bench.harp_bench", harp_bench.MODULES), ("fstream_bench.pools_wan", pools_wan.MODULES),
+            ("fstream_bench.sched_wan", sched_wan.MODULES), ("fstream_bench.soak", soak.MODULES),
+            ("fstream_bench.tuning_wan", tuning_wan.MODULES)]
 
 
 @pytest.mark.parametrize("entry,modules", _bench_modules(), ids=lambda x: x if isinstance(x, str) else "")
