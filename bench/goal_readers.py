@@ -85,7 +85,7 @@ def scale(doc: dict, _: Path) -> tuple[str, str]:
     new = [c["scan_new_poll_s"] * 1000 for c in cps]
     at = " / ".join(f"{c['files'] // 1000}k" for c in cps)
     text = (f"peak RSS sender {last['sender_peak_rss'] / 2**20:.0f} MiB, receiver {last['receiver_peak_rss'] / 2**20:.0f}"
-            f" MiB at {last['files']:,} files; idle scan {' / '.join(f'{x:.1f}' for x in idle)} ms and a scan "
+            f" MiB at {last['files']:,} files; idle scan {' / '.join(f'{x:.2f}' for x in idle)} ms and a scan "
             f"with {cps[0]['new_per_scan']:,} new files {' / '.join(f'{x:.0f}' for x in new)} ms at {at} (today's "
             f"watcher, polling)")
     ok = (all(c["landed"] >= c["files"] for c in cps)

@@ -90,7 +90,8 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
 
 #: the modules a run exercises (provenance's code hash): the agent, this benchmark and its rig
 MODULES = (*provenance.AGENT, "fstream_bench.harp_bench", "fstream_bench.harp_windows", "fstream_bench.wan_rig",
-           "fstream_bench.breakdown_bench", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.report")
+           "fstream_bench.breakdown_bench", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.report",
+           "fstream_bench.cpu_meter", "fstream_bench.workload_gen")
 
 
 def _settings(r: dict) -> str:

@@ -33,7 +33,8 @@ from fstream_provider.model.units import parse_duration, parse_size
 #: what a pools-wan result exercised (``provenance``): the agents, the bus's pools, the WAN rig and testbed,
 #: the peers and the dataset builder
 MODULES = (*provenance.AGENT, "fstream_bench.pools_wan", "fstream_bench.qos_bench", "fstream_bench.wan_rig",
-           "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen")
+           "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen",
+           "fstream_bench.cpu_meter")
 
 
 def _redis(workdir: Path) -> tuple[subprocess.Popen, str]:

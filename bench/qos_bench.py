@@ -32,7 +32,7 @@ from fstream_provider.model.units import parse_duration, parse_size
 #: what a QoS result exercised (``provenance``): the agent and tuners, this benchmark (its simulator
 #: view too), the WAN rig and testbed, the peers that run the agent, and the dataset writer
 MODULES = (*provenance.AGENT, "fstream_bench.qos_bench", "fstream_bench.wan_rig", "fstream_bench.wan",
-           "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen")
+           "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen", "fstream_bench.cpu_meter")
 
 MiB = 2**20
 KINDS = ("small", "large", "mixed")

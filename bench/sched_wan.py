@@ -46,7 +46,7 @@ from fstream_provider.model.units import parse_size
 #: WAN rig and testbed, the peers, the pools bench's helpers and the dataset builder
 MODULES = (*provenance.AGENT, "fstream_bench.sched_wan", "fstream_bench.pools_wan", "fstream_bench.qos_bench",
            "fstream_bench.wan_rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.report",
-           "fstream_bench.workload_gen")
+           "fstream_bench.workload_gen", "fstream_bench.cpu_meter")
 
 # (name, class, dataset kind, size option, submitted at s)
 BURST = [("batch-1", "batch", "large", "batch", 0.0), ("batch-2", "batch", "large", "batch", 0.0),

@@ -39,7 +39,8 @@ from fstream_provider.tuning.sim import dtn_storage
 #: what a tuning-wan result exercised (``provenance``): the agent and tuners, the scenario harness with its
 #: peers and the WAN testbed, the workloads, and this driver (its simulator ranking too)
 MODULES = (*provenance.AGENT, "fstream_bench.tuning_wan", "fstream_bench.harness", "fstream_bench.peers",
-           "fstream_bench.wan", "fstream_bench.report", "fstream_bench.workload_gen")
+           "fstream_bench.wan", "fstream_bench.report", "fstream_bench.workload_gen", "fstream_bench.cpu_meter",
+           "fstream_bench.oracle")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TUNERS = ("fstream-static", "fstream-fstream@thesis", "fstream-fstream")
