@@ -79,6 +79,9 @@ class Rig:
         self.secret_file = w / "secret"
         self.secret_file.write_text(uuid.uuid4().hex * 2 + "\n")
         self.secret_file.chmod(0o600)
+        from transfer_agent.wire.auth import create_secret_file
+
+        self.submitter_key = create_secret_file(w / "bench-submitter.key")  # the DAGs sign jobs as "bench"
         home, dags = w / "airflow-home", w / "dags"
         dags.mkdir(parents=True, exist_ok=True)
         (dags / "fstream_bench_dags.py").write_text(
@@ -88,7 +91,7 @@ class Rig:
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
             AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING", FSTREAM_STATE_DIR=str(w / "fstream-state"),
             AIRFLOW_CONN_FSTREAM_DEFAULT=self.redis.url.replace("redis://", "fstream://", 1)
-            + f"?secret_file={self.secret_file}")
+            + f"?submitter=bench&submitter_key_file={self.submitter_key}")
         t0 = time.monotonic()
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
                        timeout=600)
@@ -101,7 +104,10 @@ class Rig:
         # The receiver runs in its own process (as in production) so it never shares this process's GIL with
         # the in-process sender or the agent thread, and all three methods see the same receiver.
         self.port = self._start_receiver()
-        self.agent = Agent(self.redis.url, name="bench-agent", secret_file=str(self.secret_file))  # CLI defaults
+        from transfer_agent.daemon.authorize import AgentPolicy
+
+        policy = AgentPolicy.local(["/"], self.secret_file, submitter="bench", key_file=self.submitter_key)
+        self.agent = Agent(self.redis.url, name="bench-agent", policy=policy)  # CLI defaults
         thread = threading.Thread(target=self.agent.run, name="bench-agent", daemon=True)
         thread.start()
 

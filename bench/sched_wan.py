@@ -67,12 +67,24 @@ def overlap_rates(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return ma, mb
 
 
-def _agents(bench, url: str, ns: str, mode: str, n: int, secret: Path, logdir: Path,
+def _policy(logdir: Path, secret: Path, roots: list[Path]) -> tuple[Path, Path]:
+    """The agents' policy file (issue 32: roots, the receiver's key, the bench as the one submitter) and the
+    bench's submitter key."""
+    from transfer_agent.wire.auth import create_secret_file
+
+    key = create_secret_file(logdir / "bench-submitter.key")
+    policy = logdir / "policy.toml"
+    policy.write_text(f'[agent]\nroots = {json.dumps([str(r) for r in roots])}\n[agent.keys]\ndefault = "{secret}"\n'
+                      f'[submitters.bench]\nkey_file = "{key}"\n')
+    return policy, key
+
+
+def _agents(bench, url: str, ns: str, mode: str, n: int, policy: Path, logdir: Path,
             extra: list[str] = ()) -> list[subprocess.Popen]:
     procs = []
     for i in range(n):
         argv = fs_peer.fstream_argv() + ["agent", "--redis", url, "--namespace", ns, "--scheduler", mode,
-                                         "--name", f"{mode}-{i}", "--secret-file", str(secret), "--no-history",
+                                         "--name", f"{mode}-{i}", "--policy", str(policy), "--no-history",
                                          *(extra if mode != "fifo" else ())]
         log = open(logdir / f"agent-{mode}-{i}.log", "w")
         env = {**os.environ, "FSTREAM_STATE_DIR": str(logdir / f"state-{mode}-{i}")}
@@ -97,8 +109,11 @@ def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str,
                                               f"cap:{socket.gethostname()}": link, f"unit:{socket.gethostname()}": unit})
     pools = StreamPools(client, keys)
     pools.configure(socket.gethostname(), dst, GreedyPolicy(s_pmax=16, s_cmax=16, s_i=4, s_u=4))
-    store = JobStore(client, keys=keys)
-    procs = _agents(bench, url, ns, mode, n_agents, rx.secret, logdir, agent_args)
+    from fstream_provider.model.signing import Signer
+
+    policy, key = _policy(logdir, rx.secret, [p for p, _ in srcs.values()])
+    store = JobStore(client, keys=keys, signer=Signer.from_file("bench", str(key)))
+    procs = _agents(bench, url, ns, mode, n_agents, policy, logdir, agent_args)
     samples: list[dict] = []
     stop = threading.Event()
     jobs: dict[str, str] = {}
@@ -119,7 +134,7 @@ def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str,
         for name, klass, _kind, _opt, at in BURST:
             time.sleep(max(0.0, t0 + at - time.time()))
             src, _size = srcs[name]
-            spec = TransferSpec.from_options([str(src)], f"fstream://{dst}/{mode}/{name}", secret_file=str(rx.secret),
+            spec = TransferSpec.from_options([str(src)], f"fstream://{dst}/{mode}/{name}",
                                              tuner="fstream", pool=True, label=name,
                                              priority_class=klass if mode != "fifo" else "interactive",
                                              bandwidth=bench.bandwidth_bps, rtt=bench.rtt_s)

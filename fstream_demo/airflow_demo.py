@@ -109,7 +109,11 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
         server.start()
         redis_url = server.url
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(secret_file)).start()
-    agent = Agent(redis_url, name="demo-agent", secret_file=str(secret_file), block_ms=200, poll_interval=0.2)
+    from transfer_agent.daemon.authorize import AgentPolicy
+
+    submitter_key = create_secret_file(work / "airflow-demo.key")  # the DAGs' submitter identity (issue 32)
+    policy = AgentPolicy.local([work / "lcls"], secret_file, submitter="airflow-demo", key_file=submitter_key)
+    agent = Agent(redis_url, name="demo-agent", policy=policy, block_ms=200, poll_interval=0.2)
     agent_thread = threading.Thread(target=agent.run, name="demo-agent", daemon=True)
     stop = threading.Event()
     writer = threading.Thread(target=_instrument, args=(run_dir,), daemon=True,
@@ -119,7 +123,7 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
                FSTREAM_STATE_DIR=str(work / "state"),
                AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-               + f"?secret_file={secret_file}")
+               + f"?submitter=airflow-demo&submitter_key_file={submitter_key}")
     try:
         agent_thread.start()
         out(f"Airflow demo in {work}: Redis {redis_url}, receiver 127.0.0.1:{receiver.port}, agent demo-agent")

@@ -80,7 +80,11 @@ def run_demo(files: int = 0, airflow: bool = True) -> int:
     secret_file = create_secret_file(base / "secret")
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(secret_file)).start()
     con.print(f"receiver: 127.0.0.1:{receiver.port} → {dst}")
-    agent = Agent(url, name="demo-agent", secret_file=str(secret_file), block_ms=200, poll_interval=0.2)
+    from fstream_provider.model.signing import resolve_signer
+    from transfer_agent.daemon.authorize import AgentPolicy
+
+    policy = AgentPolicy.local([src], secret_file)  # serves the run directory, for the local submitter
+    agent = Agent(url, name="demo-agent", policy=policy, block_ms=200, poll_interval=0.2)
     agent_thread = threading.Thread(target=agent.run, name="demo-agent", daemon=True)
     agent_thread.start()
     con.print("agent: demo-agent consuming jobs from the bus")
@@ -90,9 +94,9 @@ def run_demo(files: int = 0, airflow: bool = True) -> int:
     con.print(f"instrument: writing an LCLS-like run into {src} (a batch every second)")
     spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{receiver.port}/lcls", tuner="fstream",
                                      watch=True, interval="0.5s", idle_exit="3s", profile_interval="2s",
-                                     bandwidth="1Gbit", secret_file=str(secret_file), label="demo LCLS stream")
+                                     bandwidth="1Gbit", label="demo LCLS stream")
     client = connect(url)
-    store = JobStore(client)
+    store = JobStore(client, signer=resolve_signer())  # signed as the local submitter
     job_id, _created = store.submit(spec, idempotency_key=f"demo-{time.time_ns()}")
     con.print(f"job {job_id} submitted; following its event stream\n")
     progress = Progress(True)

@@ -36,17 +36,19 @@ def _string(label: str, description: str, **schema: Any) -> dict[str, Any]:
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     "url": _string("Redis URL", "A full Redis URL (redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/"
                    "mymaster); overrides host, port, login, password and database above.", format="url"),
-    "secret_file": _string("Secret file", "Path, on the agents' hosts, of the shared secret the agents authenticate "
-                           "with; jobs that name none get it."),
+    "submitter": _string("Submitter id", "The identity the agents know this connection by; every job submitted "
+                         "through it is signed with this submitter's key (agents refuse unsigned jobs)."),
+    "submitter_secret": _string("Submitter key", "The submitter's key itself (at least 16 bytes); Airflow masks "
+                                "it. Or give 'Submitter key file' instead.", format="password"),
+    "submitter_key_file": _string("Submitter key file", "Path, on the Airflow workers and triggerer, of a 0600 file "
+                                  "holding the submitter's key (instead of the inline key)."),
+    "key": _string("Key id", "Id of the agents' keyring key the jobs authenticate to the receivers with (jobs "
+                   "never name key files on the agents' hosts).", default="default"),
     "namespace": _string("Key namespace", "Prefix of every FStream key on this Redis (several deployments can "
                          "share one server).", default="fstream"),
     "agent_group": _string("Agent group", "Name of the agent group on this bus (shown by Test connection)."),
     "ssl": {"label": "Redis over TLS", "description": "Connect with rediss:// when host and port are given.",
             "schema": {"type": ["boolean", "null"], "default": False}},
-    "tls_cert": _string("TLS client certificate", "Client certificate for mutual TLS on the data channels; jobs "
-                        "whose tuner_options name none get it."),
-    "tls_key": _string("TLS client key", "Key of the TLS client certificate (given together with it)."),
-    "tls_ca": _string("TLS CA bundle", "CA bundle that signed the receivers' certificates."),
 }
 """The ``fstream`` connection's extra fields, in Airflow's ``conn-fields`` form (stored in ``Connection.extra``)."""
 
@@ -64,12 +66,11 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
         "port": "6379",
         "schema": "0",
         "url": "redis+sentinel://h1:26379,h2:26379/mymaster",
-        "secret_file": "/etc/fstream/secret",
+        "submitter": "lcls-daq",
+        "submitter_key_file": "/etc/fstream/submitters/lcls-daq.key",
+        "key": "default",
         "namespace": "fstream",
         "agent_group": "agents",
-        "tls_cert": "/etc/fstream/tls/client.pem",
-        "tls_key": "/etc/fstream/tls/client.key",
-        "tls_ca": "/etc/fstream/tls/ca.pem",
     },
 }
 """Relabels and placeholders of the standard connection form fields (``ui-field-behaviour``)."""

@@ -12,6 +12,7 @@ import pytest
 
 from fstream_provider.bus import client as bus
 from fstream_provider.bus.embedded import EmbeddedRedis, RedisServer, find_redis_server, resolve_redis_url
+import authkit
 
 
 def _poll(predicate, what: str, deadline: float = 20.0):
@@ -303,7 +304,7 @@ def test_cluster_url_runs_the_job_scripts(tmp_path):
               or raw.cluster("info").get("cluster_state") == "ok", "cluster_state ok")
         raw.close()
         c = bus.connect(f"redis+cluster://127.0.0.1:{port}")
-        store = JobStore(c)
+        store = JobStore(c, signer=authkit.signer())
         spec = TransferSpec(sources=["/x"], destination="fstream://127.0.0.1:1/y")
         job_id, created = store.submit(spec, idempotency_key="k")
         assert created and store.submit(spec, idempotency_key="k") == (job_id, False)

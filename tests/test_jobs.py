@@ -12,11 +12,12 @@ from fstream_provider.bus.job_state import TERMINAL_STATES, JobState, decode_eve
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.model.spec import TransferSpec
+import authkit
 
 
 @pytest.fixture
 def store(redis_client: Any) -> JobStore:
-    return JobStore(redis_client, keys=Keys("tj"))
+    return JobStore(redis_client, keys=Keys("tj"), signer=authkit.signer())
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def test_concurrent_submits_with_one_key_create_one_job(store, spec, redis_url):
     def submit() -> None:
         client = connect(redis_url)
         try:
-            s = JobStore(client, keys=store.keys)
+            s = JobStore(client, keys=store.keys, signer=authkit.signer())
             barrier.wait()
             results.append(s.submit(spec, idempotency_key="once"))
         finally:
@@ -185,7 +186,7 @@ def test_list_newest_first(store, spec):
 
 
 def test_events_stream_is_capped_approximately(redis_client, spec):
-    store = JobStore(redis_client, keys=Keys("cap"), events_maxlen=100)
+    store = JobStore(redis_client, keys=Keys("cap"), events_maxlen=100, signer=authkit.signer())
     job_id, _ = store.submit(spec)
     entry_id, _ = _take(store)
     attempt = store.claim(job_id, entry_id, worker="w", max_deliveries=5).attempt
@@ -268,26 +269,34 @@ def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_pa
     secret.write_bytes(os.urandom(32))
     secret.chmod(0o600)
     rcv = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(str(secret))).start()
-    agent = Agent(redis_url, name="cli-test", keys=Keys("cli2"), block_ms=100)
+    import dataclasses
+
+    from fstream_provider.model.policy import KeyEntry
+
+    bad = tmp_path / "bad"
+    bad.write_bytes(os.urandom(32))
+    bad.chmod(0o600)
+    pol = authkit.policy(secret)
+    grant = dataclasses.replace(pol.submitters[authkit.SUBMITTER], keys=frozenset({"default", "bad"}))
+    pol = dataclasses.replace(pol, keyring={**pol.keyring, "bad": KeyEntry(secret_file=str(bad))},
+                              submitters={authkit.SUBMITTER: grant})
+    agent = Agent(redis_url, policy=pol, name="cli-test", keys=Keys("cli2"), block_ms=100)
     th = threading.Thread(target=agent.run, daemon=True)
     th.start()
     try:
         code, out, err = _cli(capsys, "submit", str(src), "--to", f"fstream://127.0.0.1:{rcv.port}/out",
-                              "--tuner", "fixed", "--secret-file", str(secret), "--json",
-                              "--redis", redis_url, "--namespace", "cli2")
+                              "--tuner", "fixed", "--json", "--redis", redis_url, "--namespace", "cli2",
+                              "--submitter", authkit.SUBMITTER, "--submitter-key", authkit.key_file())
         assert code == 0, err
         job = json.loads(out)
         assert job["state"] == "succeeded" and job["result"]["verified_files"] == 5
         assert sorted(os.listdir(dst / "out")) == [f"f{i}" for i in range(5)]
         for i in range(5):
             assert (dst / "out" / f"f{i}").read_bytes() == (src / f"f{i}").read_bytes()
-        # a wrong secret: the job fails and the exit status says so, with the reason
-        bad = tmp_path / "bad"
-        bad.write_bytes(os.urandom(32))
-        bad.chmod(0o600)
+        # a key of the agent's keyring the receiver does not share: the job fails and the exit status says so
         code, out, err = _cli(capsys, "submit", str(src), "--to", f"fstream://127.0.0.1:{rcv.port}/out2",
-                              "--tuner", "fixed", "--secret-file", str(bad), "--redis", redis_url,
-                              "--namespace", "cli2")
+                              "--tuner", "fixed", "--key", "bad", "--redis", redis_url, "--namespace", "cli2",
+                              "--submitter", authkit.SUBMITTER, "--submitter-key", authkit.key_file())
         assert code == 1 and "failed" in err and "auth" in err.lower(), err
         assert not (dst / "out2").exists() or os.listdir(dst / "out2") == []
     finally:

@@ -15,6 +15,7 @@ from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.scheduler import SealConfig
 from transfer_agent.daemon.worker import Agent
 from transfer_agent.sending.history_io import HistoryOptions
+import authkit
 
 MiB = 1 << 20
 
@@ -30,18 +31,18 @@ def test_interactive_job_preempts_batch_which_resumes_without_resending(tmp_path
                                                     f"cap:{socket.gethostname()}": 10 * link,
                                                     f"unit:{socket.gethostname()}": link})
     cfg = SealConfig(small_bytes=MiB, single_bytes=MiB // 2)  # the test's sizes are not "small"
-    agents = [Agent(redis_url, name=f"sched-{i}", secret_file=str(secret), keys=keys, scheduler="steal",
+    agents = [Agent(redis_url, policy=authkit.policy(), name=f"sched-{i}", secret_file=str(secret), keys=keys, scheduler="steal",
                     sched_config=cfg, sched_interval=0.2, poll_interval=0.2, heartbeat_ttl=3, block_ms=100,
                     flush_interval=0.1, history=HistoryOptions(record=False, keys=keys, source=f"sched-{i}"))
               for i in range(2)]
     threads = [threading.Thread(target=a.run, name=a.name) for a in agents]
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     size_a = 96 * MiB
     src_a = make_files(tmp_path / "batch", {"big.dat": size_a}, seed=1)
     src_b = make_files(tmp_path / "inter", {"x.dat": 24 * MiB}, seed=2)
 
     def spec(src: Path, name: str, klass: str) -> TransferSpec:
-        return TransferSpec.from_options([str(src)], f"fstream://{dst}/{name}", secret_file=str(secret),
+        return TransferSpec.from_options([str(src)], f"fstream://{dst}/{name}",
                                          tuner="fixed", cc=1, p=1, pp=1, priority_class=klass,
                                          sample_interval="0.2s", block_size="1MiB")
 

@@ -14,6 +14,7 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.sched_board import SchedBoard
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.scheduler import SealConfig
+import authkit
 
 GB = 1e9
 
@@ -25,7 +26,7 @@ def keys() -> Keys:
 
 def _queue(redis_client, keys: Keys, n: int, klass: str = "interactive") -> list[tuple[str, str]]:
     """``n`` jobs submitted and read from the stream by one consumer: ``(job_id, entry_id)``."""
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     for i in range(n):
         store.submit(TransferSpec.from_options([f"/data/{i}"], "fstream://dtn:9/x", priority_class=klass))
     resp = redis_client.xreadgroup(keys.jobs_group(), "reader", {keys.jobs_stream(): ">"}, count=n)
@@ -121,7 +122,7 @@ def test_a_job_cancelled_while_waiting_leaves_the_board(redis_client, keys) -> N
     board.report(first, 1e9, 1e9)  # the endpoint is full: the other waits
     other = j2 if first == j1 else j1
     assert board.plan("y").job_id is None and board.task(other)["state"] == "waiting"
-    JobStore(redis_client, keys=keys).cancel(other, "not needed")
+    JobStore(redis_client, keys=keys, signer=authkit.signer()).cancel(other, "not needed")
     board.plan("y")
     assert board.task(other) is None and board.task(first)["state"] == "running"
 
@@ -178,7 +179,7 @@ def test_reconcile_leaves_jobs_on_the_board_alone(redis_client, keys) -> None:
     """Admitted jobs have their entry acknowledged (and trimmed): not orphans, not re-enqueued."""
     from fstream_provider.bus.reconcile import reconcile
 
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     (job, entry), = _queue(redis_client, keys, 1)
     SchedBoard(redis_client, keys).admit(job, entry, src="a", dst="b", size=GB, klass="interactive",
                                          arrival=time.time())
@@ -283,13 +284,17 @@ def test_an_agent_admits_a_dead_fifo_agents_running_job_and_leaves_a_live_ones_a
     claim fences that agent out); one a live agent runs outside the scheduler is left to it."""
     from transfer_agent.daemon.worker import Agent
 
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     jobs = _queue(redis_client, keys, 2)
     for (job, entry), worker in zip(jobs, ("dead-fifo", "live-fifo")):
         redis_client.hset(keys.job(job), mapping={"state": "running", "worker": worker})
     _beat(redis_client, keys, "live-fifo")
-    agent = Agent(redis_url, name="sched", keys=keys, scheduler="seal")
+    agent = Agent(redis_url, policy=authkit.policy(authkit.key_file()), name="sched", keys=keys, scheduler="seal")
     agent._client, agent._store = redis_client, store
+    from fstream_provider.bus.audit import AuditLog
+    from transfer_agent.daemon.authorize import Authorizer
+
+    agent.authorizer, agent.audit = Authorizer(agent.policy, redis_client, keys), AuditLog(redis_client, keys)
     agent._board = SchedBoard(redis_client, keys)
     for job, entry in jobs:
         agent._admit(entry, {"job_id": job})

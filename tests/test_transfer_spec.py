@@ -15,7 +15,7 @@ ACCEPTED = "expected one of fixed, static, dynamic, fstream, globus, adaptivecc,
 # the JSON fields every version so far wrote: none renamed or dropped
 FIELDS = {"sources", "destination", "tuner", "cc", "p", "pp", "max_cc", "bandwidth_bps", "rtt_s",
           "target_throughput_bps", "variant", "utilisation", "band", "profile_interval_s", "sample_interval_s", "watch", "interval_s", "idle_exit_s",
-          "until", "verify", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "pool", "block_size", "tcp_buffer", "label",
+          "until", "verify", "key", "secret_file", "tls_cert", "tls_key", "tls_ca", "encrypt", "pool", "block_size", "tcp_buffer", "label",
           "priority_class", "public_checksum"}
 
 

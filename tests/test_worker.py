@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from fstream_provider.model.spec import TransferSpec
 from transfer_agent.errors import AuthError, NetworkError
 from transfer_agent.daemon.runner import is_retryable
 from transfer_agent.daemon.worker import Agent
+import authkit
 
 DEADLINE = 20.0
 
@@ -35,7 +37,7 @@ class FakeTransfer:
     """A data plane stand-in whose behaviour each test scripts with ``behave(call, transfer)``."""
 
     def __init__(self, spec: TransferSpec, *, job_id: str, attempt: int, on_event: Callable, cancel: threading.Event,
-                 redis: Any, log: Any, behave: Callable, calls: list, history: Any = None) -> None:
+                 redis: Any, log: Any, behave: Callable, calls: list, history: Any = None, guard: Any = None) -> None:
         self.spec, self.job_id, self.attempt = spec, job_id, attempt
         self.on_event, self.cancel = on_event, cancel
         self.behave, self.calls = behave, calls
@@ -72,7 +74,7 @@ def keys() -> Keys:
 
 @pytest.fixture
 def store(redis_client: Any, keys: Keys) -> JobStore:
-    return JobStore(redis_client, keys=keys)
+    return JobStore(redis_client, keys=keys, signer=authkit.signer())
 
 
 @pytest.fixture
@@ -87,6 +89,7 @@ def make_agent(redis_url: str, keys: Keys) -> Iterator[Callable[..., Agent]]:
     def make(name: str, behave: Callable = succeed, calls: list | None = None, **kw: Any) -> Agent:
         opts = dict(keys=keys, block_ms=50, flush_interval=0.02, poll_interval=0.05, retry_base_s=0.001,
                     retry_cap_s=0.01, rng=random.Random(1))
+        opts.setdefault("policy", authkit.policy(authkit.key_file()))
         opts.update(kw)
         agent = Agent(redis_url, name=name, transfer_factory=factory(behave, calls if calls is not None else []),
                       **opts)
@@ -128,11 +131,25 @@ def test_job_succeeds_and_done_is_the_last_event(make_agent, store, spec, redis_
     assert len(calls) == 1 and calls[0].attempt == 1
 
 
-def test_secret_file_of_agent_used_when_spec_has_none(make_agent, store, spec):
+def test_the_agents_keyring_key_named_by_the_job_is_used(make_agent, store, spec, tmp_path):
+    import dataclasses
+
+    from fstream_provider.model.policy import KeyEntry
+
+    other = tmp_path / "lcls.key"
+    other.write_text("k" * 32)
+    other.chmod(0o600)
+    pol = authkit.policy(authkit.key_file())
+    grant = dataclasses.replace(pol.submitters[authkit.SUBMITTER], keys=frozenset({"default", "lcls"}))
+    pol = dataclasses.replace(pol, keyring={**pol.keyring, "lcls": KeyEntry(secret_file=str(other))},
+                              submitters={authkit.SUBMITTER: grant})
+    store.submit(spec.replace(key="lcls"))
     store.submit(spec)
     calls: list = []
-    make_agent("a1", calls=calls, secret_file="/etc/fstream/secret").run(once=True)
-    assert calls[0].spec.secret_file == "/etc/fstream/secret"
+    agent = make_agent("a1", calls=calls, policy=pol)
+    agent.run(once=True)
+    agent.run(once=True)
+    assert [(c.spec.key, c.spec.secret_file) for c in calls] == [("lcls", str(other)), (None, authkit.key_file())]
 
 
 def test_cancel_queued_job_never_runs(make_agent, store, spec, redis_client, keys):
@@ -431,6 +448,8 @@ def test_backoff_is_exponential_with_jitter_and_cap():
 
 _HANGING_AGENT = r'''
 import sys, threading
+sys.path.insert(0, sys.argv[5])
+import authkit
 from fstream_provider.bus.keys import Keys
 from transfer_agent.sending.sender import Transfer
 from transfer_agent.daemon.worker import Agent
@@ -447,7 +466,7 @@ def factory(spec, **kw):
     kw["on_event"] = on_event
     return Transfer(spec, **kw)
 
-Agent(url, name=name, secret_file=secret, heartbeat_ttl=1, poll_interval=0.2, block_ms=100,
+Agent(url, policy=authkit.policy(), name=name, secret_file=secret, heartbeat_ttl=1, poll_interval=0.2, block_ms=100,
       keys=Keys(namespace), transfer_factory=factory).run()
 '''
 
@@ -512,7 +531,8 @@ def test_job_reclaimed_after_killing_its_worker(tmp_path, redis_url, redis_clien
     job_id, _ = store.submit(spec)
     script = tmp_path / "hanging_agent.py"
     script.write_text(_HANGING_AGENT)
-    proc = subprocess.Popen([sys.executable, str(script), redis_url, "doomed", secret, keys.namespace],
+    proc = subprocess.Popen([sys.executable, str(script), redis_url, "doomed", secret, keys.namespace,
+                             str(Path(__file__).parent)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         poll(lambda: any(e["kind"] == "file" and e.get("status") == "committed"
@@ -529,7 +549,7 @@ def test_job_reclaimed_after_killing_its_worker(tmp_path, redis_url, redis_clien
         proc.stderr.close()
     assert [p["consumer"] for p in pending(redis_client, keys)] == ["doomed"]
 
-    rescuer = Agent(redis_url, name="rescuer", secret_file=secret, keys=keys, claim_idle_ms=300, block_ms=100,
+    rescuer = Agent(redis_url, policy=authkit.policy(), name="rescuer", secret_file=secret, keys=keys, claim_idle_ms=300, block_ms=100,
                     poll_interval=0.2)
     th = in_thread(rescuer)
     try:
@@ -553,7 +573,7 @@ def test_agent_cli_exits_cleanly_on_sigterm(tmp_path, redis_url, redis_client, k
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "agent", "--redis", redis_url,
-                             "--name", "cli-agent", "--namespace", keys.namespace],
+                             "--name", "cli-agent", "--namespace", keys.namespace, "--root", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         poll(lambda: redis_client.exists(keys.agent("cli-agent")) or proc.poll() is not None,
@@ -576,14 +596,14 @@ def test_agent_keeps_working_across_a_redis_restart(tmp_path, spec, keys):
 
     server = RedisServer(str(tmp_path / "redis"), appendonly=True).start()
     calls: list = []
-    agent = Agent(server.url, name="steady", keys=keys, block_ms=50, flush_interval=0.02, poll_interval=0.05,
+    agent = Agent(server.url, policy=authkit.policy(authkit.key_file()), name="steady", keys=keys, block_ms=50, flush_interval=0.02, poll_interval=0.05,
                   transfer_factory=factory(succeed, calls), rng=random.Random(3))
     th = in_thread(agent)
     client = connect(server.url)
     try:
         poll(lambda: client.exists(keys.agent("steady")), "the agent's heartbeat")
         server.restart()  # same port, same AOF: the consumer group survives
-        store = JobStore(client, keys=keys)
+        store = JobStore(client, keys=keys, signer=authkit.signer())
         job_id, _ = store.submit(spec)
         job = store.wait(job_id, 60)
         assert job.state == "succeeded" and len(calls) == 1

@@ -67,6 +67,13 @@ class SourceVanishedError(SourceModifiedError):
     kind = "source vanished"
 
 
+class SourceRefusedError(SourceModifiedError):
+    """A source file the agent's policy does not let it read (outside its source roots, not a regular file):
+    that file fails, terminally, the rest of the job goes on."""
+
+    kind = "source refused"
+
+
 class ChecksumError(FStreamError):
     """The destination content did not match the source checksum."""
 

@@ -23,7 +23,8 @@ end
 """
 
 # KEYS: job, events, jobs stream, index, [idem]
-# ARGV: job_id, spec_json, now, idem_key, maxlen, index_cutoff, queued_data
+# ARGV: job_id, spec_json, now, idem_key, maxlen, index_cutoff, queued_data, auth_json (the submitter's
+# signature, model.signing; "" for an unsigned job, which agents refuse)
 SUBMIT = """
 if KEYS[5] then
   local existing = redis.call('GET', KEYS[5])
@@ -31,7 +32,8 @@ if KEYS[5] then
 end
 redis.call('HSET', KEYS[1], 'job_id', ARGV[1], 'state', 'queued', 'attempt', 0, 'deliveries', 0,
   'spec', ARGV[2], 'created_at', ARGV[3], 'updated_at', ARGV[3],
-  'idempotency_key', ARGV[4], 'cancel_requested', 0, 'worker', '', 'error', '', 'result', '')
+  'idempotency_key', ARGV[4], 'cancel_requested', 0, 'worker', '', 'error', '', 'result', '',
+  'auth', ARGV[8] or '')
 local sid = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[1])
 redis.call('HSET', KEYS[1], 'stream_id', sid)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'kind', 'queued', 'ts', ARGV[3], 'data', ARGV[7])
@@ -78,7 +80,7 @@ local a = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'updated_at', ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'claimed', 'ts', ARGV[2],
   'data', cjson.encode({worker = ARGV[1], attempt = a, deliveries = d}))
-return {'claimed', tostring(a), redis.call('HGET', KEYS[1], 'spec')}
+return {'claimed', tostring(a), redis.call('HGET', KEYS[1], 'spec') or '', redis.call('HGET', KEYS[1], 'auth') or ''}
 """
 
 _FENCE = """
@@ -119,6 +121,22 @@ FINISH = _FINISH_FN + _FENCE + """
 if not fenced(ARGV[1]) then return 0 end
 finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[8], ARGV[9], KEYS[4])
 redis.call('XACK', KEYS[3], ARGV[6], ARGV[7])
+return 1
+"""
+
+# A claimed job the agent's policy refuses (unsigned, wrongly signed, replayed, outside the roots): dead-lettered
+# with the reason, failed, acknowledged; nothing of it was read.
+# KEYS: job, events, jobs stream, dead letter, [idem]
+# ARGV: attempt, reason, now, group, entry_id, retention, maxlen, dead_maxlen
+REJECT = _FINISH_FN + _FENCE + """
+if not fenced(ARGV[1]) then return 0 end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'job_id', redis.call('HGET', KEYS[1], 'job_id'),
+  'stream_id', ARGV[5], 'deliveries', redis.call('HGET', KEYS[1], 'deliveries') or '0', 'reason', ARGV[2],
+  'ts', ARGV[3], 'kind', 'refused')
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'kind', 'error', 'ts', ARGV[3],
+  'data', cjson.encode({message = ARGV[2], retryable = false, refused = true}))
+finish('failed', ARGV[2], '', ARGV[3], ARGV[6], ARGV[7], KEYS[5])
+redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 return 1
 """
 

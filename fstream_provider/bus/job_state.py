@@ -144,14 +144,18 @@ class Claim:
     :param outcome: ``claimed`` (run it), ``terminal``/``missing`` (acked, nothing to do),
         ``cancelled`` (cancel was requested before it ran; acked), ``dead`` (dead-lettered; acked).
     :param attempt: the fencing number to pass to every later write (``claimed`` only).
-    :param spec: the transfer spec (``claimed`` only).
+    :param spec: the transfer spec (``claimed`` only; None if the stored spec is not valid: ``message`` says why).
     :param message: reason for the other outcomes.
+    :param spec_json: the spec exactly as stored (what the submitter signed).
+    :param auth: the submitter's signature envelope as stored (``model.signing.JobAuth``; "" if unsigned).
     """
 
     outcome: str
     attempt: int = 0
     spec: TransferSpec | None = None
     message: str = ""
+    spec_json: str = ""
+    auth: str = ""
 
 
 def decode_event(entry_id: str, fields: dict[str, str]) -> tuple[str, dict]:

@@ -14,7 +14,9 @@ from fstream_provider.bus.client import MAX_BLOCK_MS
 from fstream_provider.bus.follow import follow_job
 from fstream_provider.bus.job_state import TERMINAL_STATES, Claim, JobState, decode_event, now_text
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
+from fstream_provider.model.signing import Signer
 from fstream_provider.model.spec import TransferSpec
+from fstream_provider.model.validation import SpecError
 
 
 class JobStore:
@@ -30,11 +32,14 @@ class JobStore:
     :param keys: the key schema (default namespace ``fstream``).
     :param retention_s: how long a finished job's hash, events and idempotency key are kept.
     :param events_maxlen: approximate cap of each job's event stream.
+    :param signer: the submitter whose key signs every job this store submits (``model.signing``); agents
+        refuse jobs no configured submitter signed. None: jobs are submitted unsigned (agents refuse them).
     """
 
     def __init__(self, client: redis.Redis, *, keys: Keys | None = None, retention_s: int = JOB_RETENTION_S,
-                 events_maxlen: int = EVENTS_MAXLEN) -> None:
+                 events_maxlen: int = EVENTS_MAXLEN, signer: Signer | None = None) -> None:
         self.client = client
+        self.signer = signer
         self.keys = keys or Keys()
         self.retention_s = int(retention_s)
         self.events_maxlen = int(events_maxlen)
@@ -47,6 +52,7 @@ class JobStore:
         self._release = client.register_script(lua.RELEASE)
         self._cancel = client.register_script(lua.CANCEL)
         self._preempt = client.register_script(lua.PREEMPT)
+        self._reject = client.register_script(lua.REJECT)
 
     # ------------------------------------------------------------------ client side
     def ensure_group(self) -> None:
@@ -69,9 +75,13 @@ class JobStore:
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.job_index()]
         if idempotency_key:
             keys.append(k.idempotency(idempotency_key))
-        queued = json.dumps({"label": spec.label, "idempotency_key": idempotency_key})
-        out = self._submit(keys=keys, args=[job_id, spec.to_json(), repr(now), idempotency_key or "",
-                                            self.events_maxlen, repr(now - self.retention_s), queued])
+        spec_json = spec.to_json()
+        auth = self.signer.sign(k.namespace, job_id, spec_json, now=now) if self.signer is not None else None
+        queued = json.dumps({"label": spec.label, "idempotency_key": idempotency_key,
+                             "submitter": auth.submitter if auth else None})
+        out = self._submit(keys=keys, args=[job_id, spec_json, repr(now), idempotency_key or "",
+                                            self.events_maxlen, repr(now - self.retention_s), queued,
+                                            auth.to_json() if auth else ""])
         return str(out[0]), bool(int(out[1]))
 
     def get(self, job_id: str) -> JobState | None:
@@ -155,8 +165,23 @@ class JobStore:
                                            k.jobs_group(), entry_id, self.retention_s, DEAD_LETTER_MAXLEN])
         outcome = str(out[0])
         if outcome == "claimed":
-            return Claim("claimed", attempt=int(out[1]), spec=TransferSpec.from_json(out[2]))
+            spec_json, auth = str(out[2]), str(out[3]) if len(out) > 3 else ""
+            try:
+                spec = TransferSpec.from_json(spec_json)
+            except (SpecError, ValueError, TypeError) as exc:  # written by something else than JobStore.submit
+                return Claim("claimed", attempt=int(out[1]), spec_json=spec_json, auth=auth,
+                             message=f"the job's spec is not a valid transfer spec: {exc}")
+            return Claim("claimed", attempt=int(out[1]), spec=spec, spec_json=spec_json, auth=auth)
         return Claim(outcome, message=str(out[1]) if len(out) > 1 else "")
+
+    def reject(self, job_id: str, attempt: int, entry_id: str, reason: str) -> bool:
+        """Refuse a claimed job before anything of it is read (the agent's policy): dead-letter it with
+        ``reason``, mark it failed, acknowledge its entry; atomically, if ``attempt`` is current."""
+        k = self.keys
+        keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.dead_letter()] + self._idem_key(job_id)
+        out = self._reject(keys=keys, args=[attempt, reason, now_text(), k.jobs_group(), entry_id, self.retention_s,
+                                            self.events_maxlen, DEAD_LETTER_MAXLEN])
+        return bool(int(out))
 
     def publish(self, job_id: str, attempt: int, events: list[tuple[str, float, dict]],
                 fields: dict[str, str] | None = None) -> tuple[bool, bool]:

@@ -44,6 +44,11 @@ seen(scope)             set          paths (or path|size|mtime) already reported
 pending(scope)          hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
                                                                                                                       sensor, any watcher
 looks(scope)            string       JSON path -> [size, mtime, since], <= 10,000 files          new-files sensor     the next poke          TTL max(1 h, 10 x poke_interval)
+audit()                 stream       ``kind`` (decision|outcome), ``job_id``, ``submitter``,      agents               fstream audit,         MAXLEN ~ 1,000,000 (append-only; agents
+                                     ``decision`` (accepted|refused), ``reason``, ``sources``,                         operators              write, nobody else may: docs/redis-keys.md)
+                                     ``destination``, ``key``, ``agent``, ``outcome``, ``ts``
+nonce(sub, nonce)       string       ``<job id> <stream entry id>``: the first job that used     agents               agents                 TTL = the agents' max job age + clock skew
+                                     this submitter's nonce (a replay names another)
 cancel_channel(id)      pub/sub      message ``cancel``                                          JobStore.cancel      Agent (optional)       none (pub/sub)
 ======================  ===========  ==========================================================  ===================  =====================  ==========================================
 """
@@ -57,6 +62,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9._/@+=-]")
 JOB_RETENTION_S = 7 * 24 * 3600
 EVENTS_MAXLEN = 100_000
 DEAD_LETTER_MAXLEN = 10_000
+AUDIT_MAXLEN = 1_000_000
 HISTORY_MAXLEN = 1_000_000
 PROFILING_KEEP = 1_000
 
@@ -115,6 +121,15 @@ class Keys:
 
     def cancel_channel(self, job_id: str) -> str:
         return self.prefix + "job:" + _part(job_id) + ":cancel"
+
+    # authorization (issue 32)
+    def audit(self) -> str:
+        """Append-only record of every job's submitter, sources, destination, decision and outcome."""
+        return self.prefix + "audit"
+
+    def nonce(self, submitter: str, nonce: str) -> str:
+        """The first use of a submitter's job nonce (replay guard)."""
+        return self.prefix + "nonce:" + _part(submitter) + ":" + _part(nonce)
 
     # agents
     def agent(self, name: str) -> str:

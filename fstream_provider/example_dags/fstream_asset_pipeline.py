@@ -13,7 +13,8 @@ second). The retry attaches to the job if it still runs, else submits a new one,
 already verified at the destination.
 
 Connection: ``fstream_default`` (Redis of the agents, also holding the seen-set), e.g.
-``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://REDIS_HOST:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
+``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://REDIS_HOST:6379/0?submitter=lcls-daq&submitter_key_file=%2Fetc%2Ffstream%2Fsubmitters%2Flcls-daq.key'``.
+Jobs are signed as submitter ``lcls-daq`` (the agents' policy lists it with the same key) and name no key files.
 The watch directory and destination come from ``FSTREAM_EXAMPLE_WATCH_DIR`` and ``FSTREAM_EXAMPLE_DESTINATION``.
 """
 

@@ -7,7 +7,8 @@ the throughput at the target. The task defers while the stream runs; its log get
 and the path of a throughput/channels plot.
 
 Connection: ``fstream_default`` (the Redis bus of the agents), e.g.
-``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.slac.example:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
+``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.slac.example:6379/0?submitter=lcls-daq&submitter_key_file=%2Fetc%2Ffstream%2Fsubmitters%2Flcls-daq.key'``.
+Jobs are signed as submitter ``lcls-daq`` (the agents' policy lists it with the same key) and name no key files.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ date in Airflow 3 (``{{ ds_nodash }}`` is undefined there), while ``run_after`` 
 equals the logical date of a scheduled one.
 
 Connection: ``fstream_default`` (Redis of the agents, also holding the seen-set), e.g.
-``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.ncbi.example:6379/1?secret_file=%2Fetc%2Ffstream%2Fsecret'``.
+``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://redis.ncbi.example:6379/1?submitter=lcls-daq&submitter_key_file=%2Fetc%2Ffstream%2Fsubmitters%2Flcls-daq.key'``.
+Jobs are signed as submitter ``lcls-daq`` (the agents' policy lists it with the same key) and name no key files.
 """
 
 from __future__ import annotations

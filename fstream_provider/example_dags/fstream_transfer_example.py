@@ -1,10 +1,11 @@
 """Move one source (file, directory or glob) to a receiver with FStream; source, destination and target are params.
 
 Connection: the operator uses ``fstream_default``, the Redis bus the FStream agents share. Create it with
-``airflow connections add fstream_default --conn-uri 'fstream://REDIS_HOST:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'``
-or ``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://REDIS_HOST:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'``
-(host/port/schema = the Redis server and database). Without it, ``$FSTREAM_REDIS_URL`` or the embedded Redis of
-``fstream agent`` on this machine is used. Run it with::
+``airflow connections add fstream_default --conn-uri 'fstream://REDIS_HOST:6379/0?submitter=lcls-daq&submitter_key_file=%2Fetc%2Ffstream%2Fsubmitters%2Flcls-daq.key'``
+or ``export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://REDIS_HOST:6379/0?submitter=lcls-daq&submitter_key_file=%2Fetc%2Ffstream%2Fsubmitters%2Flcls-daq.key'``
+(host/port/schema = the Redis server and database; ``submitter`` and its key file = who the jobs are signed as,
+listed with the same key in the agents' policy; jobs name no key files). A connection that is not defined fails the
+task naming it: there is no fallback to a Redis no agent watches. Run it with::
 
     airflow dags test fstream_transfer_example \\
         --conf '{"source": "/data/run42", "destination": "fstream://dtn2:9000/incoming/run42", "target_throughput": "800Mbps"}'

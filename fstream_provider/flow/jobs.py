@@ -31,7 +31,10 @@ def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, su
 
     from fstream_provider.bus.keys import Keys
 
-    store = JobStore(connect(resolve_redis_url(redis_url)), keys=Keys(namespace) if namespace else None)
+    from fstream_provider.model.signing import resolve_signer
+
+    store = JobStore(connect(resolve_redis_url(redis_url)), keys=Keys(namespace) if namespace else None,
+                     signer=resolve_signer())
     dest = spec.dest
     running: dict[str, threading.Thread] = {}
     lock = threading.Lock()

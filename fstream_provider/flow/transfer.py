@@ -165,11 +165,11 @@ def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: 
         directory under DEST/PATH (``watch_path('/daq/run7/**')`` → ``DEST/PATH/sub/file``), or by its
         name when the channel does not know where it came from.
     :param secret_file: the shared secret (default: ``$FSTREAM_STATE_DIR/secret``); or pass ``tls_cert``,
-        ``tls_key``, ``tls_ca``.
+        ``tls_key``, ``tls_ca``. Not with ``redis``: agents authenticate with their own keyring (``key=ID``).
     :param tuner: ``fstream`` (default), ``harp``, ``fixed``, ... as ``fstream send --tuner``.
     :param target_throughput: QoS target (``600Mbps``).
     :param redis: run through Redis jobs on this bus (any ``fstream agent`` there runs them) instead
-        of in this process.
+        of in this process; jobs are signed as ``$FSTREAM_SUBMITTER`` (else the local submitter).
     :param namespace: the agents' key namespace on that Redis (``fstream agent --namespace``).
     :param max_in_flight: files handed on but not yet landed before the stage stops reading its input.
     :param options: any other :class:`~fstream_provider.model.spec.TransferSpec` option of
@@ -181,7 +181,12 @@ def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: 
         if name in options:  # the channel decides what comes and when it ends (watch_path, until, take)
             raise ValueError(f"transfer({name}=...): not an option of a channel's transfer; use watch_path, "
                              f".until() or .take() on the channel")
-    if secret_file is None and not options.get("tls_cert"):
+    if redis is not None:
+        named = [n for n in ("tls_cert", "tls_key", "tls_ca") if options.get(n)] + (["secret_file"] if secret_file else [])
+        if named:  # issue 32: an agent opens only the keys of its own keyring
+            raise ValueError(f"transfer({', '.join(n + '=...' for n in named)}, redis=...): jobs may not name key "
+                             "files on the agent's host; pass key=ID (the agent's keyring; default 'default')")
+    elif secret_file is None and not options.get("tls_cert"):
         from fstream_provider.model.statedir import default_secret_file
 
         secret_file = str(default_secret_file())

@@ -5,11 +5,13 @@ Create the connection the usual Airflow way, for example::
     export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://:PASSWORD@redis.example.org:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'
 
 host, port and schema are the Redis server and database number; login/password are the Redis ACL user
-and password. Extras: ``secret_file`` (the shared secret the agents authenticate with), ``namespace``
-(key prefix, default ``fstream``), ``agent_group`` (shown by ``test_connection``), ``ssl`` (``true``
-for ``rediss://``) and ``url`` (a full Redis URL, e.g. ``redis+sentinel://h1:26379,h2:26379/mymaster``,
-overriding host/port), ``tls_cert``/``tls_key``/``tls_ca`` (data-channel TLS files, forwarded to jobs
-that name none). A connection id that does not exist fails at once with ``AirflowNotFoundException``
+and password. Extras: ``submitter`` with ``submitter_secret`` (the key itself; Airflow masks it) or
+``submitter_key_file`` (a 0600 file on the worker): the identity the agents know and the key every job is
+signed with (issue 32; agents refuse unsigned jobs); ``key`` (the id of the agents' keyring key the jobs
+use, default ``default``), ``namespace`` (key prefix, default ``fstream``), ``agent_group`` (shown by
+``test_connection``), ``ssl`` (``true`` for ``rediss://``) and ``url`` (a full Redis URL, e.g.
+``redis+sentinel://h1:26379,h2:26379/mymaster``, overriding host/port). Jobs never name key files on the
+agents' hosts: a connection with ``secret_file`` or ``tls_*`` extras is refused at submit, naming them. A connection id that does not exist fails at once with ``AirflowNotFoundException``
 naming it: inside Airflow there is no fallback to ``$FSTREAM_REDIS_URL`` or an embedded Redis (a job
 submitted to a private Redis no agent watches would wait for ever). The ``fstream`` CLI and the demo
 keep that fallback; they do not use this hook.
@@ -17,7 +19,7 @@ keep that fallback; they do not use this hook.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -47,6 +49,10 @@ class FStreamSettings:
     :param tls_cert: client certificate for mutual TLS on the data channels (forwarded to jobs naming none).
     :param tls_key: its key.
     :param tls_ca: CA bundle that signed the receivers' certificates.
+    :param submitter: the submitter id jobs are signed as.
+    :param submitter_secret: its key, inline (the connection's masked extra).
+    :param submitter_key_file: its key, as a file on the worker.
+    :param key: the keyring key id jobs use (None: the agents' ``default``).
     :param source: where the settings came from, for log lines.
     """
 
@@ -57,7 +63,23 @@ class FStreamSettings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    submitter: str | None = None
+    submitter_secret: str | None = field(default=None, repr=False)
+    submitter_key_file: str | None = None
+    key: str | None = None
     source: str = ""
+
+    def signer(self) -> Any:
+        """The ``model.signing.Signer`` jobs are signed with; ``ValueError`` naming what is missing."""
+        from fstream_provider.model.signing import Signer
+
+        if not self.submitter or not (self.submitter_secret or self.submitter_key_file):
+            raise ValueError(f"{self.source or 'the FStream connection'}: no submitter identity: set the 'submitter' "
+                             "extra and its key ('submitter_secret', or 'submitter_key_file'); agents refuse "
+                             "unsigned jobs")
+        if self.submitter_secret:
+            return Signer(self.submitter, self.submitter_secret.encode())
+        return Signer.from_file(self.submitter, self.submitter_key_file)
 
 
 def settings_from_connection(conn: Any) -> FStreamSettings:
@@ -83,6 +105,10 @@ def settings_from_connection(conn: Any) -> FStreamSettings:
         tls_cert=extra.get("tls_cert") or None,
         tls_key=extra.get("tls_key") or None,
         tls_ca=extra.get("tls_ca") or None,
+        submitter=extra.get("submitter") or None,
+        submitter_secret=extra.get("submitter_secret") or None,
+        submitter_key_file=extra.get("submitter_key_file") or None,
+        key=extra.get("key") or None,
         source=f"connection {conn.conn_id!r}",
     )
 
@@ -150,7 +176,11 @@ class FStreamHook(BaseHook):
     def store(self) -> Any:
         from fstream_provider.bus.jobs import JobStore
 
-        return make_store(JobStore, self.client, self.keys)
+        try:
+            signer = self.settings.signer()
+        except ValueError:  # reading jobs needs no identity; submit says what is missing
+            signer = None
+        return make_store(JobStore, self.client, self.keys, signer)
 
     def get_conn(self) -> Any:
         """The blocking ``redis.Redis`` client."""
@@ -158,13 +188,20 @@ class FStreamHook(BaseHook):
 
     def submit(self, spec: "TransferSpec", *, idempotency_key: str) -> tuple[str, bool]:
         """Queue ``spec``; the same key returns the existing job instead of a second one."""
-        s, updates = self.settings, {}
-        if not spec.secret_file and s.secret_file:
-            updates["secret_file"] = s.secret_file
-        if not (spec.tls_cert or spec.tls_key or spec.tls_ca) and (s.tls_cert or s.tls_key or s.tls_ca):
-            updates.update(tls_cert=s.tls_cert, tls_key=s.tls_key, tls_ca=s.tls_ca)  # the connection's set, whole
-        if updates:  # validated again: a connection with a certificate but no key is refused, naming both
-            spec = type(spec).model_validate({**spec.model_dump(), **updates})
+        s = self.settings
+        named = [f for f in ("secret_file", "tls_cert", "tls_key", "tls_ca") if getattr(s, f)]
+        if named:
+            raise ValueError(f"{s.source}: extra(s) {', '.join(named)} name key files on the agents' hosts, which "
+                             "jobs may not do (issue 32): remove them and set 'key' to the id of the agents' keyring "
+                             "key instead")
+        named = [f for f in ("secret_file", "tls_cert", "tls_key", "tls_ca") if getattr(spec, f)]
+        if named:
+            raise ValueError(f"transfer spec: {', '.join(named)} name key files on the agent's host; jobs refer to "
+                             "keys by id (key=...)")
+        if spec.key is None and s.key:
+            spec = spec.replace(key=s.key)
+        if self.store.signer is None:
+            s.signer()  # raises, naming the missing extras
         return self.store.submit(spec, idempotency_key=idempotency_key)
 
     def jobs_under_keys(self, idempotency_keys: list[str]) -> list[str | None]:
@@ -214,6 +251,6 @@ class FStreamHook(BaseHook):
             del self.__dict__["client"]
 
 
-def make_store(store_cls: Any, client: Any, keys: Any) -> Any:
-    """Build a ``JobStore`` on ``client`` in the namespace of ``keys``."""
-    return store_cls(client, keys=keys)
+def make_store(store_cls: Any, client: Any, keys: Any, signer: Any = None) -> Any:
+    """Build a ``JobStore`` on ``client`` in the namespace of ``keys`` that signs as ``signer``."""
+    return store_cls(client, keys=keys, signer=signer)

@@ -8,6 +8,7 @@ field, the value and what is accepted.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -27,6 +28,7 @@ TCP_BUFFER_MIN, TCP_BUFFER_MAX = 4096, 2**30
 # scheduler read it again: issue #11.)
 RETIRED_FIELDS: tuple[str, ...] = ()
 PRIORITY_CLASSES = ("interactive", "batch")
+KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # a key's id in agents' and receivers' keyrings
 # User-facing option names (``from_options``) that are converted into a spec field.
 RATE_OPTIONS = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
 DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",
@@ -93,7 +95,10 @@ class TransferSpec(BaseModel):
     :param public_checksum: also report an unkeyed ``xxh3_128`` digest of each landed file, from the same
         read pass as the (keyed) verifying one, for manifests and flow records that others check
         (``fstream send --manifest``, ``channel.transfer()``); TLS-only transfers report theirs anyway.
-    :param secret_file: shared secret for HMAC authentication.
+    :param key: the id of the key (shared secret or TLS set) to authenticate to the receiver with: the
+        keyring of the agent that runs the job, and the key the receiver knows by that id (None: ``default``).
+        Jobs refer to keys only by id; a job naming a ``secret_file`` or TLS file is refused by agents.
+    :param secret_file: shared secret for HMAC authentication (``fstream send``; an agent uses its keyring).
     :param tls_cert: client certificate (mutual TLS).
     :param tls_key: client key.
     :param tls_ca: CA bundle that signed the receiver's certificate.
@@ -129,6 +134,7 @@ class TransferSpec(BaseModel):
     until: float | None = None
     verify: bool = True
     public_checksum: bool = False
+    key: str | None = None
     secret_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -161,6 +167,13 @@ class TransferSpec(BaseModel):
     @classmethod
     def _destination(cls, v: str) -> str:
         Destination.parse(v)
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str | None) -> str | None:
+        if v is not None and not KEY_ID.match(v):
+            raise ValueError(f"key {v!r}: a key id is 1-64 letters, digits, '.', '_' or '-'")
         return v
 
     @field_validator("tuner")

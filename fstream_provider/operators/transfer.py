@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 TERMINAL = ("succeeded", "failed", "cancelled")
 # spec options the operator takes as parameters, so they are refused inside ``tuner_options``
 _OWN_PARAMETERS = ("sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p",
-                   "pp", "watch", "until", "idle_exit", "interval", "verify", "secret_file", "priority_class")
+                   "pp", "watch", "until", "idle_exit", "interval", "verify", "key", "priority_class")
 
 
 def _spec_field(spec: Any, name: str) -> Any:
@@ -78,7 +78,8 @@ class FStreamTransferOperator(BaseOperator):
     :param idle_exit: in watch mode, stop after this long with nothing new (``5m``).
     :param interval: in watch mode, scan interval (``2s``).
     :param verify: end-to-end checksum per file.
-    :param secret_file: shared secret for the data channels (default: the connection's ``secret_file``).
+    :param key: the id of the agents' keyring key the job authenticates to the receiver with (default: the
+        connection's ``key`` extra, else the agents' ``default``). Jobs never name key files (issue 32).
     :param priority_class: ``interactive`` (default) or ``batch``: how agents scheduling with STEAL treat the
         job (batch uses what interactive jobs leave and never preempts; ``docs/scheduling.md``).
     :param tuner_options: the options without a parameter of their own
@@ -99,7 +100,7 @@ class FStreamTransferOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p", "pp",
-        "watch", "until", "idle_exit", "interval", "verify", "secret_file", "tuner_options", "agent_timeout",
+        "watch", "until", "idle_exit", "interval", "verify", "key", "tuner_options", "agent_timeout",
         "plot_dir", "priority_class",
     )
     ui_color = "#c8e6f5"
@@ -123,7 +124,7 @@ class FStreamTransferOperator(BaseOperator):
         idle_exit: str | float | None = None,
         interval: str | float | None = None,
         verify: bool = True,
-        secret_file: str | None = None,
+        key: str | None = None,
         priority_class: str = "interactive",
         tuner_options: dict[str, Any] | None = None,
         fstream_conn_id: str = DEFAULT_CONN_ID,
@@ -150,7 +151,7 @@ class FStreamTransferOperator(BaseOperator):
         self.idle_exit = idle_exit
         self.interval = interval
         self.verify = verify
-        self.secret_file = secret_file
+        self.key = key
         self.priority_class = priority_class
         self.tuner_options = tuner_options or {}
         self.fstream_conn_id = fstream_conn_id
@@ -222,7 +223,7 @@ class FStreamTransferOperator(BaseOperator):
             watch=rendered_bool(self.task_id, "watch", self.watch), until=to_unix_time(self.until),
             idle_exit=self.idle_exit or None, interval=self.interval or None,
             verify=rendered_bool(self.task_id, "verify", self.verify),
-            secret_file=self.secret_file or None, label=opts.get("label") or label,
+            key=self.key or None, label=opts.get("label") or label,
             priority_class=self.priority_class or "interactive",
         )
         try:

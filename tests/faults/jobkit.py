@@ -24,6 +24,7 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.receiving.receiver import Receiver
 from transfer_agent.receiving.state import RecvFile
+import authkit
 
 DEADLINE = 30.0
 
@@ -144,8 +145,8 @@ def cli_agent(redis_url: str, name: str, keys: Keys, secret: Path, log: Path, *e
     """``python -m transfer_agent.cli agent`` in its own session (stopped by pid); stderr to ``log``."""
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "agent", "--redis", redis_url,
-                                 "--name", name, "--namespace", keys.namespace, "--secret-file", str(secret),
-                                 *extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                 "--name", name, "--namespace", keys.namespace,
+                                 "--policy", authkit.policy_file(log.parent, secret), *extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:

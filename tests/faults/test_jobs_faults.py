@@ -25,6 +25,7 @@ from fstream_provider.bus.reconcile import reconcile
 from jobkit import (DEADLINE, agent_thread, check_destination, check_jobs, cli_agent, dataset, files_of, kinds,
                     poll, spec_for, start_counting_receiver, stop_process)
 from transfer_agent.daemon.worker import Agent
+import authkit
 
 
 
@@ -37,7 +38,7 @@ def _agent(url: str, name: str, keys: Keys, secret, **kw) -> Agent:
     opts = dict(keys=keys, secret_file=str(secret), block_ms=100, poll_interval=0.1, flush_interval=0.05,
                 heartbeat_ttl=2, claim_idle_ms=300, retry_base_s=0.2, retry_cap_s=1.0)
     opts.update(kw)
-    return Agent(url, name=name, **opts)
+    return Agent(url, policy=authkit.policy(), name=name, **opts)
 
 
 # -- row: Redis SIGKILL + restart from AOF ------------------------------------------------------------
@@ -49,7 +50,7 @@ def test_redis_sigkill_mid_job_agent_rides_out_the_outage_and_records_the_job_on
     src = dataset(tmp_path / "src")
     rcv = start_counting_receiver(tmp_path / "dst", secret, hold_attempt=1, hold_after=1 << 20)
     client = connect(server.url, retries=1)
-    store = JobStore(client, keys=keys)
+    store = JobStore(client, keys=keys, signer=authkit.signer())
     agent = _agent(server.url, "steady", keys, secret)
     th = None
     try:
@@ -95,7 +96,7 @@ def test_redis_restart_from_aof_keeps_every_acknowledged_job(tmp_path, keys):
     server = RedisServer(str(tmp_path / "redis"), appendonly=True).start()
     client = connect(server.url, retries=1)
     try:
-        store = JobStore(client, keys=keys)
+        store = JobStore(client, keys=keys, signer=authkit.signer())
         spec = spec_for(tmp_path, 1)
         ids = [store.submit(spec, idempotency_key=f"k{i}")[0] for i in range(20)]
         (entry, fields), = client.xreadgroup(keys.jobs_group(), "a", {keys.jobs_stream(): ">"}, count=1)[0][1]
@@ -120,7 +121,7 @@ def test_duplicate_delivery_exactly_one_commit_and_the_stale_attempt_is_fenced(t
                                                                               secret, keys):
     src = dataset(tmp_path / "src", small=16, big=4 << 20)
     rcv = start_counting_receiver(tmp_path / "dst", secret, hold_attempt=1, hold_after=256 << 10)
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     job_id, _ = store.submit(spec_for(src, rcv.port, p=2, pp=4))
     log = tmp_path / "owner.log"
     owner = cli_agent(redis_url, "owner", keys, secret, log, "--heartbeat-ttl", "1s", "--claim-idle", "30s")
@@ -172,7 +173,7 @@ def _reconcile_cli(redis_url: str, keys: Keys, *extra: str) -> tuple[int, dict]:
 def test_trimmed_stream_jobs_are_reported_and_repaired_not_lost(tmp_path, redis_url, redis_client, secret, keys):
     src = dataset(tmp_path / "src", small=4, big=0)
     rcv = start_counting_receiver(tmp_path / "dst", secret)
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     ids = [store.submit(spec_for(src, rcv.port, dest=f"d{i}"))[0] for i in range(3)]
     redis_client.xtrim(keys.jobs_stream(), maxlen=0, approximate=False)  # an operator "cleans up" the stream
     agent = _agent(redis_url, "a", keys, secret)
@@ -201,7 +202,7 @@ def test_trimmed_stream_jobs_are_reported_and_repaired_not_lost(tmp_path, redis_
 
 
 def test_reconcile_reports_each_kind_of_orphan(tmp_path, redis_client, keys):
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     spec = spec_for(tmp_path, 1)
     queued, _ = store.submit(spec, idempotency_key="q")
     dead_owner, _ = store.submit(spec)
@@ -234,7 +235,7 @@ def test_flushall_mid_job_waiters_fail_clearly_agent_survives_and_a_resubmit_fin
                                                                                     redis_client, secret, keys):
     src = dataset(tmp_path / "src", small=6, big=4 << 20)
     rcv = start_counting_receiver(tmp_path / "dst", secret, hold_attempt=1, hold_after=1 << 20)
-    store = JobStore(redis_client, keys=keys)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     agent = _agent(redis_url, "a", keys, secret)
     job_id, _ = store.submit(spec_for(src, rcv.port))
     th = agent_thread(agent)
@@ -242,7 +243,7 @@ def test_flushall_mid_job_waiters_fail_clearly_agent_survives_and_a_resubmit_fin
 
     def waiter() -> None:
         try:
-            waited.append(JobStore(connect(redis_url), keys=keys).wait(job_id, 120))
+            waited.append(JobStore(connect(redis_url), keys=keys, signer=authkit.signer()).wait(job_id, 120))
         except BaseException as exc:  # noqa: BLE001 - asserted below
             waited.append(exc)
 

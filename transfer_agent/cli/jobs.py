@@ -25,12 +25,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", default="fstream", help=argparse.SUPPRESS)
 
 
-def _store(args: argparse.Namespace) -> JobStore:
+def _store(args: argparse.Namespace, signer: Any = None) -> JobStore:
     from fstream_provider.bus.jobs import JobStore
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import resolve_redis_url
 
-    return JobStore(connect(resolve_redis_url(args.redis)), keys=Keys(args.namespace))
+    return JobStore(connect(resolve_redis_url(args.redis)), keys=Keys(args.namespace), signer=signer)
 
 
 def _live_agents(store: JobStore) -> list[dict]:
@@ -51,7 +51,12 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("agent", help="consume transfer jobs from Redis (source-side worker)")
     _common(p)
     p.add_argument("--name", help="consumer name (default HOST-PID)")
-    p.add_argument("--secret-file", metavar="F", help="shared secret for jobs that name none")
+    p.add_argument("--secret-file", metavar="F", help="the keyring's 'default' key (a shared-secret file)")
+    p.add_argument("--policy", metavar="FILE", help="the authorization policy (source roots, destinations, keyring, "
+                                                    "submitters; docs/authorization.md; default $FSTREAM_POLICY)")
+    p.add_argument("--root", action="append", metavar="DIR", default=[],
+                   help="serve sources under DIR (repeatable; without --policy: for the local submitter only, "
+                        "whose key `fstream submit` uses by default)")
     p.add_argument("--once", action="store_true", help="one iteration (at most one job), errors re-raised")
     p.add_argument("--heartbeat-ttl", metavar="DURATION", default="10s", help="heartbeat key TTL (default 10s)")
     p.add_argument("--claim-idle", metavar="DURATION", default="30s",
@@ -99,7 +104,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fstream agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    agent = Agent(url, name=name, secret_file=args.secret_file, scheduler=args.scheduler, sched_config=sched,
+    try:
+        policy = _agent_policy(args)
+    except (ValueError, FStreamError) as exc:
+        print(f"fstream agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    agent = Agent(url, name=name, policy=policy, secret_file=args.secret_file, scheduler=args.scheduler,
+                  sched_config=sched,
                   heartbeat_ttl=parse_duration(args.heartbeat_ttl),
                   claim_idle_ms=int(parse_duration(args.claim_idle) * 1000), max_deliveries=args.max_deliveries,
                   max_retries=args.max_retries, keys=Keys(args.namespace),
@@ -117,6 +128,27 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _agent_policy(args: argparse.Namespace) -> Any:
+    """The agent's authority: ``--policy FILE`` (or ``$FSTREAM_POLICY``), or ``--root DIR`` for the local
+    submitter; neither is refused: an agent serves only the roots it is configured with."""
+    import os
+
+    from transfer_agent.daemon.authorize import AgentPolicy
+
+    path = args.policy or os.environ.get("FSTREAM_POLICY")
+    if path and args.root:
+        raise ValueError("--root and --policy: give the roots in the policy file ([agent] roots)")
+    if path:
+        return AgentPolicy.from_file(path)
+    if not args.root:
+        raise ValueError("no source roots: an agent serves only the roots it is configured with; give --root DIR "
+                         "(for your own jobs) or --policy FILE (docs/authorization.md)")
+    from fstream_provider.model.statedir import default_secret_file
+
+    secret = args.secret_file or (str(default_secret_file()) if default_secret_file().exists() else None)
+    return AgentPolicy.local(args.root, secret)
+
+
 # -- submit ----------------------------------------------------------------------------------------
 def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
     from transfer_agent.cli.options import add_transfer_options
@@ -125,6 +157,10 @@ def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_transfer_options(p)
     _common(p)
     p.add_argument("--detach", action="store_true", help="print the job id and return at once")
+    p.add_argument("--submitter", metavar="ID", help="sign the job as this submitter (default $FSTREAM_SUBMITTER, "
+                                                     "else 'local' with the key in the state dir)")
+    p.add_argument("--submitter-key", metavar="FILE", help="the submitter's key (mode 0600; default "
+                                                           "$FSTREAM_SUBMITTER_KEY_FILE)")
     p.add_argument("--idempotency-key", metavar="K", help="resubmitting the same key returns the same job")
     p.add_argument("--json", action="store_true", help="print one JSON object (the job) when done")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
@@ -172,8 +208,14 @@ def _finish_report(job: JobState, as_json: bool) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from transfer_agent.cli.options import spec_from_args
 
-    spec = spec_from_args(args)
-    store = _store(args)
+    from fstream_provider.model.signing import resolve_signer
+
+    spec = spec_from_args(args, job=True)
+    try:
+        signer = resolve_signer(args.submitter, args.submitter_key)
+    except ValueError as exc:
+        raise FStreamError(f"fstream submit: {exc}") from None
+    store = _store(args, signer)
     job_id, created = store.submit(spec, idempotency_key=args.idempotency_key)
     note = "queued" if created else "already submitted with this idempotency key"
     print(f"job {job_id}: {note}", file=sys.stderr, flush=True)

@@ -42,6 +42,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
     from transfer_agent.wire.auth import TLSConfig, create_secret_file, load_secret
     from fstream_provider.model.statedir import default_secret_file
     from fstream_provider.model.units import parse_duration
+    from transfer_agent.receiving.keyring import DEFAULT_KEY, ReceiverKey, load_keyring
     from transfer_agent.receiving.receiver import Receiver
 
     max_age = parse_duration(args.max_part_age)
@@ -54,17 +55,23 @@ def cmd_receive(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key and args.tls_ca):
             raise FStreamError("TLS needs all of --tls-cert, --tls-key and --tls-ca")
         tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca)
+    keyring = load_keyring(args.keyring) if args.keyring else None
     secret_file = args.secret_file
-    if secret_file is None and tls is None:
+    if secret_file is None and tls is None and keyring is None:
         secret_file = str(create_secret_file(default_secret_file()))
     secret = load_secret(secret_file) if secret_file else None
+    if keyring is not None and secret is not None:  # the secret file is the key "default"
+        if DEFAULT_KEY in keyring:
+            raise FStreamError(f"--secret-file {secret_file} and --keyring {args.keyring}: the keyring defines key "
+                               f"{DEFAULT_KEY!r} already; give its secret_file in the keyring, or drop --secret-file")
+        keyring, secret = keyring.with_key(ReceiverKey(DEFAULT_KEY, secret)), None
     stop = threading.Event()
     _install_stop_signals(stop)
     rcv = Receiver(listen=_parse_listen(args.listen), root=args.root, secret=secret, tls=tls,
                    fsync=not args.no_fsync, handshake_timeout=parse_duration(args.handshake_timeout),
                    part_max_age=max_age, max_unauth=args.max_unauth,
                    max_unauth_per_addr=args.max_unauth_per_addr,
-                   require_encryption=args.require_encryption).start()
+                   require_encryption=args.require_encryption, keyring=keyring).start()
     print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)
     try:
         stop.wait()
@@ -144,7 +151,7 @@ SEND_EPILOG = """exit codes:
 
 # -- parser ----------------------------------------------------------------------------------------
 BUILTIN = frozenset({"receive", "send", "agent", "submit", "status", "cancel", "reconcile", "redis", "seen",
-                     "history", "calibrate", "pools", "schedule"})
+                     "history", "calibrate", "pools", "schedule", "redis-acl", "audit"})
 
 
 def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -159,7 +166,12 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
     r.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (port 0: any free); required "
                                                              "unless --clean")
     r.add_argument("--root", required=True, metavar="DIR", help="destination root; nothing is written outside it")
-    r.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret, created)")
+    r.add_argument("--secret-file", metavar="F",
+                   help="shared secret (default: $FSTREAM_STATE_DIR/secret, created, unless --keyring or TLS is "
+                        "given); with --keyring: the key 'default'")
+    r.add_argument("--keyring", metavar="FILE",
+                   help="TOML keyring: [keys.<id>] tables with secret_file, subtree (where under --root that key may "
+                        "write) and quota (e.g. 10TiB); senders name their key (send --key)")
     r.add_argument("--tls-cert", metavar="C")
     r.add_argument("--tls-key", metavar="K")
     r.add_argument("--tls-ca", metavar="CA")
@@ -195,11 +207,12 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
-    from transfer_agent.cli import calibrate, history, jobs, pools, schedule, seen
+    from transfer_agent.cli import acl, audit, calibrate, history, jobs, pools, schedule, seen
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
                 jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
-                calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser):
+                calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
+                acl.add_acl_parser, audit.add_audit_parser):
         add(sub)
     for name, register in (plugin_commands() if plugins is None else plugins).items():
         register(sub)

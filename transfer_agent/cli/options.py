@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.statedir import default_secret_file
+from fstream_provider.model.validation import SpecError
 from fstream_provider.model.units import parse_size, parse_until
 from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES, TUNERS
 from fstream_provider.tuning.variants import HARP_SWITCHES, SWITCHES
@@ -62,7 +63,10 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
                                                    "zoned) or after this duration (30m), then finish what was found")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the end-to-end checksum (sizes and byte ranges are still checked)")
-    p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret)")
+    p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret; "
+                                                      "not for submit: an agent uses its own keyring)")
+    p.add_argument("--key", metavar="ID", help="the key's id in the receiver's keyring (default: default); for "
+                                               "submit, also the key of the agent's keyring the job runs with")
     p.add_argument("--pool", action="store_true",
                    help="share the path's stream pool with other agents: never open more streams than the pool "
                         "grants (needs --redis; `fstream pools` shows and sets the grants)")
@@ -79,10 +83,19 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
                    help="TCP buffer cap per stream the tuners assume (default: this host's net.ipv4.tcp_wmem max)")
 
 
-def spec_from_args(args: argparse.Namespace) -> TransferSpec:
-    """Build a validated ``TransferSpec`` from parsed options (errors name the option and what is accepted)."""
+def spec_from_args(args: argparse.Namespace, *, job: bool = False) -> TransferSpec:
+    """Build a validated ``TransferSpec`` from parsed options (errors name the option and what is accepted).
+
+    ``job``: for an agent (``fstream submit``): key files are refused (jobs refer to keys by id, ``--key``),
+    and no default secret is filled in."""
     secret = args.secret_file
-    if secret is None and not args.tls_cert and default_secret_file().exists():
+    if job:
+        named = [o for o, v in (("--secret-file", secret), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
+                                ("--tls-ca", args.tls_ca)) if v]
+        if named:
+            raise SpecError(f"{', '.join(named)}: a job may not name key files on the agent's host; the agent "
+                            "authenticates with its own keyring: pass --key ID (default: its 'default' key)")
+    elif secret is None and not args.tls_cert and default_secret_file().exists():
         secret = str(default_secret_file())
     return TransferSpec.from_options(
         [os.path.abspath(s) if not s.startswith("sftp://") else s for s in args.sources],
@@ -93,7 +106,7 @@ def spec_from_args(args: argparse.Namespace) -> TransferSpec:
         watch=args.watch, interval=args.interval, idle_exit=args.idle_exit, until=_until(args),
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_ca=args.tls_ca, encrypt=args.encrypt, pool=args.pool, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
-        priority_class=args.priority, public_checksum=bool(getattr(args, "manifest", None)),
+        priority_class=args.priority, public_checksum=bool(getattr(args, "manifest", None)), key=args.key,
     )
 
 

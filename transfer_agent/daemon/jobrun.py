@@ -44,6 +44,7 @@ class JobRun:
         self.cancel = threading.Event()
         self.lost = False  # another agent took the job over: write nothing more
         self.cancel_requested = False
+        self.submitter = ""  # who signed the job (the policy's decision), for the audit record of its outcome
         self.stopping = False
         # the agents' scheduler (``--scheduler seal|steal``): bytes moved, recent rate, and why it was preempted
         self.moved = 0.0

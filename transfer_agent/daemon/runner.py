@@ -9,10 +9,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-from fstream_provider.bus.client import redis_unreachable
+from fstream_provider.bus.client import REDIS_UNREACHABLE, redis_unreachable
 from fstream_provider.bus.job_state import Claim
 from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
+from transfer_agent.daemon.authorize import Decision, Guard
 from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
 from transfer_agent.errors import FStreamError
 
@@ -47,7 +48,7 @@ class RetryableFailure(Exception):
 class JobRunnerMixin:
     """Takes one stream entry to its end for ``transfer_agent.daemon.worker.Agent``.
 
-    Uses the agent's settings (``name``, ``keys``, ``secret_file``, ``max_deliveries``, ``max_retries``,
+    Uses the agent's settings (``name``, ``keys``, ``authorizer``, ``audit``, ``max_deliveries``, ``max_retries``,
     ``retry_base_s``, ``retry_cap_s``, ``flush_interval``, ``redis_outage_s``, ``transfer_factory``,
     ``rng``), its ``counters``, ``log``, ``_client``, ``_store``, ``_stop``, ``_current`` and ``_note_fence``.
     """
@@ -70,11 +71,33 @@ class JobRunnerMixin:
             level = logging.WARNING if claim.outcome == "dead" else logging.INFO
             self.log.log(level, "job %s (entry %s): %s %s", job_id, entry_id, claim.outcome, claim.message)
             return
-        self._run_claimed(job_id, entry_id, claim)
+        decision = self._authorize(job_id, entry_id, claim)
+        if decision is not None:
+            self._run_claimed(job_id, entry_id, claim, decision)
 
-    def _run_claimed(self, job_id: str, entry_id: str, claim: Claim) -> None:
-        """Run a claimed job to its outcome (taken from the stream, or given by the agents' scheduler)."""
+    def _authorize(self, job_id: str, entry_id: str, claim: Claim) -> Decision | None:
+        """The policy's decision on a claimed job, audited; a refused job is dead-lettered (None returned)."""
+        d = self.authorizer.decide(job_id, entry_id, claim.spec, claim.spec_json, claim.auth, claim.message)
+        spec = claim.spec
+        self.audit.record("decision", job_id=job_id, submitter=d.submitter, decision="accepted" if d.accepted
+                          else "refused", reason=d.reason, sources=spec.sources if spec else None,
+                          destination=spec.destination if spec else None, key=(spec.key or "default") if spec
+                          else None, agent=self.name)
+        if d.accepted:
+            self.log.info("job %s: %s", job_id, d.reason)
+            return d
+        self.counters["jobs_refused"] += 1
+        self.log.warning("job %s: %s; dead-lettered", job_id, d.reason)
+        if self._store.reject(job_id, claim.attempt, entry_id, d.reason):
+            board = getattr(self, "_board", None)
+            if board is not None:
+                board.remove(job_id)
+        return None
+
+    def _run_claimed(self, job_id: str, entry_id: str, claim: Claim, decision: Decision) -> None:
+        """Run a claimed, authorized job to its outcome (taken from the stream, or given by the agents' scheduler)."""
         run = JobRun(job_id, claim.attempt, entry_id)
+        run.submitter = decision.submitter
         self._current = run
         if self._stop.is_set():
             run.stopping = True
@@ -84,7 +107,7 @@ class JobRunnerMixin:
         pump.start()
         self.log.info("job %s attempt %d: started", job_id, claim.attempt)
         try:
-            outcome = self._execute(run, claim.spec)
+            outcome = self._execute(run, decision.run_spec, decision.guard)
         finally:
             pump_stop.set()
             run.wake.set()
@@ -94,6 +117,20 @@ class JobRunnerMixin:
             finally:
                 self._current = None
         self._through_outage(run, "recording its outcome", lambda: self._conclude(run, outcome))
+        if outcome is not None and not run.lost:
+            state, error, result = outcome
+            self._audit_outcome(run, state, error, result)
+
+    def _audit_outcome(self, run: JobRun, state: str, error: str | None, result: dict | None) -> None:
+        files = (result or {}).get("files_committed") if isinstance(result, dict) else None
+        moved = (result or {}).get("bytes_committed") if isinstance(result, dict) else None
+        try:
+            self.audit.record("outcome", job_id=run.job_id, submitter=run.submitter, outcome=state, reason=error,
+                              files=files, bytes=moved, agent=self.name)
+        except REDIS_UNREACHABLE as exc:  # the job's outcome is recorded; the audit line is in the log
+            self.log.warning("job %s: audit record of its outcome not written (%s)", run.job_id, exc)
+        self.log.info("audit: job %s from submitter %r: %s%s", run.job_id, run.submitter, state,
+                      f" ({error})" if error else "")
 
     def _through_outage(self, run: JobRun, what: str, write: Callable[[], None]) -> None:
         """Run a job write; while Redis is unreachable, retry it with backoff (up to ``redis_outage_s``).
@@ -161,10 +198,11 @@ class JobRunnerMixin:
                              run.attempt, state, "a newer attempt owns it" if now is not None
                              else "its state vanished from Redis (`fstream reconcile` reports orphans)")
 
-    def _execute(self, run: JobRun, spec: TransferSpec) -> tuple[str, str | None, dict | None] | None:
-        """Run the transfer with retries; ``(state, error, result)``, or None if the job must not be finished here."""
-        if not spec.secret_file and self.secret_file:
-            spec = spec.replace(secret_file=self.secret_file)
+    def _execute(self, run: JobRun, spec: TransferSpec, guard: Guard | None = None
+                 ) -> tuple[str, str | None, dict | None] | None:
+        """Run the transfer with retries; ``(state, error, result)``, or None if the job must not be finished here.
+
+        ``spec`` carries the files of the key the policy chose; ``guard`` checks every source file it opens."""
         jlog = PrefixedLog(log, {"name": f"{self.name} job {run.job_id}#{run.attempt}"})
 
         def on_event(kind: str, data: dict) -> None:
@@ -182,7 +220,7 @@ class JobRunnerMixin:
             jlog.warning("retryable failure (%s); try %d of %d in %.1f s", error, n, self.max_retries, delay)
 
         try:
-            return policy.call(lambda: self._try(run, spec, next(tries), on_event, jlog), stop=run.cancel,
+            return policy.call(lambda: self._try(run, spec, next(tries), on_event, jlog, guard), stop=run.cancel,
                                rng=self.rng, on_retry=retrying)
         except RetryableFailure as failure:
             if failure.retry >= self.max_retries:
@@ -193,14 +231,15 @@ class JobRunnerMixin:
             return "cancelled", self._cancel_reason(run), failure.result
 
     def _try(self, run: JobRun, spec: TransferSpec, retry: int, on_event: Callable[[str, dict], None],
-             jlog: PrefixedLog) -> tuple[str, str | None, dict | None] | None:
+             jlog: PrefixedLog, guard: Guard | None = None) -> tuple[str, str | None, dict | None] | None:
         """One try of the transfer: its outcome, None (not to be finished here), or ``RetryableFailure``."""
         result_dict: dict | None = None
         error: str | None = None
         retryable = False
         try:
             transfer = self.transfer_factory(spec, job_id=run.job_id, attempt=run.attempt, on_event=on_event,
-                                             cancel=run.cancel, redis=self._client, log=jlog, history=self.history)
+                                             cancel=run.cancel, redis=self._client, log=jlog, history=self.history,
+                                             guard=guard)
             result = transfer.run()
             result_dict = result.to_dict()
             if result.ok:

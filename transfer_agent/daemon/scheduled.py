@@ -89,6 +89,8 @@ class SchedulingMixin:
             self.log.warning("job %s (entry %s) is running on %s outside the scheduler; left alone", job_id,
                              entry_id, job.worker)
             return
+        if not self._admissible(job_id, entry_id):
+            return
         src, dst = task_ends(job.spec)
         size, why = task_size(job.spec)
         if self._board.admit(job_id, entry_id, src=src, dst=dst, size=size, klass=job.spec.priority_class,
@@ -96,6 +98,21 @@ class SchedulingMixin:
             self.counters["admitted"] += 1
             self.log.info("job %s: waiting for the scheduler (%s -> %s, %.0f MB, %s)%s", job_id, src, dst,
                           size / 1e6, job.spec.priority_class, f"; {why}" if why else "")
+
+    def _admissible(self, job_id: str, entry_id: str) -> bool:
+        """A job the policy refuses never reaches the board (whose size estimate lists the sources): it is
+        claimed and dead-lettered at once, with the reason."""
+        spec_json, auth = self._client.hmget(self.keys.job(job_id), "spec", "auth")
+        try:
+            spec = TransferSpec.from_json(spec_json or "")
+        except ValueError:
+            spec = None
+        if self.authorizer.decide(job_id, entry_id, spec, spec_json or "", auth or "").accepted:
+            return True
+        claim = self._store.claim(job_id, entry_id, worker=self.name, max_deliveries=self.max_deliveries)
+        if claim.outcome == "claimed":
+            self._authorize(job_id, entry_id, claim)  # refuses it again, audited and dead-lettered
+        return False
 
     def _note_decision(self, d: Decision) -> None:
         """The cycle's decisions this agent wrote: its start, the preemptions for it, changed concurrency."""
@@ -118,7 +135,9 @@ class SchedulingMixin:
             self.counters[f"claim_{claim.outcome}"] += 1
             self.log.info("job %s: %s %s; off the board", job_id, claim.outcome, claim.message)
             return
-        self._run_claimed(job_id, d.entry_id, claim)
+        decision = self._authorize(job_id, d.entry_id, claim)
+        if decision is not None:
+            self._run_claimed(job_id, d.entry_id, claim, decision)
 
     def _sched_beat(self, run: JobRun) -> None:
         """From the heartbeat: the running job's progress to the board, and its preemption when due."""

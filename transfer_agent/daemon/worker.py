@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import random
@@ -19,9 +20,12 @@ from typing import Any
 
 import redis
 
+from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.client import REDIS_UNREACHABLE, connect, describe
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
+from fstream_provider.model.policy import KeyEntry
+from transfer_agent.daemon.authorize import AgentPolicy, Authorizer
 from transfer_agent.daemon.heartbeat import HeartbeatMixin
 from transfer_agent.daemon.intake import IntakeMixin
 from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
@@ -54,7 +58,9 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
 
     :param redis_url: where the bus is (``fstream_provider.bus.embedded.resolve_redis_url`` resolves defaults).
     :param name: consumer name in the ``agents`` group and heartbeat key (default ``<host>-<pid>``).
-    :param secret_file: shared secret used for jobs whose spec names none.
+    :param policy: the authority this agent acts within (``transfer_agent.daemon.authorize.AgentPolicy``:
+        source roots, destinations, its keyring, the submitters it serves). None: serves nothing (default deny).
+    :param secret_file: the keyring's ``default`` key, unless the policy defines one.
     :param heartbeat_ttl: seconds the heartbeat key lives; refreshed every third of it.
     :param claim_idle_ms: a pending job idle this long whose agent's heartbeat is gone is reclaimed.
     :param orphan_idle_ms: a pending job idle this long is reclaimed whatever the heartbeats say
@@ -83,7 +89,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         preemptor has not moved bytes yet.
     """
 
-    def __init__(self, redis_url: str, *, name: str | None = None, secret_file: str | None = None,
+    def __init__(self, redis_url: str, *, name: str | None = None, policy: AgentPolicy | None = None,
+                 secret_file: str | None = None,
                  heartbeat_ttl: float = 10, claim_idle_ms: int = 30000, orphan_idle_ms: int | None = None,
                  max_deliveries: int = 5, max_retries: int = 3, retry_base_s: float = 1.0,
                  retry_cap_s: float = 60.0, block_ms: int = 1000, poll_interval: float = 1.0,
@@ -96,7 +103,12 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             raise ValueError(f"agent scheduler {scheduler!r}: must be one of {', '.join(SCHEDULERS)}")
         self.redis_url = redis_url
         self.name = name or default_agent_name()
-        self.secret_file = secret_file
+        policy = policy or AgentPolicy()
+        if secret_file and "default" not in policy.keyring:
+            policy = dataclasses.replace(policy, keyring={**policy.keyring, "default": KeyEntry(secret_file=secret_file)})
+        self.policy = policy
+        self.authorizer: Authorizer | None = None
+        self.audit: AuditLog | None = None
         self.heartbeat_ttl = heartbeat_ttl
         self.claim_idle_ms = int(claim_idle_ms)
         self.orphan_idle_ms = int(orphan_idle_ms if orphan_idle_ms is not None else 10 * claim_idle_ms)
@@ -152,9 +164,9 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             self.transfer_factory = Transfer
         self._client = connect(self.redis_url)
         self._store = JobStore(self._client, keys=self.keys)
+        self.authorizer = Authorizer(self.policy, self._client, self.keys)
+        self.audit = AuditLog(self._client, self.keys)
         if self.scheduler != "fifo":
-            import dataclasses
-
             from fstream_provider.bus.sched_board import SchedBoard
             from fstream_provider.tuning.scheduler import SealConfig
 
@@ -172,7 +184,11 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                                      daemon=True)
         try:
             heartbeat.start()  # beats at once, then every period; Redis being down is retried there and below
-            self.log.info("consuming %s on %s", self.keys.jobs_stream(), describe(self.redis_url))
+            self.log.info("consuming %s on %s; serving %s", self.keys.jobs_stream(), describe(self.redis_url),
+                          self.policy.describe())
+            if not self.policy.roots.roots:
+                self.log.warning("no source roots configured: every job will be refused (default deny); give "
+                                 "--root DIR or a policy file")
             failures = 0
             while not self._stop.is_set():
                 try:

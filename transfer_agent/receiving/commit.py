@@ -61,7 +61,7 @@ class GroupCommit(PartStore):
         good: list[RecvFile] = []
         for f in batch:
             with self._lock:
-                current = self._attempts.get(f.session.job, 0)
+                current = self._attempts.get(f.session.job_key, 0)
             if f.session.attempt < current:
                 self._discard(f, remove=False)  # released before the answer (issue 8, defect 6)
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": False, "kind": "refused",

@@ -4,6 +4,9 @@ Security (issue 8; what each mode protects against: ``transfer_agent.wire.secure
 control frame is authenticated (``ControlLink``), and OPENs must name a keyed digest (``blake3-keyed``, hashed with
 the control connection's digest key, also for parts of earlier sessions, which are read back from disk). A file is
 held by one session at a time; a stale holder (an earlier attempt, or a session whose sender is gone) is fenced.
+
+Keys (issue 32): an OPEN outside the subtree of the session's key, or beyond its quota, is refused (terminal)
+before anything is created or claimed: no directory, no part, no claim.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from typing import Any
 
 from transfer_agent.errors import FStreamError, ProtocolError, RefusedError
 from transfer_agent.receiving.data import DataStreams
+from transfer_agent.receiving.quota import Charge
 from transfer_agent.receiving.state import RecvFile, Session
 from transfer_agent.storage import durable as storage
 from transfer_agent.storage.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
-from transfer_agent.storage.paths import safe_relpath, temp_name
+from transfer_agent.storage.paths import open_parent, safe_relpath, temp_name
 from transfer_agent.storage.ranges import RangeSet, read_meta, write_meta
 from transfer_agent.wire.protocol import Frame
 from transfer_agent.wire.secure import ControlLink
@@ -98,12 +102,18 @@ class ControlSessions(DataStreams):
             raise RefusedError(f"{rel!r}: checksum algorithm {algo!r} is not keyed; this receiver has a shared "
                                f"secret and accepts only {', '.join(KEYED)} (an unkeyed digest can be rewritten "
                                "in transit together with the data)")
-        dir_fd, dkey, base = self._parent(session, rel)
+        charge = self._admit(session, rel, size)  # before anything is created or claimed
+        try:
+            dir_fd, dkey, base = self._parent(session, rel)
+        except BaseException:
+            self._quotas.refund(charge)
+            raise
         key = (dkey, base)
         try:
             self._claim_part(session, key, rel)
         except BaseException:
             os.close(dir_fd)
+            self._quotas.refund(charge)
             raise
         fd = -1
         created: str | None = None
@@ -112,6 +122,8 @@ class ControlSessions(DataStreams):
                              else self._existing_hash(dir_fd, base, rel, size, algo, digest_key))
             if existing_hash is not None:
                 # nothing is created or reserved until the sender says whether its copy differs
+                self._quotas.refund(charge)
+                charge = None
                 self._reclaim_bare_parts(dir_fd, dkey, base)
                 os.close(dir_fd)
                 with self._lock:
@@ -123,6 +135,7 @@ class ControlSessions(DataStreams):
                 return
             session.deferred.discard(fid)
             ranges, tmp = self._take_over_part(session, dir_fd, dkey, base, rel, size, mtime_ns, algo)
+            charge = self._quotas.settle(charge, session.key, rel, size, ranges.total())  # before the part is created
             need = size - ranges.total()
             if tmp is None and need > FREE_CHECK_MIN or need > session.free_estimate:
                 session.free_estimate = storage.free_bytes(dir_fd)  # small files use the estimate
@@ -143,7 +156,9 @@ class ControlSessions(DataStreams):
                 fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             # the ranges sidecar is written by the first flush (or when the session ends): a small file
             # that commits within the flush interval never costs an extra file
-            f = RecvFile(fid, rel, dir_fd, base, tmp, size, mtime_ns, algo, fd, ranges, session, part_key=key)
+            f = RecvFile(fid, rel, dir_fd, base, tmp, size, mtime_ns, algo, fd, ranges, session, part_key=key,
+                         quota=charge, resumed=ranges.total())
+            charge = None  # the file carries it from here (given back if it is not committed)
             f.dirty = True
             if size >= HASH_AHEAD_MIN and verify:
                 f.hasher = PrefixHasher(algo, digest_key, size)  # reads from disk: a taken-over part is hashed with this key
@@ -153,6 +168,7 @@ class ControlSessions(DataStreams):
                 os.close(fd)  # never leak the part's descriptor (issue 8, defect 4)
             if created is not None:
                 self._remove_part(dir_fd, dkey, base, created)  # nor leave the new, empty part behind
+            self._quotas.refund(charge)
             os.close(dir_fd)
             with self._lock:
                 self._busy_parts.pop(key, None)
@@ -163,6 +179,34 @@ class ControlSessions(DataStreams):
         session.files[fid] = f
         session.reply(Frame.OPEN_OK, {"missing": f.ranges.missing(size), "resumed": ranges.total(),
                                       "existing_hash": existing_hash}, fid)
+
+    def _admit(self, session: Session, rel: str, size: int) -> Charge | None:
+        """Refuse an OPEN the session's key may not make, before anything is created or claimed (issue 32): a
+        path outside its subtree (component-wise: subtree ``lcls`` does not admit ``lcls2/x``), or a file its
+        quota cannot hold; else reserve ``size`` on the quota (None: no quota, or decided by ``Quotas.settle``
+        once a part being resumed is taken over: it may hold some of the bytes, if its directory exists)."""
+        key = session.key
+        if not key.admits(rel):
+            raise RefusedError(f"{rel!r}: key {key.key_id!r} may write only under {key.subtree + '/'!r}")
+        if key.quota is None:
+            return None
+        try:
+            return self._quotas.charge(key, rel, size)
+        except RefusedError:
+            if not self._parent_exists(session, rel):
+                raise
+            return None
+
+    def _parent_exists(self, session: Session, rel: str) -> bool:
+        """Whether the directory of ``rel`` exists (walked without following symlinks, creating nothing)."""
+        if rel.rpartition("/")[0] in session.dirs:
+            return True
+        try:
+            dfd, _base = open_parent(self._root_fd, rel, create=False)
+        except (OSError, FStreamError):
+            return False
+        os.close(dfd)
+        return True
 
     def _claim_part(self, session: Session, key: tuple[tuple[int, int], str], rel: str) -> None:
         """Mark the file busy for ``session``. A holder that is stale — an earlier or equal attempt of the same
@@ -178,7 +222,7 @@ class ControlSessions(DataStreams):
                     self._busy_parts[key] = session
                     return
                 stale = holder is not session and (
-                    holder.closed or (holder.job == session.job and holder.attempt <= session.attempt)
+                    holder.closed or (holder.job_key == session.job_key and holder.attempt <= session.attempt)
                     or not _connected(holder.sock))
                 left = deadline - time.monotonic()
                 if not stale or left <= 0:

@@ -7,6 +7,10 @@ Security (issue 8; what each mode protects against: ``transfer_agent.wire.secure
 within ``handshake_timeout`` (HMAC handshake with the shared secret, or mutual TLS); unauthenticated connections
 are capped in number, overall and per source address. ``require_encryption`` refuses connections that do not seal.
 A plaintext client against a TLS receiver is told at once that TLS is required (terminal), not reset.
+
+Keys (issue 32): the receiver holds a ``Keyring``; each connection authenticates with the key its HELLO names,
+its session may write only under that key's subtree and within its quota (``control``), and the session's data
+connections must use the same key.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
 from transfer_agent.receiving.control import ControlSessions
+from transfer_agent.receiving.keyring import Keyring
 from transfer_agent.receiving.state import Session
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.storage import durable as storage
@@ -58,7 +63,8 @@ class Receiver(ControlSessions):
 
     :param listen: (host, port) to bind; port 0 picks a free one (see ``port``).
     :param root: destination root directory; nothing is ever written outside it.
-    :param secret: shared secret for the HMAC handshake.
+    :param secret: shared secret for the HMAC handshake (the keyring's one key, ``"default"``).
+    :param keyring: the keys senders authenticate with, each with its subtree and quota (instead of ``secret``).
     :param tls: certificates for mutual TLS.
     :param require_encryption: refuse connections that do not seal their frames (``send --encrypt``);
         TLS connections count as encrypted.
@@ -77,14 +83,19 @@ class Receiver(ControlSessions):
                  log: logging.Logger | None = None, handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  max_unauth: int = MAX_UNAUTH, max_unauth_per_addr: int = MAX_UNAUTH_PER_ADDR,
                  part_max_age: float | None = PART_MAX_AGE, sweep_interval: float = SWEEP_INTERVAL,
-                 require_encryption: bool = False) -> None:
-        if secret is None and tls is None:
+                 require_encryption: bool = False, keyring: Keyring | None = None) -> None:
+        if keyring is not None and secret is not None:
+            raise FStreamError("receiver: give a shared secret or a keyring, not both (add the secret to the "
+                               "keyring as key 'default')")
+        keyring = keyring if keyring is not None else Keyring.single(secret)
+        if not keyring.has_secrets and tls is None:
             raise FStreamError("receiver: refusing to run unauthenticated: give a shared secret "
                                "(--secret-file) or TLS certificates (--tls-cert/--tls-key/--tls-ca)")
         super().__init__(root=root, fsync=fsync, log=log or logging.getLogger("fstream.receiver"),
                          part_max_age=part_max_age)
         self.listen_addr = listen
         self.secret = secret
+        self.keyring = keyring
         self.tls = tls
         self.require_encryption = require_encryption
         self.flush_interval = flush_interval
@@ -224,8 +235,10 @@ class Receiver(ControlSessions):
                     conn = self._ssl_ctx.wrap_socket(conn, server_side=True)
                 except (ssl.SSLError, OSError) as exc:
                     raise FStreamError(f"TLS handshake failed: {exc}") from None
-            hs = server_handshake(conn, self.secret, tls=self._ssl_ctx is not None,
+            hs = server_handshake(conn, tls=self._ssl_ctx is not None, secret_for=self.keyring.secret_for,
+                                  require_hmac=self.keyring.has_secrets,
                                   require_encryption=self.require_encryption, peer=peer)
+            key = self.keyring[hs.key_id]
             hello = hs.peer
             authenticated()
             role = str(hello.get("role", ""))
@@ -238,16 +251,16 @@ class Receiver(ControlSessions):
                 raise ProtocolError("malformed HELLO: attempt is not an integer") from None
             if not sid or not job:
                 raise ProtocolError("malformed HELLO: session and job are required")
-            with self._lock:
-                current = self._attempts.get(job, 0)
+            with self._lock:  # jobs are named per key: one key's sender cannot make another key's job stale
+                current = self._attempts.get((key.key_id, job), 0)
                 if attempt < current:
                     msg = f"stale attempt {attempt} of job {job}: attempt {current} is current"
                     writer.send(Frame.ERROR, {"kind": "refused", "message": msg})
                     raise RefusedError(msg)
-                self._attempts[job] = attempt
+                self._attempts[(key.key_id, job)] = attempt
             conn.settimeout(None)
             if role == "control":
-                new = Session(sid, job, attempt, writer, peer, keys=hs.keys)
+                new = Session(sid, job, attempt, writer, peer, keys=hs.keys, key=key)
                 with self._lock:
                     if sid in self._sessions:  # not ours: refusing it must not tear the real one down
                         raise ProtocolError(f"session {sid} already exists")
@@ -256,7 +269,8 @@ class Receiver(ControlSessions):
                 session = new  # registered: from here on this connection owns it and closes it
                 session.sock = conn
                 writer.send(Frame.WELCOME, {"session": sid, "root_free": storage.free_bytes(self._root_fd)})
-                self.log.info("session %s from %s: job %s attempt %d", sid[:8], peer, job, attempt)
+                self.log.info("session %s from %s (key %s): job %s attempt %d", sid[:8], peer, key.key_id, job,
+                              attempt)
                 writer.read_ahead()  # only control frames follow on this connection
                 self._control_loop(session, writer)
             elif role == "data":
@@ -265,6 +279,12 @@ class Receiver(ControlSessions):
                 if session is None or session.closed:
                     writer.send(Frame.ERROR, {"kind": "protocol", "message": f"unknown session {sid}"})
                     raise ProtocolError(f"data connection for unknown session {sid}")
+                if key.key_id != session.key.key_id:
+                    msg = (f"data connection authenticated with key {key.key_id!r} for a session of key "
+                           f"{session.key.key_id!r}")
+                    writer.send(Frame.ERROR, {"kind": "protocol", "message": msg})
+                    session = None  # not ours: refusing it must not close the session
+                    raise ProtocolError(msg)
                 with session.lock:
                     session.data_socks.add(conn)
                     session.data_threads.add(threading.current_thread())

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transfer_agent.errors import FStreamError
+from transfer_agent.receiving.keyring import ReceiverKey
+from transfer_agent.receiving.quota import Charge
 from transfer_agent.storage.checksum import KEYED, PrefixHasher
 from transfer_agent.storage.ranges import RangeSet
 from transfer_agent.wire.protocol import ControlWriter, Frame
@@ -46,6 +48,8 @@ class RecvFile:
     meta_written: bool = False
     inflight: list[tuple[int, int]] = field(default_factory=list)
     hasher: PrefixHasher | None = None
+    quota: Charge | None = None  # what its OPEN charged to its key's quota (None: the key has none)
+    resumed: int = 0  # bytes its part held when it was opened
 
     def acquire(self) -> int:
         """Borrow the fd for one I/O; -1 once the file is closing. Pair with ``unuse``."""
@@ -83,12 +87,17 @@ class RecvFile:
 
 
 class Session:
-    """One sender's session: a control connection, its data connections, its open files."""
+    """One sender's session: a control connection, its data connections, its open files.
+
+    ``key`` is the receiver's key the control connection authenticated with (issue 32): where the session may
+    write, its quota; its data connections must use the same key. Default: the whole root, no quota.
+    """
 
     def __init__(self, sid: str, job: str, attempt: int, control: ControlLink | ControlWriter, peer: str,
-                 keys: SessionKeys | None = None) -> None:
+                 keys: SessionKeys | None = None, key: ReceiverKey | None = None) -> None:
         self.id, self.job, self.attempt, self.control, self.peer = sid, job, attempt, control, peer
         self.keys = keys  # the control connection's keys (None: TLS only)
+        self.key = key if key is not None else ReceiverKey("default", None)
         self.files: dict[int, RecvFile] = {}
         self.deferred: set[int] = set()  # opened, final already present: waiting for SKIP or a replacing OPEN
         # ids of files this session opened and then aborted, skipped or failed (the newest SETTLED_MAX): blocks
@@ -101,6 +110,11 @@ class Session:
         self.lock = threading.Lock()
         self.closed = False
         self.sock: socket.socket | None = None  # the control connection (fencing checks and shuts it)
+
+    @property
+    def job_key(self) -> tuple[str, str]:
+        """(key id, job): jobs are named per key, so one key's sender cannot fence another key's job."""
+        return self.key.key_id, self.job
 
     def settle(self, fid: int) -> None:
         """Remember that file ``fid`` was opened and is given up (aborted, skipped, failed) in this session."""

@@ -15,6 +15,7 @@ from transfer_agent.errors import FStreamError
 from transfer_agent.storage.parts import PartIndex, sweep_dir, sweep_parts
 from transfer_agent.storage.paths import open_parent, stem_of
 from transfer_agent.storage.ranges import write_meta
+from transfer_agent.receiving.quota import Quotas
 from transfer_agent.receiving.state import RecvFile, Session
 
 
@@ -37,10 +38,11 @@ class PartStore:
         self._stop = threading.Event()  # set when the receiver stops
         self._lock = threading.Lock()
         self._released = threading.Condition(self._lock)  # notified whenever a busy part is released (see start)
-        self._attempts: dict[str, int] = {}  # job -> its newest attempt: older ones may no longer write
+        self._attempts: dict[tuple[str, str], int] = {}  # (key id, job) -> its newest attempt: older ones may not write
         self._busy_parts: dict[tuple[tuple[int, int], str], Session] = {}  # part key -> the session holding it
         self._parts = PartIndex()
         self._written_dirs: dict[tuple[int, int], str] = {}  # (dev, ino) -> relative path: what the sweep revisits
+        self._quotas = Quotas(self.root, log=log)  # bytes held by the keys that have a quota (issue 32)
         self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0, "fenced": 0,
                       "blocks_dropped": 0}
 
@@ -68,14 +70,17 @@ class PartStore:
     def _discard(self, f: RecvFile, remove: bool) -> None:
         if remove:
             self._remove_part(f.dir_fd, f.part_key[0], f.base, f.tmp)
-        self._release(f)
+        self._release(f, removed=remove)
 
     def _remove_part(self, dir_fd: int, dkey: tuple[int, int], base: str, name: str) -> None:
         self._unlink_quiet(dir_fd, name)
         self._parts.remove(dkey, base, name)
 
-    def _release(self, f: RecvFile) -> None:
+    def _release(self, f: RecvFile, removed: bool = False) -> None:
         if f.close():
+            if f.quota is not None and not f.done:  # not committed: give back what its part does not hold
+                kept = 0 if removed else max(0, f.ranges.total() - f.resumed)
+                self._quotas.refund(f.quota, f.quota.size - kept)
             with self._lock:
                 if self._busy_parts.get(f.part_key) is f.session:
                     del self._busy_parts[f.part_key]

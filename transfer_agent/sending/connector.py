@@ -19,13 +19,17 @@ class Connector:
     :param ssl_ctx: client TLS context for mutual TLS, or None.
     :param hello: fields every HELLO carries (job, attempt, session).
     :param encrypt: seal data blocks and control bodies (needs ``secret``).
+    :param key_id: the receiver's key ``secret`` belongs to, named in every HELLO (None: the receiver's
+        ``"default"`` key); control and data connections of a session use the same key.
     """
 
     def __init__(self, host: str, port: int, secret: bytes | None, ssl_ctx: ssl.SSLContext | None,
-                 hello: dict[str, Any], timeout: float = 15.0, encrypt: bool = False) -> None:
+                 hello: dict[str, Any], timeout: float = 15.0, encrypt: bool = False,
+                 key_id: str | None = None) -> None:
         self.host, self.port, self.secret, self.ssl_ctx, self.hello, self.timeout = (
             host, port, secret, ssl_ctx, hello, timeout)
         self.encrypt = encrypt
+        self.key_id = key_id
 
     @property
     def peer(self) -> str:
@@ -51,7 +55,7 @@ class Connector:
                     raise AuthError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
             try:
                 hs = client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None,
-                                      encrypt=self.encrypt, peer=self.peer)
+                                      encrypt=self.encrypt, peer=self.peer, key_id=self.key_id)
             except NetworkError as exc:
                 if self.ssl_ctx is None:
                     raise

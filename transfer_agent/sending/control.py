@@ -16,6 +16,7 @@ from transfer_agent.errors import (
     ChecksumError,
     FStreamError,
     NetworkError,
+    SourceRefusedError,
     ProtocolError,
     RefusedError,
     SourceModifiedError,
@@ -45,8 +46,10 @@ class ControlSession:
     public_algo: str | None = None  # set per session in __init__ (a class default for sessions built without it)
 
     def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
-                 algo: str | None = None, verify: bool = True, public_algo: str | None = None) -> None:
+                 algo: str | None = None, verify: bool = True, public_algo: str | None = None,
+                 guard: Any = None) -> None:
         self.connector = connector
+        self.guard = guard  # the agent's policy: each opened descriptor must lie within the job's roots
         self.on_finished = on_finished
         self.hasher = hasher
         self.verify = verify
@@ -91,6 +94,12 @@ class ControlSession:
             raise SourceVanishedError(f"{sf.src}: source vanished before it was sent (renamed or deleted)") from None
         except OSError as exc:
             raise SourceModifiedError(f"{sf.src}: cannot open source ({exc.strerror})") from None
+        if self.guard is not None:
+            try:
+                self.guard.check_fd(fd, sf.src)  # what was opened, not the name: a link swapped in is caught
+            except FStreamError as exc:
+                os.close(fd)
+                raise SourceRefusedError(str(exc)) from None
         st = os.fstat(fd)
         with self._lock:
             fid = self._next_id

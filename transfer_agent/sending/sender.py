@@ -32,7 +32,8 @@ from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
 from transfer_agent.sending.host import raise_fd_limit, tcp_buffer_max
 from transfer_agent.sending.inflight import InFlight, public_checksum
-from transfer_agent.errors import AuthError, CancelledError, ChecksumError, FStreamError, SourceVanishedError, StallError
+from transfer_agent.errors import (AuthError, CancelledError, ChecksumError, FStreamError, SourceRefusedError,
+                                   SourceVanishedError, StallError)
 from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.sources import SrcFile, expand_sources
 
@@ -74,8 +75,8 @@ class Transfer:
                  redis: Any = None, log: logging.Logger | None = None, tuner: Tuner | None = None,
                  stall_timeout: float = 60.0, progress_floor_bps: float = 64e3,
                  max_session_retries: int = 4, history: history_io.HistoryOptions | None = None,
-                 feed: Any = None) -> None:
-        self.spec = spec
+                 feed: Any = None, guard: Any = None) -> None:
+        self.spec, self.guard = spec, guard  # guard: an agent's policy (``daemon.authorize.Guard``)
         self.job_id = job_id or uuid.uuid4().hex
         self.attempt = attempt
         self.on_event = on_event or (lambda kind, data: None)
@@ -124,6 +125,8 @@ class Transfer:
             initial = watcher.poll()
         pending: list[SrcFile] = list(initial)
         self._files_total = len(pending)
+        if self.guard is not None:  # a listed file outside the job's roots (a link pointing out) fails, unread
+            pending = self.guard.admit(pending, lambda sf, exc: self._fail_file(sf, SourceRefusedError(str(exc))))
         self._public_algo = "xxh3_128" if spec.public_checksum else None
         hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fstream-hash")
 
@@ -173,13 +176,15 @@ class Transfer:
         sid = uuid.uuid4().hex
         encrypt = bool(getattr(self.spec, "encrypt", False))
         connector = Connector(host, port, secret, ssl_ctx, {"session": sid, "job": self.job_id,
-                                                            "attempt": self.attempt}, encrypt=encrypt)
+                                                            "attempt": self.attempt}, encrypt=encrypt,
+                              key_id=self.spec.key)
         retry_files: list[SrcFile] = []
 
         def finished(f: InFlight) -> None:
             self._on_finished(f, pool, retry_files)
 
-        control = ControlSession(connector, finished, hasher, verify=self.spec.verify, public_algo=self._public_algo)
+        control = ControlSession(connector, finished, hasher, verify=self.spec.verify, public_algo=self._public_algo,
+                                 guard=self.guard)
         if self.spec.verify:
             self.result.checksum = control.algo
         block_size = min(self.spec.block_size, MAX_SEALED_BLOCK) if encrypt else self.spec.block_size

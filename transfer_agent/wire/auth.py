@@ -15,6 +15,11 @@ peer's claim: with a shared secret configured, the peer's proof is mandatory wha
 ``auth`` field says (a missing or wrong proof is a terminal ``AuthError`` naming the peer).
 Before authentication, control frames are limited to ``PRE_AUTH_MAX_CONTROL`` bytes.
 
+Keys (issue 32): a receiver may hold several shared secrets, each under a key id. The client names its
+key in HELLO (``key``, absent = ``"default"``); the server looks it up (an unknown id is a terminal
+``AuthError`` that does not list the receiver's keys) and runs the challenge with that key's secret.
+The key id is part of the HELLO, so the transcript, and with it both proofs, bind it.
+
 With TLS, both sides present certificates checked against the given CA (``CERT_REQUIRED``)
 before any frame is exchanged; a shared secret, if also given, is checked on top. There is no
 unauthenticated mode. After the handshake, ``transfer_agent.wire.secure`` derives the connection's
@@ -27,44 +32,41 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from fstream_provider.model.keyfile import KeyFileError, read_key_file
 from transfer_agent.errors import AuthError, FStreamError, ProtocolError
 from transfer_agent.wire.protocol import (CAPABILITIES, PRE_AUTH_MAX_CONTROL, VERSION, ControlWriter, Frame,
                                      error_from_body, expect)
 from transfer_agent.wire.secure import ControlLink, SessionKeys, derive_keys, transcript_hash
 
 NONCE_BYTES = 32
+DEFAULT_KEY = "default"  # the key a HELLO without ``key`` names
+KEY_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+KEY_ID_RULE = "1 to 64 of A-Z a-z 0-9 . _ -"
+SecretLookup = Callable[[str], "bytes | None"]  # key id -> its secret (None: TLS only); KeyError if unknown
+
+
+def valid_key_id(key_id: object) -> bool:
+    """True when ``key_id`` is a string of 1 to 64 characters out of ``[A-Za-z0-9._-]``."""
+    return isinstance(key_id, str) and KEY_ID_RE.fullmatch(key_id) is not None
 
 
 def load_secret(path: str | os.PathLike[str] | None) -> bytes | None:
-    """Read a shared secret file; refuse short secrets and files readable or writable by group or others."""
+    """Read a shared secret file; refuse short secrets and files readable or writable by group or others
+    (``fstream_provider.model.keyfile.read_key_file``, as ``AuthError``)."""
     if path is None:
         return None
-    p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise AuthError(f"secret file {p}: does not exist") from None
-    except OSError as exc:
-        raise AuthError(f"secret file {p}: cannot read ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if mode & 0o077:
-            raise AuthError(f"secret file {p}: readable or writable by others (mode {mode & 0o777:03o}); "
-                            f"refusing to use it: run chmod 600 {p}")
-        try:
-            data = f.read().strip()
-        except OSError as exc:
-            raise AuthError(f"secret file {p}: cannot read ({exc.strerror})") from None
-    if len(data) < 16:
-        raise AuthError(f"secret file {p}: too short ({len(data)} bytes; need at least 16)")
-    return data
+        return read_key_file(path)
+    except KeyFileError as exc:
+        raise AuthError(str(exc)) from None
 
 
 def create_secret_file(path: str | os.PathLike[str]) -> Path:
@@ -90,11 +92,13 @@ class Handshake:
     :param peer: the server's WELCOME body (client side) or the client's HELLO body (server side).
     :param keys: session keys (None when no shared secret is configured: TLS only).
     :param link: control frames after the handshake (MAC'd or sealed with ``keys``).
+    :param key_id: the key the connection authenticated with (the one the client named, or ``"default"``).
     """
 
     peer: dict[str, Any]
     keys: SessionKeys | None
     link: ControlLink
+    key_id: str = DEFAULT_KEY
 
 
 def _nonce_of(body: dict[str, Any], what: str) -> bytes:
@@ -138,12 +142,16 @@ class TLSConfig:
 
 
 def client_handshake(sock: socket.socket, secret: bytes | None, hello: dict[str, Any],
-                     tls: bool = False, *, encrypt: bool = False, peer: str = "the receiver") -> Handshake:
+                     tls: bool = False, *, encrypt: bool = False, peer: str = "the receiver",
+                     key_id: str | None = None) -> Handshake:
     """Run the client side; return the WELCOME body, keys and link. Raises ``AuthError`` on failure.
 
     The mode comes from our configuration only: with ``secret``, the receiver's proof is mandatory
-    whatever its CHALLENGE claims; without it, TLS must be configured (``tls``).
+    whatever its CHALLENGE claims; without it, TLS must be configured (``tls``). ``key_id`` names the
+    receiver's key ``secret`` belongs to (sent as HELLO ``key``; None: not sent, the receiver uses ``"default"``).
     """
+    if key_id is not None and not valid_key_id(key_id):
+        raise AuthError(f"key id {key_id!r} is not valid ({KEY_ID_RULE})")
     if secret is None and not tls:
         raise AuthError("no shared secret and no TLS certificates: refusing to connect unauthenticated "
                         "(pass --secret-file, or --tls-cert/--tls-key/--tls-ca)")
@@ -154,6 +162,8 @@ def client_handshake(sock: socket.socket, secret: bytes | None, hello: dict[str,
     c_nonce = secrets.token_bytes(NONCE_BYTES)
     sent = {**hello, "version": VERSION, "caps": list(CAPABILITIES), "nonce": c_nonce.hex(),
             "auth": "hmac" if secret is not None else "tls", "encrypt": bool(encrypt)}
+    if key_id is not None:
+        sent["key"] = key_id
     writer.send(Frame.HELLO, sent)
     _t, chal = expect(sock, Frame.CHALLENGE, max_control=PRE_AUTH_MAX_CONTROL)
     if chal.get("version") != VERSION:
@@ -183,7 +193,7 @@ def client_handshake(sock: socket.socket, secret: bytes | None, hello: dict[str,
         raise error_from_body(welcome)
     if ftype != Frame.WELCOME:
         raise ProtocolError(f"receiver {peer}: unexpected {ftype.name} frame (expected WELCOME)")
-    return Handshake(welcome, keys, link)
+    return Handshake(welcome, keys, link, key_id=str(sent.get("key", DEFAULT_KEY)))
 
 
 def _refuse(writer: ControlWriter, kind: str, msg: str) -> None:
@@ -193,14 +203,32 @@ def _refuse(writer: ControlWriter, kind: str, msg: str) -> None:
         pass
 
 
-def server_handshake(sock: socket.socket, secret: bytes | None, tls: bool = False, *,
-                     require_encryption: bool = False, peer: str = "the sender") -> Handshake:
-    """Run the server side; return the HELLO body, keys and link (the caller sends WELCOME on the link).
+def _single(secret: bytes | None) -> SecretLookup:
+    def lookup(key_id: str) -> bytes | None:
+        if key_id != DEFAULT_KEY:
+            raise KeyError(key_id)
+        return secret
+    return lookup
 
-    With ``secret`` the client's proof is mandatory whatever its HELLO claims. On failure sends ERROR
-    and raises ``AuthError``/``ProtocolError``.
+
+def server_handshake(sock: socket.socket, secret: bytes | None = None, tls: bool = False, *,
+                     secret_for: SecretLookup | None = None, require_hmac: bool | None = None,
+                     require_encryption: bool = False, peer: str = "the sender") -> Handshake:
+    """Run the server side; return the HELLO body, keys, link and key id (the caller sends WELCOME on the link).
+
+    The key is the one HELLO names (``key``, default ``"default"``): ``secret_for(key_id)`` returns its secret
+    (None: a TLS-only key) and raises ``KeyError`` for an unknown id; without ``secret_for``, ``secret`` is the
+    one key ``"default"``. The mode comes from the receiver's configuration, never from the HELLO:
+    ``require_hmac`` (default: ``secret is not None``, or True with ``secret_for``) makes a proof with the named
+    key's secret mandatory; a key that has a secret is always checked. On failure sends ERROR and raises
+    ``AuthError``/``ProtocolError``.
     """
-    if secret is None and not tls:
+    if secret_for is None:
+        secret_for = _single(secret)
+        hmac_required = secret is not None if require_hmac is None else require_hmac
+    else:
+        hmac_required = True if require_hmac is None else require_hmac
+    if not hmac_required and not tls:
         raise AuthError("receiver has neither a shared secret nor TLS certificates")
     writer = ControlWriter(sock)
     _t, hello = expect(sock, Frame.HELLO, max_control=PRE_AUTH_MAX_CONTROL)
@@ -209,6 +237,21 @@ def server_handshake(sock: socket.socket, secret: bytes | None, tls: bool = Fals
         _refuse(writer, "protocol", msg)
         raise ProtocolError(msg)
     c_nonce = _nonce_of(hello, "HELLO")
+    key_id = hello.get("key", DEFAULT_KEY)
+    if not valid_key_id(key_id):
+        msg = f"malformed HELLO: key is not a key id ({KEY_ID_RULE})"
+        _refuse(writer, "protocol", msg)
+        raise ProtocolError(msg)
+    try:
+        secret = secret_for(key_id)
+    except KeyError:
+        msg = f"authentication failed: unknown key {key_id!r}"
+        _refuse(writer, "auth", msg)
+        raise AuthError(f"{peer}: {msg}") from None
+    if secret is None and hmac_required:  # a key without a secret on a receiver that requires one: fail closed
+        msg = f"authentication failed: key {key_id!r} has no shared secret on this receiver"
+        _refuse(writer, "auth", msg)
+        raise AuthError(f"{peer}: {msg}")
     encrypt = hello.get("encrypt", False)
     if not isinstance(encrypt, bool):
         raise ProtocolError("malformed HELLO: encrypt is not a boolean")
@@ -225,7 +268,7 @@ def server_handshake(sock: socket.socket, secret: bytes | None, tls: bool = Fals
                             "auth": "hmac" if secret is not None else "tls", "encrypt": encrypt}
     keys: SessionKeys | None = None
     if secret is not None:
-        transcript = transcript_hash(hello, body)
+        transcript = transcript_hash(hello, body)  # binds the HELLO, its key id included
         body["proof"] = _proof(secret, b"server", c_nonce, s_nonce, transcript)
     writer.send(Frame.CHALLENGE, body)
     _t, auth = expect(sock, Frame.AUTH, max_control=PRE_AUTH_MAX_CONTROL)
@@ -233,9 +276,9 @@ def server_handshake(sock: socket.socket, secret: bytes | None, tls: bool = Fals
         proof = auth.get("proof")
         if not isinstance(proof, str) or not hmac.compare_digest(
                 proof, _proof(secret, b"client", c_nonce, s_nonce, transcript)):
-            msg = ("authentication failed: wrong shared secret" if proof else
+            msg = (f"authentication failed: wrong shared secret for key {key_id!r}" if proof else
                    "authentication failed: no proof of the shared secret (this receiver requires one)")
             _refuse(writer, "auth", msg)
             raise AuthError(f"{peer}: {msg}")
         keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt)
-    return Handshake(hello, keys, ControlLink(sock, keys, client=False, peer=f"sender {peer}"))
+    return Handshake(hello, keys, ControlLink(sock, keys, client=False, peer=f"sender {peer}"), key_id=key_id)

@@ -1,0 +1,150 @@
+"""Redis ACL users for FStream's three roles (issue 32, least privilege); ``docs/redis-keys.md`` has the table.
+
+Every rule is scoped to one namespace ``N`` (keys ``{N}:*``, see ``keys.Keys``); no role gets a
+``@dangerous`` command (FLUSHALL, FLUSHDB, KEYS, CONFIG, ACL, DEBUG, SHUTDOWN, INFO, MONITOR, ...).
+
+``submitter`` (Airflow's hook, operators, sensors and triggers; ``fstream submit/status/cancel``)
+    may: submit a job (the SUBMIT script: job hash, events, ``XADD {N}:jobs``, the index, the
+    idempotency key), create the ``agents`` consumer group if missing (``XGROUP CREATE``), read
+    job hashes, event streams, the index, the dead letters and the agents' heartbeats, cancel (the
+    CANCEL script, ``PUBLISH {N}:job:<id>:cancel``), and keep the new-files watcher's state
+    (``{N}:seen:*``, ``{N}:pending:*``, ``{N}:looks:*``).
+    may not: take jobs (``XREADGROUP``/``XACK``/``XCLAIM``/``XAUTOCLAIM``/``XPENDING``), touch the audit
+    stream ``{N}:audit``, the replay guard ``{N}:nonce:*``, pools, the scheduler's hashes, the
+    history, calibration or profiling keys, delete keys, or run any admin command.
+``agent`` (``fstream agent`` and the operator tools: reconcile, pools, schedule, history, calibrate)
+    may: read and write every ``{N}:*`` key with the data-type, stream (consumer groups, claims),
+    transaction and scripting commands, publish and subscribe on ``{N}:*`` channels, ``TIME``.
+    may not: any ``@dangerous``/``@admin`` command, Redis Functions, ``SCRIPT FLUSH/KILL/DEBUG``,
+    ``MOVE``/``SWAPDB``, or any key or channel outside ``{N}:``.
+``viewer`` (live views: ``fstream status``, ``pools``, ``schedule`` with ``--watch``)
+    may: every ``@read`` command on ``{N}:*`` keys (``%R~``), ``TIME``, subscribe to ``{N}:*`` channels
+    (``PSUBSCRIBE`` only to the pattern ``{N}:*`` itself: Redis compares patterns literally).
+    may not: write anything, run scripts, publish.
+
+Lua scripts: Redis 7 checks the keys an ``EVAL``/``EVALSHA`` declares as read *and* written, and
+every command a script calls against the caller's rules, so a role with scripts can do inside a
+script exactly what it could do outside one. All roles can still see key *names* of other
+namespaces through ``SCAN`` (viewer) and can run a long Lua loop (submitter, agent): ACLs limit
+what is read and written, not the server's CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from fstream_provider.bus.keys import Keys
+
+ROLES = ("submitter", "agent", "viewer")
+
+# what every role needs to connect and stay connected (standalone, Sentinel master, Cluster): @connection
+# is AUTH/HELLO/PING/ECHO/SELECT/COMMAND/READONLY and the harmless CLIENT subcommands; -@dangerous takes
+# CLIENT KILL/LIST/PAUSE back out. CLUSTER SLOTS/SHARDS are what redis-py's cluster client reads at start.
+_CONNECT = ("+@connection", "+cluster|slots", "+cluster|shards")
+
+# the submitter's commands, one by one: what JobStore's client side, the SUBMIT and CANCEL scripts, the
+# hook's agent check, `fstream status` and the new-files watcher call (redis-py loads a missing script
+# with SCRIPT LOAD; a pipeline with scripts first asks SCRIPT EXISTS)
+_SUBMITTER_COMMANDS = (
+    "evalsha", "eval", "script|load", "script|exists",
+    "get", "mget", "set", "exists", "expire",
+    "hget", "hmget", "hgetall", "hset", "hdel",
+    "xadd", "xread", "xrange", "xrevrange", "xlen", "xgroup|create",
+    "zadd", "zrange", "zrevrange", "zremrangebyscore", "zcard",
+    "sadd", "smembers", "sismember", "smismember",
+    "publish",
+)
+
+# key patterns (after the ``{N}:`` prefix) with the permission the submitter holds on them. Every key a
+# script declares must be RW (Redis cannot know how the script uses it), hence RW on the jobs stream.
+_SUBMITTER_KEYS = (
+    ("%RW", "job:*"),        # job hashes and their event streams
+    ("%RW", "jobs"),         # the jobs stream: XADD (SUBMIT), XGROUP CREATE; XREADGROUP is not granted
+    ("%RW", "jobs:index"),
+    ("%RW", "idem:*"),
+    ("%R", "jobs:dead"),     # `fstream status` shows the dead letters
+    ("%R", "agents"),        # the hook's connection test and `fstream status`: which agents are alive
+    ("%R", "agent:*"),
+    ("%RW", "seen:*"),       # the new-files sensor and trigger (Airflow side)
+    ("%RW", "pending:*"),
+    ("%RW", "looks:*"),
+)
+
+# the agent: every data type's reads and writes, streams (consumer groups, claims), MULTI/EXEC/WATCH,
+# pub/sub and scripts, on its namespace only; then everything an agent never needs is taken out again
+_AGENT_CATEGORIES = ("+@read", "+@write", "+@transaction", "+@pubsub", "+@scripting")
+_AGENT_DENIED = ("-@dangerous", "-@admin", "-function", "-fcall", "-fcall_ro", "-script|flush", "-script|kill",
+                 "-script|debug", "-move", "-swapdb")
+
+_VIEWER_COMMANDS = ("subscribe", "unsubscribe", "psubscribe", "punsubscribe", "ssubscribe", "sunsubscribe")
+
+_GLOB = re.compile(r"([*?\[\]\\])")
+_TOKEN_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def _prefix(namespace: str) -> str:
+    """``{N}:`` with glob characters of ``N`` escaped, so ``N`` itself cannot widen a pattern."""
+    Keys(namespace)  # the key schema's own check (non-empty, no braces)
+    if _TOKEN_BAD.search(namespace):
+        raise ValueError(f"namespace {namespace!r}: must not contain whitespace or control characters")
+    return "{" + _GLOB.sub(r"\\\1", namespace) + "}:"
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"Redis ACL role {role!r}: unknown (accepted: {', '.join(ROLES)})")
+
+
+def acl_rules(role: str, namespace: str = "fstream") -> list[str]:
+    """The ACL rule tokens of ``role`` in ``namespace``, without user name or password.
+
+    Usable after ``ACL SETUSER <name>`` (the tokens reset the user's keys, channels, selectors and
+    commands, so applying them again to an existing user replaces its rights and keeps its password)
+    or in an ACL file line (``acl_setuser_line``). ``ValueError`` for an unknown role or a bad namespace.
+    """
+    _check_role(role)
+    p = _prefix(namespace)
+    rules = ["on", "resetkeys", "resetchannels", "clearselectors", "-@all"]
+    if role == "submitter":
+        rules += [f"{perm}~{p}{pattern}" for perm, pattern in _SUBMITTER_KEYS]
+        rules.append(f"&{p}job:*:cancel")
+        rules += [*_CONNECT, "-@dangerous"]
+        rules += ["+" + c for c in _SUBMITTER_COMMANDS]
+    elif role == "agent":
+        rules += [f"~{p}*", f"&{p}*", *_CONNECT, *_AGENT_CATEGORIES, *_AGENT_DENIED, "+time"]
+    else:
+        rules += [f"%R~{p}*", f"&{p}*", *_CONNECT, "+@read", "-@dangerous", "+time"]
+        rules += ["+" + c for c in _VIEWER_COMMANDS]
+    return rules
+
+
+def password_hash(password: str) -> str:
+    """The SHA-256 hex digest Redis stores for a password (``#<hash>`` in an ACL rule)."""
+    return hashlib.sha256(password.encode()).hexdigest()
+
+
+def acl_setuser_line(role: str, user: str, password: str | None = None, namespace: str = "fstream",
+                     password_hash: str | None = None) -> str:
+    """One ACL file line, ``user NAME on >pw|#hash ~... +...``, for ``role`` in ``namespace``.
+
+    ``password_hash`` (64 hex digits, ``password_hash()``) wins over ``password``; prefer it, so the ACL
+    file holds no clear-text secret. With neither, the user exists but cannot authenticate until a
+    password is added (never ``nopass``).
+    """
+    _check_role(role)
+    if not user or _TOKEN_BAD.search(user):
+        raise ValueError(f"Redis ACL user name {user!r}: must be non-empty, without whitespace or control characters")
+    rules = acl_rules(role, namespace)
+    if password_hash is not None:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", password_hash):
+            raise ValueError("password hash: expected 64 hex digits (SHA-256)")
+        secret = ["#" + password_hash.lower()]
+    elif password is not None:
+        if not password or _TOKEN_BAD.search(password):
+            raise ValueError("password: must be non-empty, without whitespace or control characters "
+                             "(or give its SHA-256 as password_hash)")
+        secret = [">" + password]
+    else:
+        secret = []
+    return " ".join(["user", user, rules[0], *secret, *rules[1:]])

@@ -1,0 +1,85 @@
+"""The audit trail and the replay guard of authorization (issue 32): what was asked, by whom, and what came of it.
+
+Agents append two kinds of entry to the append-only stream ``Keys.audit()``: a ``decision`` when a job is
+claimed (submitter, sources, destination, key, ``accepted`` or ``refused`` with the reason) and an
+``outcome`` when an accepted job ends (succeeded, failed, cancelled, with files and bytes). The same
+lines go to the agent's log. ``fstream audit`` lists and filters the stream. With the Redis ACLs of
+``fstream_provider.bus.acl`` only agents may write it.
+
+The replay guard records the first use of each submitter nonce (``Keys.nonce``) with ``SET NX``: the
+value names the job id and stream entry that used it, so the same job delivered again (a retry, a
+reclaim) passes and a copy of it under a new entry is a replay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fstream_provider.bus.keys import AUDIT_MAXLEN, Keys
+
+FIELDS = ("kind", "job_id", "submitter", "decision", "reason", "sources", "destination", "key", "agent",
+          "outcome", "files", "bytes")
+
+
+class AuditLog:
+    """Append to and read the audit stream.
+
+    :param client: a ``redis.Redis`` with ``decode_responses=True``.
+    :param keys: the key schema.
+    """
+
+    def __init__(self, client: Any, keys: Keys | None = None) -> None:
+        self.client, self.keys = client, keys or Keys()
+
+    def record(self, kind: str, **fields: Any) -> str:
+        """Append one entry; lists and dicts are stored as JSON, None as ""."""
+        entry = {"kind": kind, "ts": f"{time.time():.3f}"}
+        for name, value in fields.items():
+            if value is None:
+                value = ""
+            elif isinstance(value, (list, tuple, dict)):
+                value = json.dumps(value, default=str)
+            entry[name] = str(value)
+        return self.client.xadd(self.keys.audit(), entry, maxlen=AUDIT_MAXLEN, approximate=True)
+
+    def entries(self, *, count: int = 100, submitter: str | None = None, decision: str | None = None,
+                job_id: str | None = None, since: float | None = None, page: int = 1000) -> list[dict[str, Any]]:
+        """The newest ``count`` entries matching every filter given, newest first (each with ``id``)."""
+        out: list[dict[str, Any]] = []
+        hi = "+"
+        while len(out) < count:
+            batch = self.client.xrevrange(self.keys.audit(), max=hi, min="-", count=page)
+            if not batch:
+                break
+            for entry_id, fields in batch:
+                if since is not None and float(fields.get("ts") or 0) < since:
+                    return out
+                if submitter and fields.get("submitter") != submitter:
+                    continue
+                if decision and decision not in (fields.get("decision"), fields.get("outcome")):
+                    continue
+                if job_id and fields.get("job_id") != job_id:
+                    continue
+                out.append({"id": entry_id, **fields})
+                if len(out) >= count:
+                    break
+            ms, seq = batch[-1][0].split("-")
+            hi = f"{ms}-{int(seq) - 1}" if int(seq) else f"{int(ms) - 1}-18446744073709551615"
+            if len(batch) < page:
+                break
+        return out
+
+
+def first_use(client: Any, keys: Keys, submitter: str, nonce: str, binding: str, ttl_s: float) -> str | None:
+    """Record that ``binding`` (``"<job id> <entry id>"``) used this nonce; returns the binding of an earlier,
+    different use (a replay), or None when this is the first use or the same job delivered again."""
+    key = keys.nonce(submitter, nonce)
+    if client.set(key, binding, nx=True, ex=max(1, int(ttl_s))):
+        return None
+    previous = client.get(key)
+    if previous is None:  # expired between the two calls: the job is too old anyway; record it now
+        client.set(key, binding, ex=max(1, int(ttl_s)))
+        return None
+    return None if previous == binding else str(previous)

@@ -1,0 +1,40 @@
+"""Reading a key from a file: the one place that decides whether a secret on disk may be used.
+
+Shared secrets (receivers, agents' keyrings) and submitters' signing keys are files of at least 16
+bytes readable by their owner only. A file that group or others may read or write is refused: a
+key that another account can read is not a secret, and one it can write is not ours.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MIN_KEY_BYTES = 16
+
+
+class KeyFileError(ValueError):
+    """A key file that cannot be used; the message names the file and the reason."""
+
+
+def read_key_file(path: str | os.PathLike[str], what: str = "secret file") -> bytes:
+    """The stripped contents of ``path``; ``KeyFileError`` if missing, unreadable, shared or too short."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise KeyFileError(f"{what} {p}: does not exist") from None
+    except OSError as exc:
+        raise KeyFileError(f"{what} {p}: cannot read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & 0o077:
+            raise KeyFileError(f"{what} {p}: readable or writable by others (mode {mode & 0o777:03o}); "
+                               f"refusing to use it: run chmod 600 {p}")
+        try:
+            data = f.read().strip()
+        except OSError as exc:
+            raise KeyFileError(f"{what} {p}: cannot read ({exc.strerror})") from None
+    if len(data) < MIN_KEY_BYTES:
+        raise KeyFileError(f"{what} {p}: too short ({len(data)} bytes; need at least {MIN_KEY_BYTES})")
+    return data

@@ -1,0 +1,150 @@
+"""The authorization policy file (issue 32): which sources an agent serves, where to, with which keys, for whom.
+
+One TOML file, by default ``/etc/fstream/policy.toml`` (``fstream agent --policy FILE``)::
+
+    [agent]
+    roots = ["/data/lcls", "/data/sra"]              # the only source trees this agent reads (default deny)
+    destinations = ["fstream://dtn2:7600/lcls"]      # optional: receivers and path prefixes it may send to
+    max_job_age = "7d"                               # a signed job older than this is refused
+    clock_skew = "5m"                                # accepted difference between clocks
+
+    [agent.keys]                                     # the agent's keyring: jobs name a key by its id
+    default = "/etc/fstream/keys/default"            # a shared-secret file (mode 0600) ...
+    lcls = { secret_file = "/etc/fstream/keys/lcls" }
+    tls = { tls_cert = "/etc/fstream/tls/c.pem", tls_key = "/etc/fstream/tls/c.key", tls_ca = "/etc/fstream/tls/ca.pem" }
+
+    [submitters.lcls-daq]                            # who may submit: id, key, and what it may ask for
+    key_file = "/etc/fstream/submitters/lcls-daq.key"
+    roots = ["/data/lcls/daq"]                       # within the agent's roots (default: the agent's roots)
+    destinations = ["fstream://dtn2:7600/lcls/daq"]  # default: the agent's destinations
+    keys = ["lcls"]                                  # key ids it may use (default: ["default"])
+
+A job is allowed when a configured submitter signed it, and its sources lie within both the agent's
+and the submitter's roots, its destination matches both lists (when given) and its key is one the
+submitter may use and the agent holds. This module validates the file; the agent enforces it
+(``transfer_agent.daemon.authorize``). Errors name the file, the key, the value and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fstream_provider.model.signing import check_submitter_id
+from fstream_provider.model.spec import KEY_ID, Destination
+from fstream_provider.model.units import parse_duration
+
+DEFAULT_POLICY = "/etc/fstream/policy.toml"
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the file, the key, the value and the reason."""
+
+
+class KeyEntry(BaseModel):
+    """One key of the agent's keyring: a shared secret, TLS files, or both."""
+
+    model_config = ConfigDict(extra="forbid")
+    secret_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+
+class SubmitterEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key_file: str
+    roots: list[str] = []
+    destinations: list[str] = []
+    keys: list[str] = ["default"]
+
+
+class AgentSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    roots: list[str] = []
+    destinations: list[str] = []
+    max_job_age: str | float = "7d"
+    clock_skew: str | float = "5m"
+    keys: dict[str, str | KeyEntry] = {}
+
+
+class PolicyFile(BaseModel):
+    """The parsed file: ``agent`` and ``submitters`` (``[receive]`` belongs to the receiver's keyring file)."""
+
+    model_config = ConfigDict(extra="forbid")
+    agent: AgentSection = AgentSection()
+    submitters: dict[str, SubmitterEntry] = {}
+
+    def keyring(self) -> dict[str, KeyEntry]:
+        return {k: KeyEntry(secret_file=v) if isinstance(v, str) else v for k, v in self.agent.keys.items()}
+
+
+def _check(policy: PolicyFile) -> list[tuple[str, Any, str]]:
+    """Problems the models cannot see: (key, value, reason)."""
+    problems: list[tuple[str, Any, str]] = []
+    a = policy.agent
+    for i, root in enumerate(a.roots):
+        if not os.path.isabs(root):
+            problems.append((f"agent.roots[{i}]", root, "a source root must be an absolute path"))
+    for where, dests in [("agent", a.destinations)] + [(f"submitters.{n}", s.destinations)
+                                                        for n, s in policy.submitters.items()]:
+        for i, d in enumerate(dests):
+            try:
+                Destination.parse(d)
+            except ValueError as exc:
+                problems.append((f"{where}.destinations[{i}]", d, str(exc)))
+    for name in ("max_job_age", "clock_skew"):
+        try:
+            parse_duration(getattr(a, name))
+        except ValueError as exc:
+            problems.append((f"agent.{name}", getattr(a, name), str(exc)))
+    for key_id, entry in policy.keyring().items():
+        if not KEY_ID.match(key_id):
+            problems.append((f"agent.keys.{key_id}", key_id, "a key id is 1-64 letters, digits, '.', '_' or '-'"))
+        if not (entry.secret_file or entry.tls_cert):
+            problems.append((f"agent.keys.{key_id}", entry.model_dump(exclude_none=True),
+                             "give a secret_file, or tls_cert, tls_key and tls_ca"))
+        if entry.tls_cert and not (entry.tls_key and entry.tls_ca):
+            problems.append((f"agent.keys.{key_id}", entry.model_dump(exclude_none=True),
+                             "tls_cert needs tls_key and tls_ca"))
+    for name, sub in policy.submitters.items():
+        try:
+            check_submitter_id(name)
+        except ValueError as exc:
+            problems.append((f"submitters.{name}", name, str(exc)))
+        for i, root in enumerate(sub.roots):
+            if not os.path.isabs(root):
+                problems.append((f"submitters.{name}.roots[{i}]", root, "a root must be an absolute path"))
+        for k in sub.keys:
+            if k not in a.keys:
+                problems.append((f"submitters.{name}.keys", k, "not a key of [agent.keys]"))
+    return problems
+
+
+def load_policy(path: str | os.PathLike[str]) -> PolicyFile:
+    """Read and validate a policy file; ``PolicyError`` naming the file, the key, the value and the reason."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise PolicyError(f"policy file {path}: does not exist") from None
+    except OSError as exc:
+        raise PolicyError(f"policy file {path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy file {path}: not valid TOML ({exc})") from None
+    try:
+        policy = PolicyFile.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors(include_url=False):
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"{loc} = {err.get('input')!r}: {what}")
+        raise PolicyError(f"policy file {path}: " + "; ".join(lines)) from None
+    problems = _check(policy)
+    if problems:
+        raise PolicyError(f"policy file {path}: " + "; ".join(f"{k} = {v!r}: {r}" for k, v, r in problems))
+    return policy

@@ -1,0 +1,250 @@
+"""Authorization (issue 32) end to end: a real Redis, a real agent running a policy file, a real receiver.
+
+The attack the issue reports (``fstream submit /etc/hostname /root/.bashrc --to .../loot``) is refused while a
+file inside the allowed root still moves; jobs written straight into Redis, altered, replayed, naming key files,
+outside a submitter's roots or destinations, or whose sources are links pointing out (also swapped in after the
+job was accepted) are dead-lettered or fail with a reason that names the path and the roots; ``fstream audit``
+lists what was decided.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from agentkit import make_files, wait_until, write_secret
+from fstream_provider.bus.audit import AuditLog
+from fstream_provider.bus.jobs import JobStore
+from fstream_provider.bus.keys import Keys
+from fstream_provider.model.policy import PolicyError, load_policy
+from fstream_provider.model.signing import Signer
+from fstream_provider.model.spec import TransferSpec
+from transfer_agent.cli.main import main
+from transfer_agent.daemon.authorize import AgentPolicy
+from transfer_agent.daemon.worker import Agent
+
+NS = Keys("authz")
+
+
+@pytest.fixture
+def site(tmp_path: Path, secret: Path, rx, redis_url: str, redis_client):
+    """Allowed root ``data/`` (``data/lcls`` for submitter ``lcls``), a policy file, a running agent."""
+    data = tmp_path / "data"
+    make_files(data / "lcls" / "run1", {"a.dat": 40_000, "b.dat": 50_000}, seed=1)
+    make_files(data / "sra", {"s.dat": 30_000}, seed=2)
+    outside = tmp_path / "outside"
+    make_files(outside, {"secret.txt": 1000}, seed=3)
+    keys = {name: write_secret(tmp_path / f"{name}.key") for name in ("lcls", "ops")}
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"""
+[agent]
+roots = ["{data}"]
+max_job_age = "1h"
+[agent.keys]
+default = "{secret}"
+[submitters.lcls]
+key_file = "{keys['lcls']}"
+roots = ["{data / 'lcls'}"]
+destinations = ["fstream://127.0.0.1:{rx.port}/lcls"]
+[submitters.ops]
+key_file = "{keys['ops']}"
+""")
+    agent = Agent(redis_url, name="authz-agent", policy=AgentPolicy.from_file(str(policy)), keys=NS, block_ms=100,
+                  poll_interval=0.1, flush_interval=0.05, max_retries=0)
+    th = threading.Thread(target=agent.run, daemon=True)
+    th.start()
+    stores = {n: JobStore(redis_client, keys=NS, signer=Signer.from_file(n, str(k))) for n, k in keys.items()}
+    site = dict(data=data, outside=outside, keys=keys, policy=policy, rx=rx, dst=tmp_path / "dst", stores=stores,
+                client=redis_client, url=redis_url, agent=agent, dest=f"fstream://127.0.0.1:{rx.port}")
+    try:
+        yield site
+    finally:
+        agent.stop()
+        th.join(20)
+
+
+def _wait(site, job_id: str):
+    store = site["stores"]["ops"]
+    wait_until(lambda: (store.get(job_id) or None) is not None and store.get(job_id).terminal, 30,
+               f"job {job_id} to end")
+    return store.get(job_id)
+
+
+def _dead_letter(site, job_id: str) -> dict:
+    for _eid, fields in site["client"].xrevrange(NS.dead_letter()):
+        if fields.get("job_id") == job_id:
+            return fields
+    raise AssertionError(f"job {job_id} is not in the dead letters")
+
+
+def _landed(site) -> list[str]:
+    root = site["dst"]
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_the_reported_attack_is_refused_and_a_file_inside_the_root_still_moves(site, tmp_path, capsys):
+    """The issue's attack through the real CLI: sources outside the agent's roots, refused before a byte is read."""
+    ns = ("--redis", site["url"], "--namespace", NS.namespace, "--submitter", "ops",
+          "--submitter-key", str(site["keys"]["ops"]), "--tuner", "fixed")
+    code = main(["submit", str(site["outside"] / "secret.txt"), "/etc/hostname", "--to", f"{site['dest']}/loot",
+                 "--json", *ns])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "outside this agent's source roots" in err and str(site["data"]) in err, err
+    assert not (site["dst"] / "loot").exists()
+    code = main(["submit", str(site["data"] / "sra"), "--to", f"{site['dest']}/sra", "--json", *ns])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert json.loads(out)["result"]["verified_files"] == 1
+    assert _landed(site) == ["sra/s.dat"]
+    audit = AuditLog(site["client"], NS).entries(count=10)
+    decisions = [(e["decision"], e["submitter"]) for e in audit if e["kind"] == "decision"]
+    assert decisions == [("accepted", "ops"), ("refused", "ops")]  # newest first
+    assert [e["outcome"] for e in audit if e["kind"] == "outcome"] == ["succeeded"]
+    code = main(["audit", "--redis", site["url"], "--namespace", NS.namespace, "--decision", "refused"])
+    listed = capsys.readouterr().out
+    assert code == 0 and "refused" in listed and "secret.txt" in listed and "loot" in listed, listed
+
+
+def test_a_job_written_straight_into_redis_without_a_tag_is_dead_lettered(site):
+    client, job_id = site["client"], "forged0001"
+    spec = TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/forged")
+    client.hset(NS.job(job_id), mapping={"job_id": job_id, "state": "queued", "attempt": 0, "deliveries": 0,
+                                         "spec": spec.to_json(), "created_at": 0, "updated_at": 0})
+    client.xadd(NS.jobs_stream(), {"job_id": job_id})
+    job = _wait(site, job_id)
+    assert job.state == "failed" and "unsigned" in job.error
+    assert "unsigned" in _dead_letter(site, job_id)["reason"]
+    assert _landed(site) == []
+
+
+def test_a_signed_job_altered_in_redis_is_refused(site):
+    store = site["stores"]["ops"]
+    agent_store = JobStore(site["client"], keys=NS)
+    site["agent"].stop()  # hold the job while it is altered
+    wait_until(lambda: not site["client"].exists(NS.agent("authz-agent")), 20, "the agent to stop")
+    job_id, _ = store.submit(TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/x"))
+    spec = json.loads(site["client"].hget(NS.job(job_id), "spec"))
+    spec["sources"] = [str(site["outside"])]
+    site["client"].hset(NS.job(job_id), "spec", json.dumps(spec, sort_keys=True))
+    again = Agent(site["url"], name="authz-2", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
+                  block_ms=100)
+    again.run(once=True)
+    job = agent_store.get(job_id)
+    assert job.state == "failed" and "wrong signature for submitter 'ops'" in job.error
+    assert _landed(site) == []
+
+
+def test_a_replayed_job_is_refused(site):
+    """A finished job re-created under its id with a new stream entry: the nonce names the first use."""
+    store, client = site["stores"]["ops"], site["client"]
+    job_id, _ = store.submit(TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/once"))
+    assert _wait(site, job_id).state == "succeeded"
+    for p in (site["dst"] / "once").iterdir():
+        p.unlink()
+    saved = client.hgetall(NS.job(job_id))
+    client.delete(NS.job(job_id))
+    client.hset(NS.job(job_id), mapping={**saved, "state": "queued", "attempt": 0, "deliveries": 0, "error": "",
+                                         "result": ""})
+    client.persist(NS.job(job_id))
+    client.xadd(NS.jobs_stream(), {"job_id": job_id})
+    wait_until(lambda: client.hget(NS.job(job_id), "state") == "failed", 30, "the replay to be refused")
+    assert "replayed" in client.hget(NS.job(job_id), "error")
+    assert list((site["dst"] / "once").iterdir()) == []
+
+
+def test_submitter_roots_destinations_and_key_files_bound_the_job(site):
+    lcls = site["stores"]["lcls"]
+    ops = site["stores"]["ops"]
+    cases = {
+        "outside submitter lcls's source roots": lcls.submit(TransferSpec(
+            sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/lcls/x"))[0],
+        "/elsewhere is not allowed for submitter 'lcls'": lcls.submit(TransferSpec(
+            sources=[str(site["data"] / "lcls")], destination=f"{site['dest']}/elsewhere"))[0],
+        "names a key file on the agent's host (secret_file='/root/.ssh/id_rsa')": ops.submit(TransferSpec(
+            sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/k", secret_file="/root/.ssh/id_rsa"))[0],
+        "submitter 'ops' may not use key 'other'": ops.submit(TransferSpec(
+            sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/k", key="other"))[0],
+    }
+    for expected, job_id in cases.items():
+        job = _wait(site, job_id)
+        assert job.state == "failed" and expected in job.error, (expected, job.error)
+        assert expected in _dead_letter(site, job_id)["reason"]
+    ok, _ = lcls.submit(TransferSpec(sources=[str(site["data"] / "lcls" / "run1")], destination=f"{site['dest']}/lcls/r1"))
+    assert _wait(site, ok).state == "succeeded"
+    assert _landed(site) == ["lcls/r1/a.dat", "lcls/r1/b.dat"]
+
+
+def test_links_inside_the_root_that_point_outside_are_refused(site):
+    data, ops = site["data"], site["stores"]["ops"]
+    (data / "escape").symlink_to(site["outside"])
+    job_id, _ = ops.submit(TransferSpec(sources=[str(data / "escape")], destination=f"{site['dest']}/l1"))
+    job = _wait(site, job_id)
+    assert job.state == "failed" and "resolves to" in job.error and str(site["outside"]) in job.error
+    # a link to a file outside, inside a directory source: that file fails, the others move
+    (data / "sra" / "leak.txt").symlink_to(site["outside"] / "secret.txt")
+    job_id, _ = ops.submit(TransferSpec(sources=[str(data / "sra")], destination=f"{site['dest']}/l2"))
+    job = _wait(site, job_id)
+    assert job.state == "failed" and "leak.txt" in job.error and "outside" in job.error
+    assert _landed(site) == ["l2/s.dat"]
+
+
+def test_a_link_swapped_in_after_the_job_was_accepted_is_refused_at_open(site, redis_url, tmp_path):
+    """The file is a regular file when the job is accepted and listed; a link to a secret replaces it before it
+    is opened: the descriptor check refuses it."""
+    from transfer_agent.sending.sender import Transfer
+
+    site["agent"].stop()
+    wait_until(lambda: not site["client"].exists(NS.agent("authz-agent")), 20, "the agent to stop")
+    victim = site["data"] / "sra" / "s.dat"
+
+    class SwappingTransfer(Transfer):
+        def _session(self, *a, **kw):  # the job was accepted and its files listed: now swap
+            if victim.is_file() and not victim.is_symlink():
+                victim.unlink()
+                victim.symlink_to(site["outside"] / "secret.txt")
+            return super()._session(*a, **kw)
+
+    job_id, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
+                                                         destination=f"{site['dest']}/swap", tuner="fixed"))
+    agent = Agent(redis_url, name="authz-3", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
+                  block_ms=100, max_retries=0, transfer_factory=SwappingTransfer)
+    agent.run(once=True)
+    job = JobStore(site["client"], keys=NS).get(job_id)
+    assert victim.is_symlink()
+    assert job.state == "failed" and "s.dat" in job.error and "outside" in job.error, job.error
+    assert _landed(site) == []
+
+
+def test_policy_file_errors_name_the_file_the_key_the_value_and_the_reason(tmp_path):
+    bad = tmp_path / "p.toml"
+    bad.write_text('[agent]\nroots = ["relative/dir"]\nmax_job_age = "soon"\n[agent.keys]\nx = {}\n'
+                   '[submitters.s]\nkey_file = "/k"\nkeys = ["nope"]\nroot = []\n')
+    with pytest.raises(PolicyError) as exc:
+        load_policy(bad)
+    msg = str(exc.value)
+    assert str(bad) in msg and "submitters.s.root" in msg and "unknown key" in msg, msg
+    bad.write_text('[agent]\nroots = ["relative/dir"]\nmax_job_age = "soon"\n[agent.keys]\nx = {}\n'
+                   '[submitters.s]\nkey_file = "/k"\nkeys = ["nope"]\n')
+    with pytest.raises(PolicyError) as exc:
+        load_policy(bad)
+    msg = str(exc.value)
+    for part in ("agent.roots[0] = 'relative/dir'", "absolute", "agent.max_job_age = 'soon'", "agent.keys.x",
+                 "submitters.s.keys = 'nope'", "not a key of [agent.keys]"):
+        assert part in msg, (part, msg)
+
+
+def test_an_agent_without_roots_refuses_to_start_and_one_without_a_policy_serves_nothing(redis_url, redis_client,
+                                                                                         capsys, tmp_path):
+    assert main(["agent", "--redis", redis_url, "--namespace", "authz0", "--once"]) == 2
+    assert "no source roots" in capsys.readouterr().err
+    src = make_files(tmp_path / "src", {"f": 10}, seed=4)
+    store = JobStore(redis_client, keys=Keys("authz0"), signer=Signer("anyone", os.urandom(32)))
+    job_id, _ = store.submit(TransferSpec(sources=[str(src)], destination="fstream://127.0.0.1:9/x"))
+    Agent(redis_url, name="deny", keys=Keys("authz0"), block_ms=100).run(once=True)
+    job = store.get(job_id)
+    assert job.state == "failed" and "submitter 'anyone' is not configured on this agent" in job.error

@@ -1,0 +1,70 @@
+"""``fstream redis-acl``: print the Redis ACL file line of an FStream role (submitter, agent, viewer; issue 32)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from transfer_agent.errors import FStreamError
+
+EXIT_OK = 0
+
+EPILOG = """\
+Append the line to the file named by Redis's `aclfile` and run `ACL LOAD` (or restart Redis);
+the line holds the password's SHA-256, never the password. The rules alone, without the
+`user NAME` and the password, also follow `ACL SETUSER NAME` in redis-cli. What each role may
+and may not do: docs/redis-keys.md, "Least privilege: ACL users and TLS".
+"""
+
+
+def add_acl_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from fstream_provider.bus.acl import ROLES
+
+    p = subparsers.add_parser("redis-acl", help="print the Redis ACL file line of a role (submitter, agent, viewer)",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--role", required=True, choices=ROLES,
+                   help="submitter: submit/follow/cancel jobs (Airflow, fstream submit); agent: fstream agent and "
+                        "the operator tools; viewer: read-only live views")
+    p.add_argument("--user", required=True, metavar="NAME", help="the Redis user name")
+    p.add_argument("--namespace", default="fstream", help="key namespace the user is confined to (default fstream)")
+    p.add_argument("--password-file", metavar="FILE",
+                   help="the user's password (mode 0600; the line carries its SHA-256). Without it the user "
+                        "exists but cannot log in until a password is added")
+    p.set_defaults(func=cmd_redis_acl)
+    return p
+
+
+def read_password_file(path: str) -> str:
+    """The password in ``path`` (surrounding whitespace stripped); refuses a file group or others may read or write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FStreamError(f"password file {path}: does not exist") from None
+    except OSError as exc:
+        raise FStreamError(f"password file {path}: cannot read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & 0o077:
+            raise FStreamError(f"password file {path}: readable or writable by others (mode {mode & 0o777:03o}); "
+                               f"refusing to use it: run chmod 600 {path}")
+        data = f.read()
+    try:
+        password = data.decode().strip()
+    except UnicodeDecodeError:
+        raise FStreamError(f"password file {path}: not UTF-8 text") from None
+    if not password or any(c.isspace() for c in password):
+        raise FStreamError(f"password file {path}: empty, or whitespace inside the password")
+    return password
+
+
+def cmd_redis_acl(args: argparse.Namespace) -> int:
+    from fstream_provider.bus.acl import acl_setuser_line, password_hash
+
+    digest = password_hash(read_password_file(args.password_file)) if args.password_file else None
+    print(acl_setuser_line(args.role, args.user, namespace=args.namespace, password_hash=digest))
+    if digest is None:
+        print(f"fstream redis-acl: no --password-file: user {args.user} cannot log in until a password is added",
+              file=sys.stderr)
+    return EXIT_OK
