@@ -14,6 +14,8 @@ import pytest
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
 pytest.importorskip("airflow")
 
+import authkit  # noqa: E402
+
 EXAMPLES = str(Path(__file__).resolve().parent.parent / "fstream_provider" / "example_dags")
 EXPECTED = {"fstream_transfer_example", "fstream_lcls_stream", "fstream_sra_batch", "fstream_asset_pipeline"}
 
@@ -61,7 +63,10 @@ def test_every_example_docstring_explains_the_connection():
         if name.endswith(".py") and name != "__init__.py":
             with open(os.path.join(EXAMPLES, name)) as f:
                 text = f.read()
-            assert "AIRFLOW_CONN_FSTREAM_DEFAULT" in text.split('"""')[1], name
+            doc = text.split('"""')[1]
+            assert "AIRFLOW_CONN_FSTREAM_DEFAULT" in doc, name
+            # issue 32: the connection names the submitter jobs are signed as, never key files on the agents' hosts
+            assert "submitter=" in doc and "secret_file" not in doc and "tls_" not in doc, name
 
 
 def _manual_run_context(task, conf: dict | None = None):
@@ -186,7 +191,8 @@ def test_every_example_dag_runs_end_to_end_as_a_manual_run(tmp_path, redis_url):
             (d / f"{prefix}{i}{suffix}").write_bytes(os.urandom(40_000 + i))
     home.mkdir()
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=secret).start()
-    agent = Agent(redis_url, name="manual-run-agent", secret_file=str(secret_file), block_ms=200, poll_interval=0.1)
+    agent = Agent(redis_url, policy=authkit.policy(secret_file), name="manual-run-agent", block_ms=200,
+                  poll_interval=0.1)
     agent_thread = threading.Thread(target=agent.run, name="agent", daemon=True)
     dest = f"fstream://127.0.0.1:{receiver.port}"
     env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
@@ -194,7 +200,7 @@ def test_every_example_dag_runs_end_to_end_as_a_manual_run(tmp_path, redis_url):
                FSTREAM_STATE_DIR=str(tmp_path / "state"), FSTREAM_EXAMPLE_WATCH_DIR=str(tmp_path / "watch"),
                FSTREAM_EXAMPLE_DESTINATION=f"{dest}/assets",
                AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-               + f"?secret_file={secret_file}")
+               + "?" + authkit.conn_query())
     runs = {
         "fstream_transfer_example": {"source": str(src), "destination": f"{dest}/transfer"},
         "fstream_sra_batch": {"outgoing": str(out_dir), "destination": f"{dest}/sra", "min_files": 3},

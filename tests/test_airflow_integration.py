@@ -27,6 +27,8 @@ from fstream_provider.operators.transfer import FStreamTransferOperator  # noqa:
 from transfer_agent.receiving.receiver import Receiver  # noqa: E402
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
+import authkit  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 SECRET = b"fstream-airflow-test-secret-0123456789"
 
@@ -85,7 +87,8 @@ def receiver(tmp_path):
 
 @pytest.fixture
 def agent(redis_url, secret_file):
-    a = Agent(redis_url, name="airflow-test-agent", secret_file=secret_file, block_ms=200, poll_interval=0.1)
+    a = Agent(redis_url, policy=authkit.policy(secret_file), name="airflow-test-agent", block_ms=200,
+              poll_interval=0.1)
     t = threading.Thread(target=a.run, name="agent", daemon=True)
     t.start()
     try:
@@ -119,7 +122,7 @@ def test_dag_test_transfer_example_moves_verified_files(airflow_env, redis_url, 
                                                         tmp_path):
     src = _dataset(tmp_path / "src")
     env = dict(airflow_env, AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-               + f"?secret_file={secret_file}")
+               + "?" + authkit.conn_query())
     conf = {"source": str(tmp_path / "src"), "destination": f"fstream://127.0.0.1:{receiver.port}/landed",
             "target_throughput": "800Mbps"}
     out, log = _run_dag(env, "fstream_transfer_example", conf)
@@ -160,7 +163,8 @@ def _deferred_job_id(op, ti) -> str:
 
 
 def test_retry_reattaches_instead_of_starting_a_second_job(monkeypatch, redis_url, redis_client, secret_file):
-    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
+                       + "?" + authkit.conn_query())
     kw = dict(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x", deferrable=True)
     first = _deferred_job_id(FStreamTransferOperator(**kw), _TI(1))
     # try 2 (a retry after a worker crash, or a rerun): a fresh operator instance, same task instance key
@@ -177,7 +181,7 @@ def test_retry_reattaches_instead_of_starting_a_second_job(monkeypatch, redis_ur
 
 def test_on_kill_cancels_a_running_stream(monkeypatch, redis_url, redis_client, secret_file, receiver, agent, tmp_path):
     monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
-                       + f"?secret_file={secret_file}")
+                       + "?" + authkit.conn_query())
     _dataset(tmp_path / "watch", n=2)
     op = FStreamTransferOperator(task_id="stream", sources=[str(tmp_path / "watch")], watch=True, interval="0.2s",
                                  destination=f"fstream://127.0.0.1:{receiver.port}/stream", deferrable=False,
@@ -209,7 +213,7 @@ def test_on_kill_cancels_a_running_stream(monkeypatch, redis_url, redis_client, 
 
 def _conn_env(airflow_env: dict, redis_url: str, secret_file: str) -> dict:
     return dict(airflow_env, AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-                + f"?secret_file={secret_file}")
+                + "?" + authkit.conn_query())
 
 
 def test_dag_test_sra_batch_ships_each_new_file_once(airflow_env, redis_url, secret_file, receiver, agent, tmp_path):
@@ -279,7 +283,8 @@ def test_deferral_timeout_cancels_the_job(monkeypatch, redis_url, redis_client):
     from airflow.sdk.bases.operator import TriggerFailureReason
     from airflow.sdk.exceptions import TaskDeferralTimeout
 
-    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
+                       + "?" + authkit.conn_query())
     ti = _TI(1)
     op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x",
                                  deferrable=True)
@@ -316,7 +321,7 @@ def correctness_env(airflow_env, tmp_path, redis_url, secret_file):
     (dags / "fstream_correctness.py").write_text(_CORRECTNESS_DAGS)
     return dict(airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags), FSTREAM_REDIS_URL=redis_url,
                 AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-                + f"?secret_file={secret_file}")
+                + "?" + authkit.conn_query())
 
 
 def test_a_misspelled_connection_fails_the_task_at_once_naming_it(correctness_env, tmp_path):
@@ -340,7 +345,8 @@ def test_no_live_agent_warns_at_submit_and_fails_after_agent_timeout_deferred(co
 
 
 def test_no_live_agent_fails_after_agent_timeout_polling(monkeypatch, redis_url, redis_client):
-    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
+                       + "?" + authkit.conn_query())
     op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination="fstream://127.0.0.1:9/x",
                                  deferrable=False, poll_interval=0.2, agent_timeout="1s")
     t0 = time.monotonic()
@@ -364,7 +370,7 @@ def test_clear_of_a_finished_task_redoes_the_work(monkeypatch, redis_url, redis_
                                                  tmp_path):
     """Clear raises the try number; a finished job under the task's key is not re-attached but redone."""
     monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
-                       + f"?secret_file={secret_file}")
+                       + "?" + authkit.conn_query())
     src = _dataset(tmp_path / "src", n=4)
     kw = dict(task_id="transfer", sources=[str(tmp_path / "src")], destination=f"fstream://127.0.0.1:{receiver.port}/c",
               deferrable=False, poll_interval=0.2, plot_dir=str(tmp_path / "plots"), agent_timeout="1s")

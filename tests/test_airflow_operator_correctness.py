@@ -21,6 +21,8 @@ from fstream_provider.model.spec import TransferSpec  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator  # noqa: E402
 from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E402
 
+import authkit  # noqa: E402
+
 DEST = "fstream://127.0.0.1:9/x"
 
 
@@ -40,7 +42,9 @@ class _TI:
 
 @pytest.fixture
 def conn(monkeypatch, redis_url):
-    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1))
+    """``fstream_default`` on the test Redis, signing as the test submitter."""
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", redis_url.replace("redis://", "fstream://", 1)
+                       + "?" + authkit.conn_query())
     return redis_url
 
 
@@ -116,8 +120,8 @@ def _heartbeat(client, name: str = "busy-agent", ttl_ms: int = 60_000) -> str:
 
 
 def _queued_job(client) -> str:
-    job_id, _ = JobStore(client, keys=Keys()).submit(TransferSpec(sources=["/a"], destination=DEST),
-                                                    idempotency_key="d/r/wait/-1")
+    job_id, _ = JobStore(client, keys=Keys(), signer=authkit.signer()).submit(
+        TransferSpec(sources=["/a"], destination=DEST), idempotency_key="d/r/wait/-1")
     return job_id
 
 
@@ -304,12 +308,12 @@ def test_clear_of_a_succeeded_task_redoes_the_transfer_on_real_airflow(airflow_h
     from transfer_agent.daemon.worker import Agent
 
     src = make_files(tmp_path / "src", {f"shot{i}.xtc": 40_000 * (i + 1) for i in range(3)})
-    agent = Agent(redis_url, name="clear-test-agent", secret_file=str(secret), block_ms=200, poll_interval=0.1)
+    agent = Agent(redis_url, policy=authkit.policy(secret), name="clear-test-agent", block_ms=200, poll_interval=0.1)
     t = threading.Thread(target=agent.run, name="agent", daemon=True)
     t.start()
     try:
         env = dict(airflow_home, AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-                   + f"?secret_file={secret}")
+                   + "?" + authkit.conn_query())
         conf = {"source": str(src), "destination": f"fstream://127.0.0.1:{rx.port}/landed"}
         landed = tmp_path / "dst" / "landed"
         p = subprocess.run([sys.executable, "-c", _RUN_CLEAR_RERUN, json.dumps(conf), str(landed / "shot1.xtc")],

@@ -24,6 +24,8 @@ from fstream_provider.bus.keys import Keys  # noqa: E402
 from transfer_agent.receiving.receiver import Receiver  # noqa: E402
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
+import authkit  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -152,7 +154,7 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
     secret.write_bytes(SECRET)
     secret.chmod(0o600)  # load_secret refuses a secret others can read
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=SECRET).start()
-    agent = Agent(redis_url, name="sched-test-agent", secret_file=str(secret), block_ms=200, poll_interval=0.1)
+    agent = Agent(redis_url, policy=authkit.policy(secret), name="sched-test-agent", block_ms=200, poll_interval=0.1)
     agent_thread = threading.Thread(target=agent.run, daemon=True)
     agent_thread.start()
     api = free_port()
@@ -170,7 +172,7 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
         FSTREAM_EXAMPLE_WATCH_DIR=str(watch), FSTREAM_EXAMPLE_DESTINATION=f"fstream://127.0.0.1:{receiver.port}/landed",
         FSTREAM_STATE_DIR=str(tmp_path / "state"),
-        AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1) + f"?secret_file={secret}",
+        AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1) + "?" + authkit.conn_query(),
     )
     af = _Airflow(env, work)
     diag = lambda: "\n".join([f"--- {n}\n{af.log(n)[-2500:]}" for n in ("scheduler", "triggerer")]  # noqa: E731

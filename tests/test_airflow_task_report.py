@@ -20,6 +20,8 @@ pytest.importorskip("airflow")
 from test_airflow_integration import (  # noqa: E402,F401 - fixtures used by name
     _RUN_DAG, _dataset, _run_dag, agent, airflow_env, receiver, secret_file)
 
+import authkit  # noqa: E402
+
 from fstream_provider.model.plot import PANELS, decisions, plot_png, render_plot  # noqa: E402
 from fstream_provider.model.tasklog import build_report, live_event_line, summary_table  # noqa: E402
 from fstream_provider.operators.lineage import lineage_datasets, operator_lineage  # noqa: E402
@@ -61,7 +63,7 @@ def _dag_env(airflow_env, redis_url, secret_file, tmp_path, dag_text: str) -> di
     (dags / "report_dag.py").write_text(dag_text)
     return dict(airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags),
                 AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-                + f"?secret_file={secret_file}")
+                + "?" + authkit.conn_query())
 
 
 def test_dag_test_report_logs_once_summarises_per_cluster_and_hands_files_downstream(
@@ -126,7 +128,7 @@ def test_dag_test_report_logs_once_summarises_per_cluster_and_hands_files_downst
 def retrying_agent(redis_url, secret_file):
     from transfer_agent.daemon.worker import Agent
 
-    a = Agent(redis_url, name="retry-agent-7", secret_file=secret_file, block_ms=200, poll_interval=0.1,
+    a = Agent(redis_url, policy=authkit.policy(secret_file), name="retry-agent-7", block_ms=200, poll_interval=0.1,
               max_retries=1, retry_base_s=0.05)
     t = threading.Thread(target=a.run, name="agent", daemon=True)
     t.start()

@@ -26,6 +26,8 @@ from fstream_provider.model.tasklog import format_interval, save_plot, summary_t
 from fstream_provider.triggers.new_files import FStreamNewFilesTrigger  # noqa: E402
 from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E402
 
+import authkit  # noqa: E402
+
 NS = "t-airflow"
 
 
@@ -80,10 +82,37 @@ def test_constructors_do_no_io(monkeypatch):
 
 def test_hook_reads_the_connection_uri(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_X",
-                       "fstream://:s3cr%40t@redis.example:6380/3?secret_file=%2Fetc%2Ffs&namespace=lab&agent_group=dtn")
+                       "fstream://:s3cr%40t@redis.example:6380/3?submitter=lcls-daq&submitter_key_file=%2Fetc%2Ffs.key"
+                       "&key=bl7&namespace=lab&agent_group=dtn")
     s = FStreamHook(fstream_conn_id="fstream_x").settings
     assert s.redis_url == "redis://:s3cr%40t@redis.example:6380/3"
-    assert (s.namespace, s.secret_file, s.agent_group) == ("lab", "/etc/fs", "dtn")
+    assert (s.namespace, s.agent_group, s.key) == ("lab", "dtn", "bl7")
+    assert (s.submitter, s.submitter_key_file, s.submitter_secret) == ("lcls-daq", "/etc/fs.key", None)
+
+
+def test_jobs_name_their_key_by_id_from_the_operator_else_the_connection(monkeypatch, redis_url, redis_client):
+    """Issue 32: the operator's ``key`` wins, the connection's ``key`` extra fills a job naming none; a spec naming
+    a key file is refused at submit, and a DAG still passing ``secret_file`` fails when it is parsed."""
+    from urllib.parse import urlparse
+
+    u = urlparse(redis_url)
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_KEYED",
+                       f"fstream://{u.hostname}:{u.port}/0?namespace={NS}&key=bl7&{authkit.conn_query()}")
+    hook = FStreamHook(fstream_conn_id="fstream_keyed")
+    kw = dict(task_id="t", sources=["/a"], destination="fstream://127.0.0.1:9/x", fstream_conn_id="fstream_keyed")
+    try:
+        from_conn, _ = hook.submit(FStreamTransferOperator(**kw).build_spec(), idempotency_key="k/conn")
+        from_op, _ = hook.submit(FStreamTransferOperator(**kw, key="bl9").build_spec(), idempotency_key="k/op")
+        assert (hook.get_job(from_conn).spec.key, hook.get_job(from_op).spec.key) == ("bl7", "bl9")
+        with pytest.raises(ValueError, match="secret_file name key files") as exc:
+            hook.submit(TransferSpec(sources=["/a"], destination="fstream://127.0.0.1:9/x", secret_file="/etc/s"),
+                        idempotency_key="k/file")
+        assert "key=" in str(exc.value)
+        assert len(JobStore(redis_client, keys=Keys(NS)).list()) == 2  # the refused one was not queued
+    finally:
+        hook.close()
+    with pytest.raises(TypeError, match="secret_file"):
+        FStreamTransferOperator(**kw, secret_file="/etc/fstream/secret")
 
 
 def test_a_missing_connection_fails_at_once_naming_it_and_never_falls_back(monkeypatch):
@@ -217,7 +246,7 @@ def _fake_worker_run(redis_url, job_id, *, fail=False, n=3):
 
 @pytest.mark.parametrize("fail", [False, True])
 def test_transfer_trigger_fires_once_on_done(fstream_conn, redis_client, fail):
-    store = JobStore(redis_client, keys=Keys(NS))
+    store = JobStore(redis_client, keys=Keys(NS), signer=authkit.signer())
     job_id, created = store.submit(TransferSpec(sources=["/a"], destination="fstream://127.0.0.1:9/x"),
                                    idempotency_key=f"d/r/t/-1/{fail}")
     assert created
@@ -237,7 +266,7 @@ def test_transfer_trigger_unknown_job_is_an_error(fstream_conn):
 
 
 def test_transfer_trigger_on_kill_cancels_the_job(fstream_conn, redis_client):
-    store = JobStore(redis_client, keys=Keys(NS))
+    store = JobStore(redis_client, keys=Keys(NS), signer=authkit.signer())
     job_id, _ = store.submit(TransferSpec(sources=["/a"], destination="fstream://127.0.0.1:9/x"),
                              idempotency_key="d/r/kill/-1")
     asyncio.run(FStreamTransferTrigger(job_id=job_id).on_kill())
@@ -246,7 +275,7 @@ def test_transfer_trigger_on_kill_cancels_the_job(fstream_conn, redis_client):
 
 
 def test_cancel_on_kill_false_leaves_the_job_running(fstream_conn, redis_client):
-    store = JobStore(redis_client, keys=Keys(NS))
+    store = JobStore(redis_client, keys=Keys(NS), signer=authkit.signer())
     job_id, _ = store.submit(TransferSpec(sources=["/a"], destination="fstream://127.0.0.1:9/x"),
                              idempotency_key="d/r/keep/-1")
     asyncio.run(FStreamTransferTrigger(job_id=job_id, cancel_on_kill=False).on_kill())

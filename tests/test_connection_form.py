@@ -24,7 +24,7 @@ pytest.importorskip("airflow")
 
 from fstream_provider.bus.embedded import free_port  # noqa: E402
 
-EXTRA_FIELDS = {"url", "secret_file", "namespace", "agent_group", "ssl", "tls_cert", "tls_key", "tls_ca"}
+EXTRA_FIELDS = {"url", "submitter", "submitter_secret", "submitter_key_file", "key", "namespace", "agent_group", "ssl"}
 
 
 def _connection(**extra):
@@ -35,7 +35,11 @@ def _connection(**extra):
 
 
 @pytest.mark.parametrize("field,value,attr,expected", [
-    ("secret_file", "/etc/fstream/secret", "secret_file", "/etc/fstream/secret"),
+    ("submitter", "lcls-daq", "submitter", "lcls-daq"),
+    ("submitter_secret", "0123456789abcdef0123", "submitter_secret", "0123456789abcdef0123"),
+    ("submitter_key_file", "/etc/fstream/submitters/lcls-daq.key", "submitter_key_file",
+     "/etc/fstream/submitters/lcls-daq.key"),
+    ("key", "beamline7", "key", "beamline7"),
     ("namespace", "beamline7", "namespace", "beamline7"),
     ("agent_group", "xpp", "agent_group", "xpp"),
     ("ssl", True, "redis_url", "rediss://redis.example.org:6380/2"),
@@ -53,8 +57,8 @@ def test_an_empty_form_keeps_the_defaults():
     from fstream_provider.hooks.fstream import settings_from_connection
 
     s = settings_from_connection(_connection(**{f: None for f in EXTRA_FIELDS} | {"ssl": False}))
-    assert (s.redis_url, s.namespace, s.secret_file, s.agent_group) == (
-        "redis://redis.example.org:6380/2", "fstream", None, None)
+    assert (s.redis_url, s.namespace, s.agent_group, s.key) == ("redis://redis.example.org:6380/2", "fstream", None, None)
+    assert (s.submitter, s.submitter_secret, s.submitter_key_file) == (None, None, None)
 
 
 def _get(url: str, token: str | None = None):
@@ -116,31 +120,82 @@ def test_the_api_server_serves_the_fstream_form(api_server):
     assert form["hook_name"] == "FStream"
     fields = form["extra_fields"] or {}
     assert set(fields) == EXTRA_FIELDS, sorted(fields)
-    assert fields["secret_file"]["schema"]["title"] == "Secret file"
-    assert fields["namespace"]["value"] == "fstream"
+    assert fields["submitter"]["schema"]["title"] == "Submitter id"
+    assert fields["submitter_secret"]["schema"]["format"] == "password"  # rendered masked
+    assert fields["submitter_key_file"]["schema"]["title"] == "Submitter key file"
+    assert (fields["key"]["value"], fields["namespace"]["value"]) == ("default", "fstream")
     assert fields["ssl"]["schema"]["type"] == ["boolean", "null"]
     standard = form["standard_fields"]  # the UI calls the schema field url_schema
     assert (standard["host"]["title"], standard["port"]["placeholder"], standard["url_schema"]["title"]) == (
         "Redis host", "6379", "Redis database")
 
 
-def test_the_connection_tls_files_reach_jobs_that_name_none(monkeypatch, redis_url):
-    """Like ``secret_file``, the TLS fields of the form are defaults for the jobs submitted through the hook."""
-    from urllib.parse import quote, urlparse
+def _form_hook(monkeypatch, redis_url: str, conn_id: str, **extra: str):
+    """A hook on connection ``conn_id`` whose extras are ``extra`` (as the form stores them), on the test Redis."""
+    from urllib.parse import urlencode, urlparse
 
     from fstream_provider.hooks.fstream import FStreamHook
-    from fstream_provider.model.spec import TransferSpec
 
     u = urlparse(redis_url)
-    tls = {"tls_cert": "/etc/fstream/tls/client.pem", "tls_key": "/etc/fstream/tls/client.key",
-           "tls_ca": "/etc/fstream/tls/ca.pem"}
-    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in tls.items())
-    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_TLSFORM", f"fstream://{u.hostname}:{u.port}/0?namespace=tlsform&{query}")
-    hook = FStreamHook(fstream_conn_id="fstream_tlsform")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}",
+                       f"fstream://{u.hostname}:{u.port}/0?" + urlencode({"namespace": "form", **extra}))
+    return FStreamHook(fstream_conn_id=conn_id)
+
+
+def _spec():
+    from fstream_provider.model.spec import TransferSpec
+
+    return TransferSpec(sources=["/data/a"], destination="fstream://127.0.0.1:9/x")
+
+
+def test_the_submitter_fields_sign_jobs_and_the_key_id_reaches_them(monkeypatch, redis_url, redis_client):
+    """The inline submitter key signs each job so the agents can verify it; the ``key`` field becomes the job's
+    key id (jobs name keys by id, never by file)."""
+    import authkit
+    from fstream_provider.model.keyfile import read_key_file
+    from fstream_provider.model.signing import JobAuth, verify
+
+    secret = read_key_file(authkit.key_file(), "test submitter key").decode()
+    hook = _form_hook(monkeypatch, redis_url, "fstream_signform", submitter="lcls-daq", submitter_secret=secret,
+                      key="beamline7")
     try:
-        job_id, _ = hook.submit(TransferSpec(sources=["/data/a"], destination="fstream://127.0.0.1:9/x"),
-                                idempotency_key="tls-form-test")
-        spec = hook.get_job(job_id).spec
-        assert {k: getattr(spec, k) for k in tls} == tls
+        job_id, created = hook.submit(_spec(), idempotency_key="sign-form-test")
+        assert created
+        assert hook.get_job(job_id).spec.key == "beamline7"
+        h = redis_client.hgetall(hook.keys.job(job_id))
+        auth = JobAuth.from_json(h["auth"])
+        assert auth is not None and auth.submitter == "lcls-daq"
+        assert verify(secret.encode(), auth, "form", job_id, h["spec"])
+    finally:
+        hook.close()
+
+
+@pytest.mark.parametrize("extra", [{"secret_file": "/etc/fstream/secret"},
+                                   {"tls_cert": "/etc/fstream/tls/client.pem", "tls_key": "/etc/fstream/tls/client.key",
+                                    "tls_ca": "/etc/fstream/tls/ca.pem"}])
+def test_a_connection_naming_key_files_is_refused_at_submit_naming_them(monkeypatch, redis_url, redis_client, extra):
+    """The old ``secret_file``/``tls_*`` extras named files on the agents' hosts; jobs may not (issue 32), so a
+    connection still carrying them is refused, by name, before anything is queued."""
+    import authkit
+    from urllib.parse import parse_qsl
+
+    hook = _form_hook(monkeypatch, redis_url, "fstream_keyfiles", **dict(parse_qsl(authkit.conn_query())), **extra)
+    try:
+        with pytest.raises(ValueError) as exc:
+            hook.submit(_spec(), idempotency_key="key-files-form-test")
+        msg = str(exc.value)
+        assert "'fstream_keyfiles'" in msg and all(name in msg for name in extra), msg
+        assert "'key'" in msg, msg  # says what to use instead
+        assert redis_client.dbsize() == 0, "a refused submit queued something"
+    finally:
+        hook.close()
+
+
+def test_a_connection_without_a_submitter_is_refused_at_submit_naming_it(monkeypatch, redis_url):
+    hook = _form_hook(monkeypatch, redis_url, "fstream_anon", key="default")
+    try:
+        with pytest.raises(ValueError, match="'submitter'") as exc:
+            hook.submit(_spec(), idempotency_key="anon-form-test")
+        assert "submitter_secret" in str(exc.value) and "submitter_key_file" in str(exc.value)
     finally:
         hook.close()

@@ -14,6 +14,8 @@ from agentkit import GatedReceiver, make_files, part_files, start_receiver, wait
 from fstream_provider.flow import FlowError, Landed, channel
 from transfer_agent.receiving.receiver import Receiver
 
+import authkit
+
 
 def _visible(root: Path) -> list[str]:
     """Files a user of the destination sees (hidden per-attempt .part names excluded)."""
@@ -111,18 +113,22 @@ def test_a_failing_file_is_raised_where_the_user_iterates_naming_it(tmp_path: Pa
         list(channel.of(42).transfer(to=f"fstream://127.0.0.1:{rx.port}/o", secret_file=str(secret)))
 
 
-def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx: Receiver, redis_url: str) -> None:
+def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx: Receiver, redis_url: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs name the agent's key by id and are signed as the submitter of ``$FSTREAM_SUBMITTER`` (issue 32)."""
     from fstream_provider.bus.keys import Keys
     from transfer_agent.daemon.worker import Agent
 
+    monkeypatch.setenv("FSTREAM_SUBMITTER", authkit.SUBMITTER)
+    monkeypatch.setenv("FSTREAM_SUBMITTER_KEY_FILE", authkit.key_file())
     src = make_files(tmp_path / "s", {"x1.dat": 3000, "sub/x2.dat": 1 << 20, "sub/x3.dat": 10})
-    agent = Agent(redis_url, name="flow-agent", secret_file=str(secret), poll_interval=0.2, block_ms=100,
+    agent = Agent(redis_url, policy=authkit.policy(secret), name="flow-agent", poll_interval=0.2, block_ms=100,
                   flush_interval=0.1, heartbeat_ttl=3, keys=Keys("flowtest"))
     t = threading.Thread(target=agent.run, name="flow-agent")
     t.start()
     try:
         recs = (channel.from_path(str(src / "**/*.dat")).buffer(size=2)
-                .transfer(to=f"fstream://127.0.0.1:{rx.port}/remote", secret_file=str(secret), redis=redis_url,
+                .transfer(to=f"fstream://127.0.0.1:{rx.port}/remote", key="default", redis=redis_url,
                           namespace="flowtest", max_in_flight=1)
                 .collect())
         from fstream_provider.bus.client import connect
@@ -138,6 +144,18 @@ def test_through_redis_jobs_run_by_a_real_agent(tmp_path: Path, secret: Path, rx
         assert rec.to_dict()["url"] == rec.url == f"fstream://127.0.0.1:{rx.port}/{rec.path}"
     # the batch [sub/x2, sub/x3] is split: a job never holds more files than max_in_flight
     assert sorted(len(j.spec.sources) for j in jobs) == [1, 1, 1] and {j.state for j in jobs} == {"succeeded"}
+    assert {j.spec.key for j in jobs} == {"default"} and {j.spec.secret_file for j in jobs} == {None}
+
+
+@pytest.mark.parametrize("files", [{"secret_file": "/etc/fstream/secret"},
+                                   {"tls_cert": "/etc/fstream/c.pem", "tls_key": "/etc/fstream/c.key"}])
+def test_through_redis_key_files_are_refused_naming_them(tmp_path: Path, files: dict) -> None:
+    """A job may not name files on the agent's host (issue 32): refused before anything is submitted (the Redis
+    URL is never even connected to), naming the options and what to pass instead."""
+    with pytest.raises(ValueError) as exc:
+        channel.of(tmp_path).transfer(to="fstream://127.0.0.1:9/o", redis="redis://127.0.0.1:1/0", **files)
+    msg = str(exc.value)
+    assert all(f"{name}=" in msg for name in files) and "key=ID" in msg, msg
 
 
 def test_max_in_flight_below_the_batch_does_not_hang(tmp_path: Path, secret: Path, rx: Receiver) -> None:

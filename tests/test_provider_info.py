@@ -87,7 +87,9 @@ def _airflow_schema(name: str) -> dict:
         return json.load(f)
 
 
-FORM_FIELDS = {"url", "secret_file", "namespace", "agent_group", "ssl", "tls_cert", "tls_key", "tls_ca"}
+FORM_FIELDS = {"url", "submitter", "submitter_secret", "submitter_key_file", "key", "namespace", "agent_group", "ssl"}
+KEY_FILE_FIELDS = {"secret_file", "tls_cert", "tls_key", "tls_ca"}
+"""Extras that named files on the agents' hosts: the hook refuses them (issue 32), so the form must not offer them."""
 
 
 def test_connection_type_declares_its_form_like_a_provider_yaml():
@@ -98,9 +100,10 @@ def test_connection_type_declares_its_form_like_a_provider_yaml():
     info = provider_info(fstream_provider.__version__)
     jsonschema.validate(info["connection-types"], schema)
     (ct,) = info["connection-types"]
-    assert set(ct["conn-fields"]) == FORM_FIELDS
+    assert set(ct["conn-fields"]) == FORM_FIELDS and not KEY_FILE_FIELDS & set(ct["ui-field-behaviour"]["placeholders"])
     for name, field in ct["conn-fields"].items():
         assert field["label"] and field.get("description"), name
+    assert ct["conn-fields"]["submitter_secret"]["schema"]["format"] == "password"  # Airflow masks it
     relabeled = set(ct["ui-field-behaviour"]["relabeling"])
     assert {"host", "port", "schema", "login", "password"} <= relabeled
 
@@ -150,4 +153,6 @@ def test_airflow_builds_the_fstream_form_from_provider_info_without_the_hook():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["widgets"] == sorted(f"extra__fstream__{f}" for f in FORM_FIELDS)
     assert got["behaviour"]["relabeling"]["host"] == "Redis host"
-    assert got["behaviour"]["placeholders"]["extra__fstream__secret_file"] == "/etc/fstream/secret"
+    placeholders = got["behaviour"]["placeholders"]
+    assert (placeholders["extra__fstream__submitter"], placeholders["extra__fstream__submitter_key_file"],
+            placeholders["extra__fstream__key"]) == ("lcls-daq", "/etc/fstream/submitters/lcls-daq.key", "default")

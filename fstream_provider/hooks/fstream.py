@@ -2,7 +2,7 @@
 
 Create the connection the usual Airflow way, for example::
 
-    export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://:PASSWORD@redis.example.org:6379/0?secret_file=%2Fetc%2Ffstream%2Fsecret'
+    export AIRFLOW_CONN_FSTREAM_DEFAULT='fstream://dag-lcls:PASSWORD@redis.example.org:6379/0?submitter=lcls-daq&submitter_key_file=%2Fetc%2Ffstream%2Fsubmitters%2Flcls-daq.key'
 
 host, port and schema are the Redis server and database number; login/password are the Redis ACL user
 and password. Extras: ``submitter`` with ``submitter_secret`` (the key itself; Airflow masks it) or
@@ -44,9 +44,9 @@ class FStreamSettings:
 
     :param redis_url: the Redis bus.
     :param namespace: key namespace on that Redis.
-    :param secret_file: shared secret file the agents use (forwarded to jobs that name none).
+    :param secret_file: no longer forwarded: a connection naming it is refused at submit (jobs name keys by id).
     :param agent_group: the agent group name (informational).
-    :param tls_cert: client certificate for mutual TLS on the data channels (forwarded to jobs naming none).
+    :param tls_cert: likewise refused at submit (agents hold their TLS files in their keyring).
     :param tls_key: its key.
     :param tls_ca: CA bundle that signed the receivers' certificates.
     :param submitter: the submitter id jobs are signed as.
@@ -117,7 +117,7 @@ def missing_connection(conn_id: str) -> AirflowNotFoundException:
     """The error for a connection id that is not defined: names it and says how to define one."""
     return AirflowNotFoundException(
         f"The FStream connection {conn_id!r} is not defined. Define it (Admin → Connections, type "
-        f"'FStream', or AIRFLOW_CONN_{conn_id.upper()}='fstream://REDIS_HOST:6379/0?secret_file=...') or "
+        f"'FStream', or AIRFLOW_CONN_{conn_id.upper()}='fstream://REDIS_HOST:6379/0?submitter=ID&submitter_key_file=...') or "
         "pass the right fstream_conn_id; tasks never fall back to a private Redis no agent watches.")
 
 

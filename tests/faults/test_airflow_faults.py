@@ -31,14 +31,18 @@ from jobkit import (DEADLINE, agent_thread, check_destination, check_jobs, datas
                     poll, start_counting_receiver)
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
+import authkit  # noqa: E402
+
 NS = "faults-airflow"
 
 
 @pytest.fixture
-def conn(monkeypatch, redis_url, secret):
+def conn(monkeypatch, redis_url):
+    """``fstream_default`` on the test Redis in namespace ``NS``, signing as the test submitter (the agents hold
+    the secret: jobs name no key files)."""
     u = urlparse(redis_url)
     monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT",
-                       f"fstream://{u.hostname}:{u.port}/0?namespace={NS}&secret_file={secret}")
+                       f"fstream://{u.hostname}:{u.port}/0?namespace={NS}&{authkit.conn_query()}")
     return redis_url
 
 
@@ -83,7 +87,7 @@ async def _fire(trigger: FStreamTransferTrigger) -> dict:
 def test_two_trigger_copies_and_a_killed_one_one_job_one_completion(conn, store, secret, tmp_path):
     src = dataset(tmp_path / "src", small=8, big=2 << 20)
     rcv = start_counting_receiver(tmp_path / "dst", secret, hold_attempt=1, hold_after=256 << 10)
-    agent = Agent(conn, name="af-agent", secret_file=str(secret), keys=Keys(NS), block_ms=100, poll_interval=0.1,
+    agent = Agent(conn, policy=authkit.policy(secret), name="af-agent", keys=Keys(NS), block_ms=100, poll_interval=0.1,
                   flush_interval=0.05)
     th = agent_thread(agent)
     kw = dict(task_id="transfer", sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/landed",
