@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
              "scheduling": "fstream_bench.scheduling", "flow": "fstream_bench.flow_bench",
              "harp": "fstream_bench.harp_bench", "tuning-science": "fstream_bench.tuning_science",
              "tuning-wan": "fstream_bench.tuning_wan", "pools-wan": "fstream_bench.pools_wan",
-             "sched-wan": "fstream_bench.sched_wan", "ab": "fstream_bench.ab", "micro": "fstream_bench.micro"}
+             "sched-wan": "fstream_bench.sched_wan", "ab": "fstream_bench.ab", "micro": "fstream_bench.micro",
+             "authz": "fstream_bench.authz_bench"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 

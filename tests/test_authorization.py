@@ -59,12 +59,19 @@ key_file = "{keys['ops']}"
     th.start()
     stores = {n: JobStore(redis_client, keys=NS, signer=Signer.from_file(n, str(k))) for n, k in keys.items()}
     site = dict(data=data, outside=outside, keys=keys, policy=policy, rx=rx, dst=tmp_path / "dst", stores=stores,
-                client=redis_client, url=redis_url, agent=agent, dest=f"fstream://127.0.0.1:{rx.port}")
+                client=redis_client, url=redis_url, agent=agent, dest=f"fstream://127.0.0.1:{rx.port}", thread=th)
     try:
         yield site
     finally:
         agent.stop()
         th.join(20)
+
+
+def _stop_agent(site) -> None:
+    """Stop the site's agent and wait for its thread: it reads no entry after this returns."""
+    site["agent"].stop()
+    site["thread"].join(20)
+    assert not site["thread"].is_alive()
 
 
 def _wait(site, job_id: str):
@@ -125,8 +132,7 @@ def test_a_job_written_straight_into_redis_without_a_tag_is_dead_lettered(site):
 def test_a_signed_job_altered_in_redis_is_refused(site):
     store = site["stores"]["ops"]
     agent_store = JobStore(site["client"], keys=NS)
-    site["agent"].stop()  # hold the job while it is altered
-    wait_until(lambda: not site["client"].exists(NS.agent("authz-agent")), 20, "the agent to stop")
+    _stop_agent(site)  # hold the job while it is altered
     job_id, _ = store.submit(TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/x"))
     spec = json.loads(site["client"].hget(NS.job(job_id), "spec"))
     spec["sources"] = [str(site["outside"])]
@@ -198,16 +204,29 @@ def test_a_link_swapped_in_after_the_job_was_accepted_is_refused_at_open(site, r
     is opened: the descriptor check refuses it."""
     from transfer_agent.sending.sender import Transfer
 
-    site["agent"].stop()
-    wait_until(lambda: not site["client"].exists(NS.agent("authz-agent")), 20, "the agent to stop")
+    _stop_agent(site)
     victim = site["data"] / "sra" / "s.dat"
 
-    class SwappingTransfer(Transfer):
-        def _session(self, *a, **kw):  # the job was accepted and its files listed: now swap
+    class SwapAfterListing:
+        """The agent's guard, with the swap done right after the listed files passed it (before any open)."""
+
+        def __init__(self, guard):
+            self.guard = guard
+
+        def admit(self, files, refused):
+            admitted = self.guard.admit(files, refused)
             if victim.is_file() and not victim.is_symlink():
                 victim.unlink()
                 victim.symlink_to(site["outside"] / "secret.txt")
-            return super()._session(*a, **kw)
+            return admitted
+
+        def check_fd(self, fd, path):
+            self.guard.check_fd(fd, path)
+
+    class SwappingTransfer(Transfer):
+        def __init__(self, spec, **kw):
+            kw["guard"] = SwapAfterListing(kw["guard"])
+            super().__init__(spec, **kw)
 
     job_id, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
                                                          destination=f"{site['dest']}/swap", tuner="fixed"))
@@ -248,3 +267,18 @@ def test_an_agent_without_roots_refuses_to_start_and_one_without_a_policy_serves
     Agent(redis_url, name="deny", keys=Keys("authz0"), block_ms=100).run(once=True)
     job = store.get(job_id)
     assert job.state == "failed" and "submitter 'anyone' is not configured on this agent" in job.error
+
+
+def test_a_watched_stream_refuses_a_link_that_appears_later_and_keeps_moving(site):
+    """``--watch``: files found by later scans are checked like the first listing (and at open)."""
+    data, ops = site["data"], site["stores"]["ops"]
+    live = data / "live"
+    make_files(live, {"first.dat": 20_000}, seed=5)
+    job_id, _ = ops.submit(TransferSpec(sources=[str(live)], destination=f"{site['dest']}/w", watch=True,
+                                        interval_s=0.2, idle_exit_s=2.0, tuner="fixed"))
+    wait_until(lambda: (site["dst"] / "w" / "first.dat").exists(), 30, "the first file to land")
+    (live / "leak.txt").symlink_to(site["outside"] / "secret.txt")
+    make_files(live, {"second.dat": 20_000}, seed=6)
+    job = _wait(site, job_id)
+    assert job.state == "failed" and "leak.txt" in job.error and "outside" in job.error, job.error
+    assert _landed(site) == ["w/first.dat", "w/second.dat"]

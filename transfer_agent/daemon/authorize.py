@@ -13,14 +13,16 @@ was configured with (``fstream_provider.model.policy``), for a submitter who sig
    and the id must be one the submitter may use and the agent holds;
 4. its destination matches the agent's and the submitter's destination rules (receiver and path prefix);
 5. every source lies within the agent's roots and the submitter's (``storage.contain.SourceRoots``, after
-   resolving ``..`` and symbolic links). Each listed file is checked again, and each opened descriptor
-   (``Guard``), so a link swapped in after this decision cannot escape.
+   resolving ``..`` and symbolic links). While the job runs, each listed file that is a link is resolved
+   again and each opened descriptor is checked (``Guard``), so a link swapped in after this decision
+   cannot escape.
 
 A refusal names the job, the submitter and the reason; the runner dead-letters the job with it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,11 +146,17 @@ class Guard:
             r.check_fd(fd, path)
 
     def admit(self, files: list[Any], refused: Any) -> list[Any]:
-        """The listed files (``SrcFile``) within the roots; ``refused(file, error)`` is called for each other."""
+        """The listed files (``SrcFile``) that may be sent; ``refused(file, error)`` is called for each other.
+
+        A listed file that is a symbolic link is resolved here, so a link pointing out fails before its OPEN.
+        Other files are left to ``check_fd`` at open, the check that counts (it also catches a directory
+        swapped for a link after the listing): resolving every file here cost ~8 µs CPU each (``fstream
+        bench authz``), an ``lstat`` ~1."""
         out = []
         for sf in files:
             try:
-                self.check_path(sf.src)
+                if os.path.islink(sf.src):
+                    self.check_path(sf.src)
                 out.append(sf)
             except RefusedError as exc:
                 refused(sf, exc)

@@ -84,7 +84,9 @@ class JobRunnerMixin:
                           destination=spec.destination if spec else None, key=(spec.key or "default") if spec
                           else None, agent=self.name)
         if d.accepted:
-            self.log.info("job %s: %s", job_id, d.reason)
+            shown = ", ".join(spec.sources[:3]) + (f" (+{len(spec.sources) - 3})" if len(spec.sources) > 3 else "")
+            self.log.info("job %s: %s: %s -> %s, key %s", job_id, d.reason, shown, spec.destination,
+                          spec.key or "default")
             return d
         self.counters["jobs_refused"] += 1
         self.log.warning("job %s: %s; dead-lettered", job_id, d.reason)

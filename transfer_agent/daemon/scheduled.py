@@ -89,7 +89,7 @@ class SchedulingMixin:
             self.log.warning("job %s (entry %s) is running on %s outside the scheduler; left alone", job_id,
                              entry_id, job.worker)
             return
-        if not self._admissible(job_id, entry_id):
+        if self._board.task(job_id) is None and not self._admissible(job_id, entry_id):
             return
         src, dst = task_ends(job.spec)
         size, why = task_size(job.spec)

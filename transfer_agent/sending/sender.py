@@ -125,8 +125,6 @@ class Transfer:
             initial = watcher.poll()
         pending: list[SrcFile] = list(initial)
         self._files_total = len(pending)
-        if self.guard is not None:  # a listed file outside the job's roots (a link pointing out) fails, unread
-            pending = self.guard.admit(pending, lambda sf, exc: self._fail_file(sf, SourceRefusedError(str(exc))))
         self._public_algo = "xxh3_128" if spec.public_checksum else None
         hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fstream-hash")
 
@@ -310,6 +308,8 @@ class Transfer:
 
     # -- files ---------------------------------------------------------------------------------
     def _add_files(self, tuner: Tuner, pool: ChannelPool, files: list[SrcFile]) -> None:
+        if self.guard is not None:  # a listed file outside the job's roots (a link pointing out) fails, unread
+            files = self.guard.admit(files, lambda sf, exc: self._fail_file(sf, SourceRefusedError(str(exc))))
         for sf in files:
             sf.cluster = tuner.cluster_of(sf.info)
             if self._recorder is not None:
