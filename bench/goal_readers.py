@@ -345,3 +345,16 @@ def qos_thesis(doc: dict, _: Path) -> tuple[str, str]:
     return (f"median of the case medians {m:.1f} %; per case {min(med):.1f}–{max(med):.1f} % ({len(med)} of "
             f"{len(doc['cases'])} cases judged, "
             f"one run each, variant {doc.get('variant')})", "as a median" if 4 <= m <= 19 else "no")
+
+
+def authz_cost(doc: dict, _: Path) -> tuple[str, str]:
+    """Guarded / plain sender CPU per file within each ABBA pair, and the decision's p99 (issue 32)."""
+    runs = doc["guard"]["runs"]
+    pairs: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in runs:
+        pairs[r["repeat"]][r["mode"]] = r["cpu_us_per_file"]
+    xs = [p["guarded"] / p["plain"] for p in pairs.values() if len(p) == 2]
+    d = doc["decide"]
+    return (f"CPU per file {med_range(xs, '{:.3f}')}× unguarded ({doc['guard']['files']:,} × "
+            f"{doc['guard']['size'] // 1024} KiB); decision p99 {d['p99_ms']:.2f} ms",
+            _yes(statistics.median(xs) <= 1.05 and d["p99_ms"] <= 1.0))

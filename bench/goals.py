@@ -10,6 +10,7 @@ range of every run in the result (``med_range``), ratios taken within a run.
 from __future__ import annotations
 
 from fstream_bench.goal_readers import (
+    authz_cost,
     flow_latency, flow_memory, flow_throughput, harp_first_window, harp_optimizer, harp_total, harp_validation,
     loopback_cpu, loopback_disk, loopback_throughput, operator_overhead, pathfill_large, pathfill_small,
     pools_two_agents, qos_default, qos_issue4, qos_thesis, scale, sched_burst, seal_vs_baselines, selfcheck,
@@ -131,4 +132,7 @@ GOALS: list[Goal] = [
          was=("1 GiB-class files 1.02; 2000 × 256 KiB 0.92 (0.94 of `send --manifest`)", "large only")),
     Goal("17", "flow over 100k files < 200 MB", "bench/results/flow-*", "fstream bench flow", doc="results.json", measure=flow_memory,
          was=("159 MiB peak (`send`: 100 MiB)", "yes")),
+    Goal("32", "authorization off the critical path: the source guard ≤ 1.05× sender CPU per small file, a job's "
+         "decision ≤ 1 ms p99 (loopback, pinned; our goal, the issue sets none)", "bench/results/authz-*",
+         "fstream bench authz", measure=authz_cost),
 ]
