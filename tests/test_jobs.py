@@ -239,6 +239,9 @@ def test_cli_submit_detach_status_cancel(capsys, redis_url, tmp_path):
     code, out, _ = _cli(capsys, "status", first["job_id"], "--json", *ns)
     job = json.loads(out)
     assert code == 0 and job["state"] == "queued" and job["spec"]["sources"] == [str(tmp_path)]
+    assert job["submitter"] == "local"  # `fstream submit` signs as the local submitter by default
+    code, out, _ = _cli(capsys, "status", first["job_id"], *ns)
+    assert code == 0 and "local (signed; agents verify)" in out, out
     code, out, _ = _cli(capsys, "status", "--json", *ns)
     assert [j["job_id"] for j in json.loads(out)["jobs"]] == [first["job_id"]]
     code, out, _ = _cli(capsys, "status", *ns)

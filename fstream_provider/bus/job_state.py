@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fstream_provider.model.signing import JobAuth
 from fstream_provider.model.spec import TransferSpec
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -61,6 +62,11 @@ def _num(value: str | None, kind: type = float, default: Any = 0) -> Any:
         return default
 
 
+def _submitter(auth: str | None) -> str | None:
+    parsed = JobAuth.from_json(auth)
+    return parsed.submitter if parsed else None
+
+
 @dataclass
 class JobState:
     """A job as stored in its Redis hash.
@@ -80,6 +86,8 @@ class JobState:
     :param progress: the latest interval record, while running.
     :param preemptions: how many times the scheduler preempted it.
     :param preempt_reason: why it was last preempted (the scheduler's reason).
+    :param submitter: the submitter its signature names (as stored: an agent verifies it before running the job;
+        None for an unsigned job).
     """
 
     job_id: str
@@ -97,6 +105,7 @@ class JobState:
     progress: dict | None = None
     preemptions: int = 0
     preempt_reason: str | None = None
+    submitter: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -124,6 +133,7 @@ class JobState:
             progress=js("progress"),
             preemptions=_num(h.get("preemptions"), int),
             preempt_reason=h.get("preempt_reason") or None,
+            submitter=_submitter(h.get("auth")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,7 +143,7 @@ class JobState:
             "error": self.error, "result": self.result, "idempotency_key": self.idempotency_key,
             "deliveries": self.deliveries,
             "cancel_requested": self.cancel_requested, "progress": self.progress,
-            "preemptions": self.preemptions, "preempt_reason": self.preempt_reason,
+            "preemptions": self.preemptions, "preempt_reason": self.preempt_reason, "submitter": self.submitter,
         }
 
 

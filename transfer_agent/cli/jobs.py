@@ -277,6 +277,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 ("worker", job.worker or "-"), ("created", _when(job.created_at)), ("updated", _when(job.updated_at)),
                 ("sources", " ".join(job.spec.sources)), ("destination", job.spec.destination),
                 ("tuner", job.spec.tuner),
+                ("submitter", f"{job.submitter} (signed; agents verify)" if job.submitter else "- (unsigned)"),
                 ("idempotency key", job.idempotency_key or "-"), ("cancel requested", str(job.cancel_requested)),
                 ("error", job.error or "-")]
         if job.progress:
