@@ -282,3 +282,138 @@ def test_a_watched_stream_refuses_a_link_that_appears_later_and_keeps_moving(sit
     job = _wait(site, job_id)
     assert job.state == "failed" and "leak.txt" in job.error and "outside" in job.error, job.error
     assert _landed(site) == ["w/first.dat", "w/second.dat"]
+
+
+def test_a_glob_match_or_dotdot_through_a_link_cannot_list_another_tree(site):
+    """The listing is by text, the check by resolution: a directory link among a glob's matches is refused
+    with its files (none of them opened), a '..' component in a source is refused outright."""
+    data, ops = site["data"], site["stores"]["ops"]
+    make_files(data / "g" / "ok", {"ok.dat": 10_000}, seed=7)
+    (data / "g" / "x").symlink_to(site["outside"])
+    job_id, _ = ops.submit(TransferSpec(sources=[str(data / "g" / "*")], destination=f"{site['dest']}/g"))
+    job = _wait(site, job_id)
+    assert job.state == "failed" and "secret.txt" in job.error and "outside this agent's source roots" in job.error
+    assert _landed(site) == ["g/ok/ok.dat"]
+    (data / "deep" / "a" / "b").mkdir(parents=True)
+    (data / "l").symlink_to(data / "deep" / "a" / "b")
+    sneaky = f"{data}/l/../../../../outside"  # resolves inside (links first), lists /…/outside by text
+    job_id, _ = ops.submit(TransferSpec(sources=[sneaky], destination=f"{site['dest']}/s"))
+    job = _wait(site, job_id)
+    assert job.state == "failed" and "a '..' component is not accepted" in job.error, job.error
+
+
+def test_a_malformed_signature_is_refused_and_the_agent_goes_on(site):
+    """A job naming a configured submitter with a nonce and tag no signer makes: refused, not an exception that
+    leaves the entry pending (review of issue 32), and the next job still runs."""
+    client, job_id = site["client"], "badauth001"
+    spec = TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/bad")
+    client.hset(NS.job(job_id), mapping={"job_id": job_id, "state": "queued", "attempt": 0, "deliveries": 0,
+                                         "spec": spec.to_json(), "created_at": 0, "updated_at": 0,
+                                         "auth": json.dumps({"submitter": "ops", "ts": 1e9, "nonce": "\ud800",
+                                                             "tag": "é" * 64})})
+    client.xadd(NS.jobs_stream(), {"job_id": job_id})
+    job = _wait(site, job_id)
+    assert job.state == "failed" and "malformed submitter signature" in job.error
+    ok, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
+                                                      destination=f"{site['dest']}/after"))
+    assert _wait(site, ok).state == "succeeded"
+
+
+def test_a_redelivery_older_than_the_max_age_passes_and_a_copy_does_not(redis_client, tmp_path):
+    """The age bounds when a job is first taken; a retry, reclaim or resumed preemption of the same entry later
+    passes, a re-enqueue by `fstream reconcile` keeps it the same job, a copy under another entry is a replay."""
+    from fstream_provider.bus.reconcile import _rebind_nonce
+    from transfer_agent.daemon.authorize import Authorizer
+
+    key = write_secret(tmp_path / "k")
+    data = make_files(tmp_path / "data", {"f": 10}, seed=8)
+    policy = AgentPolicy.local([data], key, submitter="s", key_file=key)
+    store = JobStore(redis_client, keys=NS, signer=Signer.from_file("s", str(key)))
+    job_id, _ = store.submit(TransferSpec(sources=[str(data)], destination="fstream://h:1/x"))
+    spec_json, auth = redis_client.hmget(NS.job(job_id), "spec", "auth")
+    spec = TransferSpec.from_json(spec_json)
+    now = [json.loads(auth)["ts"]]
+    authz = Authorizer(policy, redis_client, NS, clock=lambda: now[0])
+    assert authz.decide(job_id, "1-0", spec, spec_json, auth).accepted
+    now[0] += 30 * 86400  # a month later: the same entry again (a preempted job resumed)
+    assert authz.decide(job_id, "1-0", spec, spec_json, auth).accepted
+    copy = authz.decide(job_id, "2-0", spec, spec_json, auth)
+    assert not copy.accepted and f"replayed: its nonce was already used by job {job_id}" in copy.reason
+    _rebind_nonce(redis_client, NS, job_id, "3-0")  # reconcile re-enqueued it as entry 3-0
+    assert authz.decide(job_id, "3-0", spec, spec_json, auth).accepted
+    assert not authz.decide(job_id, "1-0", spec, spec_json, auth).accepted
+
+
+def test_a_scheduling_agent_refuses_forged_jobs_before_its_board_and_goes_on(site, redis_url):
+    """SEAL/STEAL intake: a job with a malformed signature and one with a spec that does not parse are dead-lettered
+    at admission (never on the board, whose size estimate would list their sources), and a signed job behind
+    them still runs (review of issue 32: an exception here left the agent re-reading them for ever)."""
+    import socket
+
+    _stop_agent(site)
+    client, dst = site["client"], f"127.0.0.1:{site['rx'].port}"
+    client.hset(NS.sched_config(), mapping={f"cap:{dst}": 1e9, f"unit:{dst}": 1e9,
+                                            f"cap:{socket.gethostname()}": 1e9, f"unit:{socket.gethostname()}": 1e9})
+    spec = TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/forged")
+    bad_auth = json.dumps({"submitter": "ops", "ts": 1e9, "nonce": "zz", "tag": "é" * 64})
+    forged = {"badsig00001": (spec.to_json(), bad_auth),
+              "badspec0001": ('{"sources": 5}', "")}
+    for job_id, (spec_json, auth) in forged.items():
+        client.hset(NS.job(job_id), mapping={"job_id": job_id, "state": "queued", "attempt": 0, "deliveries": 0,
+                                             "spec": spec_json, "auth": auth, "created_at": 0, "updated_at": 0})
+        client.xadd(NS.jobs_stream(), {"job_id": job_id})
+    ok, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
+                                                      destination=f"{site['dest']}/sched"))
+    agent = Agent(redis_url, name="authz-sched", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
+                  scheduler="seal", sched_interval=0.1, block_ms=100, poll_interval=0.1, flush_interval=0.05)
+    th = threading.Thread(target=agent.run, daemon=True)
+    th.start()
+    try:
+        wait_until(lambda: client.hget(NS.job(ok), "state") == "succeeded", 30, "the signed job to run")
+    finally:
+        agent.stop()
+        th.join(20)
+    for job_id, why in (("badsig00001", "malformed submitter signature"), ("badspec0001", "unsigned")):
+        assert client.hget(NS.job(job_id), "state") == "failed" and why in client.hget(NS.job(job_id), "error")
+        assert why in _dead_letter(site, job_id)["reason"]
+    assert client.hkeys(NS.sched_tasks()) == []
+    assert _landed(site) == ["sched/s.dat"]
+
+
+def test_a_fifo_swapped_in_after_the_listing_is_refused_without_blocking(site, redis_url):
+    """An agent's open of a source is non-blocking: a FIFO with no writer put in a file's place after the
+    listing is opened at once and refused (not a regular file) instead of hanging the channel."""
+    from transfer_agent.sending.sender import Transfer
+
+    _stop_agent(site)
+    victim = site["data"] / "sra" / "s.dat"
+
+    class SwapToFifo:
+        def __init__(self, guard):
+            self.guard = guard
+
+        def admit(self, files, refused):
+            admitted = self.guard.admit(files, refused)
+            if not victim.is_fifo():
+                victim.unlink()
+                os.mkfifo(victim)
+            return admitted
+
+        def check_fd(self, fd, path):
+            self.guard.check_fd(fd, path)
+
+    class FifoTransfer(Transfer):
+        def __init__(self, spec, **kw):
+            kw["guard"] = SwapToFifo(kw["guard"])
+            super().__init__(spec, **kw)
+
+    job_id, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
+                                                         destination=f"{site['dest']}/fifo", tuner="fixed"))
+    done = threading.Event()
+    agent = Agent(redis_url, name="authz-4", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
+                  block_ms=100, max_retries=0, transfer_factory=FifoTransfer)
+    th = threading.Thread(target=lambda: (agent.run(once=True), done.set()), daemon=True)
+    th.start()
+    assert done.wait(30), "the agent blocked on the FIFO"
+    job = JobStore(site["client"], keys=NS).get(job_id)
+    assert job.state == "failed" and "s.dat" in job.error and "not a regular file" in job.error, job.error

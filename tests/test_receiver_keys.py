@@ -153,12 +153,16 @@ def test_server_checks_the_proof_with_the_named_key() -> None:
     assert isinstance(result.get("error"), AuthError)
 
 
-def test_unknown_key_is_refused_without_listing_the_keys(tmp_path: Path, secrets_dir: Path, krx: Receiver) -> None:
-    with pytest.raises(AuthError) as err:
+def test_unknown_key_looks_like_a_wrong_secret_before_authentication(tmp_path: Path, secrets_dir: Path,
+                                                                   krx: Receiver) -> None:
+    """Key ids cannot be enumerated: an unknown id gets a decoy challenge and the same refusal as a wrong secret."""
+    with pytest.raises(AuthError) as unknown:
         control(krx.port, secrets_dir / "alpha", "gamma")
-    msg = str(err.value)
-    assert "unknown key 'gamma'" in msg
-    assert not any(k in msg for k in ("alpha", "beta", "lcls", "default")), msg
+    with pytest.raises(AuthError) as wrong:  # beta exists; alpha's secret is not its
+        control(krx.port, secrets_dir / "alpha", "beta")
+    assert "does not know our shared secret" in str(unknown.value)
+    assert str(unknown.value) == str(wrong.value)
+    assert not any(k in str(unknown.value) for k in ("alpha", "beta", "lcls", "default"))
 
 
 def test_malformed_key_in_hello_is_a_protocol_error(secrets_dir: Path, krx: Receiver) -> None:
@@ -185,7 +189,7 @@ def test_hello_without_key_is_the_default_key(tmp_path: Path, secrets_dir: Path,
 def test_single_secret_receiver_knows_only_default(tmp_path: Path, secret: Path, rx: Receiver) -> None:
     assert list(rx.keyring) == ["default"]
     control(rx.port, secret, "default")[0].sock.close()
-    with pytest.raises(AuthError, match="unknown key 'other'"):
+    with pytest.raises(AuthError, match="does not know our shared secret"):
         control(rx.port, secret, "other")
 
 

@@ -6,9 +6,10 @@ claimed (submitter, sources, destination, key, ``accepted`` or ``refused`` with 
 lines go to the agent's log. ``fstream audit`` lists and filters the stream. With the Redis ACLs of
 ``fstream_provider.bus.acl`` only agents may write it.
 
-The replay guard records the first use of each submitter nonce (``Keys.nonce``) with ``SET NX``: the
-value names the job id and stream entry that used it, so the same job delivered again (a retry, a
-reclaim) passes and a copy of it under a new entry is a replay.
+The replay guard records the first use of each submitter nonce (``Keys.nonce``) with ``SET NX GET`` (one
+atomic command): the value names the job id and stream entry that used it, so the same job delivered again (a
+retry, a reclaim, a preempted job resumed) passes and a copy of it under a new entry is a replay;
+``fstream reconcile --repair`` moves the binding when it re-enqueues a job under a new entry.
 """
 
 from __future__ import annotations
@@ -72,14 +73,16 @@ class AuditLog:
         return out
 
 
-def first_use(client: Any, keys: Keys, submitter: str, nonce: str, binding: str, ttl_s: float) -> str | None:
-    """Record that ``binding`` (``"<job id> <entry id>"``) used this nonce; returns the binding of an earlier,
-    different use (a replay), or None when this is the first use or the same job delivered again."""
-    key = keys.nonce(submitter, nonce)
-    if client.set(key, binding, nx=True, ex=max(1, int(ttl_s))):
-        return None
-    previous = client.get(key)
-    if previous is None:  # expired between the two calls: the job is too old anyway; record it now
-        client.set(key, binding, ex=max(1, int(ttl_s)))
-        return None
-    return None if previous == binding else str(previous)
+def first_use(client: Any, keys: Keys, submitter: str, nonce: str, binding: str, ttl_s: float) -> tuple[str, str]:
+    """Record that ``binding`` (``"<job id> <entry id>"``) uses this nonce, in one ``SET NX GET``.
+
+    Returns ``("first", "")`` on the first use, ``("again", "")`` when the same job is delivered again (its
+    expiry is renewed: a long stream keeps its record), or ``("replay", <the earlier binding>)``."""
+    key, ttl = keys.nonce(submitter, nonce), max(1, int(ttl_s))
+    previous = client.set(key, binding, nx=True, get=True, ex=ttl)
+    if previous is None:
+        return "first", ""
+    if previous == binding:
+        client.expire(key, ttl)
+        return "again", ""
+    return "replay", str(previous)

@@ -53,6 +53,16 @@ return {'requeued', new}
 """
 
 
+def _rebind_nonce(client: Any, keys: Any, job_id: str, entry_id: str) -> None:
+    """A signed job re-enqueued under a new entry is the same job, not a replay: move its nonce's binding
+    (``bus.audit.first_use``) to the new entry, if an agent recorded one (``XX``), keeping its expiry."""
+    from fstream_provider.model.signing import JobAuth
+
+    auth = JobAuth.from_json(client.hget(keys.job(job_id), "auth"))
+    if auth is not None:
+        client.set(keys.nonce(auth.submitter, auth.nonce), f"{job_id} {entry_id}", xx=True, keepttl=True)
+
+
 @dataclass
 class Finding:
     """One inconsistency on the bus.
@@ -211,7 +221,9 @@ def reconcile(store: JobStore, *, repair: bool = False, dest_root: str | None = 
                             keys.agent(worker or "-")],
                       args=[f.job_id, now_text(), store.events_maxlen, f"reconcile: {f.kind}: {f.detail}"])
         f.repaired = f"re-enqueued as entry {out[1]}" if out[0] == "requeued" else None
-        if out[0] != "requeued":
+        if out[0] == "requeued":
+            _rebind_nonce(client, keys, f.job_id, str(out[1]))
+        else:
             f.detail += f" (not re-enqueued: {out[0]} now)"
 
     on_board = set(client.hkeys(keys.sched_tasks()))  # admitted to the agents' scheduler: entry acknowledged

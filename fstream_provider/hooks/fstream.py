@@ -78,7 +78,7 @@ class FStreamSettings:
                              "extra and its key ('submitter_secret', or 'submitter_key_file'); agents refuse "
                              "unsigned jobs")
         if self.submitter_secret:
-            return Signer(self.submitter, self.submitter_secret.encode())
+            return Signer(self.submitter, self.submitter_secret.strip().encode())  # as key files are read
         return Signer.from_file(self.submitter, self.submitter_key_file)
 
 

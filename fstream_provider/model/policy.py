@@ -102,7 +102,7 @@ def _check(policy: PolicyFile) -> list[tuple[str, Any, str]]:
         except ValueError as exc:
             problems.append((f"agent.{name}", getattr(a, name), str(exc)))
     for key_id, entry in policy.keyring().items():
-        if not KEY_ID.match(key_id):
+        if not KEY_ID.fullmatch(key_id):
             problems.append((f"agent.keys.{key_id}", key_id, "a key id is 1-64 letters, digits, '.', '_' or '-'"))
         if not (entry.secret_file or entry.tls_cert):
             problems.append((f"agent.keys.{key_id}", entry.model_dump(exclude_none=True),
@@ -118,8 +118,8 @@ def _check(policy: PolicyFile) -> list[tuple[str, Any, str]]:
         for i, root in enumerate(sub.roots):
             if not os.path.isabs(root):
                 problems.append((f"submitters.{name}.roots[{i}]", root, "a root must be an absolute path"))
-        for k in sub.keys:
-            if k not in a.keys:
+        for k in sub.keys:  # "default" may come from `fstream agent --secret-file`; a job needing it is refused without
+            if k not in a.keys and k != "default":
                 problems.append((f"submitters.{name}.keys", k, "not a key of [agent.keys]"))
     return problems
 

@@ -3,10 +3,10 @@
 Anyone who can write to the Redis bus can add a job; an agent acts only on jobs a configured
 submitter signed. The tag is HMAC-SHA256, under the submitter's key, of
 
-    ``fstream-job-v1 | namespace | job id | submitter | timestamp | nonce | spec JSON``
+    ``["fstream-job-v1", namespace, job id, submitter, timestamp, nonce, spec JSON]``
 
-(newline-separated; the spec is the exact JSON string stored on the job, so nothing is
-re-serialised before it is checked). Binding the namespace and job id means a signed job cannot be
+(a JSON array, so fields cannot run into each other; the spec is the exact JSON string stored on
+the job, so nothing is re-serialised before it is checked). Binding the namespace and job id means a signed job cannot be
 copied under another id or into another namespace; the timestamp bounds how long a signed job
 stays valid and the nonce, recorded by the agent on first use (``fstream_provider.bus.audit``),
 makes a second delivery of a copied job a replay. The signature is the submitter's statement of
@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import secrets
@@ -28,14 +29,16 @@ from pathlib import Path
 from fstream_provider.model.keyfile import read_key_file
 from fstream_provider.model.statedir import state_dir
 
-VERSION = b"fstream-job-v1"
+VERSION = "fstream-job-v1"
 NONCE_BYTES = 16
-SUBMITTER_ID = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+SUBMITTER_ID = re.compile(r"[A-Za-z0-9._@-]{1,64}")  # fullmatch: "$" would admit a trailing newline
+NONCE = re.compile(r"[0-9a-f]{%d}" % (2 * NONCE_BYTES))
+TAG = re.compile(r"[0-9a-f]{64}")
 
 
 def check_submitter_id(value: str) -> str:
     """A submitter id: 1-64 of letters, digits and ``._@-``; ``ValueError`` naming the value otherwise."""
-    if not isinstance(value, str) or not SUBMITTER_ID.match(value):
+    if not isinstance(value, str) or not SUBMITTER_ID.fullmatch(value):
         raise ValueError(f"submitter id {value!r}: use 1-64 letters, digits, '.', '_', '@' or '-'")
     return value
 
@@ -65,16 +68,19 @@ class JobAuth:
             return None
         try:
             d = json.loads(text)
-            auth = cls(submitter=str(d["submitter"]), ts=float(d["ts"]), nonce=str(d["nonce"]), tag=str(d["tag"]))
+            auth = cls(submitter=d["submitter"], ts=float(d["ts"]), nonce=d["nonce"], tag=d["tag"])
         except (ValueError, TypeError, KeyError):
             return None
+        fields = (auth.submitter, auth.nonce, auth.tag)
+        if (not all(isinstance(f, str) for f in fields) or not SUBMITTER_ID.fullmatch(auth.submitter)
+                or not NONCE.fullmatch(auth.nonce) or not TAG.fullmatch(auth.tag) or not math.isfinite(auth.ts)):
+            return None  # anything else could not have come from Signer.sign (and must not reach hmac or Redis)
         return auth
 
 
 def canonical(namespace: str, job_id: str, submitter: str, ts: float, nonce: str, spec_json: str) -> bytes:
-    """The bytes the tag covers."""
-    return b"\n".join([VERSION, namespace.encode(), job_id.encode(), submitter.encode(), repr(float(ts)).encode(),
-                       nonce.encode(), spec_json.encode()])
+    """The bytes the tag covers: a JSON array, so no field can run into the next whatever it contains."""
+    return json.dumps([VERSION, namespace, job_id, submitter, repr(float(ts)), nonce, spec_json]).encode()
 
 
 def _tag(key: bytes, message: bytes) -> str:
@@ -108,6 +114,8 @@ class Signer:
     def sign(self, namespace: str, job_id: str, spec_json: str, *, now: float | None = None,
              nonce: str | None = None) -> JobAuth:
         ts = float(time.time() if now is None else now)
+        if not math.isfinite(ts):
+            raise ValueError(f"sign: time {ts!r} is not a finite number")
         nonce = nonce or secrets.token_hex(NONCE_BYTES)
         return JobAuth(self.submitter, ts, nonce,
                        _tag(self.key, canonical(namespace, job_id, self.submitter, ts, nonce, spec_json)))

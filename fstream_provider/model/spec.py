@@ -28,7 +28,7 @@ TCP_BUFFER_MIN, TCP_BUFFER_MAX = 4096, 2**30
 # scheduler read it again: issue #11.)
 RETIRED_FIELDS: tuple[str, ...] = ()
 PRIORITY_CLASSES = ("interactive", "batch")
-KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # a key's id in agents' and receivers' keyrings
+KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # fullmatch  # a key's id in agents' and receivers' keyrings
 # User-facing option names (``from_options``) that are converted into a spec field.
 RATE_OPTIONS = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
 DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",
@@ -172,7 +172,7 @@ class TransferSpec(BaseModel):
     @field_validator("key")
     @classmethod
     def _key(cls, v: str | None) -> str | None:
-        if v is not None and not KEY_ID.match(v):
+        if v is not None and not KEY_ID.fullmatch(v):
             raise ValueError(f"key {v!r}: a key id is 1-64 letters, digits, '.', '_' or '-'")
         return v
 

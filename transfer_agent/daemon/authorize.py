@@ -7,8 +7,9 @@ was configured with (``fstream_provider.model.policy``), for a submitter who sig
 
 1. the stored spec is a valid transfer spec;
 2. it carries a signature envelope, from a submitter this agent knows, whose tag verifies over the job as
-   stored (namespace, job id, spec JSON), signed within ``max_job_age`` (and not in the future beyond
-   ``clock_skew``), and whose nonce no other job used (``fstream_provider.bus.audit.first_use``);
+   stored (namespace, job id, spec JSON), not signed in the future beyond ``clock_skew``, whose nonce no
+   other job used (``fstream_provider.bus.audit.first_use``), and, when it is first taken, signed within
+   ``max_job_age`` (a redelivery of a job taken in time — a retry, a reclaim, a resumed preemption — passes);
 3. it names no file on the agent's host for keys (``secret_file``, ``tls_*``): keys are referred to by id,
    and the id must be one the submitter may use and the agent holds;
 4. its destination matches the agent's and the submitter's destination rules (receiver and path prefix);
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fstream_provider.bus.audit import first_use
+from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.keys import Keys
 from fstream_provider.model.policy import KeyEntry, PolicyFile, load_policy
 from fstream_provider.model.signing import JobAuth, verify
@@ -136,6 +138,7 @@ class Guard:
 
     def __init__(self, *roots: SourceRoots) -> None:
         self.roots = roots
+        self._dirs: dict[str, RefusedError | None] = {}  # directory -> its refusal, None when within the roots
 
     def check_path(self, path: str) -> None:
         for r in self.roots:
@@ -148,18 +151,29 @@ class Guard:
     def admit(self, files: list[Any], refused: Any) -> list[Any]:
         """The listed files (``SrcFile``) that may be sent; ``refused(file, error)`` is called for each other.
 
-        A listed file that is a symbolic link is resolved here, so a link pointing out fails before its OPEN.
-        Other files are left to ``check_fd`` at open, the check that counts (it also catches a directory
-        swapped for a link after the listing): resolving every file here cost ~8 µs CPU each (``fstream
-        bench authz``), an ``lstat`` ~1."""
-        out = []
+        Each file's directory is resolved once (a glob match or a walked directory reached through a link that
+        points out is refused with all its files: nothing in it is opened), and each file that is itself a
+        link. Other files are left to ``check_fd`` at open, the check that counts (it also catches a swap
+        after the listing): resolving every file here cost ~8 µs CPU each (``fstream bench authz``)."""
+        out, dirs = [], self._dirs
         for sf in files:
             try:
+                d = os.path.dirname(sf.src)
+                if d not in dirs:
+                    try:
+                        self.check_path(d)
+                        dirs[d] = None
+                    except RefusedError as exc:
+                        dirs[d] = exc
+                if dirs[d] is not None:
+                    raise RefusedError(f"{sf.src}: in {dirs[d]}")
                 if os.path.islink(sf.src):
                     self.check_path(sf.src)
                 out.append(sf)
             except RefusedError as exc:
                 refused(sf, exc)
+        if len(dirs) > 10_000:
+            dirs.clear()
         return out
 
 
@@ -186,6 +200,10 @@ class Authorizer:
             return self._decide(job_id, entry_id, spec, spec_json, auth_json, invalid)
         except _Refused as r:
             return Decision(False, f"refused: job {job_id}: {r.reason}", r.submitter)
+        except REDIS_UNREACHABLE:
+            raise  # not a decision: the job stays pending and is decided when Redis is back
+        except Exception as exc:  # noqa: BLE001 - fail closed: whatever went wrong, the job is not run
+            return Decision(False, f"refused: job {job_id}: the decision failed ({type(exc).__name__}: {exc})")
 
     def _decide(self, job_id: str, entry_id: str, spec: TransferSpec | None, spec_json: str, auth_json: str,
                 invalid: str) -> Decision:
@@ -201,16 +219,16 @@ class Authorizer:
             raise _Refused(f"wrong signature for submitter {auth.submitter!r} (the job was altered after it was "
                            "signed, copied under another id, or signed with another key)", auth.submitter)
         now = self.clock()
-        if auth.ts < now - pol.max_job_age_s:
-            raise _Refused(f"signed {now - auth.ts:.0f} s ago, longer than this agent's max job age "
-                           f"({pol.max_job_age_s:.0f} s)", auth.submitter)
         if auth.ts > now + pol.clock_skew_s:
             raise _Refused(f"signed {auth.ts - now:.0f} s in the future (clock skew allowed "
                            f"{pol.clock_skew_s:.0f} s)", auth.submitter)
-        earlier = first_use(self.client, self.keys, auth.submitter, auth.nonce, f"{job_id} {entry_id}",
-                            pol.max_job_age_s + pol.clock_skew_s)
-        if earlier is not None:
+        use, earlier = first_use(self.client, self.keys, auth.submitter, auth.nonce, f"{job_id} {entry_id}",
+                                 pol.max_job_age_s + pol.clock_skew_s)
+        if use == "replay":
             raise _Refused(f"replayed: its nonce was already used by job {earlier.split()[0]}", auth.submitter)
+        if use == "first" and auth.ts < now - pol.max_job_age_s:  # a redelivery of a job taken in time may be old
+            raise _Refused(f"signed {now - auth.ts:.0f} s ago, longer than this agent's max job age "
+                           f"({pol.max_job_age_s:.0f} s)", auth.submitter)
         if spec is None:
             raise _Refused(invalid or "the job's spec is not a valid transfer spec", auth.submitter)
         named = [f"{f}={getattr(spec, f)!r}" for f in KEY_FILE_FIELDS if getattr(spec, f)]
@@ -233,6 +251,10 @@ class Authorizer:
         for source in spec.sources:
             if "://" in source:
                 raise _Refused(f"source {source!r}: remote sources are not served by agents", auth.submitter)
+            if ".." in source.split("/"):  # the sender lists by text (abspath drops `link/..`): name the tree itself
+                raise _Refused(f"source {source!r}: a '..' component is not accepted in a job's source (the "
+                               "listing would not follow the links the check follows); name the directory",
+                               auth.submitter)
             for r in roots:
                 try:
                     r.check_source(source)

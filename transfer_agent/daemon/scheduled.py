@@ -21,6 +21,7 @@ from __future__ import annotations
 import socket
 import time
 
+from fstream_provider.bus.job_state import TERMINAL_STATES
 from fstream_provider.bus.sched_board import Decision
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.daemon.jobrun import JobRun
@@ -77,42 +78,49 @@ class SchedulingMixin:
     def _admit(self, entry_id: str, fields: dict | None) -> None:
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
         job_id = (fields or {}).get("job_id")
-        job = self._store.get(job_id) if job_id else None
-        if job is None or job.terminal:
+        state, worker, created = (self._client.hmget(self.keys.job(job_id), "state", "worker", "created_at")
+                                  if job_id else (None, None, None))
+        if not state or state in TERMINAL_STATES:
             self._client.xack(stream, group, entry_id)
             self.log.info("entry %s: %s; acknowledged", entry_id,
-                          f"job {job_id} already {job.state}" if job else "no job state")
+                          f"job {job_id} already {state}" if state else "no job state")
             return
-        if job.state == "running" and job.worker and self._client.exists(self.keys.agent(job.worker)):
+        if state == "running" and worker and self._client.exists(self.keys.agent(worker)):
             # a live agent without the scheduler runs it: not ours to queue (a dead one's is admitted below;
             # the next claim raises the attempt and fences it out)
             self.log.warning("job %s (entry %s) is running on %s outside the scheduler; left alone", job_id,
-                             entry_id, job.worker)
+                             entry_id, worker)
             return
-        if self._board.task(job_id) is None and not self._admissible(job_id, entry_id):
+        if self._board.task(job_id) is not None:
+            self._client.xack(stream, group, entry_id)  # on the board already (as admit would)
             return
-        src, dst = task_ends(job.spec)
-        size, why = task_size(job.spec)
-        if self._board.admit(job_id, entry_id, src=src, dst=dst, size=size, klass=job.spec.priority_class,
-                             arrival=job.created_at):
+        spec = self._admissible(job_id, entry_id)
+        if spec is None:
+            return
+        src, dst = task_ends(spec)
+        size, why = task_size(spec)  # the spec the policy accepted, not a copy read before or after
+        if self._board.admit(job_id, entry_id, src=src, dst=dst, size=size, klass=spec.priority_class,
+                             arrival=float(created or 0)):
             self.counters["admitted"] += 1
             self.log.info("job %s: waiting for the scheduler (%s -> %s, %.0f MB, %s)%s", job_id, src, dst,
-                          size / 1e6, job.spec.priority_class, f"; {why}" if why else "")
+                          size / 1e6, spec.priority_class, f"; {why}" if why else "")
 
-    def _admissible(self, job_id: str, entry_id: str) -> bool:
-        """A job the policy refuses never reaches the board (whose size estimate lists the sources): it is
-        claimed and dead-lettered at once, with the reason."""
+    def _admissible(self, job_id: str, entry_id: str) -> TransferSpec | None:
+        """The job's spec if the policy accepts it; a job it refuses never reaches the board (whose size
+        estimate lists the sources): it is claimed and dead-lettered at once, with the reason (None)."""
         spec_json, auth = self._client.hmget(self.keys.job(job_id), "spec", "auth")
         try:
             spec = TransferSpec.from_json(spec_json or "")
         except ValueError:
             spec = None
-        if self.authorizer.decide(job_id, entry_id, spec, spec_json or "", auth or "").accepted:
-            return True
+        first = self.authorizer.decide(job_id, entry_id, spec, spec_json or "", auth or "")
+        if first.accepted:
+            return spec
         claim = self._store.claim(job_id, entry_id, worker=self.name, max_deliveries=self.max_deliveries)
-        if claim.outcome == "claimed":
-            self._authorize(job_id, entry_id, claim)  # refuses it again, audited and dead-lettered
-        return False
+        if claim.outcome == "claimed" and self._authorize(job_id, entry_id, claim) is not None:
+            # accepted on the second look (a key file fixed meanwhile): give it back for the next admission
+            self._store.release(job_id, claim.attempt, f"agent {self.name}: policy decision changed while admitting")
+        return None
 
     def _note_decision(self, d: Decision) -> None:
         """The cycle's decisions this agent wrote: its start, the preemptions for it, changed concurrency."""

@@ -89,7 +89,9 @@ class ControlSession:
     def open(self, sf: SrcFile) -> InFlight:
         """Open the source, send OPEN, start its checksum; the reply arrives asynchronously."""
         try:
-            fd = os.open(sf.src, os.O_RDONLY | os.O_CLOEXEC)
+            # under an agent's guard, O_NONBLOCK: a FIFO swapped in after the listing must not block the open before
+            # the guard refuses it (regular files ignore the flag)
+            fd = os.open(sf.src, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if self.guard is not None else 0))
         except FileNotFoundError:
             raise SourceVanishedError(f"{sf.src}: source vanished before it was sent (renamed or deleted)") from None
         except OSError as exc:

@@ -119,8 +119,9 @@ class SourceRoots:
                                     f"(this agent's source roots: {self.describe()})")
         try:
             return os.path.realpath(name if literal is None else literal)
-        except ValueError:  # embedded NUL: no file has that name
-            raise OutsideRootsError(f"{what} {name!r} refused: contains a NUL byte") from None
+        except ValueError:  # an embedded NUL or an unencodable character: no file has that name
+            raise OutsideRootsError(f"{what} {name!r} refused: not a valid path (a NUL byte or an "
+                                    "unencodable character)") from None
 
     def check_source(self, source: str) -> str:
         """Refuse a job's source (file, directory or glob) unless its literal part resolves within a root.

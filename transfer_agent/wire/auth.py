@@ -242,12 +242,17 @@ def server_handshake(sock: socket.socket, secret: bytes | None = None, tls: bool
         msg = f"malformed HELLO: key is not a key id ({KEY_ID_RULE})"
         _refuse(writer, "protocol", msg)
         raise ProtocolError(msg)
+    unknown = False
     try:
         secret = secret_for(key_id)
     except KeyError:
-        msg = f"authentication failed: unknown key {key_id!r}"
-        _refuse(writer, "auth", msg)
-        raise AuthError(f"{peer}: {msg}") from None
+        if not hmac_required:
+            msg = f"authentication failed: unknown key {key_id!r}"
+            _refuse(writer, "auth", msg)
+            raise AuthError(f"{peer}: {msg}") from None
+        # a decoy secret: before authenticating, an unknown key id looks exactly like a wrong secret, so the key
+        # ids a receiver holds cannot be enumerated
+        unknown, secret = True, secrets.token_bytes(32)
     if secret is None and hmac_required:  # a key without a secret on a receiver that requires one: fail closed
         msg = f"authentication failed: key {key_id!r} has no shared secret on this receiver"
         _refuse(writer, "auth", msg)
@@ -274,11 +279,11 @@ def server_handshake(sock: socket.socket, secret: bytes | None = None, tls: bool
     _t, auth = expect(sock, Frame.AUTH, max_control=PRE_AUTH_MAX_CONTROL)
     if secret is not None:
         proof = auth.get("proof")
-        if not isinstance(proof, str) or not hmac.compare_digest(
+        if unknown or not isinstance(proof, str) or not hmac.compare_digest(
                 proof, _proof(secret, b"client", c_nonce, s_nonce, transcript)):
             msg = (f"authentication failed: wrong shared secret for key {key_id!r}" if proof else
                    "authentication failed: no proof of the shared secret (this receiver requires one)")
             _refuse(writer, "auth", msg)
-            raise AuthError(f"{peer}: {msg}")
+            raise AuthError(f"{peer}: {msg}" + (" (no such key on this receiver)" if unknown else ""))
         keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt)
     return Handshake(hello, keys, ControlLink(sock, keys, client=False, peer=f"sender {peer}"), key_id=key_id)
