@@ -158,6 +158,7 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
         same = all(_sha(p) == _sha(landed / p.name) for p in run_dir.glob("*.xtc"))
         out(f"DAG run succeeded in {time.monotonic() - t0:.1f} s: {report['files']} files, "
             f"{report['verified_files']} verified, byte-identical at the destination: {'yes' if same else 'NO'}")
+        report["plot"] = _draw_plot(redis_url, report["job_id"], work / "plot.png")  # no UI here: draw it now
         out(f"plot: {report['plot']}")
         out(f"full Airflow output: {work / 'dag-test.log'}")
         return report
@@ -177,3 +178,24 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _draw_plot(redis_url: str, job_id: str, path: Path) -> str | None:
+    """The job's plot from its events (what the provider's Airflow plugin draws when the UI asks for it)."""
+    from fstream_provider.bus.client import connect
+    from fstream_provider.bus.jobs import JobStore
+    from fstream_provider.model.plot import plot_png
+    from fstream_provider.model.tasklog import intervals_from_events
+
+    client = connect(redis_url)
+    try:
+        store = JobStore(client)
+        job = store.get(job_id)
+        data = plot_png(intervals_from_events(store.events(job_id, count=100_000)),
+                        job.spec.target_throughput_bps if job else None, title=f"FStream job {job_id}")
+    finally:
+        client.close()
+    if not data:
+        return None
+    path.write_bytes(data)
+    return str(path)

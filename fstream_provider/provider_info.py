@@ -29,28 +29,68 @@ def docs_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "docs" / "airflow"
 
 
-def _string(label: str, description: str, **schema: Any) -> dict[str, Any]:
+EXTRA_PLACEHOLDERS: dict[str, str] = {
+    "url": "redis+sentinel://h1:26379,h2:26379/mymaster",
+    "submitter": "lcls-daq",
+    "submitter_key_file": "/etc/fstream/submitters/lcls-daq.key",
+    "key": "default",
+    "namespace": "fstream",
+    "agent_group": "agents",
+}
+"""An example value of each free-text extra field, shown where Airflow 3.3's UI can show one.
+
+The React connection form (``airflow/ui/dist``, ``FieldString``) gives an extra field no placeholder of
+the provider's: it reads neither ``ui-field-behaviour`` placeholders (the api-server's ``hook_meta`` keeps
+those for the six standard fields only) nor a ``placeholder`` in the schema. What it does show is the
+field's ``description`` under the input and its ``schema.examples`` as the input's suggestion list (with
+the placeholder "Start typing to see options"); so the example goes to both.
+"""
+
+
+def _string(name: str, label: str, description: str, *, default: str | None = "", **schema: Any) -> dict[str, Any]:
+    """A free-text extra field, optional (``null`` in its type: Airflow's form marks a field required unless
+    its type allows ``null``), with its example (``EXTRA_PLACEHOLDERS``) as ``examples`` and in the help text.
+
+    ``default`` is what the UI pre-fills into the Extra Fields JSON and saves unless the user changes it
+    (``""`` by default: a field without a default is pre-filled, and saved, as ``null``). ``None`` leaves the
+    default out, for the masked field: the api-server redacts a non-null default of a sensitive-named
+    field to ``"***"``, which the UI would then pre-fill and save as the key.
+    """
+    if example := EXTRA_PLACEHOLDERS.get(name):
+        schema["examples"] = [example]
+        if example != default:  # the field shows its default already
+            description = f"{description} Example: {example}"
+    if default is not None:
+        schema["default"] = default
     return {"label": label, "description": description, "schema": {"type": ["string", "null"], **schema}}
 
 
 CONN_FIELDS: dict[str, dict[str, Any]] = {
-    "url": _string("Redis URL", "A full Redis URL (redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/"
-                   "mymaster); overrides host, port, login, password and database above.", format="url"),
-    "submitter": _string("Submitter id", "The identity the agents know this connection by; every job submitted "
-                         "through it is signed with this submitter's key (agents refuse unsigned jobs)."),
-    "submitter_secret": _string("Submitter key", "The submitter's key itself (at least 16 bytes); Airflow masks "
-                                "it. Or give 'Submitter key file' instead.", format="password"),
-    "submitter_key_file": _string("Submitter key file", "Path, on the Airflow workers and triggerer, of a 0600 file "
-                                  "holding the submitter's key (instead of the inline key)."),
-    "key": _string("Key id", "Id of the agents' keyring key the jobs authenticate to the receivers with (jobs "
-                   "never name key files on the agents' hosts).", default="default"),
-    "namespace": _string("Key namespace", "Prefix of every FStream key on this Redis (several deployments can "
-                         "share one server).", default="fstream"),
-    "agent_group": _string("Agent group", "Name of the agent group on this bus (shown by Test connection)."),
+    "url": _string("url", "Redis URL", "A full Redis URL (redis://, rediss://, unix://, redis+sentinel://); "
+                   "overrides host, port, login, password and database above.", format="url"),
+    "submitter": _string("submitter", "Submitter id", "The identity the agents know this connection by; every "
+                         "job submitted through it is signed with this submitter's key (agents refuse unsigned "
+                         "jobs)."),
+    "submitter_secret": _string("submitter_secret", "Submitter key", "The submitter's key itself (at least 16 "
+                                "bytes); Airflow masks it. Or give 'Submitter key file' instead.", default=None,
+                                format="password"),
+    "submitter_key_file": _string("submitter_key_file", "Submitter key file", "Path, on the Airflow workers and "
+                                  "triggerer, of a 0600 file holding the submitter's key (instead of the inline "
+                                  "key)."),
+    "key": _string("key", "Key id", "Id of the agents' keyring key the jobs authenticate to the receivers with "
+                   "(jobs never name key files on the agents' hosts).", default="default"),
+    "namespace": _string("namespace", "Key namespace", "Prefix of every FStream key on this Redis (several "
+                         "deployments can share one server).", default="fstream"),
+    "agent_group": _string("agent_group", "Agent group", "Name of the agent group on this bus (shown by Test "
+                           "connection)."),
     "ssl": {"label": "Redis over TLS", "description": "Connect with rediss:// when host and port are given.",
             "schema": {"type": ["boolean", "null"], "default": False}},
 }
-"""The ``fstream`` connection's extra fields, in Airflow's ``conn-fields`` form (stored in ``Connection.extra``)."""
+"""The ``fstream`` connection's extra fields, in Airflow's ``conn-fields`` form (stored in ``Connection.extra``).
+
+Airflow 3.3's form pre-fills the Extra Fields JSON with every field's ``default`` (``null`` where there is
+none) and saves it as shown; the hook reads ``""`` and ``null`` alike as unset.
+"""
 
 UI_FIELD_BEHAVIOUR: dict[str, Any] = {
     "hidden-fields": [],
@@ -65,15 +105,11 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
         "host": "redis.example.org",
         "port": "6379",
         "schema": "0",
-        "url": "redis+sentinel://h1:26379,h2:26379/mymaster",
-        "submitter": "lcls-daq",
-        "submitter_key_file": "/etc/fstream/submitters/lcls-daq.key",
-        "key": "default",
-        "namespace": "fstream",
-        "agent_group": "agents",
+        **EXTRA_PLACEHOLDERS,
     },
 }
-"""Relabels and placeholders of the standard connection form fields (``ui-field-behaviour``)."""
+"""Relabels and placeholders of the connection form (``ui-field-behaviour``). Airflow 3.3's React form shows the
+placeholders of the standard fields only; the extra fields' reach it as ``examples`` (``EXTRA_PLACEHOLDERS``)."""
 
 
 def provider_info(version: str) -> dict[str, Any]:

@@ -57,6 +57,15 @@ def test_asset_pipeline_is_driven_by_the_new_files_event_trigger(dagbag):
     assert isinstance(watcher.trigger, FStreamNewFilesTrigger)
 
 
+def test_no_example_starts_work_nobody_asked_for(dagbag):
+    """Issue 31: unpausing a cron-scheduled example started a run at once that sat deferred waiting for files.
+    Each example runs when triggered (no schedule) or when its files arrive (an asset's watcher)."""
+    for dag_id in EXPECTED:
+        timetable = dagbag.dags[dag_id].timetable
+        kind = type(timetable).__name__
+        assert kind == "NullTimetable" or getattr(timetable, "asset_condition", None) is not None, (dag_id, kind)
+
+
 def test_every_example_docstring_explains_the_connection():
     assert any(n.endswith(".py") for n in os.listdir(EXAMPLES)), EXAMPLES
     for name in os.listdir(EXAMPLES):

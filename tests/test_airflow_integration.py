@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import pytest
 
@@ -28,6 +29,7 @@ from transfer_agent.receiving.receiver import Receiver  # noqa: E402
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 import authkit  # noqa: E402
+from airflowkit import api_server, browser_page, http, token  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = b"fstream-airflow-test-secret-0123456789"
@@ -41,7 +43,7 @@ dag_id, conf = sys.argv[1], json.loads(sys.argv[2])
 bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
 assert not bag.import_errors, bag.import_errors
 dr = bag.dags[dag_id].test(run_conf=conf)
-out = {"state": str(dr.state), "tis": {}, "xcom": {}}
+out = {"state": str(dr.state), "run_id": dr.run_id, "tis": {}, "xcom": {}}
 with create_session() as s:
     for ti in dr.get_task_instances(session=s):
         out["tis"][ti.task_id] = str(ti.state)
@@ -118,11 +120,11 @@ def _run_dag(env: dict, dag_id: str, conf: dict, timeout: float = 240) -> tuple[
     return json.loads(m.group(1)), text
 
 
-def test_dag_test_transfer_example_moves_verified_files(airflow_env, redis_url, secret_file, receiver, agent,
+def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_plot(airflow_env, redis_url, secret_file, receiver, agent,
                                                         tmp_path):
     src = _dataset(tmp_path / "src")
     env = dict(airflow_env, AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-               + "?" + authkit.conn_query())
+               + "?" + authkit.conn_query(), AIRFLOW__API__BASE_URL="http://airflow.example:8080/")
     conf = {"source": str(tmp_path / "src"), "destination": f"fstream://127.0.0.1:{receiver.port}/landed",
             "target_throughput": "800Mbps"}
     out, log = _run_dag(env, "fstream_transfer_example", conf)
@@ -137,8 +139,52 @@ def test_dag_test_transfer_example_moves_verified_files(airflow_env, redis_url, 
     # The task log an operator reads: interval lines, the summary table, the plot path.
     assert re.search(r"t=\s*\d+\.\ds\s+[\d.]+ [kMG]?bit/s \(target 800\.00 Mbit/s", log), log[-3000:]
     assert "| files" in log and "verified " + str(len(src)) in log
+    # The plot (issue 31): not drawn by the finishing task (no plot_dir), but served by the provider's plugin;
+    # the extra link and the log name its absolute URL, not a path the UI would take for one of its routes.
     plot = report["plot"]
-    assert plot and plot in log and Path(plot).read_bytes()[:4] == b"\x89PNG"
+    run_id = quote(out["run_id"], safe="")
+    assert plot == f"http://airflow.example:8080/fstream/plot/fstream_transfer_example/{run_id}/transfer/-1.png"
+    assert plot in log and out["xcom"]["transfer:_link_FStreamPlotLink"] == plot
+    assert out["xcom"]["transfer:fstream_conn_id"] == "fstream_default"
+    assert not list((Path(airflow_env["FSTREAM_STATE_DIR"]) / "plots").rglob("*.png"))
+    # ... and the api-server's plugin draws it when asked, behind Airflow's auth
+    with api_server(env) as base:
+        path = f"/fstream/plot/fstream_transfer_example/{run_id}/transfer/-1.png"
+        assert http(base + path)[0] in (401, 403)  # no token: refused
+        tok = token(base)
+        status, ctype, body = http(base + path, tok)
+        assert (status, ctype, body[:4]) == (200, "image/png", b"\x89PNG"), body[:300]
+        status, ctype, body = http(base + f"/fstream/page/fstream_transfer_example/{run_id}/transfer/%7BMAP_INDEX%7D",
+                                   tok)  # an unmapped task: the UI leaves {MAP_INDEX} as it is
+        assert status == 200 and f'src="{path}"' in body.decode(), body[:500]
+        status, _, body = http(base + f"/fstream/plot/fstream_transfer_example/{run_id}/nope/-1.png", tok)
+        assert status == 404 and "has no FStream job" in body.decode()
+        assert http(base + "/fstream/docs/index.md")[0] in (401, 403)  # the docs the Providers page links
+        status, ctype, body = http(base + "/fstream/docs/index.md", tok)
+        assert status == 200 and ctype.startswith("text/html") and "<h1>" in body.decode() and "FStream" in body.decode()
+        assert http(base + "/fstream/docs/img/transfer-plot-tab.png", tok)[2][:4] == b"\x89PNG"
+        assert http(base + "/fstream/docs/..%2Fsecret", tok)[0] == 404
+        plugins = json.loads(http(base + "/api/v2/plugins", tok)[2])["plugins"]
+        (ours,) = [p for p in plugins if p["name"] == "fstream"]
+        assert ours["external_views"][0]["destination"] == "task_instance"
+        assert ours["external_views"][0]["href"] == "/fstream/page/{DAG_ID}/{RUN_ID}/{TASK_ID}/{MAP_INDEX}"
+        # in a real browser: the task instance's "Transfer plot" tab shows the drawn plot, on the task page
+        with browser_page(base, tok) as page:
+            ti_url = f"{base}/dags/fstream_transfer_example/runs/{run_id}/tasks/transfer"
+            page.goto(ti_url)
+            try:
+                page.get_by_text("Transfer plot", exact=True).click(timeout=15_000)
+                img = page.frame_locator("iframe").locator("img#plot")
+                img.wait_for(timeout=30_000)
+            except Exception:
+                page.screenshot(path="/tmp/x/ui.png", full_page=True)
+                raise
+            page.wait_for_function("() => [...document.querySelectorAll('iframe')].some(f => { const i = "
+                                   "f.contentDocument && f.contentDocument.querySelector('img#plot'); "
+                                   "return i && i.complete && i.naturalWidth > 0 })", timeout=30_000)
+            assert unquote(page.url).startswith(unquote(ti_url)) and "Page Not Found" not in page.content()
+            if os.environ.get("FSTREAM_DOCS_SCREENSHOTS"):  # docs/airflow/img/transfer-plot-tab.png
+                page.screenshot(path=os.path.join(os.environ["FSTREAM_DOCS_SCREENSHOTS"], "transfer-plot-tab.png"))
 
 
 class _TI:

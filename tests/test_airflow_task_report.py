@@ -105,7 +105,8 @@ def test_dag_test_report_logs_once_summarises_per_cluster_and_hands_files_downst
     plot = report["plot"]
     assert plot.startswith(str(tmp_path / "plots") + "/") and plot in log  # file:// plot_dir: shown as its path
     assert open(plot, "rb").read(4) == b"\x89PNG"
-    assert out["xcom"]["transfer:_link_FStreamPlotLink"] == plot == out["xcom"]["transfer:plot"]
+    assert plot == out["xcom"]["transfer:plot"]
+    assert out["xcom"]["transfer:_link_FStreamPlotLink"] == ""  # no absolute [api] base_url: no link that cannot work
 
     # 4. OpenLineage on the finished run: source files in, landed files out
     lineage = operator_lineage(report)
@@ -236,12 +237,20 @@ def test_plot_written_through_object_storage_file_and_memory(tmp_path):
         plot_location(" ", "d", "r", "t", "j")
 
 
-def test_plot_link_returns_the_plot_of_the_finished_run():
-    class Op:
-        _report = {"plot": "file:///srv/plots/d/r/t-j.png"}
+def test_plot_link_is_the_plugins_absolute_url_or_none(monkeypatch):
+    """Issue 31: the old link was a file path, which the UI took for one of its own routes (its 404 page)."""
+    from types import SimpleNamespace
 
-    assert FStreamPlotLink().get_link(Op(), ti_key=None) == "file:///srv/plots/d/r/t-j.png"
-    assert FStreamPlotLink().get_link(object(), ti_key=None) == ""  # deferred, no report yet
+    class Op:
+        _report = {"plot": "/srv/plots/d/r/t-j.png"}
+
+    key = SimpleNamespace(dag_id="d", run_id="manual__2026-01-01T00:00:00+00:00", task_id="t", map_index=-1)
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.org/")
+    assert (FStreamPlotLink().get_link(Op(), ti_key=key)
+            == "https://airflow.example.org/fstream/plot/d/manual__2026-01-01T00%3A00%3A00%2B00%3A00/t/-1.png")
+    assert FStreamPlotLink().get_link(object(), ti_key=key) == ""  # deferred, no report yet
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "/")
+    assert FStreamPlotLink().get_link(Op(), ti_key=key) == ""  # a bare path would open the UI's 404 page
 
 
 def test_lineage_datasets_name_source_host_and_receiver():

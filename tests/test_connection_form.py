@@ -1,7 +1,10 @@
 """The ``fstream`` connection form: what Airflow's UI gets for it, and that each field reaches the hook.
 
-The slow test starts a real api-server (private AIRFLOW_HOME, sqlite, simple auth manager with everyone an
-admin) and asks the endpoint the UI's connection form is built from, ``GET /ui/connections/hook_meta``.
+The slow tests start a real api-server (private AIRFLOW_HOME, sqlite, simple auth manager with everyone an
+admin) and ask the endpoint the UI's connection form is built from, ``GET /ui/connections/hook_meta``; what
+the React form makes of that answer is mirrored from the UI bundle Airflow 3.3.2 ships
+(``airflow/ui/dist/assets/index-*.js``), and, where Playwright and a Chromium are installed, seen in the form
+itself.
 """
 
 from __future__ import annotations
@@ -52,12 +55,96 @@ def test_each_form_field_reaches_the_hook_settings(field, value, attr, expected)
     assert getattr(settings_from_connection(_connection(**{field: value})), attr) == expected
 
 
-def test_an_empty_form_keeps_the_defaults():
-    """The UI stores empty fields as null (and ssl as false): that is host/port/db and namespace ``fstream``."""
+def _ui_extra_prefill(extra_fields: dict) -> dict:
+    """The Extra Fields JSON Airflow 3.3.2's Add Connection form pre-fills, and saves unless the user edits it.
+
+    Mirrored from ``airflow/ui/dist/assets/index-*.js`` (sources ``ConnectionForm.tsx``, ``FlexibleForm.tsx``,
+    ``useParamStore.ts``): the form hands ``hook_meta``'s ``extra_fields`` to ``FlexibleForm`` as
+    ``initialParamsDict``, which puts a ``structuredClone`` of it in the param store with ``setParamsDict``;
+    that sets ``conf = JSON.stringify(Object.fromEntries(Object.entries(paramsDict).map(([k, {value}]) =>
+    [k, value])), undefined, 2)``, and the form's ``extra`` follows ``conf``. So every field is a key, with its
+    ``value`` (the schema's ``default``, ``null`` without one); ``JSON.stringify`` drops only ``undefined``.
+    Clearing a text field later sets its value to ``null`` (``value = t === "" ? null : t``).
+    """
+    return {name: spec["value"] for name, spec in extra_fields.items() if "value" in spec}
+
+
+def _ui_string_input(spec: dict) -> dict:
+    """What the form's text input for an extra field shows (``FieldString`` in the same bundle): the placeholder
+    ``flexibleForm.placeholderExamples`` ("Start typing to see options") and a ``<datalist>`` of
+    ``schema.examples`` when there are examples, and under it the field's ``description`` (else
+    ``schema.description_md``). It reads no other placeholder: not ``schema.placeholder``, and the api-server
+    keeps ``ui-field-behaviour`` placeholders for the standard fields only (``_make_standard_fields``)."""
+    examples = spec["schema"].get("examples")
+    return {"placeholder": "Start typing to see options" if examples else None, "suggestions": examples or [],
+            "help": spec["description"] if spec.get("description") is not None else spec["schema"].get(
+                "description_md"), "value": spec["value"] if spec["value"] is not None else ""}
+
+
+def _local_extra_fields() -> dict:
+    """``extra_fields`` of ``hook_meta`` for ``fstream`` as the api-server builds it (no server needed)."""
+    import subprocess
+
+    code = ("import json; from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService as H; "
+            "print(json.dumps([m.model_dump(mode='json') for m in H.hook_meta_data() "
+            "if m.connection_type == 'fstream'][0]['extra_fields']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False"))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+PREFILL = {"url": "", "submitter": "", "submitter_secret": None, "submitter_key_file": "", "key": "default",
+           "namespace": "fstream", "agent_group": "", "ssl": False}
+"""The Extra Fields JSON of a new ``fstream`` connection: only the masked key is ``null`` (see
+``test_a_masked_field_cannot_have_a_non_null_default``)."""
+
+
+def _assert_the_form_shows_the_examples_and_prefills_no_null_but_the_key(fields: dict) -> None:
+    from fstream_provider.provider_info import EXTRA_PLACEHOLDERS
+
+    assert set(EXTRA_PLACEHOLDERS) <= set(fields)
+    for name, example in EXTRA_PLACEHOLDERS.items():
+        shown = _ui_string_input(fields[name])
+        assert shown["placeholder"] and shown["suggestions"] == [example], (name, shown)
+        assert example in shown["help"] or shown["value"] == example, (name, shown)  # always visible
+    assert _ui_extra_prefill(fields) == PREFILL
+    assert [name for name, spec in fields.items() if spec["value"] is None] == ["submitter_secret"]
+
+
+def test_the_form_shows_the_examples_and_prefills_no_null_but_the_key():
+    """``hook_meta`` as the api-server builds it in-process: each free-text field carries its example where the
+    form shows one, and the Extra Fields JSON the form computes from it holds no ``null`` but the masked key."""
+    _assert_the_form_shows_the_examples_and_prefills_no_null_but_the_key(_local_extra_fields())
+
+
+def test_a_masked_field_cannot_have_a_non_null_default():
+    """Why ``submitter_secret`` pre-fills ``null``: the api-server's ``ConnectionHookMetaData`` redacts any
+    non-null default of a sensitive-named extra field (``redact_extra_fields``), so an ``""`` default would
+    reach the form as ``"***"``, and the form would pre-fill and save that as the key."""
+    from airflow.api_fastapi.core_api.datamodels.connections import ConnectionHookMetaData
+
+    def served(default):
+        spec = {"value": default, "schema": {"type": ["string", "null"], "format": "password"}, "description": None,
+                "source": None}
+        meta = ConnectionHookMetaData(connection_type="fstream", hook_class_name=None, default_conn_name=None,
+                                      hook_name="FStream", standard_fields=None,
+                                      extra_fields={"submitter_secret": spec, "submitter": dict(spec)})
+        return {k: v["value"] for k, v in meta.extra_fields.items()}
+
+    assert served("") == {"submitter_secret": "***", "submitter": ""}
+    assert served(None) == {"submitter_secret": None, "submitter": None}
+
+
+@pytest.mark.parametrize("extra", [PREFILL, {f: None for f in EXTRA_FIELDS} | {"ssl": False}],
+                         ids=["as-prefilled", "all-cleared"])
+def test_an_empty_form_keeps_the_defaults(extra):
+    """An untouched form saves ``PREFILL``; a field the user cleared is saved as null (ssl as false): either way
+    that is host/port/db, namespace ``fstream`` and no submitter."""
     from fstream_provider.hooks.fstream import settings_from_connection
 
-    s = settings_from_connection(_connection(**{f: None for f in EXTRA_FIELDS} | {"ssl": False}))
-    assert (s.redis_url, s.namespace, s.agent_group, s.key) == ("redis://redis.example.org:6380/2", "fstream", None, None)
+    s = settings_from_connection(_connection(**extra))
+    assert (s.redis_url, s.namespace, s.agent_group) == ("redis://redis.example.org:6380/2", "fstream", None)
+    assert s.key in (None, "default")  # None: the agents' default key, which is named "default"
     assert (s.submitter, s.submitter_secret, s.submitter_key_file) == (None, None, None)
 
 
@@ -67,9 +154,11 @@ def _get(url: str, token: str | None = None):
         return json.loads(r.read())
 
 
-@pytest.fixture
-def api_server(tmp_path):
-    """A real ``airflow api-server`` on a free port; yields its base URL; stopped by its process group."""
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory):
+    """A real ``airflow api-server`` on a free port, shared by this module's tests; yields its base URL; stopped by
+    its process group."""
+    tmp_path = tmp_path_factory.mktemp("form")
     home, port = tmp_path / "airflow", free_port()
     home.mkdir()
     env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
@@ -128,6 +217,96 @@ def test_the_api_server_serves_the_fstream_form(api_server):
     standard = form["standard_fields"]  # the UI calls the schema field url_schema
     assert (standard["host"]["title"], standard["port"]["placeholder"], standard["url_schema"]["title"]) == (
         "Redis host", "6379", "Redis database")
+    _assert_the_form_shows_the_examples_and_prefills_no_null_but_the_key(fields)
+
+
+def _post(url: str, body: dict, token: str) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_a_connection_saved_as_the_form_saves_it_keeps_the_prefill_and_reaches_the_hook(api_server):
+    """Save what the untouched form sends (``addConnection`` in the UI bundle: ``extra`` is the JSON text as
+    shown, ``host`` what was typed; empty standard fields are left out) and read it back from the API: the
+    stored extra is the pre-fill, no ``null`` but the masked key, and the hook reads it as the defaults."""
+    from airflow.models.connection import Connection
+    from fstream_provider.hooks.fstream import settings_from_connection
+
+    token = _get(api_server + "/auth/token")["access_token"]
+    meta = {m["connection_type"]: m for m in _get(api_server + "/ui/connections/hook_meta", token)}
+    extra = json.dumps(_ui_extra_prefill(meta["fstream"]["extra_fields"]), indent=2)
+    _post(api_server + "/api/v2/connections", {"conn_type": "fstream", "connection_id": "fstream_saved_form",
+                                               "extra": extra, "host": "redis.example.org"}, token)
+    saved = _get(api_server + "/api/v2/connections/fstream_saved_form", token)
+    assert json.loads(saved["extra"]) == PREFILL
+    conn = Connection(conn_id="fstream_saved_form", conn_type="fstream", host=saved["host"], extra=saved["extra"])
+    s = settings_from_connection(conn)
+    assert (s.redis_url, s.namespace, s.key, s.submitter) == ("redis://redis.example.org:6379/0", "fstream",
+                                                              "default", None)
+
+
+@pytest.mark.slow
+def test_the_providers_api_gives_fstream_its_own_docs_url(api_server):
+    """``GET /api/v2/providers`` (what the Providers page links the package name to) names FStream's own docs."""
+    from test_provider_info import DOCS_URL
+
+    token = _get(api_server + "/auth/token")["access_token"]
+    providers = {p["package_name"]: p for p in _get(api_server + "/api/v2/providers", token)["providers"]}
+    assert providers["fstream"]["documentation_url"] == DOCS_URL
+
+
+def _browser():
+    """Playwright driving the system Chromium (its own browser download cannot work here), or skip."""
+    import shutil
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("no chromium binary")
+    return sync_api, chromium
+
+
+@pytest.mark.slow
+def test_the_add_connection_form_in_a_browser(api_server):
+    """The real form in Chromium: each free-text extra field offers its example (placeholder "Start typing to
+    see options", a datalist with the example, the example in the help text or as the value); Save posts the
+    pre-fill, no ``null`` but the masked key; the Providers page links ``fstream`` to its own docs."""
+    from fstream_provider.provider_info import EXTRA_PLACEHOLDERS
+    from test_provider_info import DOCS_URL
+
+    sync_api, chromium = _browser()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.goto(api_server + "/connections", wait_until="networkidle")
+            page.get_by_role("button", name="Add Connection").click()
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_role("combobox").first.fill("FStream")
+            page.keyboard.press("Enter")
+            dialog.locator("input[name=connection_id]").fill("fstream_browser_form")
+            dialog.locator("input[name=host]").fill("redis.example.org")
+            dialog.get_by_role("button", name="Extra Fields", exact=True).click()
+            for name, example in EXTRA_PLACEHOLDERS.items():
+                field = dialog.locator(f"#element_{name}")
+                assert field.get_attribute("placeholder") == "Start typing to see options", name
+                assert [o.get_attribute("value") for o in dialog.locator(f"#list_{name} option").all()] == [example]
+                shown = field.evaluate("e => e.closest('[data-part=root]').innerText")
+                assert example in shown or field.input_value() == example, (name, shown)
+            with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v2/connections")) as req:
+                dialog.get_by_role("button", name="Save").click()
+            posted = json.loads(req.value.post_data)
+            assert json.loads(posted["extra"]) == PREFILL, posted
+
+            page.goto(api_server + "/providers", wait_until="networkidle")
+            link = page.get_by_role("link", name="fstream", exact=True)
+            assert link.get_attribute("href") == DOCS_URL
+            assert link.evaluate("e => e.href") == f"{api_server}/{DOCS_URL}"
+        finally:
+            browser.close()
 
 
 def _form_hook(monkeypatch, redis_url: str, conn_id: str, **extra: str):

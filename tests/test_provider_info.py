@@ -156,3 +156,52 @@ def test_airflow_builds_the_fstream_form_from_provider_info_without_the_hook():
     placeholders = got["behaviour"]["placeholders"]
     assert (placeholders["extra__fstream__submitter"], placeholders["extra__fstream__submitter_key_file"],
             placeholders["extra__fstream__key"]) == ("lcls-daq", "/etc/fstream/submitters/lcls-daq.key", "default")
+
+
+DOCS_URL = "fstream/docs/index.md"
+"""Where the Providers page links FStream: relative, so the UI resolves it against its ``<base href>`` (the
+api-server's base URL path) to the how-to pages the provider's Airflow plugin serves under its mount."""
+
+
+def _setup_cfg_documentation_url() -> str:
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.cfg"))
+    urls = dict(line.split("=", 1) for line in cfg["metadata"]["project_urls"].strip().splitlines())
+    return {k.strip(): v.strip() for k, v in urls.items()}["Documentation"]
+
+
+def test_the_providers_page_links_fstream_to_its_own_docs(tmp_path):
+    """The Providers page (ui/dist: the package-name cell of the providers table) links a provider to the
+    ``documentation_url`` of ``GET /api/v2/providers``, and where that is null to
+    ``https://airflow.apache.org/docs/<package>/<version>/``, a page Apache does not publish for ``fstream``.
+    Airflow takes that URL from the distribution's ``Project-URL: Documentation``
+    (``_shared/providers_discovery/providers_discovery.py``, overwriting any ``documentation-url`` of the
+    provider info), so setup.cfg sets it. Asked of the ProvidersManager and the providers API's own mapper, in
+    a directory without the checkout's ``fstream.egg-info`` (what an installed Airflow sees)."""
+    import subprocess
+    import sys
+    from urllib.parse import urljoin
+
+    from fstream_provider.model.plot import PLOT_MOUNT
+    from fstream_provider.provider_info import DOC_PAGES, docs_dir
+
+    assert _setup_cfg_documentation_url() == DOCS_URL
+    code = ("import json; from airflow.providers_manager import ProvidersManager as P; "
+            "from airflow.api_fastapi.core_api.services.public.providers import _provider_mapper; "
+            "print(json.dumps(_provider_mapper(P().providers['fstream']).model_dump()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
+                         env=dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False"))
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["documentation_url"] == DOCS_URL, (
+        f"Airflow reports {got['documentation_url']!r}: the installed metadata is older than setup.cfg "
+        "(reinstall: make install)")
+    # the href the UI renders, resolved as the browser does against the page's <base href>
+    href = got["documentation_url"] or f"https://airflow.apache.org/docs/{got['package_name']}/{got['version']}/"
+    for base in ("http://airflow.example.org:8080/", "https://example.org/airflow/"):
+        resolved = urljoin(base, href)
+        assert "apache.org" not in resolved, resolved
+        assert resolved == base + PLOT_MOUNT.strip("/") + "/docs/index.md", resolved  # the FStream plugin's mount
+    page = DOCS_URL.rsplit("/", 1)[1]
+    assert page == DOC_PAGES[0] and (docs_dir() / page).is_file()  # docs/airflow/index.md

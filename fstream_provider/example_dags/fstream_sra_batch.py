@@ -1,4 +1,5 @@
-"""SRA-style nightly batch: wait for the day's new runs, move them with FStream tuning, report the totals.
+"""SRA-style batch: wait for new runs, move them with FStream tuning, report the totals (trigger it by hand;
+give it ``schedule="0 2 * * *"`` to run nightly).
 
 ``FStreamNewFilesSensor`` (deferrable) waits in the triggerer until at least ``min_files`` new, complete
 ``*.sra`` files sit in the outgoing directory (local, or ``sftp://USER@HOST/DIR``), claims them in a Redis
@@ -26,8 +27,10 @@ from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES
 
 with DAG(
     dag_id="fstream_sra_batch",
-    description="Nightly SRA batch: new-file sensor, tuned FStream transfer, totals",
-    schedule="0 2 * * *",
+    description="SRA batch (nightly once scheduled): new-file sensor, tuned FStream transfer, totals",
+    # None: an example starts no work a newcomer did not ask for (with a cron schedule, unpausing it starts the
+    # latest interval's run at once, which then waits deferred for files). Nightly: schedule="0 2 * * *".
+    schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["fstream", "example", "sra"],

@@ -12,6 +12,15 @@ import os
 from typing import Any
 
 PANELS = ("throughput", "channels", "pending")
+PLOT_MOUNT = "/fstream"  # where the provider's Airflow plugin serves plots (``fstream_provider.ui``)
+
+
+def plot_route(dag_id: str, run_id: str, task_id: str, map_index: int | str) -> str:
+    """The path of a task instance's plot on the Airflow api-server (each part URL-quoted)."""
+    from urllib.parse import quote
+
+    parts = "/".join(quote(str(p), safe="") for p in (dag_id, run_id, task_id, map_index))
+    return f"{PLOT_MOUNT}/plot/{parts}.png"
 
 
 def _num(v: Any, default: float = 0.0) -> float:

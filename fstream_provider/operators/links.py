@@ -1,10 +1,8 @@
 """Where the transfer plot goes (``ObjectStoragePath``: local, ``file://``, ``s3://``, ...) and the task's link to it.
 
-The plot is written through Airflow's ``ObjectStoragePath`` so a remote ``plot_dir`` works with distributed
-executors (the worker that resumes the task need not share a disk with the UI). The operator extra link
-shows where the plot is (also in the task's XCom ``plot``): its path when local, else its URL. The Airflow
-UI opens only ``http(s)`` URLs as links; for a local path and object-store URLs (``s3://``, ``gs://``) the
-button carries the location so the user can copy it, nothing more.
+The plot is served by the provider's Airflow plugin (``fstream_provider.ui``), drawn from the job's events
+when first viewed; the extra link points there (``plot_url``). A task given ``plot_dir`` also writes the PNG
+through Airflow's ``ObjectStoragePath`` (local, ``file://``, ``s3://``, ...) when it finishes.
 """
 
 from __future__ import annotations
@@ -46,17 +44,32 @@ def write_plot(path: ObjectStoragePath, data: bytes) -> str:
     return str(path)
 
 
+def plot_url(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str | None:
+    """The absolute URL of the task's plot on the api-server (the provider's plugin draws it when first viewed),
+    or None when ``[api] base_url`` is not an absolute ``http(s)`` URL: a path alone would be taken by the
+    UI for one of its own routes (issue 31: the old link, a file path, opened the UI's 404 page)."""
+    from airflow.configuration import conf
+
+    from fstream_provider.model.plot import plot_route
+
+    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        return None
+    return base + plot_route(dag_id, run_id, task_id, -1 if map_index is None else map_index)
+
+
 class FStreamPlotLink(BaseOperatorLink):
-    """"Transfer plot" button of ``FStreamTransferOperator``: the URL of the plot its run wrote.
+    """"Transfer plot" button of ``FStreamTransferOperator``: the plot served by the provider's plugin.
 
     Airflow 3 calls ``get_link`` once, in the worker when the task instance finishes, and stores the result
-    as the XCom ``_link_FStreamPlotLink`` that the UI reads. The URL is taken from the report the operator
-    just built (the same value as its XCom ``plot``); when the task only deferred there is no report yet
-    and the link is empty (looking the XCom up then would log a "not found" error on every deferral).
+    as the XCom ``_link_FStreamPlotLink`` that the UI reads. The link is the absolute URL of the plugin's plot
+    route (``plot_url``); with no absolute ``[api] base_url`` there is no link (the task instance's "Transfer
+    plot" tab shows the plot anyway), and a file written to ``plot_dir`` is named in the task log and XCom.
     """
 
     name = "Transfer plot"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        report = getattr(operator, "_report", None)
-        return str((report or {}).get("plot") or "")
+        if getattr(operator, "_report", None) is None:
+            return ""  # only deferred so far: the link is made when the task finishes
+        return plot_url(ti_key.dag_id, ti_key.run_id, ti_key.task_id, ti_key.map_index) or ""

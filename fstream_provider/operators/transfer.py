@@ -20,7 +20,7 @@ from fstream_provider.model.tasklog import build_report, live_event_line, summar
 from fstream_provider.operators._arguments import (  # noqa: F401  (normalize_sources, to_unix_time: public here too)
     check_known_arguments, is_template, normalize_sources, rendered_bool, rendered_int, rendered_tuner_options,
     to_unix_time)
-from fstream_provider.operators.links import PLOT_XCOM_KEY, FStreamPlotLink, plot_location, write_plot
+from fstream_provider.operators.links import PLOT_XCOM_KEY, FStreamPlotLink, plot_location, plot_url, write_plot
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -94,8 +94,9 @@ class FStreamTransferOperator(BaseOperator):
     :param cancel_on_kill: cancel the job when the task is killed or marked failed/success (default);
         False leaves it running.
     :param poll_interval: seconds one poll may block in non-deferrable mode.
-    :param plot_dir: where the PNG plot goes: a directory or an ``ObjectStoragePath`` URL (``s3://``, ``file://``;
-        default ``$FSTREAM_STATE_DIR/plots``).
+    :param plot_dir: also write the PNG plot here when the task finishes: a directory or an ``ObjectStoragePath``
+        URL (``s3://``, ``file://``). Default none: the plot is drawn by the provider's Airflow plugin when first
+        viewed (the task instance's "Transfer plot" tab and extra link), off the task's critical path.
     """
 
     template_fields: Sequence[str] = (
@@ -298,6 +299,7 @@ class FStreamTransferOperator(BaseOperator):
         spec = self.build_spec(context)
         job_id = self._job_id = self.submit(spec, context)
         context["ti"].xcom_push(key="job_id", value=job_id)
+        context["ti"].xcom_push(key="fstream_conn_id", value=self.fstream_conn_id)  # the plugin's plot reads it
         if self.deferrable:
             from fstream_provider.triggers.transfer import FStreamTransferTrigger
 
@@ -378,13 +380,15 @@ class FStreamTransferOperator(BaseOperator):
             self.log.info("%s", line)
         for w in target_warnings(report, intervals, target_bps):
             self.log.warning("%s", w)
-        report["plot"] = None
-        try:
-            data = plot_png(intervals, target_bps, title=f"FStream job {job_id} ({self.task_id})")
-            if data:
-                report["plot"] = write_plot(self._plot_path(context, job_id), data)
-        except Exception as exc:  # a plot must never fail a transfer that succeeded
-            self.log.warning("could not save the throughput plot: %s", exc)
+        ti = context["ti"]
+        report["plot"] = plot_url(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        if self.plot_dir:  # a file was asked for: drawn here (~1 s); otherwise the plugin draws it when viewed
+            try:
+                data = plot_png(intervals, target_bps, title=f"FStream job {job_id} ({self.task_id})")
+                if data:
+                    report["plot"] = write_plot(self._plot_path(context, job_id), data)
+            except Exception as exc:  # a plot must never fail a transfer that succeeded
+                self.log.warning("could not save the throughput plot: %s", exc)
         if report["plot"]:
             self.log.info("Throughput/channels plot: %s", report["plot"])
             context["ti"].xcom_push(key=PLOT_XCOM_KEY, value=report["plot"])

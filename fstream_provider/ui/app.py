@@ -1,0 +1,84 @@
+"""The FStream plugin's FastAPI app, mounted on the Airflow api-server under ``/fstream`` (issue 31).
+
+Every route is behind Airflow's auth manager: reading a task instance of the DAG named in the path
+(``requires_access_dag``), so a user who may not see a DAG sees none of its transfers, and a request
+without the UI's token is refused (401/403). Routes:
+
+- ``GET /fstream/plot/{dag_id}/{run_id}/{task_id}/{map_index}.png``: the task's transfer plot (PNG), drawn
+  from its job's events when first asked for (``plots``); 404 with the reason when there is none.
+- ``GET /fstream/page/{dag_id}/{run_id}/{task_id}/{map_index}``: a small page showing that plot, which the
+  task instance's "Transfer plot" tab frames.
+- ``GET /fstream/docs/{page}`` (and ``/fstream/docs/img/{name}``): the provider's how-to pages (the installed
+  ``docs/airflow``), rendered, for any signed-in user: the Providers page links ``fstream/docs/index.md``
+  (``setup.cfg``'s Documentation URL) instead of an apache.org path that does not exist.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import PurePosixPath
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import FileResponse, HTMLResponse, Response
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import requires_access_dag, requires_authenticated
+
+from fstream_provider.model.plot import PLOT_MOUNT, plot_route
+from fstream_provider.provider_info import DOC_PAGES, docs_dir
+from fstream_provider.ui import plots
+
+MOUNT = PLOT_MOUNT
+READ_TI = [Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))]
+SIGNED_IN = [Depends(requires_authenticated())]
+
+app = FastAPI(title="FStream", description="FStream transfers in the Airflow UI")
+
+
+@app.get("/plot/{dag_id}/{run_id}/{task_id}/{map_index}.png", dependencies=READ_TI,
+         responses={200: {"content": {"image/png": {}}}})
+def plot(dag_id: str, run_id: str, task_id: str, map_index: str, session: SessionDep) -> Response:
+    ti = plots.TaskRef.parse(dag_id, run_id, task_id, map_index)
+    try:
+        job_id, conn_id = plots.job_of(ti, session)
+        png = plots.draw(job_id, conn_id)
+    except plots.PlotUnavailable as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+    return Response(content=png, media_type="image/png", headers={"Cache-Control": "private, max-age=5"})
+
+
+@app.get("/page/{dag_id}/{run_id}/{task_id}/{map_index}", dependencies=READ_TI, response_class=HTMLResponse)
+def page(dag_id: str, run_id: str, task_id: str, map_index: str, session: SessionDep) -> HTMLResponse:
+    ti = plots.TaskRef.parse(dag_id, run_id, task_id, map_index)
+    try:
+        job_id, _conn = plots.job_of(ti, session)
+    except plots.PlotUnavailable as exc:
+        body = f'<p class="none">{html.escape(str(exc))}</p>'
+    else:
+        src = html.escape(plot_route(ti.dag_id, ti.run_id, ti.task_id, ti.map_index))
+        body = (f'<h3>FStream job {html.escape(job_id)}</h3><img id="plot" src="{src}" '
+                'alt="throughput, channels and parameter changes over time" style="max-width:100%">'
+                f'<p><a href="{src}" target="_blank" rel="noopener">open the PNG</a></p>')
+    return HTMLResponse("<!doctype html><html><head><meta charset='utf-8'><title>FStream transfer plot</title>"
+                        f"</head><body style='font-family:sans-serif'>{body}</body></html>")
+
+
+@app.get("/docs/{page}", dependencies=SIGNED_IN, response_class=HTMLResponse)
+def doc_page(page: str) -> HTMLResponse:
+    """One how-to page (``docs/airflow/*.md``, the installed copy), rendered with markdown-it (rich's)."""
+    if page not in DOC_PAGES:
+        raise HTTPException(status_code=404, detail=f"no FStream page {page!r} (pages: {', '.join(DOC_PAGES)})")
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark").enable("table").render((docs_dir() / page).read_text())
+    return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>FStream: {html.escape(page)}"
+                        f"</title></head><body style='font-family:sans-serif;max-width:60em'>{body}</body></html>")
+
+
+@app.get("/docs/img/{name}", dependencies=SIGNED_IN)
+def doc_image(name: str) -> FileResponse:
+    path = docs_dir() / "img" / PurePosixPath(name).name
+    if not name.endswith(".png") or PurePosixPath(name).name != name or not path.is_file():
+        raise HTTPException(status_code=404, detail=f"no FStream image {name!r}")
+    return FileResponse(path, media_type="image/png")
