@@ -40,7 +40,9 @@ def format_interval(rec: dict[str, Any], target_bps: float | None = None, prev: 
     """One log line for an interval record.
 
     Example: ``t=  12.0s  812.40 Mbit/s (target 800.00 Mbit/s, 102%)  cc/p/pp small 4/1/8  files 120 done, 30 pending``
-    followed by ``  tuner: <reason>`` when the tuner changed something (or gave a reason).
+    followed by ``  tuner: <reason>`` when the tuner changed something (or gave a reason). A reason that a
+    ``tuning`` event already carried (the record says ``tuning_event``) is not repeated: its ``tuning:`` line
+    is just above; a reason no such event carried (the tuner failed and the layout was kept) stays here.
     """
     t = _num(rec.get("t"))
     bps = _num(rec.get("throughput_bps"))
@@ -52,6 +54,8 @@ def format_interval(rec: dict[str, Any], target_bps: float | None = None, prev: 
     done, pending = rec.get("files_done"), rec.get("files_pending")
     if done is not None or pending is not None:
         line += f"  files {int(_num(done))} done, {int(_num(pending))} pending"
+    if rec.get("tuning_event"):
+        return line  # the `tuning:` line just above gave the reason; this line shows the new layout
     reason = rec.get("reason")
     changed = prev is not None and layout_key(prev) != layout_key(rec)
     if reason and (changed or prev is None or reason != (prev or {}).get("reason")):

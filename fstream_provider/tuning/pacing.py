@@ -5,9 +5,31 @@ writing a block a channel calls ``delay = bucket.reserve(len(block), time.monoto
 waits ``delay`` seconds (``Event.wait(delay)``, so cancellation stays immediate). Rate changes
 apply at once through ``set_rate``. Without pacing, integer streams bound the QoS error: one
 stream at 1 Gbit/s / 40 ms / 1 MiB is ~20 % of the link.
+
+A paced block waits until the rate has paid for all of it and then goes at once, so the wire
+sees bursts of one block: ``paced_block_size`` keeps a paced block within the bucket's depth
+(4 MiB blocks at 100 Mbit/s were 0.34 s bursts, 7 times the 50 ms depth), and ``earned`` counts
+the bytes reserved so far as the rate pays for them, so an interval's count can credit a block's
+bytes when they were earned rather than all at its release (issue 31).
 """
 
 from __future__ import annotations
+
+BURST_S = 0.05  # bucket depth, in seconds of the rate
+PACED_BLOCK_MIN = 64 << 10  # a paced block is a multiple of this, and never smaller
+
+
+def paced_block_size(block_size: int, rate_bps: float | None, burst_s: float = BURST_S) -> int:
+    """The block size a sender paced at ``rate_bps`` should cut files into: at most ``burst_s`` of the rate.
+
+    Rounded down to a multiple of ``PACED_BLOCK_MIN`` (64 KiB) and never below it, never above
+    ``block_size``; unpaced (``rate_bps`` None or <= 0) it is ``block_size``. At 100 Mbit/s:
+    576 KiB (47 ms) instead of 4 MiB (336 ms); from ~700 Mbit/s on a 4 MiB block is within 50 ms.
+    """
+    if not rate_bps or rate_bps <= 0:
+        return block_size
+    granule = int(rate_bps / 8 * burst_s) // PACED_BLOCK_MIN * PACED_BLOCK_MIN
+    return min(block_size, max(PACED_BLOCK_MIN, granule))
 
 
 class TokenBucket:
@@ -18,11 +40,14 @@ class TokenBucket:
     :param now: the clock at creation.
     """
 
-    def __init__(self, rate_bps: float | None, *, burst_s: float = 0.05, now: float = 0.0) -> None:
+    def __init__(self, rate_bps: float | None, *, burst_s: float = BURST_S, now: float = 0.0) -> None:
         self.burst_s = burst_s
         self._rate = 0.0
         self._tokens = 0.0
         self._t = now
+        # (bytes of blocks fully paid for, blocks told to wait as (due, nbytes, rate in bytes/s)); replaced
+        # whole, never mutated, so that ``earned`` may read it from another thread without the caller's lock
+        self._ledger: tuple[int, tuple[tuple[float, int, float], ...]] = (0, ())
         self.set_rate(rate_bps, now)
 
     @property
@@ -46,7 +71,30 @@ class TokenBucket:
     def reserve(self, nbytes: int, now: float) -> float:
         """Take ``nbytes`` (possibly into debt) and return how long to wait before sending them."""
         if self._rate <= 0:
+            self._note(nbytes, now, 0.0)
             return 0.0
         self._refill(now)
         self._tokens -= nbytes
-        return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+        delay = 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+        self._note(nbytes, now, delay)
+        return delay
+
+    def _note(self, nbytes: int, now: float, delay: float) -> None:
+        done, waiting = self._ledger
+        done += sum(n for due, n, _r in waiting if due <= now)
+        kept = tuple(w for w in waiting if w[0] > now)
+        if delay > 0:
+            self._ledger = (done, kept + ((now + delay, nbytes, self._rate),))
+        else:
+            self._ledger = (done + nbytes, kept)
+
+    def earned(self, now: float) -> int:
+        """Bytes reserved so far, each counted as the rate has paid for it by ``now``.
+
+        A block of ``n`` bytes due at ``d`` is paid for during the last ``n / rate`` seconds before
+        it goes: ``n - (d - now) * rate`` of it by ``now`` (clamped to 0..n). A block that did not
+        have to wait counts whole when reserved. Unlike the bytes sent, which rise by a whole block
+        when one goes, this rises smoothly at the rate while the pacer is what limits the sender.
+        """
+        done, waiting = self._ledger
+        return done + round(sum(max(0.0, min(float(n), n - (due - now) * rate)) for due, n, rate in waiting))

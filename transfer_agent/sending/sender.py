@@ -21,9 +21,10 @@ from typing import Any, Callable
 
 from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
+from fstream_provider.tuning.pacing import paced_block_size
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.registry import make_tuner, tuner_info
-from transfer_agent.sending import grant, history_io
+from transfer_agent.sending import grant, history_io, intervals
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channel import MAX_SEALED_BLOCK
@@ -186,7 +187,7 @@ class Transfer:
         if self.spec.verify:
             self.result.checksum = control.algo
         block_size = min(self.spec.block_size, MAX_SEALED_BLOCK) if encrypt else self.spec.block_size
-        pool = ChannelPool(control, connector, block_size)
+        pool, self._block_size = ChannelPool(control, connector, block_size), block_size
         # a scan finds a vanished temp name's final name; a feed's caller hears of the vanished file
         pool.on_unopenable = lambda sf, exc: self._on_unopenable(sf, exc, watching=watcher not in (None, self._feed))
         try:
@@ -235,7 +236,7 @@ class Transfer:
         prof_bytes, prof_cluster = last_bytes, dict(last_cluster)
         next_scan = start + spec.interval_s
         last_new = start
-        pending_reason = ""
+        pending_reason, self._paced = "", intervals.PacedCount(pool)
         self._add_files(tuner, pool, files)
         pending_reason = self._retune(tuner, pool, self._observe(tuner, pool, start, 0.0, 0, {}, files))
         files.clear()
@@ -269,11 +270,11 @@ class Transfer:
                 stalled_since = max(self._last_progress, window[0][0])  # commits also count as progress
             else:
                 stalled_since = now
-            if now - last_sample >= spec.sample_interval_s:
-                self._record(now, now - last_sample, total - last_bytes, per_cluster, last_cluster, pool,
-                             pending_reason)
+            if now - last_sample >= spec.sample_interval_s:  # paced bytes count as earned (intervals.PacedCount)
+                earned = self._paced.count(total, floor=last_bytes)
+                self._record(now, now - last_sample, earned - last_bytes, per_cluster, last_cluster, pool, pending_reason)
                 pending_reason = ""
-                last_sample, last_bytes, last_cluster = now, total, per_cluster
+                last_sample, last_bytes, last_cluster = now, earned, per_cluster
             every = min(spec.profile_interval_s or PROFILE_EVERY_S, getattr(tuner, "observe_every_s", None) or PROFILE_EVERY_S)
             if new or now - last_profile >= every:
                 obs = self._observe(tuner, pool, now, now - last_profile, total - prof_bytes,
@@ -303,8 +304,8 @@ class Transfer:
         now = time.monotonic()
         total, per_cluster = pool.counters()
         if total != last_bytes or not self.result.intervals or pending_reason:
-            self._record(now, max(now - last_sample, 1e-6), total - last_bytes, per_cluster, last_cluster, pool,
-                         pending_reason)
+            self._record(now, max(now - last_sample, 1e-6), max(0, total - last_bytes), per_cluster, last_cluster,
+                         pool, pending_reason)
 
     # -- files ---------------------------------------------------------------------------------
     def _add_files(self, tuner: Tuner, pool: ChannelPool, files: list[SrcFile]) -> None:
@@ -441,6 +442,8 @@ class Transfer:
             return ""
         rates = {l.cluster: getattr(l, "rate_bps", None) for l in s.layouts if l.cluster in layouts}
         pool.set_rates(rates)  # before channels open, so their first blocks are paced too
+        pool.block_size = paced_block_size(self._block_size, pool.bucket.rate_bps if pool.bucket else None)
+        self._paced.watch()
         done = pool.apply(layouts)
         decision = {"t": round(obs.t, 3), "reason": s.reason,
                     "layouts": {c: {"cc": v[0], "p": v[1], "pp": v[2], "rate_bps": rates.get(c)}
@@ -464,37 +467,17 @@ class Transfer:
 
     def _record(self, now: float, dt: float, nbytes: int, per_cluster: dict[str, int], last_cluster: dict[str, int],
                 pool: ChannelPool, reason: str) -> None:
-        active = pool.active_layout()
-        pend = pool.pending()
-        cc = sum(v[0] for v in active.values())
-        p = max((v[1] for v in active.values()), default=0)
-        pp = max((v[2] for v in active.values()), default=0)
         with self._lock:
             outstanding = self._outstanding
-        r = self.result
-        rec = {
-            "t": round(now - self._t0, 3),
-            "dt": round(dt, 3),
-            "bytes": nbytes,
-            "throughput_bps": nbytes * 8 / dt if dt > 0 else 0.0,
-            "cc": cc, "p": p, "pp": pp,
-            "clusters": {c: {"cc": v[0], "p": v[1], "pp": v[2],
-                             "throughput_bps": (per_cluster.get(c, 0) - last_cluster.get(c, 0)) * 8 / dt if dt > 0 else 0.0,
-                             "pending_files": pend.get(c, (0, 0))[0]}
-                         for c, v in active.items()},
-            "passive": pool.passive_count(),
-            "active_files": max(0, outstanding - sum(v[0] for v in pend.values())),
-            "files_done": r.verified_files + r.skipped_files,
-            "files_failed": r.failed_files,
-            "files_pending": sum(v[0] for v in pend.values()),
-            "files_total": self._files_total,
-            "target_bps": self.spec.target_throughput_bps,
-            "reason": reason,
-        }
+        tuned = bool(self.result.tuning) and self.result.tuning[-1]["reason"] == reason  # a tuning event said it
+        rec = intervals.interval_record(pool, t=now - self._t0, dt=dt, nbytes=nbytes, per_cluster=per_cluster,
+                                        last_cluster=last_cluster, outstanding=outstanding, result=self.result,
+                                        files_total=self._files_total, target_bps=self.spec.target_throughput_bps,
+                                        reason=reason, tuning_event=tuned)
         if self._watcher is not None:  # streaming: what the last scan of the sources cost
             rec["scan_seconds"] = round(self._watcher.last_scan_seconds, 6)
             rec["scan_listed"] = self._watcher.last_scan_listed
-        r.intervals.append(rec)
+        self.result.intervals.append(rec)
         if self._recorder is not None:
             self._recorder.interval(rec)
         self.on_event("interval", rec)
