@@ -156,7 +156,7 @@ def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_pl
         assert (status, ctype, body[:4]) == (200, "image/png", b"\x89PNG"), body[:300]
         status, ctype, body = http(base + f"/fstream/page/fstream_transfer_example/{run_id}/transfer/%7BMAP_INDEX%7D",
                                    tok)  # an unmapped task: the UI leaves {MAP_INDEX} as it is
-        assert status == 200 and f'src="{path}"' in body.decode(), body[:500]
+        assert status == 200 and f'src="../../../..{path[len("/fstream"):]}"' in body.decode(), body[:500]
         status, _, body = http(base + f"/fstream/plot/fstream_transfer_example/{run_id}/nope/-1.png", tok)
         assert status == 404 and "has no FStream job" in body.decode()
         assert http(base + "/fstream/docs/index.md")[0] in (401, 403)  # the docs the Providers page links

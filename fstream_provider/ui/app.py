@@ -56,7 +56,8 @@ def page(dag_id: str, run_id: str, task_id: str, map_index: str, session: Sessio
     except plots.PlotUnavailable as exc:
         body = f'<p class="none">{html.escape(str(exc))}</p>'
     else:
-        src = html.escape(plot_route(ti.dag_id, ti.run_id, ti.task_id, ti.map_index))
+        # relative to this page (``/fstream/page/d/r/t/m``), so an Airflow served under a sub-path works too
+        src = html.escape("../../../.." + plot_route(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)[len(MOUNT):])
         body = (f'<h3>FStream job {html.escape(job_id)}</h3><img id="plot" src="{src}" '
                 'alt="throughput, channels and parameter changes over time" style="max-width:100%">'
                 f'<p><a href="{src}" target="_blank" rel="noopener">open the PNG</a></p>')
