@@ -191,7 +191,7 @@ def _draw_plot(redis_url: str, job_id: str, path: Path) -> str | None:
     try:
         store = JobStore(client)
         job = store.get(job_id)
-        data = plot_png(intervals_from_events(store.events(job_id, count=100_000)),
+        data = plot_png(intervals_from_events(store.all_events(job_id)),
                         job.spec.target_throughput_bps if job else None, title=f"FStream job {job_id}")
     finally:
         client.close()

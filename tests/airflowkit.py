@@ -31,9 +31,10 @@ def http(url: str, token: str | None = None) -> tuple[int, str, bytes]:
 
 
 @contextlib.contextmanager
-def api_server(env: dict[str, str]) -> Iterator[str]:
+def api_server(env: dict[str, str], *, all_admins: bool = False) -> Iterator[str]:
     """An api-server on ``env``'s AIRFLOW_HOME (migrated) with the simple auth manager and one user, ``admin``
-    (password ``PASSWORD``; ``token`` logs in): a request without its token is refused."""
+    (password ``PASSWORD``; ``token`` logs in): a request without its token is refused. ``all_admins``: everyone
+    is an admin instead (``GET /auth/token`` hands out a token)."""
     port = free_port()
     home = Path(env["AIRFLOW_HOME"])
     passwords = home / "test-passwords.json"
@@ -41,7 +42,7 @@ def api_server(env: dict[str, str]) -> Iterator[str]:
     env = dict(env, AIRFLOW__API__HOST="127.0.0.1", AIRFLOW__API__PORT=str(port),
                AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
                AIRFLOW__API_AUTH__JWT_SECRET="fstream-test-jwt-secret-0123456789abcdef",
-               AIRFLOW__API__SECRET_KEY="fstream-test", AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="False",
+               AIRFLOW__API__SECRET_KEY="fstream-test", AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=str(all_admins),
                AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
                AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords))
     log_path = home / f"api-server-{port}.log"

@@ -67,6 +67,26 @@ key_file = "{keys['ops']}"
         th.join(20)
 
 
+def _transfer_swapping_after_listing(swap):
+    """A ``Transfer`` factory whose agent guard calls ``swap()`` right after the listed files passed it, before
+    any is opened: what an attacker racing the agent between its listing and its open would do."""
+    from transfer_agent.sending.sender import Transfer
+
+    class SwapAfterListing:
+        def __init__(self, guard):
+            self.guard = guard
+
+        def admit(self, files, refused):
+            admitted = self.guard.admit(files, refused)
+            swap()
+            return admitted
+
+        def check_fd(self, fd, path):
+            self.guard.check_fd(fd, path)
+
+    return lambda spec, **kw: Transfer(spec, **{**kw, "guard": SwapAfterListing(kw["guard"])})
+
+
 def _stop_agent(site) -> None:
     """Stop the site's agent and wait for its thread: it reads no entry after this returns."""
     site["agent"].stop()
@@ -202,36 +222,18 @@ def test_links_inside_the_root_that_point_outside_are_refused(site):
 def test_a_link_swapped_in_after_the_job_was_accepted_is_refused_at_open(site, redis_url, tmp_path):
     """The file is a regular file when the job is accepted and listed; a link to a secret replaces it before it
     is opened: the descriptor check refuses it."""
-    from transfer_agent.sending.sender import Transfer
-
     _stop_agent(site)
     victim = site["data"] / "sra" / "s.dat"
 
-    class SwapAfterListing:
-        """The agent's guard, with the swap done right after the listed files passed it (before any open)."""
-
-        def __init__(self, guard):
-            self.guard = guard
-
-        def admit(self, files, refused):
-            admitted = self.guard.admit(files, refused)
-            if victim.is_file() and not victim.is_symlink():
-                victim.unlink()
-                victim.symlink_to(site["outside"] / "secret.txt")
-            return admitted
-
-        def check_fd(self, fd, path):
-            self.guard.check_fd(fd, path)
-
-    class SwappingTransfer(Transfer):
-        def __init__(self, spec, **kw):
-            kw["guard"] = SwapAfterListing(kw["guard"])
-            super().__init__(spec, **kw)
+    def swap() -> None:
+        if victim.is_file() and not victim.is_symlink():
+            victim.unlink()
+            victim.symlink_to(site["outside"] / "secret.txt")
 
     job_id, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
                                                          destination=f"{site['dest']}/swap", tuner="fixed"))
     agent = Agent(redis_url, name="authz-3", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
-                  block_ms=100, max_retries=0, transfer_factory=SwappingTransfer)
+                  block_ms=100, max_retries=0, transfer_factory=_transfer_swapping_after_listing(swap))
     agent.run(once=True)
     job = JobStore(site["client"], keys=NS).get(job_id)
     assert victim.is_symlink()
@@ -383,35 +385,19 @@ def test_a_scheduling_agent_refuses_forged_jobs_before_its_board_and_goes_on(sit
 def test_a_fifo_swapped_in_after_the_listing_is_refused_without_blocking(site, redis_url):
     """An agent's open of a source is non-blocking: a FIFO with no writer put in a file's place after the
     listing is opened at once and refused (not a regular file) instead of hanging the channel."""
-    from transfer_agent.sending.sender import Transfer
-
     _stop_agent(site)
     victim = site["data"] / "sra" / "s.dat"
 
-    class SwapToFifo:
-        def __init__(self, guard):
-            self.guard = guard
-
-        def admit(self, files, refused):
-            admitted = self.guard.admit(files, refused)
-            if not victim.is_fifo():
-                victim.unlink()
-                os.mkfifo(victim)
-            return admitted
-
-        def check_fd(self, fd, path):
-            self.guard.check_fd(fd, path)
-
-    class FifoTransfer(Transfer):
-        def __init__(self, spec, **kw):
-            kw["guard"] = SwapToFifo(kw["guard"])
-            super().__init__(spec, **kw)
+    def swap() -> None:
+        if not victim.is_fifo():
+            victim.unlink()
+            os.mkfifo(victim)
 
     job_id, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
                                                          destination=f"{site['dest']}/fifo", tuner="fixed"))
     done = threading.Event()
     agent = Agent(redis_url, name="authz-4", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
-                  block_ms=100, max_retries=0, transfer_factory=FifoTransfer)
+                  block_ms=100, max_retries=0, transfer_factory=_transfer_swapping_after_listing(swap))
     th = threading.Thread(target=lambda: (agent.run(once=True), done.set()), daemon=True)
     th.start()
     assert done.wait(30), "the agent blocked on the FIFO"

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,7 +22,7 @@ import pytest
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
 pytest.importorskip("airflow")
 
-from fstream_provider.bus.embedded import free_port  # noqa: E402
+import airflowkit  # noqa: E402
 
 EXTRA_FIELDS = {"url", "submitter", "submitter_secret", "submitter_key_file", "key", "namespace", "agent_group", "ssl"}
 
@@ -159,43 +156,15 @@ def api_server(tmp_path_factory):
     """A real ``airflow api-server`` on a free port, shared by this module's tests; yields its base URL; stopped by
     its process group."""
     tmp_path = tmp_path_factory.mktemp("form")
-    home, port = tmp_path / "airflow", free_port()
+    home = tmp_path / "airflow"
     home.mkdir()
     env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
-               AIRFLOW__CORE__DAGS_FOLDER=str(tmp_path / "dags"),
-               AIRFLOW__API__HOST="127.0.0.1", AIRFLOW__API__PORT=str(port),
-               AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
-               AIRFLOW__API_AUTH__JWT_SECRET="fstream-form-test-jwt-secret-0123456789",
-               AIRFLOW__API__SECRET_KEY="fstream-form-test", AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
-               AIRFLOW__CORE__TEST_CONNECTION="Enabled")
+               AIRFLOW__CORE__DAGS_FOLDER=str(tmp_path / "dags"), AIRFLOW__CORE__TEST_CONNECTION="Enabled")
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, cwd=home, check=True,
                    capture_output=True, timeout=300)
-    log = open(home / "api-server.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "1"],
-                            env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                _get(base + "/api/v2/monitor/health")
-                break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("api-server did not come up:\n"
-                                         + (home / "api-server.log").read_text(errors="replace")[-3000:])
-                time.sleep(0.5)  # polling another process with a deadline
+    with airflowkit.api_server(env, all_admins=True) as base:
         yield base
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
 
 
 @pytest.mark.slow

@@ -104,6 +104,16 @@ class JobStore:
                 out.append(decode_event(entry_id, fields))
         return out
 
+    def all_events(self, job_id: str, *, after: str = "0-0", page: int = 1000) -> list[tuple[str, dict]]:
+        """Every event of a job from ``after`` on, oldest first (pages through the stream)."""
+        out: list[tuple[str, dict]] = []
+        while True:
+            batch = self.events(job_id, after=after, count=page)
+            if not batch:
+                return out
+            out.extend(batch)
+            after = batch[-1][0]
+
     def append_event(self, job_id: str, kind: str, data: dict) -> str:
         """Append an event (unfenced: for clients and tools; workers use ``publish``)."""
         return self.client.xadd(self.keys.job_events(job_id),

@@ -219,13 +219,7 @@ class FStreamHook(BaseHook):
 
     def all_events(self, job_id: str, *, after: str = "0-0") -> list[tuple[str, dict[str, Any]]]:
         """Every event of a job from ``after`` on (pages through the stream)."""
-        out: list[tuple[str, dict[str, Any]]] = []
-        while True:
-            page = self.events(job_id, after=after, count=1000)
-            if not page:
-                return out
-            out.extend(page)
-            after = page[-1][0]
+        return self.store.all_events(job_id, after=after)
 
     def cancel(self, job_id: str, reason: str) -> Any:
         return self.store.cancel(job_id, reason)

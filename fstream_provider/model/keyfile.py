@@ -8,17 +8,20 @@ key that another account can read is not a secret, and one it can write is not o
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 MIN_KEY_BYTES = 16
+KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a key's id in agents' and receivers' keyrings (fullmatch)
 
 
 class KeyFileError(ValueError):
     """A key file that cannot be used; the message names the file and the reason."""
 
 
-def read_key_file(path: str | os.PathLike[str], what: str = "secret file") -> bytes:
-    """The stripped contents of ``path``; ``KeyFileError`` if missing, unreadable, shared or too short."""
+def read_key_file(path: str | os.PathLike[str], what: str = "secret file", min_bytes: int = MIN_KEY_BYTES) -> bytes:
+    """The stripped contents of ``path``; ``KeyFileError`` if missing, unreadable, shared or shorter than
+    ``min_bytes`` (a shared secret or signing key: 16; a password: whatever its owner chose)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
@@ -35,6 +38,6 @@ def read_key_file(path: str | os.PathLike[str], what: str = "secret file") -> by
             data = f.read().strip()
         except OSError as exc:
             raise KeyFileError(f"{what} {p}: cannot read ({exc.strerror})") from None
-    if len(data) < MIN_KEY_BYTES:
-        raise KeyFileError(f"{what} {p}: too short ({len(data)} bytes; need at least {MIN_KEY_BYTES})")
+    if len(data) < min_bytes:
+        raise KeyFileError(f"{what} {p}: too short ({len(data)} bytes; need at least {min_bytes})")
     return data

@@ -8,13 +8,13 @@ field, the value and what is accepted.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from fstream_provider.model.keyfile import KEY_ID
 from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 from fstream_provider.model.validation import SpecError, explain
 from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNERS, check_options, tuner_info, tuner_variant
@@ -28,7 +28,6 @@ TCP_BUFFER_MIN, TCP_BUFFER_MAX = 4096, 2**30
 # scheduler read it again: issue #11.)
 RETIRED_FIELDS: tuple[str, ...] = ()
 PRIORITY_CLASSES = ("interactive", "batch")
-KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # fullmatch  # a key's id in agents' and receivers' keyrings
 # User-facing option names (``from_options``) that are converted into a spec field.
 RATE_OPTIONS = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
 DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",

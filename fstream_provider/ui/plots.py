@@ -104,13 +104,7 @@ def draw(job_id: str, conn_id: str, cache: PlotCache = CACHE) -> bytes:
         job = store.get(job_id)
         if job is None:
             raise PlotUnavailable(f"FStream job {job_id} is no longer on the bus (expired or removed)")
-        events, after = [], "0-0"
-        while True:
-            page = store.events(job_id, after=after, count=1000)
-            if not page:
-                break
-            events.extend(page)
-            after = page[-1][0]
+        events = store.all_events(job_id)
         cached = cache.get(job_id, len(events))
         if cached is not None:
             return cached

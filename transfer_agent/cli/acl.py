@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -37,25 +36,20 @@ def add_acl_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def read_password_file(path: str) -> str:
-    """The password in ``path`` (surrounding whitespace stripped); refuses a file group or others may read or write."""
+    """The password in ``path`` (surrounding whitespace stripped); refuses a file group or others may read or write
+    (``fstream_provider.model.keyfile.read_key_file``)."""
+    from fstream_provider.model.keyfile import KeyFileError, read_key_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise FStreamError(f"password file {path}: does not exist") from None
-    except OSError as exc:
-        raise FStreamError(f"password file {path}: cannot read ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if mode & 0o077:
-            raise FStreamError(f"password file {path}: readable or writable by others (mode {mode & 0o777:03o}); "
-                               f"refusing to use it: run chmod 600 {path}")
-        data = f.read()
+        data = read_key_file(path, "password file", min_bytes=1)
+    except KeyFileError as exc:
+        raise FStreamError(str(exc)) from None
     try:
-        password = data.decode().strip()
+        password = data.decode()
     except UnicodeDecodeError:
         raise FStreamError(f"password file {path}: not UTF-8 text") from None
-    if not password or any(c.isspace() for c in password):
-        raise FStreamError(f"password file {path}: empty, or whitespace inside the password")
+    if any(c.isspace() for c in password):
+        raise FStreamError(f"password file {path}: whitespace inside the password")
     return password
 
 

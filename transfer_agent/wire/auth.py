@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import re
 import secrets
 import socket
 import ssl
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fstream_provider.model.keyfile import KeyFileError, read_key_file
+from fstream_provider.model.keyfile import KEY_ID, KeyFileError, read_key_file
 from transfer_agent.errors import AuthError, FStreamError, ProtocolError
 from transfer_agent.wire.protocol import (CAPABILITIES, PRE_AUTH_MAX_CONTROL, VERSION, ControlWriter, Frame,
                                      error_from_body, expect)
@@ -48,7 +47,7 @@ from transfer_agent.wire.secure import ControlLink, SessionKeys, derive_keys, tr
 
 NONCE_BYTES = 32
 DEFAULT_KEY = "default"  # the key a HELLO without ``key`` names
-KEY_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+KEY_ID_RE = KEY_ID  # the one rule (``model.keyfile``): jobs name keys by the ids receivers hold
 KEY_ID_RULE = "1 to 64 of A-Z a-z 0-9 . _ -"
 SecretLookup = Callable[[str], "bytes | None"]  # key id -> its secret (None: TLS only); KeyError if unknown
 
