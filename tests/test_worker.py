@@ -209,6 +209,24 @@ def test_stale_attempt_cannot_write_state_or_ack(store, spec, redis_client, keys
     assert pending(redis_client, keys) == [] and store.get(job_id).state == "succeeded"
 
 
+def test_a_touch_between_a_takeovers_xclaim_and_claim_leaves_the_entry_with_the_new_owner(store, spec, redis_client,
+                                                                                          keys):
+    """CI failure of 2026-11-26: the owner's heartbeat TOUCH (XCLAIM to itself, attempt still current) landed
+    between a takeover's XCLAIM and its CLAIM; the entry went back to the old owner's pending list, which then
+    read it as its own leftover and ran the job a third time. CLAIM now takes the entry with the attempt."""
+    job_id, _ = store.submit(spec)
+    stream, group = keys.jobs_stream(), keys.jobs_group()
+    (entry_id, _fields), = redis_client.xreadgroup(group, "old", {stream: ">"}, count=1)[0][1]
+    assert store.claim(job_id, entry_id, worker="old", max_deliveries=5).attempt == 1
+    redis_client.xclaim(stream, group, "new", 0, [entry_id])
+    assert store.touch(job_id, 1, entry_id, "old") == (True, False)  # attempt 1 is still current here
+    assert [p["consumer"] for p in pending(redis_client, keys)] == ["old"]
+    assert store.claim(job_id, entry_id, worker="new", max_deliveries=5).attempt == 2
+    assert [p["consumer"] for p in pending(redis_client, keys)] == ["new"]
+    assert store.touch(job_id, 1, entry_id, "old") == (False, False)
+    assert redis_client.xreadgroup(group, "old", {stream: "0"}, count=1)[0][1] == []  # nothing left for "old"
+
+
 def test_agent_fenced_out_stops_without_writing(make_agent, store, spec, redis_client, keys):
     job_id, _ = store.submit(spec)
     running, saw_cancel = threading.Event(), threading.Event()

@@ -78,6 +78,9 @@ if d > maxd then
 end
 local a = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'updated_at', ARGV[2])
+-- the entry moves with the attempt: an old owner's TOUCH between a takeover's XCLAIM and this script must not
+-- leave it in the old owner's pending list (which would read it back as its own leftover)
+redis.call('XCLAIM', KEYS[3], ARGV[5], ARGV[1], 0, ARGV[6], 'JUSTID')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'claimed', 'ts', ARGV[2],
   'data', cjson.encode({worker = ARGV[1], attempt = a, deliveries = d}))
 return {'claimed', tostring(a), redis.call('HGET', KEYS[1], 'spec') or '', redis.call('HGET', KEYS[1], 'auth') or ''}
