@@ -31,6 +31,23 @@ def test_json_form_keeps_every_field_and_reads_what_older_versions_wrote():
     assert TransferSpec.from_json(json.dumps(before_harp)) == spec and spec.tcp_buffer is None and not spec.pool
 
 
+def test_a_deadline_round_trips_and_a_job_without_one_is_stored_as_before():
+    """Issue 27: the deadline's fields appear only when given, so an agent older than them still takes the job."""
+    plain = json.loads(TransferSpec.from_options(["/a"], DEST, tuner="fstream").to_json())
+    assert "deadline" not in plain and "on_deadline_risk" not in plain
+    spec = TransferSpec.from_options(["/a"], DEST, tuner="fstream", deadline="2026-11-26T18:00",
+                                     on_deadline_risk="fail")
+    assert spec.deadline == 1795716000.0 and TransferSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="deadline 'soon': expected an ISO-8601 time"):
+        TransferSpec.from_options(["/a"], DEST, tuner="fstream", deadline="soon")
+    with pytest.raises(ValueError, match="deadline: tuner 'static' cannot hold a target"):
+        TransferSpec.from_options(["/a"], DEST, tuner="static", deadline=1795716000.0)
+    with pytest.raises(ValueError, match="deadline and target_throughput: give one"):
+        TransferSpec.from_options(["/a"], DEST, tuner="fstream", deadline="1h", target_throughput="1Gbit")
+    with pytest.raises(ValueError, match="on_deadline_risk 'panic': must be one of warn, fail"):
+        TransferSpec.from_options(["/a"], DEST, tuner="fstream", deadline="1h", on_deadline_risk="panic")
+
+
 def test_an_unknown_tuner_is_refused_naming_it_and_the_accepted_ones():
     assert TransferSpec.from_options(["/a"], DEST, tuner="harp").tuner == "harp"  # built (issue #10)
     for name in ("harpoon", "nope"):

@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlparse
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from fstream_provider.model.keyfile import KEY_ID
-from fstream_provider.model.units import parse_duration, parse_rate, parse_size
+from fstream_provider.model.units import parse_duration, parse_rate, parse_size, parse_until
 from fstream_provider.model.validation import SpecError, explain
 from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNERS, check_options, tuner_info, tuner_variant
 from fstream_provider.tuning.variants import FStreamVariant, HarpVariant
@@ -28,6 +28,7 @@ TCP_BUFFER_MIN, TCP_BUFFER_MAX = 4096, 2**30
 # scheduler read it again: issue #11.)
 RETIRED_FIELDS: tuple[str, ...] = ()
 PRIORITY_CLASSES = ("interactive", "batch")
+DEADLINE_RISK = ("warn", "fail")  # what an infeasible deadline does: a WARNING (and a job event), or stop
 # User-facing option names (``from_options``) that are converted into a spec field.
 RATE_OPTIONS = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
 DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",
@@ -108,6 +109,10 @@ class TransferSpec(BaseModel):
     :param label: free text shown in logs.
     :param priority_class: ``interactive`` or ``batch``: how the agents' STEAL scheduler treats the job
         (batch runs on the bandwidth interactive jobs leave and never preempts; ``docs/scheduling.md``).
+    :param deadline: UNIX seconds by which everything known should have landed: the tuner's QoS target is
+        steered to it (``tuning.deadline``; ``from_options`` also takes an ISO-8601 time or a duration from now).
+    :param on_deadline_risk: ``warn`` (a WARNING and a ``deadline`` event when even the path's best rate cannot
+        meet it) or ``fail`` (the transfer stops then, as failed).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
@@ -144,6 +149,8 @@ class TransferSpec(BaseModel):
     tcp_buffer: int | None = None
     label: str = ""
     priority_class: str = "interactive"
+    deadline: float | None = None  # UNIX seconds: a QoS target steered to land everything by then (issue 27)
+    on_deadline_risk: str = "warn"
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -198,6 +205,13 @@ class TransferSpec(BaseModel):
             raise ValueError(f"{info.field_name} {v!r}: must be a positive number{unit}")
         return v
 
+    @field_validator("on_deadline_risk")
+    @classmethod
+    def _on_deadline_risk(cls, v: str) -> str:
+        if v not in DEADLINE_RISK:
+            raise ValueError(f"on_deadline_risk {v!r}: must be one of {', '.join(DEADLINE_RISK)}")
+        return v
+
     @field_validator("priority_class")
     @classmethod
     def _priority_class(cls, v: str) -> str:
@@ -227,6 +241,12 @@ class TransferSpec(BaseModel):
             raise ValueError(f"cc {self.cc}: more than max_cc {self.max_cc}")
         check_options(self.tuner, cc=self.cc, p=self.p, pp=self.pp, target_throughput_bps=self.target_throughput_bps,
                       profile_interval=self.profile_interval_s is not None)
+        if self.deadline is not None:
+            if self.target_throughput_bps is not None:
+                raise ValueError("deadline and target_throughput: give one (a deadline sets the target itself)")
+            if not tuner_info(self.tuner).holds_target:
+                raise ValueError(f"deadline: tuner {self.tuner!r} cannot hold a target; a deadline steers one "
+                                 "(use tuner fstream)")
         self.tuner_variant()
         return self
 
@@ -241,7 +261,12 @@ class TransferSpec(BaseModel):
         return Destination.parse(self.destination)
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump()
+        """The fields; a job without a deadline leaves the deadline's fields out, so agents older than issue 27
+        (which refuse unknown fields) still take it."""
+        data = self.model_dump()
+        if self.deadline is None and self.on_deadline_risk == "warn":
+            del data["deadline"], data["on_deadline_risk"]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -284,6 +309,8 @@ class TransferSpec(BaseModel):
                     conv[RATE_OPTIONS[k]] = parse_rate(v)
                 elif k in DURATION_OPTIONS:
                     conv[DURATION_OPTIONS[k]] = parse_duration(v)
+                elif k == "deadline" and not isinstance(v, (int, float)):
+                    conv[k] = parse_until(str(v), what="deadline")
                 elif k in ("block_size", "tcp_buffer") and isinstance(v, str):
                     conv[k] = parse_size(v)
                 else:

@@ -52,7 +52,7 @@ def parse_duration(text: str | float | int) -> float:
     return float(m.group(1)) * _DUR_UNIT[m.group(2)]
 
 
-def parse_until(text: str, now: float | None = None) -> float:
+def parse_until(text: str, now: float | None = None, what: str = "until") -> float:
     """A stop time as UNIX seconds: an ISO-8601 time (``2026-11-25T18:00``, UTC unless it names a
     zone) or a duration from ``now`` (``30m``, ``2h``)."""
     import time
@@ -64,7 +64,7 @@ def parse_until(text: str, now: float | None = None) -> float:
     try:
         return iso_to_unix(text)
     except ValueError:
-        raise ValueError(f"until {text!r}: expected an ISO-8601 time such as 2026-11-25T18:00 "
+        raise ValueError(f"{what} {text!r}: expected an ISO-8601 time such as 2026-11-25T18:00 "
                          f"or a duration from now such as 30m") from None
 
 

@@ -155,6 +155,17 @@ class FStreamTuner(ClusteredTuner):
                 out.append(ClusterLayout(c.name, s.cc, s.p, s.pp))
         return tuple(out)
 
+    def set_target(self, bps: float | None) -> None:
+        """Move the QoS target while running (a deadline's steering, ``deadline.Deadline``); None fills the path."""
+        if bps is None:
+            self.target, self._qos = None, None
+            return
+        if self._qos is None:
+            self._qos = QosController(target_bps=bps, max_cc=self.path.max_cc, jump=self.variant.on("jump"),
+                                      headroom=0.1 if self.pacing else 0.0, guard=self.variant.on("plateau-guard"))
+        self._qos.target_bps = bps
+        self.target = bps
+
     # -- the loop -----------------------------------------------------------------------
     def update(self, observation: Observation) -> None:
         obs = observation

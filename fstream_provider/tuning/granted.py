@@ -10,30 +10,34 @@ what is opened is bounded, and the reason says so. ``grant()`` returning None me
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable
 
 from fstream_provider.tuning.base import ClusterLayout, FileInfo, Observation, Suggestion, Tuner
 
 
-def fit_streams(layouts: tuple[ClusterLayout, ...], budget: int) -> tuple[tuple[ClusterLayout, ...], str]:
-    """``layouts`` cut to at most ``budget`` streams in all (cc x p summed), and what was cut ("" if nothing)."""
+def fit_streams(layouts: tuple[ClusterLayout, ...], budget: int,
+               what: str = "pool grant") -> tuple[tuple[ClusterLayout, ...], str]:
+    """``layouts`` cut to at most ``budget`` streams in all (cc x p summed), and what was cut ("" if nothing).
+
+    A layout keeps its other fields (a ``qos.PacedLayout``'s rate cap): only cc and p are cut."""
     streams = sum(c.cc * c.p for c in layouts)
     if streams <= budget or not layouts:
         return layouts, ""
     budget = max(budget, 1)
     scale = budget / streams
-    out = [ClusterLayout(c.cluster, max(1, math.floor(c.cc * scale)) if c.cc else 0, c.p, c.pp) for c in layouts]
+    out = [replace(c, cc=max(1, math.floor(c.cc * scale)) if c.cc else 0) for c in layouts]
     while sum(c.cc * c.p for c in out) > budget:  # one channel each may still be too much: narrow the widest
         i = max(range(len(out)), key=lambda k: (out[k].cc * out[k].p, out[k].p))
         c = out[i]
         if c.cc > 1:
-            out[i] = ClusterLayout(c.cluster, c.cc - 1, c.p, c.pp)
+            out[i] = replace(c, cc=c.cc - 1)
         elif c.p > 1:
-            out[i] = ClusterLayout(c.cluster, c.cc, c.p - 1, c.pp)
+            out[i] = replace(c, p=c.p - 1)
         else:
             break  # one stream per cluster is the least a transfer can run on
     cut = ", ".join(f"{a.cluster} cc={a.cc} p={a.p} -> cc={b.cc} p={b.p}" for a, b in zip(layouts, out) if a != b)
-    return tuple(out), f"pool grant {budget} stream(s): {cut}"
+    return tuple(out), f"{what} {budget} stream(s): {cut}"
 
 
 class Granted:

@@ -24,7 +24,9 @@ from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.pacing import paced_block_size
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.registry import make_tuner, tuner_info
+from fstream_provider.tuning.deadline import Deadline
 from transfer_agent.sending import grant, history_io, intervals
+from transfer_agent.sending.progress import DeadlineNews, LiveProgress
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channel import MAX_SEALED_BLOCK
@@ -101,6 +103,8 @@ class Transfer:
         self.history = history or history_io.HistoryOptions()
         self._recorder: history_io.HistoryRecorder | None = None
         self._lease: grant.PoolLease | None = None  # the stream pool's grant (spec.pool), opened by run()
+        self.live = LiveProgress(streaming=spec.watch or feed is not None, deadline_at=spec.deadline)
+        self._deadline_news = DeadlineNews(spec.on_deadline_risk, self.log, self.on_event)
 
     # -- public --------------------------------------------------------------------------------
     def run(self) -> TransferResult:
@@ -202,6 +206,9 @@ class Transfer:
                 history=history_io.load_profiling(redis, self.log) if redis and info.uses_history else None,
                 transfer_history=(history_io.BackgroundHistory(redis, self.log, self.history)
                                   if redis and info.uses_transfer_history else None))
+            if self.spec.deadline is not None and getattr(tuner, "deadline_status", "none") == "none":
+                wall_t0 = time.time() - (time.monotonic() - self._t0)  # observations count from _t0
+                tuner = Deadline(tuner, self.spec.deadline - wall_t0, bandwidth_bps=self.spec.bandwidth_bps)
             tuner = grant.bounded(tuner, self._lease)
             if redis is not None and self.history.record and self._recorder is None:
                 self._recorder = history_io.HistoryRecorder(redis, self.history, path=path, destination=f"{host}:{port}",
@@ -317,6 +324,7 @@ class Transfer:
                 self._recorder.note_files(sf.cluster, sf.info.size)
         with self._lock:
             self._outstanding += len(files)
+        self.live.added(files)
         pool.add_files(files)
 
     def _on_finished(self, f: InFlight, pool: ChannelPool, retry_files: list[SrcFile]) -> None:
@@ -341,6 +349,7 @@ class Transfer:
             outcome = f.outcome
         with self._lock:
             self._outstanding -= 1
+        self.live.landed(sf, ok=outcome in ("committed", "skipped"))
         if outcome == "committed":
             self.result.verified_files += 1
             self.result.bytes += sf.size
@@ -478,6 +487,9 @@ class Transfer:
             rec["scan_seconds"] = round(self._watcher.last_scan_seconds, 6)
             rec["scan_listed"] = self._watcher.last_scan_listed
         self.result.intervals.append(rec)
+        status = getattr(self._tuner, "deadline_status", None)
+        rec.update(self.live.fields(rec, busy=outstanding > 0, deadline=status))
         if self._recorder is not None:
             self._recorder.interval(rec)
         self.on_event("interval", rec)
+        self._deadline_news(status, self.spec.deadline)

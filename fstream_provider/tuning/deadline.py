@@ -1,0 +1,209 @@
+"""Deadlines that steer (issue 27): a deadline becomes a QoS target recomputed as bytes land and files arrive.
+
+FStream's QoS mode (thesis §3.6, Alg. 3; ``qos.QosController``) holds a throughput target the user
+names. A deadline names a time instead, and the target it implies changes as the transfer runs:
+
+    target = remaining bytes / (time left - margin x span - remaining files x per-file cost) x 1.05
+
+recomputed at every observation, so a transfer ahead of schedule slows down and uses no more of a
+shared path than the deadline needs, and one that falls behind (competing traffic, new files of a
+stream) speeds up. ``Deadline(tuner, ...)`` wraps a tuner that can move its target (``set_target``:
+``fstream.FStreamTuner``) the way ``granted.Granted`` wraps one for a pool.
+
+It starts with a *probe*: for the first ``probe_s`` seconds no target is set, so the tuner fills
+the path and the best rate the path gives is measured (with ``--bandwidth`` it is known before a
+byte moves). From then on:
+
+- ``on-track``: the steered target is reachable (at most the best rate seen, or the path's bandwidth);
+- ``at-risk``: the ETA's upper bound at the current rate passes the deadline; the target rises;
+- ``infeasible``: even at the best rate the remaining bytes cannot land in the time left (the
+  ETA's upper bound at that rate passes the deadline): said once, early, with the shortfall, and the
+  target is lifted (fill the path: the best that can be done); ``on_risk="fail"`` lets the driver stop;
+- ``met`` / ``missed``: nothing left before / after the deadline.
+
+Every change of state or target carries a reason for the logs. Pure (no I/O, no clock): times are
+the observations' ``t`` (seconds since the transfer started) and the deadline is on that scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import math
+
+from fstream_provider.tuning.base import FileInfo, Observation, Suggestion, Tuner
+from fstream_provider.tuning.common import fmt_bps
+from fstream_provider.tuning.eta import Eta, EtaEstimator
+from fstream_provider.tuning.granted import fit_streams
+
+MARGIN = 0.10  # aim to land this share of the deadline's span early
+BAND = 0.05  # and this much above the rate that needs: the QoS controller holds within 5 %
+MIN_TARGET_BPS = 1e5
+RISK_STATES = ("at-risk", "infeasible")
+PP_WHEN_CUT = 8  # pipelining depth of channels cut to the deadline's stream budget
+
+
+@dataclass(frozen=True)
+class DeadlineStatus:
+    """Where a transfer stands against its deadline.
+
+    :param state: on-track, at-risk, infeasible, met, missed (``probing`` during the probe).
+    :param target_bps: the target now in force (None: fill the path).
+    :param need_bps: the rate the deadline needs from now on, without margin.
+    :param best_bps: the best rate the path is known to give.
+    :param time_left_s: seconds until the deadline.
+    :param message: why, in words (the reason that reaches the logs).
+    """
+
+    state: str
+    target_bps: float | None
+    need_bps: float
+    best_bps: float
+    time_left_s: float
+    message: str
+
+    def as_dict(self) -> dict:
+        return {"state": self.state, "target_bps": self.target_bps, "need_bps": round(self.need_bps, 1),
+                "best_bps": round(self.best_bps, 1), "time_left_s": round(self.time_left_s, 3),
+                "message": self.message}
+
+
+def plan(*, t: float, deadline_t: float, remaining_bytes: float, remaining_files: float, best_bps: float,
+         eta: Eta | None, margin: float = MARGIN) -> DeadlineStatus:
+    """The target and state at time ``t`` (pure: the rule above, for one moment)."""
+    left = deadline_t - t
+    if remaining_bytes <= 0 and remaining_files <= 0:
+        return DeadlineStatus("met" if left >= 0 else "missed", None, 0.0, best_bps, left,
+                              "everything landed " + (f"{left:.1f} s before the deadline" if left >= 0
+                                                      else f"{-left:.1f} s after the deadline"))
+    if left <= 0:
+        return DeadlineStatus("missed", None, float("inf"), best_bps, left,
+                              f"deadline passed {-left:.1f} s ago with {remaining_bytes / 1e6:.1f} MB left: "
+                              "filling the path")
+    per_file = eta.per_file_s if eta is not None else 0.0
+    # aim ``margin`` of the whole span early: recomputing "what is left over the time left" at every step
+    # otherwise lands exactly on the deadline, and any last-interval shortfall misses it
+    usable = max(left - margin * deadline_t - remaining_files * per_file, 1e-3)
+    need = remaining_bytes * 8 / usable
+    # the ETA's upper bound scaled to the best rate: its relative spread is the rate's uncertainty
+    spread = (eta.hi / eta.s) if eta is not None and eta.s > 0 else 1.0
+    at_best = remaining_bytes * 8 / best_bps * spread + remaining_files * per_file if best_bps > 0 else float("inf")
+    if at_best > left:
+        return DeadlineStatus("infeasible", None, need, best_bps, left,
+                              f"needs {fmt_bps(need)} for {left:.0f} s but the path's best is {fmt_bps(best_bps)}: "
+                              f"about {at_best - left:.0f} s late even at full rate; filling the path")
+    target = min(max(need * (1 + BAND), MIN_TARGET_BPS), best_bps)
+    behind = eta is not None and eta.hi > left
+    state = "at-risk" if behind else "on-track"
+    what = (f"ETA up to {eta.hi:.0f} s at {fmt_bps(eta.rate_bps)} passes it: " if behind and eta else "")
+    return DeadlineStatus(state, target, need, best_bps, left,
+                          f"deadline in {left:.0f} s, {remaining_bytes / 1e6:.1f} MB left: {what}"
+                          f"target {fmt_bps(target)} (to land {margin * deadline_t:.0f} s early)")
+
+
+class Deadline:
+    """``tuner`` steered to land everything by ``deadline_t`` (seconds on the observations' clock).
+
+    :param tuner: a tuner with ``set_target(bps | None)`` (``fstream``).
+    :param deadline_t: the deadline, in seconds since the transfer started.
+    :param bandwidth_bps: the path's known bandwidth (None: measured during the probe).
+    :param probe_s: seconds without a target at the start (measuring the best rate); 0 with a bandwidth.
+    :param margin: the share of the deadline's span (from the start) to land early.
+    """
+
+    def __init__(self, tuner: Tuner, deadline_t: float, *, bandwidth_bps: float | None = None,
+                 probe_s: float = 5.0, margin: float = MARGIN, eta: EtaEstimator | None = None) -> None:
+        if not hasattr(tuner, "set_target"):
+            raise ValueError(f"tuner {getattr(tuner, 'name', tuner)!r} cannot hold a target: a deadline needs one "
+                             "that can (fstream)")
+        self.tuner, self.deadline_t, self.margin = tuner, float(deadline_t), margin
+        self.name = getattr(tuner, "name", "tuner")
+        self.bandwidth_bps = bandwidth_bps
+        self.probe_s = 0.0 if bandwidth_bps else float(probe_s)
+        self.eta = eta or EtaEstimator()
+        self.known_bytes = 0.0
+        self.moved_bytes = 0.0
+        self.best_seen_bps = 0.0
+        self.status: DeadlineStatus | None = None
+        path = getattr(tuner, "path", None)  # one stream's ceiling, its window over the RTT: the first guess
+        self.per_stream_bps = (path.tcp_buffer * 8 / path.rtt_s if path is not None and path.rtt_s > 0
+                               else 100e6)
+        self.budget: int | None = None  # streams the target needs (None: no bound)
+        self.changes: list[tuple[float, DeadlineStatus]] = []  # (t, status) whenever the state changed
+        self._note = ""
+
+    def __getattr__(self, item: str):  # observe_every_s, decisions, history...: the wrapped tuner's
+        return getattr(self.tuner, item)
+
+    def cluster_of(self, file: FileInfo) -> str:
+        return self.tuner.cluster_of(file)
+
+    @property
+    def deadline_status(self) -> DeadlineStatus | None:
+        """The status after the last observation (what the sender reports); None before the first."""
+        return self.status
+
+    def best_bps(self) -> float:
+        return max(self.bandwidth_bps or 0.0, self.best_seen_bps)
+
+    def update(self, observation: Observation) -> None:
+        obs = observation
+        self.known_bytes += sum(f.size for f in obs.new_files)
+        self.moved_bytes += obs.bytes
+        pending = sum(st.pending_files for st in obs.clusters.values())
+        if obs.dt > 0:
+            self.best_seen_bps = max(self.best_seen_bps, obs.throughput_bps)
+            self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0)
+        self.tuner.update(obs)
+        self._note = ""
+        remaining = max(0.0, self.known_bytes - self.moved_bytes)
+        files_left = pending  # not yet started; those in flight are in ``remaining`` bytes
+        if obs.t < self.probe_s and remaining > 0:
+            self.status = DeadlineStatus("probing", None, 0.0, self.best_bps(), self.deadline_t - obs.t,
+                                         f"measuring the path's best rate for {self.probe_s:.0f} s before steering")
+            self._set(None, obs.t)
+            return
+        self._learn_streams(obs)
+        st = plan(t=obs.t, deadline_t=self.deadline_t, remaining_bytes=remaining, remaining_files=files_left,
+                  best_bps=self.best_bps() or float("inf"), eta=self.eta.estimate(remaining, files_left),
+                  margin=self.margin)
+        self.status = st
+        self._set(st.target_bps, obs.t)
+
+    def _learn_streams(self, obs: Observation) -> None:
+        """A paced transfer at its target says nothing about spare streams; one held below its target by the
+        stream budget measures what a stream gives, and the budget grows to what the target needs."""
+        streams = sum(l.cc * l.p for l in obs.layouts)
+        target = getattr(self.tuner, "target", None)
+        pending = sum(st.pending_files for st in obs.clusters.values())
+        channels = sum(l.cc for l in obs.layouts)
+        if (self.budget is not None and target and obs.dt > 0 and streams >= self.budget and pending >= channels
+                and 0 < obs.throughput_bps < 0.95 * target):
+            self.per_stream_bps = obs.throughput_bps / streams
+
+    def _set(self, target: float | None, t: float) -> None:
+        st = self.status
+        last = self.changes[-1][1] if self.changes else None
+        if last is None or last.state != st.state:
+            self.changes.append((t, st))
+            self._note = f"deadline {st.state}: {st.message}"
+        self.budget = (None if target is None
+                       else max(1, math.ceil(target * (1 + self.margin) / max(self.per_stream_bps, 1.0))))
+        old = getattr(self.tuner, "target", None)
+        if target != old and (target is None or old is None or abs(target - old) > 0.05 * old):
+            self.tuner.set_target(target)  # small moves are left to the controller's band
+            self._note = self._note or f"deadline {st.state}: {st.message}"
+
+    def suggest(self) -> Suggestion:
+        s = self.tuner.suggest()
+        note, self._note = self._note, ""
+        if self.budget is not None:  # no more streams than the target needs: pacing alone would keep them all
+            layouts, cut = fit_streams(s.layouts, self.budget, what="deadline needs")
+            if cut:  # fewer streams: pipeline deeper so each keeps busy between files (free in streams)
+                layouts = tuple(replace(l, pp=max(l.pp, PP_WHEN_CUT)) for l in layouts)
+            if layouts != s.layouts:
+                s = replace(s, layouts=layouts, changed=True)
+                note = f"{note}; {cut}" if note else ""
+        if not note:
+            return s
+        return replace(s, reason=f"{s.reason}; {note}" if s.reason else note, changed=True)

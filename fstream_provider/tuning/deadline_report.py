@@ -1,0 +1,91 @@
+"""Deadlines in the simulator (issue 27's goals): does steering meet a deadline, and at what cost in streams?
+
+For a workload on a path, ``minimum_time`` is the oracle's: the fastest fixed (cc, p, pp) of a grid (as in
+``simreport``), and deadlines are set at multiples of it. A steered run (``deadline.Deadline`` around the
+``fstream`` tuner) is scored on whether it landed everything by the deadline and on its *stream-seconds*
+(TCP streams open x time, summed over the run: what it held of a shared path), against the fixed setting
+of the grid that meets the same deadline with the fewest stream-seconds ("the slowest setting that meets
+it"). An infeasible deadline (below the minimum) is scored on when the run first says so.
+
+    python -m fstream_provider.tuning.deadline_report      # prints the table (bench/deadline_bench wraps it)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from fstream_provider.tuning.base import PathInfo
+from fstream_provider.tuning.deadline import Deadline
+from fstream_provider.tuning.fixed import FixedTuner
+from fstream_provider.tuning.fstream import FStreamTuner
+from fstream_provider.tuning.sim import SimResult, StorageModel, simulate
+from fstream_provider.tuning.workloads import Workload
+
+GRID = ((1, 2, 4, 8, 16, 32), (1, 2, 4, 8), (0, 2, 8))
+
+
+def stream_seconds(r: SimResult) -> float:
+    """TCP streams open (cc x p over every cluster's layout) times time, over the run."""
+    out, last = 0.0, 0.0
+    for iv in r.intervals:
+        layouts = iv.get("layouts") or []
+        streams = sum(l["cc"] * l["p"] for l in layouts) if layouts else iv["cc"] * iv["p"]
+        out += streams * (iv["t"] - last)
+        last = iv["t"]
+    return out
+
+
+@dataclass
+class FixedRun:
+    cc: int
+    p: int
+    pp: int
+    seconds: float
+    stream_seconds: float
+
+
+def fixed_runs(w: Workload, path: PathInfo, *, storage: StorageModel | None = None, grid=GRID,
+               profile_interval_s: float = 2.0, max_time_s: float = 3600.0) -> list[FixedRun]:
+    """Every completed fixed setting of ``grid`` on ``w``."""
+    out = []
+    for cc, p, pp in itertools.product(*grid):
+        if cc > path.max_cc:
+            continue
+        r = simulate(FixedTuner(cc=cc, p=p, pp=pp), w, path, storage=storage, profile_interval_s=profile_interval_s,
+                     max_time_s=max_time_s)
+        if r.completed:
+            out.append(FixedRun(cc, p, pp, r.total_time_s, stream_seconds(r)))
+    return out
+
+
+def steered(w: Workload, path: PathInfo, deadline_s: float, *, storage: StorageModel | None = None,
+            profile_interval_s: float = 2.0, bandwidth_known: bool = False) -> dict:
+    """One steered run: met, seconds, stream-seconds, when each state was first said."""
+    d = Deadline(FStreamTuner(path=path), deadline_s, bandwidth_bps=path.bandwidth_bps if bandwidth_known else None)
+    r = simulate(d, w, path, storage=storage, profile_interval_s=profile_interval_s, max_time_s=deadline_s * 4)
+    first: dict[str, float] = {}
+    for t, st in d.changes:
+        first.setdefault(st.state, round(t, 3))
+    return {"met": r.completed and r.total_time_s <= deadline_s, "seconds": r.total_time_s,
+            "stream_seconds": stream_seconds(r), "first": first, "completed": r.completed}
+
+
+def case(w: Workload, path: PathInfo, factors=(1.2, 1.5, 2.0), infeasible=0.8, **kw) -> list[dict]:
+    """Rows for one workload: each deadline factor, and the infeasible one."""
+    runs = fixed_runs(w, path, storage=kw.get("storage"), profile_interval_s=kw.get("profile_interval_s", 2.0))
+    best = min(runs, key=lambda f: f.seconds)
+    rows = []
+    for k in factors:
+        deadline = best.seconds * k
+        s = steered(w, path, deadline, **kw)
+        meeting = [f for f in runs if f.seconds <= deadline]
+        slowest = min(meeting, key=lambda f: f.stream_seconds)
+        rows.append({"workload": w.name, "factor": k, "minimum_s": best.seconds, "deadline_s": deadline, **s,
+                     "fixed": {"cc": slowest.cc, "p": slowest.p, "pp": slowest.pp, "seconds": slowest.seconds,
+                               "stream_seconds": slowest.stream_seconds},
+                     "stream_ratio": s["stream_seconds"] / slowest.stream_seconds if slowest.stream_seconds else None})
+    s = steered(w, path, best.seconds * infeasible, **kw)
+    rows.append({"workload": w.name, "factor": infeasible, "minimum_s": best.seconds,
+                 "deadline_s": best.seconds * infeasible, **s, "infeasible_reported_s": s["first"].get("infeasible")})
+    return rows

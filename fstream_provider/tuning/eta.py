@@ -1,0 +1,121 @@
+"""Time left, with an error bar, for what is known to be left (issue 27).
+
+Remaining time is remaining bytes over a *rolling* rate (the last ``window_s`` seconds of busy
+intervals, not the lifetime average), plus remaining files times the per-file cost when the window
+measures one. Both come from one least-squares fit through the origin of interval length on what
+the interval moved (statsmodels OLS):
+
+    dt_i = bytes_i / R                      (basis "rate")
+    dt_i = bytes_i / R + files_i * c        (basis "rate+files", when c is measurable: > 0 and
+                                             significant at 5 %, with enough intervals)
+
+and the error bar is the fit's 90 % confidence interval of that mean prediction at
+``(remaining bytes, remaining files)``: it widens when the recent rate varies and narrows as
+the window fills with steady intervals. An interval in which nothing was outstanding (a stream
+waiting for the instrument) is not busy and is left out: it says nothing about how fast the
+backlog drains. The per-file term matters when what is left differs from the window's mix (a
+tail of small files after large ones); otherwise the two bases agree.
+
+This is a pure module (no I/O): the sender feeds it its interval records, the simulator its
+intervals, and ``bench/eta_bench`` scores it against the time the transfer really took.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+
+DEFAULT_WINDOW_S = 20.0
+LEVEL = 0.90
+MIN_FILES_FIT = 8  # intervals before a per-file cost is fitted
+
+
+@dataclass(frozen=True)
+class Eta:
+    """Seconds left: ``s`` (best estimate), ``lo``..``hi`` (90 % interval), at ``rate_bps`` (the rolling rate).
+
+    :param basis: "rate" or "rate+files" (which fit gave it), "done" when nothing is left.
+    :param per_file_s: the fitted per-file cost (0 under "rate").
+    """
+
+    s: float
+    lo: float
+    hi: float
+    rate_bps: float
+    basis: str
+    per_file_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+class EtaEstimator:
+    """Rolling ETA of a transfer.
+
+    :param window_s: length of the rolling window of busy intervals.
+    :param level: confidence level of the interval.
+    """
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, level: float = LEVEL) -> None:
+        if window_s <= 0:
+            raise ValueError(f"ETA window {window_s!r}: must be positive seconds")
+        self.window_s, self.level = float(window_s), float(level)
+        self._rows: deque[tuple[float, float, float, float]] = deque()  # (t, dt, bytes, files)
+
+    def add(self, t: float, dt: float, nbytes: float, files: float = 0.0, busy: bool = True) -> None:
+        """One interval ending at ``t`` (seconds), ``dt`` long, that moved ``nbytes`` and finished ``files``."""
+        if dt <= 0 or not busy:
+            return
+        self._rows.append((float(t), float(dt), float(nbytes), float(files)))
+        while self._rows and self._rows[0][0] <= t - self.window_s:
+            self._rows.popleft()
+
+    def rate_bps(self) -> float:
+        """The rolling rate (bits/s) over the window; 0 before any busy interval."""
+        dt = sum(r[1] for r in self._rows)
+        return sum(r[2] for r in self._rows) * 8 / dt if dt > 0 else 0.0
+
+    def estimate(self, remaining_bytes: float, remaining_files: float = 0.0) -> Eta | None:
+        """Time left for ``remaining_bytes`` in ``remaining_files``; None until two busy intervals moved bytes."""
+        rate = self.rate_bps()
+        if remaining_bytes <= 0 and remaining_files <= 0:
+            return Eta(0.0, 0.0, 0.0, rate, "done")
+        rows = [r for r in self._rows]
+        if len(rows) < 2 or rate <= 0:
+            return None
+        import numpy as np
+        import statsmodels.api as sm
+
+        y = np.array([r[1] for r in rows])
+        xb = np.array([r[2] for r in rows])
+        xf = np.array([r[3] for r in rows])
+        alpha = 1 - self.level
+        fit = self._files_fit(y, xb, xf, alpha) if len(rows) >= MIN_FILES_FIT and remaining_files > 0 else None
+        if fit is not None:
+            res, basis = fit, "rate+files"
+            x = np.array([[remaining_bytes, remaining_files]])
+        else:
+            res, basis = sm.OLS(y, xb.reshape(-1, 1)).fit(), "rate"
+            x = np.array([[remaining_bytes]])
+        pred = res.get_prediction(x)
+        mean = float(pred.predicted_mean[0])
+        lo, hi = (float(v) for v in pred.conf_int(alpha=alpha)[0])
+        if not math.isfinite(mean) or mean <= 0:
+            return None
+        per_file = float(res.params[1]) if basis == "rate+files" else 0.0
+        slope = float(res.params[0])
+        return Eta(mean, max(0.0, min(lo, mean)), max(hi, mean), 8 / slope if slope > 0 else rate, basis, per_file)
+
+    @staticmethod
+    def _files_fit(y, xb, xf, alpha: float):
+        """The bytes+files fit when it measures a per-file cost (both coefficients > 0, files significant)."""
+        import numpy as np
+        import statsmodels.api as sm
+
+        if np.ptp(xf) <= 0 or np.ptp(xb / np.maximum(xf, 1)) <= 0:
+            return None
+        res = sm.OLS(y, np.column_stack([xb, xf])).fit()
+        if res.params[0] <= 0 or res.params[1] <= 0 or not res.pvalues[1] < 0.05:
+            return None
+        return res

@@ -1,0 +1,92 @@
+"""Issue 27 on real agents over loopback: a deadline steers the rate, what the records say (bytes, ETA, lag,
+deadline), and on_deadline_risk=fail stopping a transfer that cannot make it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agentkit import make_files, send, start_receiver, wait_until, write_file, write_secret
+
+
+@pytest.fixture
+def rig(tmp_path):
+    secret = write_secret(tmp_path / "secret")
+    rx = start_receiver(tmp_path / "dst", secret)
+    yield tmp_path, secret, rx
+    rx.stop()
+
+
+def test_a_deadline_paces_the_transfer_to_land_before_it(rig):
+    tmp, secret, rx = rig
+    src = make_files(tmp / "src", {f"f{i:02d}.bin": 1_000_000 for i in range(40)})  # 320 Mbit
+    events: list = []
+    deadline = time.time() + 6.0
+    r = send(src, rx.port, secret, tuner="fstream", deadline=deadline, bandwidth="2Gbit", sample_interval="0.5s",
+             on_event=lambda k, d: events.append((k, d)))
+    assert r.ok and r.verified_files == 40
+    landed = time.time()
+    assert landed <= deadline
+    assert r.seconds >= 3.0  # steered to ~60 Mbit/s, not flat out (loopback does it in well under a second)
+    ivs = [d for k, d in events if k == "interval"]
+    assert ivs[-1]["bytes_done"] == ivs[-1]["bytes_total"] == 40_000_000 and ivs[-1]["bytes_left"] == 0
+    assert ivs[-1]["deadline"]["state"] == "met" and ivs[-1]["deadline"]["at"] == deadline
+    mid = [d for d in ivs if d["eta"] and d["eta"]["basis"] == "rate"]
+    assert mid, "an ETA once two busy intervals moved bytes"
+    e = mid[len(mid) // 2]
+    assert e["eta"]["lo"] <= e["eta"]["s"] <= e["eta"]["hi"] and e["eta"]["rate_bps"] > 0
+    news = [d for k, d in events if k == "deadline"]
+    assert news and news[0]["state"] == "on-track" and news[0]["target_bps"] < 2e9
+    assert any("deadline on-track" in t["reason"] for k, t in events if k == "tuning")
+
+
+def test_on_deadline_risk_fail_stops_an_infeasible_transfer_early(rig, caplog):
+    tmp, secret, rx = rig
+    src = make_files(tmp / "src", {f"f{i:02d}.bin": 1_000_000 for i in range(40)})
+    events: list = []
+    # the path is said to do 10 Mbit/s: 320 Mbit cannot land in 5 s
+    r = send(src, rx.port, secret, tuner="fstream", deadline=time.time() + 5.0, bandwidth="10Mbit",
+             on_deadline_risk="fail", on_event=lambda k, d: events.append((k, d)))
+    assert not r.ok and "deadline cannot be met" in r.error and not r.retryable
+    assert [d["state"] for k, d in events if k == "deadline"] == ["infeasible"]
+    assert any(rec.levelname == "WARNING" and "deadline infeasible" in rec.getMessage() for rec in caplog.records)
+
+
+def test_on_deadline_risk_warn_keeps_going_and_says_so(rig, caplog):
+    tmp, secret, rx = rig
+    src = make_files(tmp / "src", {f"f{i:02d}.bin": 200_000 for i in range(10)})
+    events: list = []
+    r = send(src, rx.port, secret, tuner="fstream", deadline=time.time() + 0.05, bandwidth="1Mbit",
+             on_event=lambda k, d: events.append((k, d)))
+    assert r.ok and r.verified_files == 10
+    states = [d["state"] for k, d in events if k == "deadline"]
+    assert states[0] in ("infeasible", "missed")
+    assert any(rec.levelname == "WARNING" and "deadline" in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_watched_stream_reports_its_lag(rig):
+    tmp, secret, rx = rig
+    src = tmp / "run"
+    src.mkdir()
+    events: list = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        for i in range(6):
+            write_file(src / f"img_{i}.h5", b"x" * 100_000, mtime=time.time() - 3.0)  # closed 3 s ago
+            time.sleep(0.3)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        r = send(src, rx.port, secret, tuner="fstream", watch=True, interval="0.2s", idle_exit="2s",
+                 sample_interval="0.3s", on_event=lambda k, d: events.append((k, d)), cancel=stop)
+    finally:
+        th.join()
+    assert r.ok and r.verified_files == 6
+    lags = [d["lag"] for k, d in events if k == "interval" and d.get("lag")]
+    assert lags and lags[-1]["landed"] == 6
+    assert 3.0 <= lags[-1]["p50_s"] < 30 and lags[-1]["p99_s"] >= lags[-1]["p50_s"]
+    assert any(l["oldest_s"] >= 3.0 for l in lags[:-1]) and lags[-1]["oldest_s"] == 0.0
