@@ -53,6 +53,31 @@ def test_priority_class_reaches_the_spec_and_a_wrong_one_fails_at_parse():
     assert "priority_class" in FStreamTransferOperator.template_fields
 
 
+def test_a_deadline_is_absolute_or_counts_from_the_runs_start_and_a_bad_one_fails_at_parse():
+    import datetime as dt
+    from types import SimpleNamespace
+
+    start = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.timezone.utc)
+    ctx = {"dag_run": SimpleNamespace(start_date=start), "ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t")}
+    assert op(deadline="2h").build_spec(ctx).deadline == start.timestamp() + 7200
+    assert op(deadline=dt.timedelta(minutes=30)).build_spec(ctx).deadline == start.timestamp() + 1800
+    assert op(deadline="2026-11-26T18:00").build_spec(ctx).deadline == 1795716000.0
+    spec = op(deadline=1795716000, on_deadline_risk="fail").build_spec(ctx)
+    assert (spec.deadline, spec.on_deadline_risk) == (1795716000.0, "fail")
+    assert op().build_spec(ctx).deadline is None
+    with pytest.raises(ValueError, match="deadline 'by lunch': expected a datetime"):
+        op(deadline="by lunch")
+    with pytest.raises(ValueError, match="on_deadline_risk 'panic': must be one of warn, fail"):
+        op(deadline="2h", on_deadline_risk="panic")
+    with pytest.raises(ValueError, match="deadline: tuner 'static' cannot hold a target"):
+        op(tuner="static", deadline="2h")
+    o = op(deadline="{{ params.deadline }}")  # templated: checked once rendered
+    o.deadline = "soonish"
+    with pytest.raises(AirflowException, match="t: invalid transfer options: deadline 'soonish'"):
+        o.build_spec(ctx)
+    assert {"deadline", "on_deadline_risk"} <= set(FStreamTransferOperator.template_fields)
+
+
 def test_tuner_options_reach_the_spec_and_a_start_reaches_the_tuner():
     spec = op(tuner="fstream", cc=6, p=2, pp=3,
               tuner_options={"block_size": "4MiB", "profile_interval": "5s"}).build_spec()

@@ -9,6 +9,7 @@ import logging
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
+from fstream_provider.model.live_text import deadline_text, live_text
 from fstream_provider.model.plot import decisions, layout_key, save_plot  # noqa: F401 - save_plot re-exported
 from fstream_provider.model.units import format_bytes, format_rate
 
@@ -54,6 +55,9 @@ def format_interval(rec: dict[str, Any], target_bps: float | None = None, prev: 
     done, pending = rec.get("files_done"), rec.get("files_pending")
     if done is not None or pending is not None:
         line += f"  files {int(_num(done))} done, {int(_num(pending))} pending"
+    live = live_text(rec)  # ETA, lag and deadline (issue 27) when the agent reports them
+    if live:
+        line += f"  {live}"
     if rec.get("tuning_event"):
         return line  # the `tuning:` line just above gave the reason; this line shows the new layout
     reason = rec.get("reason")
@@ -116,6 +120,10 @@ def live_event_line(ev: dict[str, Any], target_bps: float | None = None,
         return logging.WARNING, f"preempted: {ev.get('reason', '')}{kept}"
     if kind == "scheduled":
         return logging.INFO, f"scheduler: {ev.get('reason', '')}"
+    if kind == "deadline":  # at risk, infeasible or missed: a WARNING naming the shortfall, as soon as it is known
+        state = ev.get("state", "?")
+        level = logging.WARNING if state in ("at-risk", "infeasible", "missed") else logging.INFO
+        return level, f"deadline {state}: {ev.get('message', '')}"
     return None
 
 
@@ -153,6 +161,16 @@ def target_warnings(result: dict[str, Any], intervals: list[dict[str, Any]], tar
     if why:
         msg += " — " + "; ".join(why)
     return [msg]
+
+
+def live_summary(intervals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last lag and deadline the agent reported (issue 27), for the XCom report and the summary table."""
+    out: dict[str, Any] = {}
+    for name in ("lag", "deadline"):
+        last = next((r[name] for r in reversed(intervals) if isinstance(r.get(name), dict)), None)
+        if last is not None:
+            out[name] = last
+    return out
 
 
 def interval_stats(intervals: list[dict[str, Any]]) -> dict[str, Any]:
@@ -193,6 +211,14 @@ def summary_table(result: dict[str, Any], intervals: list[dict[str, Any]], targe
     if target_bps:
         rows.append(("target", f"{format_rate(target_bps)} "
                                f"({100.0 * _num(result.get('throughput_bps')) / target_bps:.0f}% reached)"))
+    live = live_summary(intervals)
+    if live.get("lag"):
+        lag = live["lag"]
+        rows.append(("lag (closed -> landed)", f"p50 {_num(lag.get('p50_s')):.1f} s, p99 {_num(lag.get('p99_s')):.1f} s "
+                                               f"over the last {lag.get('landed', 0)} file(s)"))
+    if live.get("deadline"):
+        d = live["deadline"]
+        rows.append(("deadline", f"{deadline_text(d)}: {d.get('message', '')}"))
     if intervals:
         st = interval_stats(intervals)
         rows.append(("intervals", f"{st['intervals']} (min {format_rate(st['min_throughput_bps'])}, "
@@ -264,6 +290,7 @@ def build_report(job_id: str, events: list[tuple[str, dict[str, Any]]], target_b
         "failures": (result.get("failures") or [])[:100],
         "target_throughput_bps": target_bps,
         "timeline": interval_stats(intervals),
+        **live_summary(intervals),
         "landed_files": landed[:max_files],
         "landed_files_truncated": len(landed) > max_files,
     }

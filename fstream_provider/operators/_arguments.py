@@ -8,6 +8,7 @@ checks run on every value that is already known (not a template), so a typo fail
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
@@ -45,6 +46,31 @@ def to_unix_time(until: Any) -> float | None:
         return iso_to_unix(until)
     except ValueError:
         raise ValueError(f"until {until!r}: expected a datetime, an ISO-8601 string or UNIX seconds") from None
+
+
+def deadline_time(deadline: Any, context: Any = None) -> float | None:
+    """``deadline`` as UNIX seconds: a datetime, ISO-8601 string or UNIX seconds is absolute; a duration
+    (``timedelta``, ``"2h"``, ``"90m"``) counts from the DAG run's start (now when there is no run)."""
+    if deadline in (None, ""):
+        return None
+    span = None
+    if isinstance(deadline, dt.timedelta):
+        span = deadline.total_seconds()
+    elif isinstance(deadline, str):
+        try:
+            span = parse_duration(deadline)
+        except ValueError:
+            span = None
+    if span is None:
+        try:
+            return to_unix_time(deadline)
+        except ValueError:
+            raise ValueError(f"deadline {deadline!r}: expected a datetime, an ISO-8601 string, UNIX seconds, or a "
+                             "duration from the run's start (timedelta or a string such as 2h)") from None
+    run = context.get("dag_run") if context is not None else None
+    start = getattr(run, "start_date", None) or getattr(run, "logical_date", None)
+    base = start.timestamp() if isinstance(start, dt.datetime) else time.time()
+    return base + span
 
 
 def rendered_int(task_id: str, name: str, value: Any) -> int | None:

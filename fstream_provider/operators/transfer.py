@@ -18,6 +18,7 @@ from fstream_provider.model.units import parse_duration, parse_rate
 from fstream_provider.tuning.registry import check_options
 from fstream_provider.model.tasklog import build_report, live_event_line, summary_table, target_warnings
 from fstream_provider.operators._arguments import (  # noqa: F401  (normalize_sources, to_unix_time: public here too)
+    deadline_time,
     check_known_arguments, is_template, normalize_sources, rendered_bool, rendered_int, rendered_tuner_options,
     to_unix_time)
 from fstream_provider.operators.links import PLOT_XCOM_KEY, FStreamPlotLink, plot_location, plot_url, write_plot
@@ -82,6 +83,12 @@ class FStreamTransferOperator(BaseOperator):
         connection's ``key`` extra, else the agents' ``default``). Jobs never name key files (issue 32).
     :param priority_class: ``interactive`` (default) or ``batch``: how agents scheduling with STEAL treat the
         job (batch uses what interactive jobs leave and never preempts; ``docs/scheduling.md``).
+    :param deadline: land everything by then (issue 27; templated): a datetime, an ISO-8601 string or UNIX seconds,
+        or a duration (``timedelta``, ``"2h"``) counted from the DAG run's start. It steers the ``fstream``
+        tuner's QoS target to what the deadline needs, and says early (a WARNING in this log, a ``deadline`` job
+        event) when even the path's best rate cannot meet it. Airflow's ``DeadlineAlert`` watches the whole run
+        from outside and cannot move a running task; this one acts inside the transfer (``docs/airflow``).
+    :param on_deadline_risk: ``warn`` (default) or ``fail``: what the agent does when the deadline cannot be met.
     :param tuner_options: the options without a parameter of their own
         (:class:`~fstream_provider.model.options.TunerOptions`: ``profile_interval``, ``sample_interval``,
         ``block_size``, ``tcp_buffer``, ``encrypt``, ``pool``, ``tls_cert``, ``tls_key``, ``tls_ca``, ``label``); unknown keys are refused.
@@ -102,7 +109,7 @@ class FStreamTransferOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p", "pp",
         "watch", "until", "idle_exit", "interval", "verify", "key", "tuner_options", "agent_timeout",
-        "plot_dir", "priority_class",
+        "plot_dir", "priority_class", "deadline", "on_deadline_risk",
     )
     ui_color = "#c8e6f5"
     operator_extra_links = (FStreamPlotLink(),)
@@ -127,6 +134,8 @@ class FStreamTransferOperator(BaseOperator):
         verify: bool = True,
         key: str | None = None,
         priority_class: str = "interactive",
+        deadline: Any = None,
+        on_deadline_risk: str = "warn",
         tuner_options: dict[str, Any] | None = None,
         fstream_conn_id: str = DEFAULT_CONN_ID,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -154,6 +163,8 @@ class FStreamTransferOperator(BaseOperator):
         self.verify = verify
         self.key = key
         self.priority_class = priority_class
+        self.deadline = deadline
+        self.on_deadline_risk = on_deadline_risk
         self.tuner_options = tuner_options or {}
         self.fstream_conn_id = fstream_conn_id
         self.deferrable = deferrable
@@ -187,6 +198,13 @@ class FStreamTransferOperator(BaseOperator):
                 if self.priority_class not in PRIORITY_CLASSES:
                     raise ValueError(f"priority_class {self.priority_class!r}: must be one of "
                                      f"{', '.join(PRIORITY_CLASSES)}")
+            if not is_template(self.deadline):
+                deadline_time(self.deadline)  # its form; a duration counts from the run's start at execute
+            if not is_template(self.on_deadline_risk):
+                from fstream_provider.model.spec import DEADLINE_RISK
+                if self.on_deadline_risk not in DEADLINE_RISK:
+                    raise ValueError(f"on_deadline_risk {self.on_deadline_risk!r}: must be one of "
+                                     f"{', '.join(DEADLINE_RISK)}")
             if any(is_template(v) for v in (self.tuner, self.target_throughput, self.cc, self.p, self.pp)):
                 return
             target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
@@ -194,6 +212,9 @@ class FStreamTransferOperator(BaseOperator):
             given = {k for k, v in opts.items() if v is not None} if isinstance(opts, dict) else set()
             check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target, variant="variant" in given,
                           profiling=bool(given & {"utilisation", "band"}), profile_interval="profile_interval" in given)
+            if self.deadline not in (None, "") and not check_options(self.tuner).holds_target:
+                raise ValueError(f"deadline: tuner {self.tuner!r} cannot hold a target; a deadline steers one "
+                                 "(use tuner fstream)")
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: invalid transfer options: {exc}") from None
 
@@ -218,6 +239,10 @@ class FStreamTransferOperator(BaseOperator):
         except ValueError as exc:
             raise AirflowException(f"{self.task_id}: invalid transfer options: {exc}") from None
         cc, p, pp, max_cc = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp", "max_cc"))
+        try:
+            deadline = deadline_time(self.deadline, context)
+        except ValueError as exc:
+            raise AirflowException(f"{self.task_id}: invalid transfer options: {exc}") from None
         opts.update(
             tuner=self.tuner, target_throughput=self.target_throughput or None, max_cc=max_cc,
             bandwidth=self.bandwidth or None, rtt=self.rtt or None, cc=cc, p=p, pp=pp,
@@ -226,6 +251,7 @@ class FStreamTransferOperator(BaseOperator):
             verify=rendered_bool(self.task_id, "verify", self.verify),
             key=self.key or None, label=opts.get("label") or label,
             priority_class=self.priority_class or "interactive",
+            deadline=deadline, on_deadline_risk=self.on_deadline_risk or "warn",
         )
         try:
             return TransferSpec.from_options(sources, self.destination, **opts)

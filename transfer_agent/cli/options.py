@@ -41,6 +41,13 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth", metavar="RATE", help="path bandwidth, e.g. 1Gbit, 800Mbps, 100MB/s")
     p.add_argument("--rtt", metavar="DURATION", help="round-trip time, e.g. 40ms (default: measured)")
     p.add_argument("--target-throughput", metavar="RATE", help="QoS target, e.g. 600Mbps")
+    p.add_argument("--deadline", metavar="TIME",
+                   help="land everything by this time (ISO-8601, UTC unless zoned) or within this duration (2h): "
+                        "steers the fstream tuner's QoS target to what the deadline needs, so the transfer uses no "
+                        "more of the path than that; says early when even the path's best rate cannot make it")
+    p.add_argument("--on-deadline-risk", choices=("warn", "fail"), default=None,
+                   help="with --deadline, when even the path's best rate cannot meet it: warn (default: a "
+                        "WARNING and a 'deadline' job event) or fail (stop the transfer)")
     p.add_argument("--profile-interval", metavar="DURATION",
                    help="profiling interval: how often the tuner decides (default: the tuner's own; fstream "
                         "max(2s, 50 RTT), its thesis variant and the other tuners 10s); used by --tuner "
@@ -107,7 +114,19 @@ def spec_from_args(args: argparse.Namespace, *, job: bool = False) -> TransferSp
         verify=not args.no_verify, secret_file=secret, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_ca=args.tls_ca, encrypt=args.encrypt, pool=args.pool, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
         priority_class=args.priority, public_checksum=bool(getattr(args, "manifest", None)), key=args.key,
+        deadline=_deadline(args), on_deadline_risk=args.on_deadline_risk,
     )
+
+
+def _deadline(args: argparse.Namespace) -> float | None:
+    if args.on_deadline_risk and not args.deadline:
+        raise ValueError("--on-deadline-risk: only with --deadline")
+    if not args.deadline:
+        return None
+    try:
+        return parse_until(args.deadline, what="--deadline")
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _until(args: argparse.Namespace) -> float | None:

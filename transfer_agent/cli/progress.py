@@ -19,22 +19,28 @@ class Progress:
             self._p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
                                    TextColumn("{task.completed}/{task.total} files"),
                                    TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[params]}"),
+                                   TextColumn("{task.fields[live]}"),
                                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
-            self._task = self._p.add_task("fstream", total=None, rate="", params="")
+            self._task = self._p.add_task("fstream", total=None, rate="", params="", live="")
             self._p.start()
 
     def __call__(self, kind: str, data: dict) -> None:
         if not self.enabled:
             return
+        from fstream_provider.model.live_text import live_text
         from fstream_provider.model.units import format_rate
 
         if kind == "interval":
             total = data.get("files_total") or None
             self._p.update(self._task, completed=data.get("files_done", 0), total=total,
                            rate=format_rate(data.get("throughput_bps", 0.0)),
-                           params=f"cc={data.get('cc')} p={data.get('p')} pp={data.get('pp')}")
+                           params=f"cc={data.get('cc')} p={data.get('p')} pp={data.get('pp')}", live=live_text(data))
         elif kind == "tuning":
             self._p.console.print(f"[dim]tuning @{data.get('t', 0):.1f}s: {data.get('reason', '')}[/]")
+        elif kind == "deadline":
+            colour = "red" if data.get("state") in ("infeasible", "missed") else (
+                "yellow" if data.get("state") == "at-risk" else "dim")
+            self._p.console.print(f"[{colour}]deadline {data.get('state')}: {data.get('message', '')}[/]")
         elif kind == "file" and data.get("status") == "failed":
             self._p.console.print(f"[red]failed[/] {data.get('path')}: {data.get('reason')}")
 
