@@ -188,7 +188,7 @@ class Deadline:
             self.changes.append((t, st))
             self._note = f"deadline {st.state}: {st.message}"
         self.budget = (None if target is None
-                       else max(1, math.ceil(target * (1 + self.margin) / max(self.per_stream_bps, 1.0))))
+                       else max(1, math.ceil(target * (1 + BAND) / max(self.per_stream_bps, 1.0))))
         old = getattr(self.tuner, "target", None)
         if target != old and (target is None or old is None or abs(target - old) > 0.05 * old):
             self.tuner.set_target(target)  # small moves are left to the controller's band

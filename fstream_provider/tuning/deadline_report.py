@@ -89,3 +89,54 @@ def case(w: Workload, path: PathInfo, factors=(1.2, 1.5, 2.0), infeasible=0.8, *
     rows.append({"workload": w.name, "factor": infeasible, "minimum_s": best.seconds,
                  "deadline_s": best.seconds * infeasible, **s, "infeasible_reported_s": s["first"].get("infeasible")})
     return rows
+
+
+class EtaProbe:
+    """``tuner`` unchanged, with an ``EtaEstimator`` fed every observation as the sender feeds it: records
+    ``(t, remaining bytes, Eta)`` so a run can be scored against when it really finished."""
+
+    def __init__(self, tuner) -> None:
+        from fstream_provider.tuning.eta import EtaEstimator
+
+        self.tuner, self.name = tuner, getattr(tuner, "name", "tuner")
+        self.eta, self.known, self.moved, self.points = EtaEstimator(), 0.0, 0.0, []
+
+    def __getattr__(self, item: str):
+        return getattr(self.tuner, item)
+
+    def cluster_of(self, file):
+        return self.tuner.cluster_of(file)
+
+    def update(self, obs) -> None:
+        self.known += sum(f.size for f in obs.new_files)
+        self.moved += obs.bytes
+        pending = sum(st.pending_files for st in obs.clusters.values())
+        if obs.dt > 0:
+            self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0)
+            left = max(0.0, self.known - self.moved)
+            self.points.append((obs.t, left, self.eta.estimate(left, pending)))
+        self.tuner.update(obs)
+
+    def suggest(self):
+        return self.tuner.suggest()
+
+
+def eta_errors(w: Workload, path: PathInfo, *, storage: StorageModel | None = None, profile_interval_s: float = 2.0,
+               at=(0.25, 0.5, 0.75)) -> dict:
+    """The ETA's relative error (and whether its interval held the truth) when 25, 50 and 75 % of a backlogged
+    workload had moved, on the ``fstream`` tuner."""
+    probe = EtaProbe(FStreamTuner(path=path))
+    r = simulate(probe, w, path, storage=storage, profile_interval_s=profile_interval_s)
+    total = w.total_bytes
+    out = {}
+    for frac in at:
+        point = next(((t, left, e) for t, left, e in probe.points if total - left >= frac * total and e is not None),
+                     None)
+        if point is None:
+            out[str(frac)] = None
+            continue
+        t, left, e = point
+        truth = r.total_time_s - t
+        out[str(frac)] = {"t": t, "eta_s": e.s, "truth_s": truth, "rel_error": abs(e.s - truth) / truth if truth > 0
+                          else 0.0, "covered": e.lo <= truth <= e.hi, "basis": e.basis}
+    return out

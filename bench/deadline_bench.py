@@ -1,0 +1,226 @@
+"""``fstream bench deadline``: issue 27's ETA and deadline goals, in the simulator and on the emulated WAN.
+
+    fstream bench deadline sim                   # every workload x seeds: deadlines at 1.2/1.5/2x the oracle's
+                                                 # minimum and one infeasible (0.8x); ETA error at 25/50/75 %
+    fstream bench deadline wan                   # (root) 1 Gbit/s, 40 ms, 1 MiB: ETA error of backlogged runs,
+                                                 # 10 deadline runs, the fewest-stream fixed setting, infeasible
+
+Simulator (``fstream_provider.tuning.deadline_report``): the minimum is the fastest fixed (cc, p, pp) of
+the grid; a run meets its deadline when everything landed by then; its stream-seconds are compared with
+the grid setting that meets the same deadline with the fewest stream-seconds. Deterministic.
+
+WAN: each workload runs once with the default ``fstream`` tuner (its time is the minimum we use: the
+oracle's grid is not re-run on the WAN, see ``tuning_wan``; the tuner is within a few % of it there), and
+its interval records score the ETA; then ``--runs`` deadline runs cycle through the factors, the
+simulator's fewest-stream fixed setting for each factor runs once for the stream-seconds comparison, and
+one 0.7x deadline measures when "infeasible" is first said. Writes ``deadline-<stamp>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from fstream_bench import provenance
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODULES = (*provenance.AGENT, "fstream_bench.deadline_bench", "fstream_bench.wan", "fstream_bench.wan_rig",
+           "fstream_bench.peers", "fstream_bench.workload_gen", "fstream_bench.report")
+FACTORS = (1.2, 1.5, 2.0)
+
+
+def _med(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else {"n": 0}
+
+
+def eta_points(intervals: list[dict], seconds: float, at=(0.25, 0.5, 0.75)) -> dict:
+    """Relative ETA error of an agent's interval records when 25/50/75 % of the bytes had landed."""
+    out = {}
+    for frac in at:
+        rec = next((r for r in intervals if r.get("eta") and r.get("bytes_total") and r["eta"].get("basis") != "done"
+                    and r["bytes_done"] >= frac * r["bytes_total"]), None)
+        if rec is None:
+            out[str(frac)] = None
+            continue
+        truth = seconds - rec["t"]
+        e = rec["eta"]
+        out[str(frac)] = {"t": rec["t"], "eta_s": e["s"], "truth_s": truth,
+                          "rel_error": abs(e["s"] - truth) / truth if truth > 0 else 0.0,
+                          "covered": e["lo"] <= truth <= e["hi"], "basis": e["basis"]}
+    return out
+
+
+def stream_seconds(intervals: list[dict]) -> float:
+    """Streams open (cc x p per cluster) times the interval, from an agent's records."""
+    return sum(sum(c["cc"] * c["p"] for c in (r.get("clusters") or {}).values()) * float(r.get("dt") or 0)
+               for r in intervals)
+
+
+def eta_summary(cases: list[dict]) -> dict:
+    by: dict[str, list[float]] = {}
+    cov: dict[str, list[bool]] = {}
+    for c in cases:
+        for k, v in (c.get("eta") or {}).items():
+            if v:
+                by.setdefault(k, []).append(v["rel_error"])
+                cov.setdefault(k, []).append(v["covered"])
+    return {k: {**_med(v), "covered": sum(cov[k]) / len(cov[k])} for k, v in by.items()}
+
+
+# -- the simulator ------------------------------------------------------------------------------------------------
+def run_sim(args) -> dict:
+    from fstream_provider.tuning.base import PathInfo
+    from fstream_provider.tuning.deadline_report import case, eta_errors
+    from fstream_provider.tuning.workloads import make_workload
+
+    path = PathInfo(args.bandwidth, args.rtt, tcp_buffer=args.buffer, max_cc=32)
+    rows, etas = [], []
+    for seed in range(args.seeds):
+        for name in args.workloads.split(","):
+            w = make_workload(name, scale=args.scale, seed=seed, interval_s=0.0)
+            t0 = time.process_time()
+            for r in case(w, path, factors=FACTORS, infeasible=0.8):
+                rows.append({**r, "seed": seed})
+            etas.append({"workload": name, "seed": seed, "eta": eta_errors(w, path)})
+            print(f"sim {name} seed {seed}: {time.process_time() - t0:.1f} CPU-s", flush=True)
+    feasible = [r for r in rows if r["factor"] >= 1.0]
+    infeasible = [r for r in rows if r["factor"] < 1.0]
+    return {"path": {"bandwidth_bps": args.bandwidth, "rtt_s": args.rtt, "tcp_buffer": args.buffer},
+            "scale": args.scale, "rows": rows, "eta": etas,
+            "summary": {"met": sum(r["met"] for r in feasible), "feasible": len(feasible),
+                        "stream_ratio": {str(k): _med([r["stream_ratio"] for r in feasible if r["factor"] == k])
+                                         for k in FACTORS},
+                        "infeasible_reported_s": _med([r["infeasible_reported_s"] for r in infeasible
+                                                       if r["infeasible_reported_s"] is not None]),
+                        "infeasible_reported": sum(r["infeasible_reported_s"] is not None for r in infeasible),
+                        "infeasible_runs": len(infeasible), "eta": eta_summary(etas)}}
+
+
+# -- the emulated WAN ---------------------------------------------------------------------------------------------
+def run_wan(args) -> dict:
+    from fstream_bench.peers import fstream as fs_peer
+    from fstream_bench.wan_rig import open_bench, selfcheck_line, send_json
+    from fstream_bench.workload_gen import build, materialize
+    from fstream_provider.tuning.base import PathInfo
+    from fstream_provider.tuning.deadline_report import fixed_runs
+    from fstream_provider.tuning.sim import dtn_storage
+
+    bench = open_bench(args)
+    work = Path(args.workdir or f"/dev/shm/fstream-deadline-{os.getpid()}")
+    out = {"selfcheck": selfcheck_line(bench.selfcheck), "backlogged": [], "deadline": [], "fixed": [],
+           "infeasible": None}
+    base = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
+            "sample_interval": "1s"}
+    try:
+        with fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
+            def send(label: str, src: Path, tuner: str = "fstream", **opts):
+                shutil.rmtree(work / "dst" / label, ignore_errors=True)
+                r = send_json(bench.sites, rx, [src], label, tuner=tuner, options={**base, **opts}, label=label,
+                              timeout=args.timeout)
+                shutil.rmtree(work / "dst" / label, ignore_errors=True)
+                return r
+
+            staged = {}
+            for name in args.workloads.split(","):
+                w = build(name, bandwidth_bps=bench.bandwidth_bps, rtt_s=bench.rtt_s, interval_s=0.0,
+                          count_factor=args.count_factor)
+                staged[name] = (w, materialize(w, work / "stage" / name).staging)
+                r = send(f"min-{name}", staged[name][1])
+                secs = r.self_seconds or r.seconds
+                out["backlogged"].append({"workload": name, "files": len(w.files), "bytes": w.total_bytes,
+                                          "ok": r.ok, "seconds": secs, "eta": eta_points(r.intervals, secs),
+                                          "stream_seconds": stream_seconds(r.intervals), "error": r.error[:300]})
+                print(f"wan {name}: {secs:.1f} s, eta {out['backlogged'][-1]['eta']}", flush=True)
+            name = args.deadline_workload
+            w, src = staged[name]
+            minimum = next(b["seconds"] for b in out["backlogged"] if b["workload"] == name)
+            path = PathInfo(bench.bandwidth_bps, bench.rtt_s, tcp_buffer=args.buffer, max_cc=32)
+            runs = fixed_runs(w, path, storage=dtn_storage(bench.bandwidth_bps))
+            for k in FACTORS:  # the simulator's fewest-stream setting that meets k x minimum, measured for real
+                meeting = [f for f in runs if f.seconds <= k * minimum] or runs
+                f = min(meeting, key=lambda f: f.stream_seconds)
+                r = send(f"fixed-{k}", src, tuner="fixed", cc=f.cc, p=f.p, pp=f.pp)
+                out["fixed"].append({"factor": k, "cc": f.cc, "p": f.p, "pp": f.pp, "ok": r.ok,
+                                     "seconds": r.self_seconds or r.seconds, "met": r.ok and (r.self_seconds or
+                                                                                          r.seconds) <= k * minimum,
+                                     "stream_seconds": stream_seconds(r.intervals)})
+            for i in range(args.runs):
+                k = FACTORS[i % len(FACTORS)]
+                deadline = k * minimum
+                t0 = time.time()
+                r = send(f"deadline-{i}", src, deadline=f"{deadline:.3f}s")
+                landed = time.time() - t0
+                last = next((iv["deadline"] for iv in reversed(r.intervals) if iv.get("deadline")), {})
+                out["deadline"].append({"run": i, "factor": k, "deadline_s": deadline, "ok": r.ok,
+                                        "seconds": r.self_seconds or r.seconds, "wall_s": landed,
+                                        "met": r.ok and last.get("state") == "met",
+                                        "stream_seconds": stream_seconds(r.intervals), "state": last.get("state"),
+                                        "eta": eta_points(r.intervals, r.self_seconds or r.seconds)})
+                print(f"wan deadline {i} ({k}x = {deadline:.1f} s): {out['deadline'][-1]['seconds']:.1f} s, "
+                      f"{last.get('state')}", flush=True)
+            r = send("infeasible", src, deadline=f"{0.7 * minimum:.3f}s")
+            first = next((iv["t"] for iv in r.intervals if (iv.get("deadline") or {}).get("state") == "infeasible"),
+                         None)
+            out["infeasible"] = {"deadline_s": 0.7 * minimum, "reported_at_s": first, "ok": r.ok}
+    finally:
+        bench.close()
+        shutil.rmtree(work, ignore_errors=True)
+    fixed = {f["factor"]: f["stream_seconds"] for f in out["fixed"]}
+    out["summary"] = {
+        "met": sum(d["met"] for d in out["deadline"]), "runs": len(out["deadline"]),
+        "stream_ratio": {str(k): _med([d["stream_seconds"] / fixed[k] for d in out["deadline"]
+                                       if d["factor"] == k and fixed.get(k)]) for k in FACTORS},
+        "eta": eta_summary(out["backlogged"]), "infeasible_reported_at_s": out["infeasible"]["reported_at_s"]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fstream_bench.report import machine_info
+    from fstream_bench.wan_rig import add_path_args
+    from fstream_provider.model.units import parse_duration, parse_rate, parse_size
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="fstream bench deadline", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="part", required=True)
+    s = sub.add_parser("sim", help="the simulator's table (deterministic)")
+    s.add_argument("--workloads", default="w1,w2,w3,w4,sra,lcls")
+    s.add_argument("--seeds", type=int, default=3)
+    s.add_argument("--scale", type=float, default=0.25, help="workload size scale (0.25: 3-5 minute runs at 1 Gbit/s)")
+    s.add_argument("--bandwidth", default="1Gbit")
+    s.add_argument("--rtt", default="40ms")
+    s.add_argument("--buffer", default="1MiB")
+    s.add_argument("--results", default=str(RESULTS))
+    wn = sub.add_parser("wan", help="(root) the emulated WAN")
+    add_path_args(wn, "tb27d")
+    wn.add_argument("--workloads", default="w1,w3,sra,lcls")
+    wn.add_argument("--deadline-workload", default="w1")
+    wn.add_argument("--count-factor", type=float, default=0.3)
+    wn.add_argument("--runs", type=int, default=10)
+    wn.add_argument("--timeout", type=float, default=600.0)
+    args = ap.parse_args(argv)
+    prov = provenance.start("deadline", argv, MODULES)
+    if args.part == "sim":
+        args.bandwidth, args.rtt, args.buffer = parse_rate(args.bandwidth), parse_duration(args.rtt), parse_size(args.buffer)
+        doc = run_sim(args)
+    else:
+        args.buffer = parse_size(args.buffer)
+        doc = run_wan(args)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    doc = {"part": args.part, "command": "fstream bench deadline " + " ".join(argv), "machine": machine_info(),
+           "loadavg_end": os.getloadavg(), **doc, "provenance": provenance.finish(prov)}
+    path = Path(args.results) / f"deadline-{args.part}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    print(json.dumps(doc["summary"], indent=1, default=str))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
