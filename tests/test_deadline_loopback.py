@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentkit import make_files, send, start_receiver, wait_until, write_file, write_secret
+from agentkit import PacedReceiver, make_files, send, start_receiver, write_file, write_secret
 
 
 @pytest.fixture
@@ -66,8 +66,10 @@ def test_on_deadline_risk_warn_keeps_going_and_says_so(rig, caplog):
     assert any(rec.levelname == "WARNING" and "deadline" in rec.getMessage() for rec in caplog.records)
 
 
-def test_a_watched_stream_reports_its_lag(rig):
-    tmp, secret, rx = rig
+def test_a_watched_stream_reports_its_lag(tmp_path):
+    """A receiver writing 400 kB/s holds each 100 kB file a quarter second, so records are taken while one waits."""
+    tmp, secret = tmp_path, write_secret(tmp_path / "secret")
+    rx = start_receiver(tmp / "dst", secret, cls=PacedReceiver, rate=400_000)
     src = tmp / "run"
     src.mkdir()
     events: list = []
@@ -82,9 +84,10 @@ def test_a_watched_stream_reports_its_lag(rig):
     th.start()
     try:
         r = send(src, rx.port, secret, tuner="fstream", watch=True, interval="0.2s", idle_exit="2s",
-                 sample_interval="0.3s", on_event=lambda k, d: events.append((k, d)), cancel=stop)
+                 sample_interval="0.1s", on_event=lambda k, d: events.append((k, d)), cancel=stop)
     finally:
         th.join()
+        rx.stop()
     assert r.ok and r.verified_files == 6
     lags = [d["lag"] for k, d in events if k == "interval" and d.get("lag")]
     assert lags and lags[-1]["landed"] == 6

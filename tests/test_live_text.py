@@ -14,17 +14,17 @@ REC = {"t": 12.0, "dt": 1.0, "bytes": 10, "throughput_bps": 8e8, "cc": 2, "p": 1
 
 
 def test_the_texts():
-    assert eta_text(REC["eta"]) == "ETA 42s (38s-47s)"
+    assert eta_text(REC["eta"]) == "ETA 42s (38s..47s)"
     assert eta_text({"basis": "done", "s": 0, "lo": 0, "hi": 0}) == "ETA done"
-    assert lag_text(REC["lag"]) == "lag 3s (p50 2s, p99 5s)"
+    assert lag_text(REC["lag"]) == "lag 3.2s p50 2.0s p99 5.0s"
     assert deadline_text(REC["deadline"]) == "deadline 18:00:00Z on-track"
     assert eta_text(None) == lag_text(None) == deadline_text(None) == live_text({}) == ""
-    assert eta_text({"s": 7200, "lo": 3600, "hi": 10800, "basis": "rate"}) == "ETA 2.0h (60m-3.0h)"
+    assert eta_text({"s": 7200, "lo": 3599, "hi": 10800, "basis": "rate"}) == "ETA 2h00m (59m59s..3h00m)"
 
 
 def test_interval_lines_carry_them_and_a_risky_deadline_is_a_warning():
     line = format_interval(REC)
-    assert "ETA 42s (38s-47s), lag 3s (p50 2s, p99 5s), deadline 18:00:00Z on-track" in line
+    assert "ETA 42s (38s..47s), lag 3.2s p50 2.0s p99 5.0s, deadline 18:00:00Z on-track" in line
     level, text = live_event_line({"kind": "deadline", "state": "infeasible", "message": "about 30 s late"})
     assert level == logging.WARNING and text == "deadline infeasible: about 30 s late"
     assert live_event_line({"kind": "deadline", "state": "on-track", "message": "x"})[0] == logging.INFO

@@ -1,45 +1,59 @@
 """Words for the live fields of an interval record (issue 27): ETA with its interval, lag, deadline state.
 
 One wording for the CLI's progress line, the Airflow task log and ``fstream top``; each takes the field
-as the agent stores it (``transfer_agent.sending.progress``) and returns "" when there is none.
+as the agent stores it (``transfer_agent.sending.progress``). The ``*_span`` forms (for a column that
+names what it shows) give ``-`` when there is none; the ``*_text`` forms (for running text) give "".
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 
-def _secs(s: float) -> str:
-    s = max(0.0, float(s))
-    if s < 90:
-        return f"{s:.0f}s"
-    if s < 5400:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
+def dur(seconds: Any) -> str:
+    """``4.2s``, ``42s``, ``3m05s``, ``2h07m``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
 
 
-def eta_text(eta: dict | None) -> str:
-    """``ETA 42s (38s-47s)``; ``done`` when nothing is left."""
-    if not eta:
-        return ""
+def eta_span(eta: Any) -> str:
+    """``42s (31s..1m01s)``: the estimate and its interval; ``done`` when nothing is left."""
+    if not isinstance(eta, dict) or eta.get("s") is None:
+        return "-"
     if eta.get("basis") == "done":
-        return "ETA done"
-    return f"ETA {_secs(eta['s'])} ({_secs(eta['lo'])}-{_secs(eta['hi'])})"
+        return "done"
+    lo, hi = eta.get("lo"), eta.get("hi")
+    return dur(eta["s"]) + (f" ({dur(lo)}..{dur(hi)})" if lo is not None and hi is not None else "")
 
 
-def lag_text(lag: dict | None) -> str:
-    """``lag 3s (p50 2s, p99 5s)``: the oldest file not yet landed, and closed->landed latency."""
-    if not lag:
-        return ""
-    out = f"lag {_secs(lag.get('oldest_s') or 0)}"
-    if lag.get("p50_s") is not None:
-        out += f" (p50 {_secs(lag['p50_s'])}, p99 {_secs(lag['p99_s'])})"
-    return out
+def lag_span(lag: Any) -> str:
+    """``3.5s p50 1.2s p99 2.8s``: the oldest waiting file's age and closed->landed latencies."""
+    if not isinstance(lag, dict):
+        return "-"
+    parts = [dur(lag["oldest_s"])] if lag.get("oldest_s") is not None else []
+    parts += [f"{name} {dur(lag[key])}" for name, key in (("p50", "p50_s"), ("p99", "p99_s"))
+              if lag.get(key) is not None]
+    return " ".join(parts) or "-"
 
 
-def deadline_text(d: dict | None) -> str:
+def eta_text(eta: Any) -> str:
+    return "" if eta_span(eta) == "-" else f"ETA {eta_span(eta)}"
+
+
+def lag_text(lag: Any) -> str:
+    return "" if lag_span(lag) == "-" else f"lag {lag_span(lag)}"
+
+
+def deadline_text(d: Any) -> str:
     """``deadline 18:00:00Z on-track``."""
-    if not d:
+    if not isinstance(d, dict):
         return ""
     at = d.get("at")
     when = dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%H:%M:%SZ") if at else "?"

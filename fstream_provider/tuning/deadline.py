@@ -171,8 +171,13 @@ class Deadline:
         self._set(st.target_bps, obs.t)
 
     def _learn_streams(self, obs: Observation) -> None:
-        """A paced transfer at its target says nothing about spare streams; one held below its target by the
-        stream budget measures what a stream gives, and the budget grows to what the target needs."""
+        """The budget starts from one stream's ceiling (its window over the RTT) and grows only when that
+        falls short: behind schedule (at risk) and held below the target at the budget, what a stream really
+        gives is measured and the budget grows to what the target needs. Learning from every interval below
+        target instead (small files limited by per-file round trips, not by streams) doubled the streams held
+        for no gain (``bench deadline``)."""
+        if self.status is None or self.status.state != "at-risk":
+            return
         streams = sum(l.cc * l.p for l in obs.layouts)
         target = getattr(self.tuner, "target", None)
         pending = sum(st.pending_files for st in obs.clusters.values())

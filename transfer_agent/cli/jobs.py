@@ -179,7 +179,7 @@ def _event_printer(progress: Any) -> Any:
                   flush=True)
         elif kind == "released":
             print(f"released: {ev.get('reason')} (another agent will take it)", file=sys.stderr, flush=True)
-        elif kind in ("interval", "tuning", "file"):
+        elif kind in ("interval", "tuning", "file", "deadline"):
             progress(kind, ev)
 
     return on_event
@@ -268,7 +268,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         if job is None:
             raise FStreamError(f"job {args.job}: not found (unknown id, expired, or another Redis/namespace)")
         if args.json:
-            print(json.dumps(job.to_dict(), default=str))
+            from fstream_provider.bus.live import job_row
+
+            print(json.dumps({**job.to_dict(), "live": job_row(job)}, default=str))
             return EXIT_OK
         t = Table(title=f"job {job.job_id}", show_header=False)
         t.add_column("field", no_wrap=True)
@@ -296,8 +298,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     jobs = store.list(limit=args.limit)
     agents = _live_agents(store)
-    if args.json:
-        print(json.dumps({"jobs": [j.to_dict() for j in jobs], "agents": agents,
+    if args.json:  # "live": the rows of `fstream top` and the Airflow view (running, queued, then finished)
+        from fstream_provider.bus.live import overview
+
+        live = overview(store.client, store.keys, limit=args.limit)["jobs"]
+        print(json.dumps({"jobs": [j.to_dict() for j in jobs], "agents": agents, "live": live,
                           "dead_letters": [{"id": i, **f} for i, f in store.dead_letters()]}, default=str))
         return EXIT_OK
     t = Table(title="fstream jobs")

@@ -151,7 +151,7 @@ SEND_EPILOG = """exit codes:
 
 # -- parser ----------------------------------------------------------------------------------------
 BUILTIN = frozenset({"receive", "send", "agent", "submit", "status", "cancel", "reconcile", "redis", "seen",
-                     "history", "calibrate", "pools", "schedule", "redis-acl", "audit"})
+                     "history", "calibrate", "pools", "schedule", "redis-acl", "audit", "top"})
 
 
 def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -207,12 +207,12 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
-    from transfer_agent.cli import acl, audit, calibrate, history, jobs, pools, schedule, seen
+    from transfer_agent.cli import acl, audit, calibrate, history, jobs, pools, schedule, seen, top
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
                 jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
                 calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
-                acl.add_acl_parser, audit.add_audit_parser):
+                acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser):
         add(sub)
     for name, register in (plugin_commands() if plugins is None else plugins).items():
         register(sub)
