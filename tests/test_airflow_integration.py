@@ -166,14 +166,16 @@ def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_pl
         assert http(base + "/fstream/docs/..%2Fsecret", tok)[0] == 404
         plugins = json.loads(http(base + "/api/v2/plugins", tok)[2])["plugins"]
         (ours,) = [p for p in plugins if p["name"] == "fstream"]
-        assert ours["external_views"][0]["destination"] == "task_instance"
-        assert ours["external_views"][0]["href"] == "/fstream/page/{DAG_ID}/{RUN_ID}/{TASK_ID}/{MAP_INDEX}"
-        # in a real browser: the task instance's "Transfer plot" tab shows the drawn plot, on the task page
+        views = {v["name"]: v for v in ours["external_views"]}
+        assert views["Transfer"]["destination"] == "task_instance"
+        assert views["Transfer"]["href"] == "/fstream/page/{DAG_ID}/{RUN_ID}/{TASK_ID}/{MAP_INDEX}"
+        assert (views["FStream"]["destination"], views["FStream"]["href"]) == ("nav", "/fstream/live")
+        # in a real browser: the task instance's "Transfer" tab shows the finished job and its drawn plot
         with browser_page(base, tok) as page:
             ti_url = f"{base}/dags/fstream_transfer_example/runs/{run_id}/tasks/transfer"
             page.goto(ti_url)
             try:
-                page.get_by_text("Transfer plot", exact=True).click(timeout=15_000)
+                page.get_by_text("Transfer", exact=True).click(timeout=15_000)
                 img = page.frame_locator("iframe").locator("img#plot")
                 img.wait_for(timeout=30_000)
             except Exception:
@@ -183,6 +185,11 @@ def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_pl
                                    "f.contentDocument && f.contentDocument.querySelector('img#plot'); "
                                    "return i && i.complete && i.naturalWidth > 0 })", timeout=30_000)
             assert unquote(page.url).startswith(unquote(ti_url)) and "Page Not Found" not in page.content()
+            from playwright.sync_api import expect
+
+            frame = page.frame_locator("iframe")  # the live view of a job that ended: its final state and files
+            expect(frame.locator("#status")).to_have_text("finished: succeeded", timeout=30_000)
+            expect(frame.locator("#files tbody tr")).to_have_count(len(src), timeout=30_000)
             if os.environ.get("FSTREAM_DOCS_SCREENSHOTS"):  # docs/airflow/img/transfer-plot-tab.png
                 page.screenshot(path=os.path.join(os.environ["FSTREAM_DOCS_SCREENSHOTS"], "transfer-plot-tab.png"))
 

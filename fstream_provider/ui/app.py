@@ -1,13 +1,16 @@
-"""The FStream plugin's FastAPI app, mounted on the Airflow api-server under ``/fstream`` (issue 31).
+"""The FStream plugin's FastAPI app, mounted on the Airflow api-server under ``/fstream`` (issues 31, 27).
 
-Every route is behind Airflow's auth manager: reading a task instance of the DAG named in the path
-(``requires_access_dag``), so a user who may not see a DAG sees none of its transfers, and a request
-without the UI's token is refused (401/403). Routes:
+Every route is behind Airflow's auth manager, and a request without the UI's token is refused (401/403):
+a task's routes by reading a task instance of the DAG named in the path (``requires_access_dag``), so a
+user who may not see a DAG sees none of its transfers; the overview by the plugins view
+(``requires_access_view``), filtered per DAG. Routes:
 
 - ``GET /fstream/plot/{dag_id}/{run_id}/{task_id}/{map_index}.png``: the task's transfer plot (PNG), drawn
   from its job's events when first asked for (``plots``); 404 with the reason when there is none.
-- ``GET /fstream/page/{dag_id}/{run_id}/{task_id}/{map_index}``: a small page showing that plot, which the
-  task instance's "Transfer plot" tab frames.
+- the live views (``live_routes``): ``/fstream/live`` (the top-level "FStream" overview, its ``/data`` and
+  ``/stream``), ``/fstream/page/{dag_id}/{run_id}/{task_id}/{map_index}`` (the task instance's "Transfer"
+  tab: the job live, with its plot) with ``/fstream/job/...`` (JSON) and ``/fstream/stream/...``
+  (server-sent events fed by the job's Redis event stream).
 - ``GET /fstream/docs/{page}`` (and ``/fstream/docs/img/{name}``): the provider's how-to pages (the installed
   ``docs/airflow``), rendered, for any signed-in user: the Providers page links ``fstream/docs/index.md``
   (``setup.cfg``'s Documentation URL) instead of an apache.org path that does not exist.
@@ -25,15 +28,17 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import requires_access_dag, requires_authenticated
 
-from fstream_provider.model.plot import PLOT_MOUNT, plot_route
+from fstream_provider.model.plot import PLOT_MOUNT
 from fstream_provider.provider_info import DOC_PAGES, docs_dir
 from fstream_provider.ui import plots
+from fstream_provider.ui.live_routes import router as live_router
 
 MOUNT = PLOT_MOUNT
 READ_TI = [Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))]
 SIGNED_IN = [Depends(requires_authenticated())]
 
 app = FastAPI(title="FStream", description="FStream transfers in the Airflow UI")
+app.include_router(live_router)
 
 
 @app.get("/plot/{dag_id}/{run_id}/{task_id}/{map_index}.png", dependencies=READ_TI,
@@ -46,23 +51,6 @@ def plot(dag_id: str, run_id: str, task_id: str, map_index: str, session: Sessio
     except plots.PlotUnavailable as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
     return Response(content=png, media_type="image/png", headers={"Cache-Control": "private, max-age=5"})
-
-
-@app.get("/page/{dag_id}/{run_id}/{task_id}/{map_index}", dependencies=READ_TI, response_class=HTMLResponse)
-def page(dag_id: str, run_id: str, task_id: str, map_index: str, session: SessionDep) -> HTMLResponse:
-    ti = plots.TaskRef.parse(dag_id, run_id, task_id, map_index)
-    try:
-        job_id, _conn = plots.job_of(ti, session)
-    except plots.PlotUnavailable as exc:
-        body = f'<p class="none">{html.escape(str(exc))}</p>'
-    else:
-        # relative to this page (``/fstream/page/d/r/t/m``), so an Airflow served under a sub-path works too
-        src = html.escape("../../../.." + plot_route(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)[len(MOUNT):])
-        body = (f'<h3>FStream job {html.escape(job_id)}</h3><img id="plot" src="{src}" '
-                'alt="throughput, channels and parameter changes over time" style="max-width:100%">'
-                f'<p><a href="{src}" target="_blank" rel="noopener">open the PNG</a></p>')
-    return HTMLResponse("<!doctype html><html><head><meta charset='utf-8'><title>FStream transfer plot</title>"
-                        f"</head><body style='font-family:sans-serif'>{body}</body></html>")
 
 
 @app.get("/docs/{page}", dependencies=SIGNED_IN, response_class=HTMLResponse)

@@ -2,8 +2,11 @@
 point (a provider-info ``plugins`` entry is not loaded under lazy provider discovery).
 
 - ``fastapi_apps``: ``fstream_provider.ui.app`` under ``/fstream`` (auth-guarded routes);
-- ``external_views``: a "Transfer plot" tab on every task instance, framing the plot page (a task that ran
-  no FStream job shows a one-line note saying so).
+- ``external_views``: a top-level "FStream" entry in the UI's navigation (``destination`` ``nav`` with
+  ``nav_top_level``), framing the live overview ``/fstream/live`` (agents, running and queued jobs, pools,
+  the scheduler board; issue 27), and a "Transfer" tab on every task instance framing the job's live view
+  with its plot (a task that ran no FStream job shows a one-line note saying so, and picks the job up when
+  the task submits one).
 """
 
 from __future__ import annotations
@@ -11,14 +14,24 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from fstream_provider.ui.app import MOUNT, app
+from fstream_provider.ui.live_routes import NAV_ROUTE, TAB_ROUTE
 
 
 class FStreamPlugin(AirflowPlugin):
     name = "fstream"
     fastapi_apps = [{"app": app, "url_prefix": MOUNT, "name": "FStream"}]
-    external_views = [{
-        "name": "Transfer plot",
-        "href": MOUNT + "/page/{DAG_ID}/{RUN_ID}/{TASK_ID}/{MAP_INDEX}",
-        "destination": "task_instance",
-        "url_route": "fstream-plot",
-    }]
+    external_views = [
+        {
+            "name": "FStream",
+            "href": MOUNT + "/live",
+            "destination": "nav",
+            "nav_top_level": True,
+            "url_route": NAV_ROUTE,
+        },
+        {
+            "name": "Transfer",
+            "href": MOUNT + "/page/{DAG_ID}/{RUN_ID}/{TASK_ID}/{MAP_INDEX}",
+            "destination": "task_instance",
+            "url_route": TAB_ROUTE,
+        },
+    ]
