@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 INTEGRATION = "FStream"
-DOC_PAGES = ("index.md", "connection.md", "operators.md", "sensors.md", "triggers.md", "hooks.md")
+DOC_PAGES = ("index.md", "connection.md", "operators.md", "sensors.md", "triggers.md", "hooks.md", "live.md")
 """The how-to pages under ``docs/airflow/``; installed with the wheel in ``share/doc/fstream/airflow``."""
 
 

@@ -162,7 +162,7 @@ def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_pl
         assert http(base + "/fstream/docs/index.md")[0] in (401, 403)  # the docs the Providers page links
         status, ctype, body = http(base + "/fstream/docs/index.md", tok)
         assert status == 200 and ctype.startswith("text/html") and "<h1>" in body.decode() and "FStream" in body.decode()
-        assert http(base + "/fstream/docs/img/transfer-plot-tab.png", tok)[2][:4] == b"\x89PNG"
+        assert http(base + "/fstream/docs/img/live-job.png", tok)[2][:4] == b"\x89PNG"
         assert http(base + "/fstream/docs/..%2Fsecret", tok)[0] == 404
         plugins = json.loads(http(base + "/api/v2/plugins", tok)[2])["plugins"]
         (ours,) = [p for p in plugins if p["name"] == "fstream"]
@@ -190,8 +190,6 @@ def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_pl
             frame = page.frame_locator("iframe")  # the live view of a job that ended: its final state and files
             expect(frame.locator("#status")).to_have_text("finished: succeeded", timeout=30_000)
             expect(frame.locator("#files tbody tr")).to_have_count(len(src), timeout=30_000)
-            if os.environ.get("FSTREAM_DOCS_SCREENSHOTS"):  # docs/airflow/img/transfer-plot-tab.png
-                page.screenshot(path=os.path.join(os.environ["FSTREAM_DOCS_SCREENSHOTS"], "transfer-plot-tab.png"))
 
 
 class _TI:
