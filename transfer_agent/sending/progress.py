@@ -45,6 +45,7 @@ class LiveProgress:
         self.bytes_total = 0
         self.bytes_done = 0
         self._files_done = 0
+        self._files_seen = 0  # files done at the last record: the next record's ETA row counts the difference
         self._waiting: dict[str, float] = {}  # source path -> its close time (mtime), until it lands
         self._latency: deque[float] = deque(maxlen=LAG_WINDOW)
         self._lock = threading.Lock()
@@ -78,8 +79,8 @@ class LiveProgress:
             done, total, files_done = self.bytes_done, self.bytes_total, self._files_done
             oldest = min(self._waiting.values(), default=None)
             lat = sorted(self._latency)
-        self.eta.add(rec["t"], rec["dt"], rec["bytes"], files=files_done - getattr(self, "_last_files", 0), busy=busy)
-        self._last_files = files_done
+        self.eta.add(rec["t"], rec["dt"], rec["bytes"], files=files_done - self._files_seen, busy=busy)
+        self._files_seen = files_done
         left = max(0, total - done)
         files_left = int(rec.get("files_pending") or 0) + int(rec.get("active_files") or 0)
         eta = self.eta.estimate(left, files_left)
