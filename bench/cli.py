@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
              "harp": "fstream_bench.harp_bench", "tuning-science": "fstream_bench.tuning_science",
              "tuning-wan": "fstream_bench.tuning_wan", "pools-wan": "fstream_bench.pools_wan",
              "sched-wan": "fstream_bench.sched_wan", "ab": "fstream_bench.ab", "micro": "fstream_bench.micro",
-             "authz": "fstream_bench.authz_bench", "deadline": "fstream_bench.deadline_bench"}
+             "authz": "fstream_bench.authz_bench", "deadline": "fstream_bench.deadline_bench",
+             "live-view": "fstream_bench.live_view_bench"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 

@@ -358,3 +358,61 @@ def authz_cost(doc: dict, _: Path) -> tuple[str, str]:
     return (f"CPU per file {med_range(xs, '{:.3f}')}× unguarded ({doc['guard']['files']:,} × "
             f"{doc['guard']['size'] // 1024} KiB); decision p99 {d['p99_ms']:.2f} ms",
             _yes(statistics.median(xs) <= 1.05 and d["p99_ms"] <= 1.0))
+
+
+# ---- issue 27: ETA, deadlines, the live view ----------------------------------------------------------------------
+
+def _eta_cells(eta: dict) -> tuple[str, bool]:
+    """ETA median absolute error at 25/50/75 % (each the median over workloads and runs), and the goal: every
+    one ≤ 10 %, and ≤ 5 % at 75 %."""
+    cells = [f"{int(float(k) * 100)} %: {v['median']:.1%} ({v['min']:.1%}–{v['max']:.1%})"
+             for k, v in sorted(eta.items()) if v.get("n")]
+    ok = all(v.get("n") and v["median"] <= 0.10 for v in eta.values()) and eta.get("0.75", {}).get("median", 1) <= 0.05
+    return ", ".join(cells), ok
+
+
+def eta_error(doc: dict, _: Path) -> tuple[str, str]:
+    """The ETA's error at 25/50/75 % of backlogged workloads (``fstream bench deadline``)."""
+    cells, ok = _eta_cells(doc["summary"]["eta"])
+    n = sum(1 for c in (doc.get("eta") or doc.get("backlogged") or []))
+    return f"median |error| {cells} ({n} runs)", _yes(ok)
+
+
+def deadline_sim(doc: dict, _: Path) -> tuple[str, str]:
+    """Deadlines met, stream-seconds against the fewest-stream fixed setting, infeasible reported (simulator)."""
+    s = doc["summary"]
+    ratios = {k: v for k, v in s["stream_ratio"].items() if v.get("n")}
+    worst = max(v["median"] for v in ratios.values())
+    cells = ", ".join(f"{k}×: {v['median']:.2f}×" for k, v in ratios.items())
+    rep = s["infeasible_reported_s"]
+    return (f"met {s['met']}/{s['feasible']}; stream-seconds {cells} of the fewest-stream setting that meets it; "
+            f"infeasible said at {rep['median']:.0f} s ({s['infeasible_reported']}/{s['infeasible_runs']})",
+            _yes(s["met"] >= 0.95 * s["feasible"] and worst <= 1.15 and rep.get("max", 99) <= 10
+                 and s["infeasible_reported"] == s["infeasible_runs"]))
+
+
+def deadline_wan(doc: dict, _: Path) -> tuple[str, str]:
+    """Deadline runs met on the emulated WAN, their stream-seconds, when infeasible was said."""
+    s = doc["summary"]
+    ratios = {k: v for k, v in s["stream_ratio"].items() if v.get("n")}
+    cells = ", ".join(f"{k}×: {v['median']:.2f}× ({v['min']:.2f}–{v['max']:.2f})" for k, v in ratios.items())
+    at = s.get("infeasible_reported_at_s")
+    return (f"met {s['met']}/{s['runs']}; stream-seconds {cells}; infeasible said at "
+            f"{'never' if at is None else f'{at:.1f} s'}",
+            _yes(s["met"] >= 9 and all(v["median"] <= 1.15 for v in ratios.values()) and at is not None and at <= 10))
+
+
+def view_freshness(doc: dict, _: Path) -> tuple[str, str]:
+    """Agent interval -> value in the page's DOM, per view, measured in the browser (``bench live-view``)."""
+    f = doc["freshness"]
+    cells = [f"{name} p50 {v['summary']['p50_ms'] / 1e3:.2f} s, p99 {v['summary']['p99_ms'] / 1e3:.2f} s "
+             f"({v['summary']['n']} values, {v['summary']['missed']} missed)" for name, v in f.items()]
+    ok = all(v["summary"]["p50_ms"] <= 1000 and v["summary"]["p99_ms"] <= 2000 and v["summary"]["n"] for v in f.values())
+    return "; ".join(cells), _yes(ok)
+
+
+def plugin_cpu(doc: dict, _: Path) -> tuple[str, str]:
+    """What the plugin adds to the api-server's CPU with the pages open, in one run (b − mean(a, c))."""
+    c, cfg = doc["cpu"], doc["config"]
+    return (f"+{c['added_pct_core']:.1f} % of a core ({cfg['jobs']} jobs, {cfg['pages']} pages; api-server "
+            f"{c['api_total_pct_core']:.1f} % with them open)", _yes(c["added_pct_core"] <= 5.0))

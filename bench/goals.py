@@ -10,7 +10,7 @@ range of every run in the result (``med_range``), ratios taken within a run.
 from __future__ import annotations
 
 from fstream_bench.goal_readers import (
-    authz_cost,
+    authz_cost, deadline_sim, deadline_wan, eta_error, plugin_cpu, view_freshness,
     flow_latency, flow_memory, flow_throughput, harp_first_window, harp_optimizer, harp_total, harp_validation,
     loopback_cpu, loopback_disk, loopback_throughput, operator_overhead, pathfill_large, pathfill_small,
     pools_two_agents, qos_default, qos_issue4, qos_thesis, scale, sched_burst, seal_vs_baselines, selfcheck,
@@ -132,6 +132,19 @@ GOALS: list[Goal] = [
          was=("1 GiB-class files 1.02; 2000 × 256 KiB 0.92 (0.94 of `send --manifest`)", "large only")),
     Goal("17", "flow over 100k files < 200 MB", "bench/results/flow-*", "fstream bench flow", doc="results.json", measure=flow_memory,
          was=("159 MiB peak (`send`: 100 MiB)", "yes")),
+    Goal("27", "ETA median |error| ≤ 10 % at 25, 50 and 75 % of each backlogged workload, ≤ 5 % at 75 % (simulator)",
+         "bench/results/deadline-sim-*.json", "fstream bench deadline sim", measure=eta_error),
+    Goal("27", "the same ETA goal on the emulated WAN", "bench/results/deadline-wan-*.json",
+         WAN + "fstream bench deadline wan", measure=eta_error),
+    Goal("27", "deadlines at 1.2/1.5/2× the oracle's minimum met in ≥ 95 % of feasible runs, ≤ 15 % more "
+         "stream-seconds than the slowest setting that meets it, infeasible said ≤ 10 s (simulator)",
+         "bench/results/deadline-sim-*.json", "fstream bench deadline sim", measure=deadline_sim),
+    Goal("27", "deadlines met ≥ 9 of 10 on the emulated WAN, ≤ 15 % more stream-seconds, infeasible said ≤ 10 s",
+         "bench/results/deadline-wan-*.json", WAN + "fstream bench deadline wan", measure=deadline_wan),
+    Goal("27", "view freshness, agent interval → value on the page: p50 ≤ 1 s, p99 ≤ 2 s (browser)",
+         "bench/results/live-view-*.json", "fstream bench live-view", measure=view_freshness),
+    Goal("27", "the plugin adds ≤ 5 % CPU (of a core) to the api-server with 50 running jobs watched by 5 pages",
+         "bench/results/live-view-*.json", "fstream bench live-view", measure=plugin_cpu),
     Goal("32", "authorization off the critical path: the source guard ≤ 1.05× sender CPU per small file, a job's "
          "decision ≤ 1 ms p99 (loopback, pinned; our goal, the issue sets none)", "bench/results/authz-*",
          "fstream bench authz", measure=authz_cost),

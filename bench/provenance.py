@@ -33,8 +33,9 @@ AGENT = ("transfer_agent", "fstream_provider.model", "fstream_provider.tuning", 
          "fstream_provider.bus")
 
 
-#: What a package's code is made of: Python, and the C some benchmarks compile (bench/wan's delay line).
-SOURCE_SUFFIXES = (".py", ".c", ".h", ".rs")
+#: What a package's code is made of: Python, the C some benchmarks compile (bench/wan's delay line), and the
+#: pages and scripts the UI plugin serves (``fstream_provider/ui/pages``: what ``bench live-view`` measures).
+SOURCE_SUFFIXES = (".py", ".c", ".h", ".rs", ".html", ".js")
 
 
 def _files(module: str) -> list[tuple[str, Path]]:
@@ -64,7 +65,7 @@ def code_hash(modules: list[str] | tuple[str, ...]) -> str:
     for name, path in sorted({f for m in modules for f in _files(m)}):
         if path.suffix == ".py":
             body = ast.unparse(_strip_docstrings(ast.parse(path.read_bytes(), filename=str(path)))).encode()
-        else:  # native sources (the WAN delay line's C): byte for byte
+        else:  # native sources (the WAN delay line's C), the UI's pages: byte for byte
             body = path.read_bytes()
         h.update(name.encode() + b"\0" + body + b"\0")
     return "sha256:" + h.hexdigest()

@@ -381,3 +381,28 @@ def test_it_only_reads_what_the_viewer_role_may_and_the_submitter_role_sees_jobs
     finally:
         for client in users.values():
             client.close()
+
+
+def test_a_spark_trail_reads_only_new_events_and_gives_the_same_sparkline(redis_client):
+    """Issue 27's CPU goal: the UI re-reads the overview every 0.5 s; with a trail only events newer than the last
+    read are read (the overview's sparklines spent 9 in 10 of the plugin's CPU re-reading 120 events a job)."""
+    from fstream_provider.bus.live import SparkTrail, _sparks
+    from fstream_provider.bus.keys import Keys
+
+    keys = Keys("trail")
+    stream = keys.job_events("j1")
+    for i in range(40):
+        redis_client.xadd(stream, {"kind": "interval", "ts": "0", "data": json.dumps({"throughput_bps": i})})
+        redis_client.xadd(stream, {"kind": "file", "ts": "0", "data": "{}"})
+    trail = SparkTrail(points=30)
+    first = trail.read(redis_client, keys, ["j1"])["j1"]
+    assert first[0] == [float(i) for i in range(10, 40)]
+    for i in range(40, 43):
+        redis_client.xadd(stream, {"kind": "interval", "ts": "0", "data": json.dumps({"throughput_bps": i,
+                                                                                     "reason": f"r{i}"})})
+    before = redis_client.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0)
+    again = trail.read(redis_client, keys, ["j1"])["j1"]
+    after = redis_client.info("commandstats")["cmdstat_xrange"]["calls"]
+    assert again == ([float(i) for i in range(13, 43)], "r42") == _sparks(redis_client, keys, ["j1"], 30)["j1"]
+    assert after - before == 1  # one forward read, not a new backward scan
+    assert trail.read(redis_client, keys, [])  == {} and trail._jobs == {}  # a job no longer running is forgotten

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
 from typing import Any
 
 import redis
@@ -98,7 +99,8 @@ def job_row(job: JobState, now: float | None = None, spark: list[float] | None =
 
 
 # ---------------------------------------------------------------------------------------------------- overview
-def overview(client: Any, keys: Keys, *, limit: int = 200, now: float | None = None, spark_points: int = 30) -> dict:
+def overview(client: Any, keys: Keys, *, limit: int = 200, now: float | None = None, spark_points: int = 30,
+             trail: "SparkTrail | None" = None) -> dict:
     """Everything live on the bus for one namespace (see the module docstring); reads only.
 
     ``unreadable`` names the sections (``pools``, ``board``) the client's Redis user may not read (the
@@ -107,7 +109,8 @@ def overview(client: Any, keys: Keys, *, limit: int = 200, now: float | None = N
     newest first within each group; at most ``limit``. A running job's ``spark`` is the throughput of its
     last ``spark_points`` interval events, oldest first. Round trips do not grow with the number of jobs:
     the index and the agents, every job's state, the chosen jobs' hashes, and the sparklines (up to
-    ``len(SPARK_READS)`` passes) are each one pipeline.
+    ``len(SPARK_READS)`` passes) are each one pipeline. A caller that reads the overview again and again (the
+    UI's feed, ``fstream top``) passes the same ``trail``: then only events newer than the last read are read.
     """
     now = time.time() if now is None else now
     pipe = client.pipeline(transaction=False)
@@ -127,7 +130,10 @@ def overview(client: Any, keys: Keys, *, limit: int = 200, now: float | None = N
     chosen = _choose(client, keys, ids, limit)
     jobs = _read_jobs(client, keys, chosen)
     running = [j.job_id for j in jobs if j.state == "running"]
-    sparks = _sparks(client, keys, running, spark_points) if spark_points > 0 else {}
+    if spark_points <= 0:
+        sparks: dict[str, tuple[list[float], str | None]] = {}
+    else:
+        sparks = (trail or SparkTrail(spark_points)).read(client, keys, running)
     rows = []
     for job in jobs:
         points, reason = sparks.get(job.job_id, ([], None))
@@ -193,14 +199,62 @@ def _read_jobs(client: Any, keys: Keys, ids: list[str]) -> list[JobState]:
     return out
 
 
-def _sparks(client: Any, keys: Keys, job_ids: list[str], points: int) -> dict[str, tuple[list[float], str | None]]:
-    """Each job's last ``points`` interval throughputs (oldest first) and the newest tuner reason seen on the way.
+class SparkTrail:
+    """Running jobs' sparklines kept between overviews (issue 27: the UI's overview, re-read every 0.5 s for 50
+    jobs, spent 9 in 10 of the plugin's CPU re-reading each job's newest 120 events; ``bench live-view``).
+
+    A job seen for the first time is read backwards (``_sparks``); after that only its events newer than the
+    last one read (``XRANGE`` from there, one pipeline for all jobs). Jobs no longer running are forgotten.
+    """
+
+    def __init__(self, points: int = 30, forward_count: int = 1000) -> None:
+        self.points, self.forward_count = points, forward_count
+        self._jobs: dict[str, tuple[str, deque, str | None]] = {}  # job -> (newest id read, points, reason)
+
+    def read(self, client: Any, keys: Keys, job_ids: list[str]) -> dict[str, tuple[list[float], str | None]]:
+        for gone in set(self._jobs) - set(job_ids):
+            del self._jobs[gone]
+        new = [j for j in job_ids if j not in self._jobs]
+        for job_id, (points, reason, newest) in _sparks(client, keys, new, self.points, newest=True).items():
+            self._jobs[job_id] = (newest or "0-0", deque(points, maxlen=self.points), reason)
+        old = [j for j in job_ids if j not in new]
+        if old:
+            pipe = client.pipeline(transaction=False)
+            for job_id in old:
+                pipe.xrange(keys.job_events(job_id), min=_after(self._jobs[job_id][0]), max="+",
+                            count=self.forward_count)
+            for job_id, entries in zip(old, pipe.execute()):
+                last, points, reason = self._jobs[job_id]
+                for entry_id, fields in entries:
+                    last = entry_id
+                    kind = fields.get("kind")
+                    if kind not in ("interval", "tuning"):
+                        continue
+                    ev = decode_event(entry_id, fields)[1]
+                    reason = str(ev["reason"]) if ev.get("reason") else reason
+                    if kind == "interval":
+                        points.append(_float(ev.get("throughput_bps")) or 0.0)
+                self._jobs[job_id] = (last, points, reason)
+        return {j: (list(self._jobs[j][1]), self._jobs[j][2]) for j in job_ids}
+
+
+def _after(entry_id: str) -> str:
+    """The smallest stream id above ``entry_id`` (an exclusive bound that also works before Redis 6.2)."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def _sparks(client: Any, keys: Keys, job_ids: list[str], points: int,
+            newest: bool = False) -> dict[str, tuple]:
+    """Each job's last ``points`` interval throughputs (oldest first) and the newest tuner reason seen on the way
+    (and, with ``newest``, the id of the job's newest event, where a ``SparkTrail`` continues).
 
     Reads the newest events backwards (``XREVRANGE`` with a count), all jobs in one pipeline per pass; a job
     whose newest events are mostly per-file events is read further in the next pass, up to ``SPARK_READS``.
     """
     found: dict[str, list[float]] = {j: [] for j in job_ids}
     reasons: dict[str, str | None] = {j: None for j in job_ids}
+    top: dict[str, str | None] = {j: None for j in job_ids}
     cursor: dict[str, str] = {j: "+" for j in job_ids}
     todo = list(job_ids)
     for factor in SPARK_READS:
@@ -212,6 +266,8 @@ def _sparks(client: Any, keys: Keys, job_ids: list[str], points: int) -> dict[st
             pipe.xrevrange(keys.job_events(job_id), max=cursor[job_id], min="-", count=count)
         nxt = []
         for job_id, entries in zip(todo, pipe.execute()):
+            if entries and top[job_id] is None:
+                top[job_id] = entries[0][0]
             for entry_id, fields in entries:
                 kind = fields.get("kind")
                 if kind not in ("interval", "tuning"):
@@ -227,6 +283,8 @@ def _sparks(client: Any, keys: Keys, job_ids: list[str], points: int) -> dict[st
                     cursor[job_id] = before
                     nxt.append(job_id)
         todo = nxt
+    if newest:
+        return {j: (list(reversed(found[j])), reasons[j], top[j]) for j in job_ids}
     return {j: (list(reversed(found[j])), reasons[j]) for j in job_ids}
 
 

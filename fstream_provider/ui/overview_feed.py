@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from fstream_provider.bus.live import overview
+from fstream_provider.bus.live import SparkTrail, overview
 from fstream_provider.ui import bus_conn
 
 POLL_S = 0.5
@@ -41,7 +41,8 @@ class OverviewFeed:
         self.data: dict | None = None
         self.error: str | None = None
         self.reads = 0  # how many overviews were read (tests and the log)
-        self._reader = reader or (lambda: overview(bus_conn.client(bus), bus.keys))
+        trail = SparkTrail()  # sparklines read incrementally between polls (the plugin's main cost otherwise)
+        self._reader = reader or (lambda: overview(bus_conn.client(bus), bus.keys, trail=trail))
         self._changed = asyncio.Event()
         self._subscribers = 0
         self._task: asyncio.Task | None = None

@@ -343,13 +343,16 @@ class Top:
     """The live loop: snapshot, draw, read keys until the next refresh; the terminal restored on any exit."""
 
     def __init__(self, store: Any, state: TopState, limit: int = 200) -> None:
+        from fstream_provider.bus.live import SparkTrail
+
         self.store, self.state, self.limit = store, state, limit
+        self.trail = SparkTrail()  # each frame reads only the events since the last one
         self._detail: dict | None = None
 
     def snapshot(self) -> dict:
         from fstream_provider.bus.live import overview
 
-        snap = overview(self.store.client, self.store.keys, limit=self.limit)
+        snap = overview(self.store.client, self.store.keys, limit=self.limit, trail=self.trail)
         if self.state.view == "job" and self.state.detail_job:
             snap["detail"] = self._refresh_detail(self.state.detail_job)
         return snap
