@@ -40,11 +40,13 @@ def _med(xs: list[float]) -> dict:
 
 
 def eta_points(intervals: list[dict], seconds: float, at=(0.25, 0.5, 0.75)) -> dict:
-    """Relative ETA error of an agent's interval records when 25/50/75 % of the bytes had landed."""
+    """Relative ETA error of an agent's interval records when 25/50/75 % of the bytes had moved (``bytes_left``:
+    the measure the ETA itself uses, bytes in flight counted as moved)."""
     out = {}
     for frac in at:
         rec = next((r for r in intervals if r.get("eta") and r.get("bytes_total") and r["eta"].get("basis") != "done"
-                    and r["bytes_done"] >= frac * r["bytes_total"]), None)
+                    and r["bytes_total"] - r.get("bytes_left", r["bytes_total"] - r["bytes_done"])
+                    >= frac * r["bytes_total"]), None)
         if rec is None:
             out[str(frac)] = None
             continue

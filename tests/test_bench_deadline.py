@@ -20,7 +20,7 @@ def test_sim_part_writes_rows_summary_and_provenance(tmp_path, capsys):
 
 
 def test_eta_points_and_stream_seconds_from_agent_records():
-    ivs = [{"t": float(t), "dt": 1.0, "bytes_done": t * 10, "bytes_total": 100,
+    ivs = [{"t": float(t), "dt": 1.0, "bytes_done": 0, "bytes_left": 100 - t * 10, "bytes_total": 100,
             "clusters": {"large": {"cc": 2, "p": 2}},
             "eta": {"s": 10.0 - t + (1 if t == 5 else 0), "lo": 8.0 - t, "hi": 12.0 - t, "basis": "rate"}}
            for t in range(1, 11)]

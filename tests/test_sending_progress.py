@@ -33,6 +33,19 @@ def test_bytes_lag_and_a_failed_file_leaving_the_totals():
     assert "deadline" not in out
 
 
+def test_bytes_left_counts_bytes_in_flight_and_skipped_files():
+    """Found on the emulated WAN (bench deadline wan): with only landed files counted, a large file's bytes in
+    flight were all "left" until its commit, and the ETA ran 20-50 % long at 75 % of the sra workload."""
+    p = LiveProgress(streaming=False)
+    big, small = sf("big", 1000, 0.0), sf("small", 100, 0.0)
+    p.added([big, small])
+    p.landed(small, ok=True, sent=False, now=1.0)  # already at the destination: landed, never sent
+    out = p.fields(rec(1.0, 600), busy=True, now=1.0)  # 600 of the big file's bytes sent, not committed yet
+    assert (out["bytes_done"], out["bytes_left"]) == (100, 400)
+    p.landed(big, ok=True, now=2.0)
+    assert p.fields(rec(2.0, 400), busy=False, now=2.0)["bytes_left"] == 0
+
+
 def test_the_deadline_verdict_once_everything_landed():
     p = LiveProgress(streaming=False, deadline_at=2000.0)
     f = sf("a", 100, 0.0)

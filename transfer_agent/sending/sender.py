@@ -349,7 +349,7 @@ class Transfer:
             outcome = f.outcome
         with self._lock:
             self._outstanding -= 1
-        self.live.landed(sf, ok=outcome in ("committed", "skipped"))
+        self.live.landed(sf, ok=outcome in ("committed", "skipped"), sent=outcome != "skipped")
         if outcome == "committed":
             self.result.verified_files += 1
             self.result.bytes += sf.size
