@@ -33,6 +33,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODULES = (*provenance.AGENT, "fstream_bench.deadline_bench", "fstream_bench.wan", "fstream_bench.wan_rig",
            "fstream_bench.peers", "fstream_bench.workload_gen", "fstream_bench.report")
 FACTORS = (1.2, 1.5, 2.0)
+#: what a backlogged run keeps of each interval record (the raw data to re-score an ETA rule offline)
+RECORD_KEYS = ("t", "dt", "bytes", "bytes_total", "bytes_left", "files_pending", "active_files", "eta")
 
 
 def _med(xs: list[float]) -> dict:
@@ -137,7 +139,8 @@ def run_wan(args) -> dict:
                 secs = r.self_seconds or r.seconds
                 out["backlogged"].append({"workload": name, "files": len(w.files), "bytes": w.total_bytes,
                                           "ok": r.ok, "seconds": secs, "eta": eta_points(r.intervals, secs),
-                                          "stream_seconds": stream_seconds(r.intervals), "error": r.error[:300]})
+                                          "stream_seconds": stream_seconds(r.intervals), "error": r.error[:300],
+                                          "records": [{k: iv.get(k) for k in RECORD_KEYS} for iv in r.intervals]})
                 print(f"wan {name}: {secs:.1f} s, eta {out['backlogged'][-1]['eta']}", flush=True)
             name = args.deadline_workload
             w, src = staged[name]
