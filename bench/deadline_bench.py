@@ -34,7 +34,8 @@ MODULES = (*provenance.AGENT, "fstream_bench.deadline_bench", "fstream_bench.wan
            "fstream_bench.peers", "fstream_bench.workload_gen", "fstream_bench.report")
 FACTORS = (1.2, 1.5, 2.0)
 #: what a backlogged run keeps of each interval record (the raw data to re-score an ETA rule offline)
-RECORD_KEYS = ("t", "dt", "bytes", "bytes_total", "bytes_left", "files_pending", "active_files", "eta")
+RECORD_KEYS = ("t", "dt", "bytes", "bytes_total", "bytes_left", "files_pending", "active_files", "eta", "cc", "p",
+               "throughput_bps", "target_bps", "deadline")
 
 
 def _med(xs: list[float]) -> dict:
@@ -146,7 +147,9 @@ def run_wan(args) -> dict:
             w, src = staged[name]
             minimum = next(b["seconds"] for b in out["backlogged"] if b["workload"] == name)
             path = PathInfo(bench.bandwidth_bps, bench.rtt_s, tcp_buffer=args.buffer, max_cc=32)
-            runs = fixed_runs(w, path, storage=dtn_storage(bench.bandwidth_bps))
+            from fstream_provider.tuning.ablation import SIM_KW  # the simulator calibrated to this testbed
+
+            runs = fixed_runs(w, path, storage=dtn_storage(bench.bandwidth_bps), **SIM_KW)
             for k in FACTORS:  # the simulator's fewest-stream setting that meets k x minimum, measured for real
                 meeting = [f for f in runs if f.seconds <= k * minimum] or runs
                 f = min(meeting, key=lambda f: f.stream_seconds)
@@ -166,7 +169,8 @@ def run_wan(args) -> dict:
                                         "seconds": r.self_seconds or r.seconds, "wall_s": landed,
                                         "met": r.ok and last.get("state") == "met",
                                         "stream_seconds": stream_seconds(r.intervals), "state": last.get("state"),
-                                        "eta": eta_points(r.intervals, r.self_seconds or r.seconds)})
+                                        "eta": eta_points(r.intervals, r.self_seconds or r.seconds),
+                                        "records": [{k: iv.get(k) for k in RECORD_KEYS} for iv in r.intervals]})
                 print(f"wan deadline {i} ({k}x = {deadline:.1f} s): {out['deadline'][-1]['seconds']:.1f} s, "
                       f"{last.get('state')}", flush=True)
             r = send("infeasible", src, deadline=f"{0.7 * minimum:.3f}s")

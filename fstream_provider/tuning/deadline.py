@@ -11,8 +11,12 @@ stream) speeds up. ``Deadline(tuner, ...)`` wraps a tuner that can move its targ
 ``fstream.FStreamTuner``) the way ``granted.Granted`` wraps one for a pool.
 
 It starts with a *probe*: for the first ``probe_s`` seconds no target is set, so the tuner fills
-the path and the best rate the path gives is measured (with ``--bandwidth`` it is known before a
-byte moves). From then on:
+the path and the best rate the path gives is measured (with ``--bandwidth`` that is known before a
+byte moves), and with it what one stream gives: the stream budget starts from the larger of that (a
+floor when the probe filled the path: the streams shared it) and 0.65 of one stream's window over the
+RTT (what a Linux stream keeps in flight), never above the whole window. (Started from the whole window,
+the budget held transfers below their target on the emulated WAN until they fell behind: 4 of 10 runs
+at 1.2-1.5x missed; ``bench deadline wan``.) From then on:
 
 - ``on-track``: the steered target is reachable (at most the best rate seen, or the path's bandwidth);
 - ``at-risk``: the ETA's upper bound at the current rate passes the deadline; the target rises;
@@ -40,6 +44,7 @@ MARGIN = 0.10  # aim to land this share of the deadline's span early
 BAND = 0.05  # and this much above the rate that needs: the QoS controller holds within 5 %
 MIN_TARGET_BPS = 1e5
 RISK_STATES = ("at-risk", "infeasible")
+WINDOW_SHARE = 0.65  # of its window a Linux TCP stream keeps in flight (measured on the emulated WAN, sim.py)
 PP_WHEN_CUT = 8  # pipelining depth of channels cut to the deadline's stream budget
 
 
@@ -107,7 +112,7 @@ class Deadline:
     :param tuner: a tuner with ``set_target(bps | None)`` (``fstream``).
     :param deadline_t: the deadline, in seconds since the transfer started.
     :param bandwidth_bps: the path's known bandwidth (None: measured during the probe).
-    :param probe_s: seconds without a target at the start (measuring the best rate); 0 with a bandwidth.
+    :param probe_s: seconds without a target at the start (measuring the best rate and a stream's).
     :param margin: the share of the deadline's span (from the start) to land early.
     """
 
@@ -119,7 +124,7 @@ class Deadline:
         self.tuner, self.deadline_t, self.margin = tuner, float(deadline_t), margin
         self.name = getattr(tuner, "name", "tuner")
         self.bandwidth_bps = bandwidth_bps
-        self.probe_s = 0.0 if bandwidth_bps else float(probe_s)
+        self.probe_s = float(probe_s)
         self.eta = eta or EtaEstimator()
         self.known_bytes = 0.0
         self.moved_bytes = 0.0
@@ -129,6 +134,7 @@ class Deadline:
         self.per_stream_bps = (path.tcp_buffer * 8 / path.rtt_s if path is not None and path.rtt_s > 0
                                else 100e6)
         self.budget: int | None = None  # streams the target needs (None: no bound)
+        self.probe_per_stream = 0.0
         self.changes: list[tuple[float, DeadlineStatus]] = []  # (t, status) whenever the state changed
         self._note = ""
 
@@ -152,6 +158,9 @@ class Deadline:
         self.moved_bytes += obs.bytes
         pending = sum(st.pending_files for st in obs.clusters.values())
         if obs.dt > 0:
+            streams = sum(l.cc * l.p for l in obs.layouts)
+            if obs.t <= self.probe_s + obs.dt and obs.throughput_bps > self.best_seen_bps and streams:
+                self.probe_per_stream = obs.throughput_bps / streams  # what a stream gave at the best rate
             self.best_seen_bps = max(self.best_seen_bps, obs.throughput_bps)
             self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0)
         self.tuner.update(obs)
@@ -163,6 +172,10 @@ class Deadline:
                                          f"measuring the path's best rate for {self.probe_s:.0f} s before steering")
             self._set(None, obs.t)
             return
+        if self.probe_per_stream:  # a probe that filled the path shares it: a stream's rate then is a floor
+            self.per_stream_bps = min(self.per_stream_bps, max(self.probe_per_stream,
+                                                               WINDOW_SHARE * self.per_stream_bps))
+            self.probe_per_stream = 0.0
         self._learn_streams(obs)
         st = plan(t=obs.t, deadline_t=self.deadline_t, remaining_bytes=remaining, remaining_files=files_left,
                   best_bps=self.best_bps() or float("inf"), eta=self.eta.estimate(remaining, files_left),

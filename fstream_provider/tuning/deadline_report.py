@@ -46,14 +46,15 @@ class FixedRun:
 
 
 def fixed_runs(w: Workload, path: PathInfo, *, storage: StorageModel | None = None, grid=GRID,
-               profile_interval_s: float = 2.0, max_time_s: float = 3600.0) -> list[FixedRun]:
-    """Every completed fixed setting of ``grid`` on ``w``."""
+               profile_interval_s: float = 2.0, max_time_s: float = 3600.0, **sim_kw) -> list[FixedRun]:
+    """Every completed fixed setting of ``grid`` on ``w`` (``sim_kw``: more ``simulate`` options, e.g. the
+    emulated WAN's calibration ``ablation.SIM_KW``)."""
     out = []
     for cc, p, pp in itertools.product(*grid):
         if cc > path.max_cc:
             continue
         r = simulate(FixedTuner(cc=cc, p=p, pp=pp), w, path, storage=storage, profile_interval_s=profile_interval_s,
-                     max_time_s=max_time_s)
+                     max_time_s=max_time_s, **sim_kw)
         if r.completed:
             out.append(FixedRun(cc, p, pp, r.total_time_s, stream_seconds(r)))
     return out
