@@ -11,12 +11,11 @@ stream) speeds up. ``Deadline(tuner, ...)`` wraps a tuner that can move its targ
 ``fstream.FStreamTuner``) the way ``granted.Granted`` wraps one for a pool.
 
 It starts with a *probe*: for the first ``probe_s`` seconds no target is set, so the tuner fills
-the path and the best rate the path gives is measured (with ``--bandwidth`` that is known before a
-byte moves), and with it what one stream gives: the stream budget starts from the larger of that (a
-floor when the probe filled the path: the streams shared it) and 0.65 of one stream's window over the
-RTT (what a Linux stream keeps in flight), never above the whole window. (Started from the whole window,
-the budget held transfers below their target on the emulated WAN until they fell behind: 4 of 10 runs
-at 1.2-1.5x missed; ``bench deadline wan``.) From then on:
+the path and the best rate the path gives is measured (with ``--bandwidth`` it is known before a
+byte moves: no probe). The stream budget assumes a stream gives 0.65 of its window over the RTT (what a
+Linux stream keeps in flight; started from the whole window, the budget held transfers below their target
+on the emulated WAN until they fell behind: 4 of 10 runs at 1.2-1.5x missed, ``bench deadline wan``), or
+what the probe measured per stream if more (never above the whole window). From then on:
 
 - ``on-track``: the steered target is reachable (at most the best rate seen, or the path's bandwidth);
 - ``at-risk``: the ETA's upper bound at the current rate passes the deadline; the target rises;
@@ -112,7 +111,8 @@ class Deadline:
     :param tuner: a tuner with ``set_target(bps | None)`` (``fstream``).
     :param deadline_t: the deadline, in seconds since the transfer started.
     :param bandwidth_bps: the path's known bandwidth (None: measured during the probe).
-    :param probe_s: seconds without a target at the start (measuring the best rate and a stream's).
+    :param probe_s: seconds without a target at the start (measuring the best rate and a stream's); 0 with a
+        bandwidth.
     :param margin: the share of the deadline's span (from the start) to land early.
     """
 
@@ -124,15 +124,15 @@ class Deadline:
         self.tuner, self.deadline_t, self.margin = tuner, float(deadline_t), margin
         self.name = getattr(tuner, "name", "tuner")
         self.bandwidth_bps = bandwidth_bps
-        self.probe_s = float(probe_s)
+        self.probe_s = 0.0 if bandwidth_bps else float(probe_s)
         self.eta = eta or EtaEstimator()
         self.known_bytes = 0.0
         self.moved_bytes = 0.0
         self.best_seen_bps = 0.0
         self.status: DeadlineStatus | None = None
-        path = getattr(tuner, "path", None)  # one stream's ceiling, its window over the RTT: the first guess
-        self.per_stream_bps = (path.tcp_buffer * 8 / path.rtt_s if path is not None and path.rtt_s > 0
-                               else 100e6)
+        path = getattr(tuner, "path", None)  # one stream's ceiling: its window over the RTT
+        self.window_bps = path.tcp_buffer * 8 / path.rtt_s if path is not None and path.rtt_s > 0 else 150e6
+        self.per_stream_bps = WINDOW_SHARE * self.window_bps  # the first guess; the probe and falling behind refine it
         self.budget: int | None = None  # streams the target needs (None: no bound)
         self.probe_per_stream = 0.0
         self.changes: list[tuple[float, DeadlineStatus]] = []  # (t, status) whenever the state changed
@@ -173,8 +173,7 @@ class Deadline:
             self._set(None, obs.t)
             return
         if self.probe_per_stream:  # a probe that filled the path shares it: a stream's rate then is a floor
-            self.per_stream_bps = min(self.per_stream_bps, max(self.probe_per_stream,
-                                                               WINDOW_SHARE * self.per_stream_bps))
+            self.per_stream_bps = min(self.window_bps, max(self.per_stream_bps, self.probe_per_stream))
             self.probe_per_stream = 0.0
         self._learn_streams(obs)
         st = plan(t=obs.t, deadline_t=self.deadline_t, remaining_bytes=remaining, remaining_files=files_left,
