@@ -16,14 +16,16 @@ from transfer_agent.sending.result import TransferResult
 from transfer_agent.sending.sender import Transfer
 
 
-def wait_until(cond: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``cond`` (every 20 ms) until it is true; fail naming ``what`` after ``timeout`` seconds."""
+def wait_until(cond: Any, timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``cond`` (every 20 ms) until it is true and return what it gave; fail naming ``what`` after
+    ``timeout`` seconds."""
     import time
 
     deadline = time.monotonic() + timeout
-    while not cond():
+    while not (value := cond()):
         assert time.monotonic() < deadline, f"{what} not reached in time"
         threading.Event().wait(0.02)
+    return value
 
 
 def write_secret(path: Path) -> Path:

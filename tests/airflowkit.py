@@ -75,10 +75,10 @@ def _up(base: str) -> bool:
         return False
 
 
-def token(base: str) -> str:
-    """Log in as ``admin``: the JWT the UI would hold."""
+def token(base: str, user: str = "admin", password: str = PASSWORD) -> str:
+    """Log in as ``user`` (default ``admin``): the JWT the UI would hold."""
     req = urllib.request.Request(base + "/auth/token", method="POST", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"username": "admin", "password": PASSWORD}).encode())
+                                 data=json.dumps({"username": user, "password": password}).encode())
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())["access_token"]
 

@@ -27,7 +27,6 @@ import tempfile
 import threading
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
@@ -45,6 +44,7 @@ from fstream_provider.model.spec import TransferSpec  # noqa: E402
 from fstream_provider.model.units import format_rate  # noqa: E402
 
 import authkit  # noqa: E402
+from agentkit import wait_until  # noqa: E402
 from airflowkit import api_server, browser_page, http, token  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,14 +182,7 @@ def site(tmp_path_factory, bus):
     with api_server(env) as base:
         passwords = json.loads((home / "test-passwords.json").read_text())
         yield {"env": env, "base": base, "runs": runs, "admin": token(base),
-               "viewer": _login(base, "viewer", passwords["viewer"]), "home": home}
-
-
-def _login(base: str, user: str, password: str) -> str:
-    req = urllib.request.Request(base + "/auth/token", method="POST", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"username": user, "password": password}).encode())
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())["access_token"]
+               "viewer": token(base, "viewer", passwords["viewer"]), "home": home}
 
 
 def _job_id(site: dict, dag_id: str, task: str, map_index: int = -1) -> str:
@@ -521,8 +514,8 @@ def test_a_real_agent_moves_files_and_the_pages_show_its_numbers(site, bus, tmp_
     client = connect(bus)
     store = JobStore(client, keys=Keys(AGENT_NS))
     try:
-        job = _poll(lambda: next((j for j in store.list(10) if j.state == "running" and j.progress), None),
-                    "the agent's job to report an interval", 120)
+        job = wait_until(lambda: next((j for j in store.list(10) if j.state == "running" and j.progress), None),
+                         120, "the agent's job to report an interval")
         ref = job.idempotency_key.split("/")
         assert ref[0] == AGENT_DAG and ref[2] == "transfer"
         run = quote(ref[1], safe="")
@@ -623,16 +616,6 @@ def test_the_overview_hides_what_would_name_a_hidden_job():
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-def _poll(fn, what: str, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.2)  # polling Redis for another process's progress, with a deadline
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class _sse:
     """A server-sent-events client on a raw HTTP connection: ``next()`` -> ``(event, id, data)``."""
 
