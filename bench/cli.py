@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
              "tuning-wan": "fstream_bench.tuning_wan", "pools-wan": "fstream_bench.pools_wan",
              "sched-wan": "fstream_bench.sched_wan", "ab": "fstream_bench.ab", "micro": "fstream_bench.micro",
              "authz": "fstream_bench.authz_bench", "deadline": "fstream_bench.deadline_bench",
-             "live-view": "fstream_bench.live_view_bench"}
+             "live-view": "fstream_bench.live_view_bench", "drain": "fstream_bench.drain_bench",
+             "metrics": "fstream_bench.metrics_bench", "doctor": "fstream_bench.doctor_bench",
+             "rotation": "fstream_bench.rotation_bench"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 

@@ -9,5 +9,5 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq iperf3 rsync openssh-server openssh-client iproute2 gcc libc6-dev e2fsprogs util-linux \
-  globus-gass-copy-progs globus-gridftp-server-progs redis-server chromium tmux >/dev/null
+  globus-gass-copy-progs globus-gridftp-server-progs redis-server chromium tmux prometheus systemd >/dev/null
 echo "bench-deps: installed"

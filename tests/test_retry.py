@@ -74,3 +74,14 @@ def test_delay_is_exponential_with_jitter_and_cap_and_pause_waits_on_the_event()
     stop = threading.Event()
     stop.set()
     assert policy.pause(5, stop)
+
+
+def test_delay_after_very_many_retries_stays_at_the_cap():
+    """Regression (issue 30): ``2 ** 1024`` overflowed a float, so a stream retrying for ever crashed at try 1024."""
+    import random
+
+    from fstream_provider.model.retry import RetryPolicy
+
+    policy = RetryPolicy(base_s=1.0, cap_s=30.0)
+    delays = [policy.delay(n, random.Random(n)) for n in (1023, 1024, 5000, 10**6)]
+    assert all(15.0 <= d <= 30.0 for d in delays), delays

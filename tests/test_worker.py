@@ -37,7 +37,8 @@ class FakeTransfer:
     """A data plane stand-in whose behaviour each test scripts with ``behave(call, transfer)``."""
 
     def __init__(self, spec: TransferSpec, *, job_id: str, attempt: int, on_event: Callable, cancel: threading.Event,
-                 redis: Any, log: Any, behave: Callable, calls: list, history: Any = None, guard: Any = None) -> None:
+                 redis: Any, log: Any, behave: Callable, calls: list, history: Any = None, guard: Any = None,
+                 drain: Any = None) -> None:
         self.spec, self.job_id, self.attempt = spec, job_id, attempt
         self.on_event, self.cancel = on_event, cancel
         self.behave, self.calls = behave, calls

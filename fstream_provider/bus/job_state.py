@@ -15,7 +15,7 @@ TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 # (from its committed ranges) when the scheduler picks it (issue #11, ``docs/scheduling.md``)
 STATES = ("queued", "running", "preempted") + TERMINAL_STATES
 EVENT_KINDS = ("queued", "claimed", "interval", "tuning", "file", "log", "error", "retry", "cancel",
-               "released", "requeued", "scheduled", "preempted", "deadline", "done")
+               "released", "requeued", "scheduled", "preempted", "deadline", "drained", "done")
 
 
 class JobLostError(LookupError):

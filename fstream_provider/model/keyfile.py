@@ -22,6 +22,15 @@ class KeyFileError(ValueError):
 def read_key_file(path: str | os.PathLike[str], what: str = "secret file", min_bytes: int = MIN_KEY_BYTES) -> bytes:
     """The stripped contents of ``path``; ``KeyFileError`` if missing, unreadable, shared or shorter than
     ``min_bytes`` (a shared secret or signing key: 16; a password: whatever its owner chose)."""
+    data = read_private_file(path, what)[0].strip()
+    if len(data) < min_bytes:
+        raise KeyFileError(f"{what} {Path(path)}: too short ({len(data)} bytes; need at least {min_bytes})")
+    return data
+
+
+def read_private_file(path: str | os.PathLike[str], what: str = "secret file") -> tuple[bytes, os.stat_result]:
+    """The raw contents of ``path`` and its ``fstat`` (read from the same descriptor); ``KeyFileError`` if missing,
+    unreadable, or readable or writable by group or others (issue 30: a secret ring file, ``model.secret_ring``)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
@@ -30,14 +39,12 @@ def read_key_file(path: str | os.PathLike[str], what: str = "secret file", min_b
     except OSError as exc:
         raise KeyFileError(f"{what} {p}: cannot read ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
+        st = os.fstat(f.fileno())
+        mode = st.st_mode
         if mode & 0o077:
             raise KeyFileError(f"{what} {p}: readable or writable by others (mode {mode & 0o777:03o}); "
                                f"refusing to use it: run chmod 600 {p}")
         try:
-            data = f.read().strip()
+            return f.read(), st
         except OSError as exc:
             raise KeyFileError(f"{what} {p}: cannot read ({exc.strerror})") from None
-    if len(data) < min_bytes:
-        raise KeyFileError(f"{what} {p}: too short ({len(data)} bytes; need at least {min_bytes})")
-    return data

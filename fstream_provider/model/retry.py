@@ -55,7 +55,8 @@ class RetryPolicy:
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
         """The wait before retry ``retry`` (0 = the first): ``min(cap, base * 2**retry)`` times a random [0.5, 1]."""
-        return min(self.cap_s, self.base_s * (2 ** retry)) * (rng or random).uniform(0.5, 1.0)
+        # the exponent is bounded: 2**1024 is no float, and a stream that retries for ever keeps counting
+        return min(self.cap_s, self.base_s * (2.0 ** min(retry, 64))) * (rng or random).uniform(0.5, 1.0)
 
     def pause(self, retry: int, stop: threading.Event, rng: random.Random | None = None) -> bool:
         """Wait ``delay(retry)`` on ``stop``; True if ``stop`` was set (shutting down: do not try again)."""

@@ -32,7 +32,11 @@ DEADLINE_RISK = ("warn", "fail")  # what an infeasible deadline does: a WARNING 
 # User-facing option names (``from_options``) that are converted into a spec field.
 RATE_OPTIONS = {"bandwidth": "bandwidth_bps", "target_throughput": "target_throughput_bps"}
 DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "interval": "interval_s",
-                    "idle_exit": "idle_exit_s", "sample_interval": "sample_interval_s"}
+                    "idle_exit": "idle_exit_s", "sample_interval": "sample_interval_s",
+                    "connect_timeout": "connect_timeout_s", "retry_for": "retry_for_s"}
+CONNECT_TIMEOUT_S = 10.0  # one connection attempt: TCP connect, TLS and the handshake (issue 30, defect 1)
+# Fields left out of the JSON while at their default, so agents older than the field still take the job.
+OPTIONAL_FIELDS = {"connect_timeout_s": CONNECT_TIMEOUT_S, "max_attempts": None, "retry_for_s": None}
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,11 @@ class TransferSpec(BaseModel):
         steered to it (``tuning.deadline``; ``from_options`` also takes an ISO-8601 time or a duration from now).
     :param on_deadline_risk: ``warn`` (a WARNING and a ``deadline`` event when even the path's best rate cannot
         meet it) or ``fail`` (the transfer stops then, as failed).
+    :param connect_timeout_s: the time one connection attempt may take (TCP connect, TLS, handshake).
+    :param max_attempts: session tries in one outage (receiver unreachable, connection lost, stall) before the
+        transfer gives up as retryable (exit 75); None: 5 for a plain send, no limit for a watch stream.
+    :param retry_for_s: how long one outage may be retried before giving up (None: no time limit). A watch
+        stream given neither retries for as long as it runs (``transfer_agent.sending.session_retry``).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
@@ -151,6 +160,9 @@ class TransferSpec(BaseModel):
     priority_class: str = "interactive"
     deadline: float | None = None  # UNIX seconds: a QoS target steered to land everything by then (issue 27)
     on_deadline_risk: str = "warn"
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    max_attempts: int | None = None
+    retry_for_s: float | None = None
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -197,12 +209,19 @@ class TransferSpec(BaseModel):
         return v
 
     @field_validator("bandwidth_bps", "rtt_s", "target_throughput_bps", "idle_exit_s",
-                     "profile_interval_s", "sample_interval_s", "interval_s")
+                     "profile_interval_s", "sample_interval_s", "interval_s", "connect_timeout_s", "retry_for_s")
     @classmethod
     def _positive(cls, v: float | None, info: Any) -> float | None:
         if v is not None and v <= 0:
             unit = " of seconds" if info.field_name.endswith("_s") else ""
             raise ValueError(f"{info.field_name} {v!r}: must be a positive number{unit}")
+        return v
+
+    @field_validator("max_attempts")
+    @classmethod
+    def _max_attempts(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 1_000_000:
+            raise ValueError(f"max_attempts {v}: must be between 1 and 1000000 (tries in all, the first included)")
         return v
 
     @field_validator("on_deadline_risk")
@@ -262,10 +281,13 @@ class TransferSpec(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         """The fields; a job without a deadline leaves the deadline's fields out, so agents older than issue 27
-        (which refuse unknown fields) still take it."""
+        (which refuse unknown fields) still take it; likewise ``OPTIONAL_FIELDS`` at their defaults (issue 30)."""
         data = self.model_dump()
         if self.deadline is None and self.on_deadline_risk == "warn":
             del data["deadline"], data["on_deadline_risk"]
+        for name, default in OPTIONAL_FIELDS.items():
+            if data[name] == default:
+                del data[name]
         return data
 
     def to_json(self) -> str:

@@ -58,6 +58,10 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="serve sources under DIR (repeatable; without --policy: for the local submitter only, "
                         "whose key `fstream submit` uses by default)")
     p.add_argument("--once", action="store_true", help="one iteration (at most one job), errors re-raised")
+    p.add_argument("--drain-grace", metavar="DURATION", default="30s",
+                   help="on SIGTERM, take no new job and let the running one finish its open files for this long; "
+                        "what it has not started is handed back for another agent; SIGINT stops at once "
+                        "(default 30s)")
     p.add_argument("--heartbeat-ttl", metavar="DURATION", default="10s", help="heartbeat key TTL (default 10s)")
     p.add_argument("--claim-idle", metavar="DURATION", default="30s",
                    help="reclaim a dead agent's job after it was idle this long (default 30s)")
@@ -78,6 +82,8 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "batch-free throughput (default 0.6; 1 as the paper prints it)")
     from transfer_agent.cli.options import add_history_options
     add_history_options(p)
+    from transfer_agent.service.options import add_service_options
+    add_service_options(p, receiver=False)
     p.set_defaults(func=cmd_agent)
     return p
 
@@ -109,11 +115,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except (ValueError, FStreamError) as exc:
         print(f"fstream agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from transfer_agent.service.attach import AgentService
+
+    service = AgentService(args)  # issue 30: --metrics-listen, --check (a bad address: exit 2)
+    if args.check:
+        return service.check(url, Keys(args.namespace), policy)
     agent = Agent(url, name=name, policy=policy, secret_file=args.secret_file, scheduler=args.scheduler,
                   sched_config=sched,
                   heartbeat_ttl=parse_duration(args.heartbeat_ttl),
                   claim_idle_ms=int(parse_duration(args.claim_idle) * 1000), max_deliveries=args.max_deliveries,
                   max_retries=args.max_retries, keys=Keys(args.namespace),
+                  drain_grace=parse_duration(args.drain_grace),
                   history=history_from_args(args, keys=Keys(args.namespace), source=name))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -121,10 +133,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
     how = "" if args.scheduler == "fifo" else f" (scheduler {args.scheduler})"
     print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}{how}", file=sys.stderr, flush=True)
+    from transfer_agent.cli.reload import AGENT_LIVE, Reloader, agent_apply
+
+    reloader = None
     try:
+        service.start(agent, url, Keys(args.namespace))  # issue 30: /metrics, /healthz, /readyz (with the option)
+        reloader = Reloader(args, AGENT_LIVE, agent_apply(agent, service, url, Keys(args.namespace))).install()
         agent.run(once=args.once)
     finally:
         signal.signal(signal.SIGINT, previous)
+        if reloader is not None:
+            reloader.close()
+        service.stop()
     return EXIT_OK
 
 

@@ -19,8 +19,11 @@ def _setup_logging(verbose: int, quiet: bool = False) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
 
 
-def _install_stop_signals(event: threading.Event) -> None:
+def _install_stop_signals(event: threading.Event, term: threading.Event | None = None) -> None:
+    """SIGINT and SIGTERM set ``event``; SIGTERM also sets ``term`` (a daemon drains on it, stops on SIGINT)."""
     def handler(signum: int, _frame: Any) -> None:
+        if term is not None and signum == signal.SIGTERM:
+            term.set()
         event.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -48,6 +51,11 @@ def cmd_receive(args: argparse.Namespace) -> int:
     max_age = parse_duration(args.max_part_age)
     if args.clean:
         return _clean_parts(args.root, max_age)
+    from transfer_agent.service.attach import ReceiverService
+
+    service = ReceiverService(args)  # issue 30: --metrics-listen, --free-space-floor, --check (bad values: exit 2)
+    if args.check:
+        return service.check()
     if not args.listen:
         raise FStreamError("receive: --listen HOST:PORT is required (unless --clean)")
     tls = None
@@ -65,18 +73,35 @@ def cmd_receive(args: argparse.Namespace) -> int:
             raise FStreamError(f"--secret-file {secret_file} and --keyring {args.keyring}: the keyring defines key "
                                f"{DEFAULT_KEY!r} already; give its secret_file in the keyring, or drop --secret-file")
         keyring, secret = keyring.with_key(ReceiverKey(DEFAULT_KEY, secret)), None
-    stop = threading.Event()
-    _install_stop_signals(stop)
+    from transfer_agent.service import sdnotify
+
+    stop, term = threading.Event(), threading.Event()
+    _install_stop_signals(stop, term)
+    grace = parse_duration(args.drain_grace)
     rcv = Receiver(listen=_parse_listen(args.listen), root=args.root, secret=secret, tls=tls,
                    fsync=not args.no_fsync, handshake_timeout=parse_duration(args.handshake_timeout),
                    part_max_age=max_age, max_unauth=args.max_unauth,
                    max_unauth_per_addr=args.max_unauth_per_addr,
                    require_encryption=args.require_encryption, keyring=keyring).start()
-    print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)
+    from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, receiver_apply
+
+    reloader = None
     try:
+        service.start(rcv)  # issue 30: /metrics, /healthz and /readyz on --metrics-listen (nothing without it)
+        reloader = Reloader(args, RECEIVER_LIVE, receiver_apply(rcv, service, args)).install()  # SIGHUP
+        print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)  # ready: SIGHUP is handled from here
+        sdnotify.ready(f"listening on {rcv.listen_addr[0]}:{rcv.port}, root {args.root}")
         stop.wait()
     finally:
-        rcv.stop()
+        if reloader is not None:
+            reloader.close()
+        if term.is_set():  # SIGTERM (systemctl stop): open sessions finish within the grace; SIGINT: at once
+            grace = parse_duration(args.drain_grace)  # as reloaded
+            sdnotify.stopping(f"draining (up to {grace:.0f} s)", grace)
+            rcv.drain(grace)
+        else:
+            rcv.stop()
+        service.stop()
     return 0
 
 
@@ -151,7 +176,8 @@ SEND_EPILOG = """exit codes:
 
 # -- parser ----------------------------------------------------------------------------------------
 BUILTIN = frozenset({"receive", "send", "agent", "submit", "status", "cancel", "reconcile", "redis", "seen",
-                     "history", "calibrate", "pools", "schedule", "redis-acl", "audit", "top"})
+                     "history", "calibrate", "pools", "schedule", "redis-acl", "audit", "top", "config",
+                     "doctor", "keys"})
 
 
 def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -160,6 +186,12 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
 
     parser = argparse.ArgumentParser(prog="fstream", description="Stream files over tuned parallel TCP channels.")
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    from transfer_agent.cli.version import VersionAction
+
+    parser.add_argument("--version", action=VersionAction)  # package and protocol versions, read only when asked
+    parser.add_argument("--config", dest="config_file", metavar="FILE",
+                        help="configuration file (default: $FSTREAM_CONFIG, else /etc/fstream/fstream.toml if it "
+                             "exists; docs/config.md); the environment and the command line override it")
     sub = parser.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("receive", help="run a receiver (destination side)")
@@ -186,6 +218,12 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                    help="unauthenticated connections held at once from one source address (default 16)")
     r.add_argument("--max-part-age", metavar="DURATION", default="7d",
                    help="orphaned .part/.meta files untouched this long are removed (default 7d)")
+    r.add_argument("--drain-grace", metavar="DURATION", default="30s",
+                   help="on SIGTERM, refuse new sessions and let open ones finish for this long, then stop "
+                        "(open parts stay resumable); SIGINT stops at once (default 30s)")
+    from transfer_agent.service.options import add_service_options
+
+    add_service_options(r, receiver=True)
     r.add_argument("--clean", action="store_true",
                    help="remove orphaned parts older than --max-part-age under --root, print them, and exit "
                         "(do not run it on a root a live receiver is writing)")
@@ -207,12 +245,14 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
 
-    from transfer_agent.cli import acl, audit, calibrate, history, jobs, pools, schedule, seen, top
+    from transfer_agent.cli import acl, audit, calibrate, config_cmd, doctor, history, jobs, pools, schedule, seen, top
+    from transfer_agent.cli import keys as keys_cmd
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
                 jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
                 calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
-                acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser):
+                acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser, config_cmd.add_config_parser,
+                doctor.add_doctor_parser, keys_cmd.add_keys_parser):
         add(sub)
     for name, register in (plugin_commands() if plugins is None else plugins).items():
         register(sub)
@@ -253,15 +293,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # a built-in command needs no plugin: reading the entry points and importing every plugin (the
     # benchmarks, the demo) cost `send` 50 ms of CPU per run (issue 13); help and plugin commands load them
-    command = next((a for a in argv if not a.startswith("-")), None)
-    builtin = command in BUILTIN and not {"-h", "--help"} & set(argv[:argv.index(command)])
+    from transfer_agent.cli import config  # cheap: tomllib and pydantic only when there is something to read
+
+    config_file, at = config.global_options(argv)  # the global --config FILE comes before the command
+    command = argv[at] if at is not None else None
+    version = command is None and "--version" in argv  # `fstream --version` needs no plugin either
+    builtin = (command in BUILTIN or version) and not {"-h", "--help"} & set(argv[:at])
     plugins = {} if builtin else plugin_commands()
     if builtin:  # nor pydantic's plugins (none is used here): their entry-point scan was another 15-25 ms
         os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    if argv[:1] and getattr(plugins.get(argv[0]), "passthrough", False):
-        argv = [argv[0], "--", *argv[1:]]  # everything after the name (options too) belongs to that command
+    if at is not None and getattr(plugins.get(command), "passthrough", False):
+        argv = [*argv[:at + 1], "--", *argv[at + 1:]]  # everything after the name (options too) belongs to it
     parser = build_parser(plugins)
+    try:  # the configuration file and FSTREAM_* variables become the command's defaults (docs/config.md)
+        configured = config.apply(parser, argv, command, config_file)
+    except FStreamError as exc:
+        print(f"fstream {command}: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
+    configured(args)
+    # a daemon's SIGHUP parses its command line again with the configuration as it is then (cli.reload)
+    args.argv, args.parser_factory = argv, lambda: build_parser(plugins)
     rest = getattr(args, "passthrough_args", None)
     if rest and rest[:1] == ["--"]:
         args.passthrough_args = rest[1:]

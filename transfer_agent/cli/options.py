@@ -68,6 +68,15 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-exit", metavar="DURATION", help="with --watch: stop after this long with nothing new")
     p.add_argument("--until", metavar="TIME", help="with --watch: stop scanning at this time (ISO-8601, UTC unless "
                                                    "zoned) or after this duration (30m), then finish what was found")
+    p.add_argument("--connect-timeout", metavar="DURATION",
+                   help="time one connection attempt may take: TCP connect, TLS and the handshake (default 10s)")
+    p.add_argument("--max-attempts", metavar="N", type=int,
+                   help="session tries (the first included) in one outage, such as an unreachable receiver, before "
+                        "giving up as retryable (exit 75); default 5, and no limit with --watch (a stream retries "
+                        "while it runs)")
+    p.add_argument("--retry-for", metavar="DURATION",
+                   help="how long one outage may be retried before giving up as retryable (exit 75); no other "
+                        "limit unless --max-attempts is given too")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the end-to-end checksum (sizes and byte ranges are still checked)")
     p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret; "
@@ -115,6 +124,7 @@ def spec_from_args(args: argparse.Namespace, *, job: bool = False) -> TransferSp
         tls_ca=args.tls_ca, encrypt=args.encrypt, pool=args.pool, block_size=args.block_size, tcp_buffer=args.tcp_buffer,
         priority_class=args.priority, public_checksum=bool(getattr(args, "manifest", None)), key=args.key,
         deadline=_deadline(args), on_deadline_risk=args.on_deadline_risk,
+        connect_timeout=args.connect_timeout, max_attempts=args.max_attempts, retry_for=args.retry_for,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 PUBLISH_BATCH = 500
@@ -42,6 +43,8 @@ class JobRun:
         self.attempt = attempt
         self.entry_id = entry_id
         self.cancel = threading.Event()
+        self.drain = threading.Event()  # the agent drains: open files finish, no new one starts (``sending.drain``)
+        self.poke: Callable[[], None] | None = None  # the running transfer's ``wake``: act on cancel/drain now
         self.lost = False  # another agent took the job over: write nothing more
         self.cancel_requested = False
         self.submitter = ""  # who signed the job (the policy's decision), for the audit record of its outcome
@@ -57,8 +60,18 @@ class JobRun:
         self._events: list[tuple[str, float, dict]] = []
         self._progress: dict | None = None
         self.wake = threading.Event()
+        self.observe: Any = None  # ``observe(kind, data)`` per event: the agent's metrics (transfer_agent.service)
+
+    def signal(self, event: threading.Event) -> None:
+        """Set ``event`` (``cancel`` or ``drain``) and wake the transfer so it acts on it at once."""
+        event.set()
+        poke = self.poke
+        if poke is not None:
+            poke()
 
     def add(self, kind: str, data: dict) -> None:
+        if self.observe is not None:
+            self.observe(kind, data)
         with self._lock:
             self._events.append((kind, time.time(), data))
             if kind == "interval":

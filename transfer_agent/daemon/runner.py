@@ -100,6 +100,7 @@ class JobRunnerMixin:
         """Run a claimed, authorized job to its outcome (taken from the stream, or given by the agents' scheduler)."""
         run = JobRun(job_id, claim.attempt, entry_id)
         run.submitter = decision.submitter
+        run.observe = self.observer.job(decision.run_spec) if self.observer is not None else None  # metrics
         self._current = run
         if self._stop.is_set():
             run.stopping = True
@@ -241,7 +242,8 @@ class JobRunnerMixin:
         try:
             transfer = self.transfer_factory(spec, job_id=run.job_id, attempt=run.attempt, on_event=on_event,
                                              cancel=run.cancel, redis=self._client, log=jlog, history=self.history,
-                                             guard=guard)
+                                             guard=guard, drain=run.drain)
+            run.poke = getattr(transfer, "wake", None)
             result = transfer.run()
             result_dict = result.to_dict()
             if result.ok:
@@ -261,6 +263,9 @@ class JobRunnerMixin:
                 self.counters["transfer_exceptions"] += 1
                 jlog.exception("transfer raised an unexpected error")
         if run.lost or run.stopping:
+            if result_dict is not None and run.drain.is_set() and not run.lost:  # what this attempt did, for the next
+                run.add("drained", {k: result_dict.get(k) for k in ("verified_files", "skipped_files", "bytes_sent",
+                                                                    "resumed_bytes", "error")})
             return None
         if run.cancel.is_set() and run.cancel_requested:
             return "cancelled", self._cancel_reason(run), result_dict

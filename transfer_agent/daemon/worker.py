@@ -32,6 +32,7 @@ from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.daemon.runner import REDIS_BACKOFF, JobRunnerMixin
 from transfer_agent.daemon.scheduled import SchedulingMixin
+from transfer_agent.service import sdnotify
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     :param sched_interval: seconds between an idle agent's scheduling cycles.
     :param preempt_wait_s: a preempted job stops at the latest this long after it was marked, even if its
         preemptor has not moved bytes yet.
+    :param drain_grace: seconds ``drain()`` (SIGTERM) gives the running job before it is cut at its checkpoint.
     """
 
     def __init__(self, redis_url: str, *, name: str | None = None, policy: AgentPolicy | None = None,
@@ -98,7 +100,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                  keys: Keys | None = None, history: Any = None,
                  transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None,
                  scheduler: str = "fifo", sched_config: Any = None, sched_interval: float = 0.5,
-                 preempt_wait_s: float = 30.0) -> None:
+                 preempt_wait_s: float = 30.0, drain_grace: float = 30.0) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"agent scheduler {scheduler!r}: must be one of {', '.join(SCHEDULERS)}")
         self.redis_url = redis_url
@@ -132,7 +134,10 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self.sched_config = sched_config
         self.sched_interval = sched_interval
         self.preempt_wait_s = preempt_wait_s
+        self.drain_grace = drain_grace
+        self._drain_timer: threading.Timer | None = None
         self._board: Any = None
+        self.observer: Any = None  # the agent's metrics (transfer_agent.service.metrics): ``job(spec)`` per job
         self.counters: collections.Counter[str] = collections.Counter()
         self.log = PrefixedLog(log, {"name": self.name})
         self._stop = threading.Event()
@@ -150,7 +155,38 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         run = self._current
         if run is not None:
             run.stopping = True
-            run.cancel.set()
+            run.signal(run.cancel)
+
+    def drain(self, grace: float | None = None) -> None:
+        """Stop gracefully (SIGTERM; issue 30): take no new job; the running one finishes the files it has open
+        and starts no other (``sending.drain``); its job is handed back (released) for another agent to send the
+        rest, unless everything landed. Files still open ``grace`` seconds on (less a reserve for the checkpoint
+        and the release) are cut at their last flushed ranges. A second call stops at once (``stop``)."""
+        if self._stop.is_set():
+            self.log.warning("asked to stop again while draining: stopping now")
+            self.stop()
+            return
+        grace = self.drain_grace if grace is None else grace
+        self._stop.set()
+        run = self._current
+        if run is not None:
+            run.stopping = True
+            run.signal(run.drain)
+        cut = max(0.0, grace - min(5.0, max(1.0, 0.4 * grace)))  # the reserve: cancel, checkpoint, release, exit
+        sdnotify.stopping(f"draining (up to {grace:.0f} s)", grace)
+        self.log.info("draining: no new jobs; %s; open files are cut at their checkpoint in %.1f s",
+                      f"job {run.job_id} finishes its open files" if run is not None else "no job running", cut)
+        self._drain_timer = threading.Timer(cut, self._drain_deadline, args=(run,))
+        self._drain_timer.daemon = True
+        self._drain_timer.start()
+
+    def _drain_deadline(self, run: JobRun | None) -> None:
+        current = self._current
+        if current is not None and (run is None or current is run):
+            self.log.warning("drain grace over: job %s cut at its checkpoint (its parts resume from their ranges)",
+                             current.job_id)
+            current.stopping = True
+            current.signal(current.cancel)
 
     @property
     def stopped(self) -> bool:
@@ -178,7 +214,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self._started_at = time.time()
         previous = None
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            previous = signal.signal(signal.SIGTERM, lambda *_: self.drain())
         hb_stop = threading.Event()
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(hb_stop,), name=f"heartbeat-{self.name}",
                                      daemon=True)
@@ -186,6 +222,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             heartbeat.start()  # beats at once, then every period; Redis being down is retried there and below
             self.log.info("consuming %s on %s; serving %s", self.keys.jobs_stream(), describe(self.redis_url),
                           self.policy.describe())
+            sdnotify.ready(f"agent {self.name} consuming {self.keys.jobs_stream()} on {describe(self.redis_url)}")
             if not self.policy.roots.roots:
                 self.log.warning("no source roots configured: every job will be refused (default deny); give "
                                  "--root DIR or a policy file")
@@ -213,6 +250,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                 if once:
                     break
         finally:
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
             hb_stop.set()
             if heartbeat.is_alive():
                 heartbeat.join()

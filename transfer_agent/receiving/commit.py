@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from transfer_agent import faultpoints
@@ -51,6 +52,7 @@ class GroupCommit(PartStore):
                 self.log.exception("commit of %d files failed", len(batch))
                 for f in batch:
                     if not f.done:
+                        self.stats["files_commit_failed"] += 1
                         f.session.files.pop(f.file_id, None)
                         f.session.settle(f.file_id)
                         self._discard(f, remove=True)  # released before the answer: the retry can open it
@@ -63,6 +65,7 @@ class GroupCommit(PartStore):
             with self._lock:
                 current = self._attempts.get(f.session.job_key, 0)
             if f.session.attempt < current:
+                self.stats["files_stale"] += 1
                 self._discard(f, remove=False)  # released before the answer (issue 8, defect 6)
                 f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": False, "kind": "refused",
                                                   "error": f"{f.relpath!r}: stale attempt {f.session.attempt}, "
@@ -75,6 +78,7 @@ class GroupCommit(PartStore):
             else:
                 actual = hash_fd(f.fd, f.size, f.algo, f.session.digest_key(f.algo))
             if actual != f.expected_hash:
+                self.stats["files_checksum_mismatch"] += 1
                 self.log.warning("checksum mismatch for %s: expected %s, got %s", f.relpath, f.expected_hash, actual)
                 f.session.files.pop(f.file_id, None)
                 f.session.settle(f.file_id)
@@ -108,6 +112,8 @@ class GroupCommit(PartStore):
         for f in good:
             f.done = True
             self.stats["files_committed"] += 1
+            if self.on_commit is not None:  # transfer_agent.service.metrics: the file's OPEN -> commit seconds
+                self.on_commit(time.monotonic() - f.opened)
             f.session.files.pop(f.file_id, None)
             f.session.reply(Frame.COMMITTED, {"ok": True, "hash": f.expected_hash}, f.file_id)
             self._release(f)

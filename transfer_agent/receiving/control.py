@@ -69,9 +69,11 @@ class ControlSessions(DataStreams):
                 try:
                     self._open(session, fid, body)
                 except FStreamError as exc:
+                    self.stats["files_refused"] += 1
                     session.reply(Frame.ERROR, {"kind": exc.kind, "message": str(exc),
                                                 "retryable": exc.retryable}, fid)
                 except OSError as exc:
+                    self.stats["files_refused"] += 1
                     nospace = exc.errno in (errno.ENOSPC, errno.EDQUOT)
                     session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
                                                 "message": f"{body.get('path')!r}: "
@@ -79,6 +81,7 @@ class ControlSessions(DataStreams):
             elif ftype == Frame.COMMIT:
                 self._request_commit(session, fid, body)
             elif ftype in (Frame.ABORT, Frame.SKIP):
+                self.stats["files_aborted" if ftype == Frame.ABORT else "files_skipped"] += 1
                 session.deferred.discard(fid)
                 f = session.files.pop(fid, None)
                 if f is not None:

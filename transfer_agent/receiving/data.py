@@ -18,7 +18,7 @@ import ssl
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError
 from transfer_agent.receiving.commit import GroupCommit
 from transfer_agent.receiving.state import RecvFile, Session
-from transfer_agent.wire.protocol import Frame, pack_header, recv_exact, recv_frame
+from transfer_agent.wire.protocol import VERSION, Frame, pack_header, recv_exact, recv_frame
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer, SessionKeys
 
 PIPE_SIZE = 1 << 20
@@ -39,13 +39,16 @@ def _pipe() -> tuple[int, int]:
 class DataStreams(GroupCommit):
     """Take in the data connections' blocks (the layer of ``Receiver`` above ``GroupCommit``)."""
 
-    def _data_loop(self, session: Session, conn: socket.socket, keys: SessionKeys | None = None) -> None:
+    def _data_loop(self, session: Session, conn: socket.socket, keys: SessionKeys | None = None,
+                   version: int = VERSION) -> None:
+        """Take in one data connection's blocks; ``version``: the protocol its HELLO stated (issue 30: its frames
+        carry it, and a sealed block's associated data is its header as sent)."""
         sealer = DataSealer(keys) if keys is not None and keys.encrypt else None
         zero_copy = sealer is None and not isinstance(conn, ssl.SSLSocket) and hasattr(os, "splice")
         pipe = _pipe() if zero_copy else None
         try:
             while True:
-                ftype, fid, off, length, _ = recv_frame(conn)
+                ftype, fid, off, length, _ = recv_frame(conn, versions=(version,))
                 if ftype == Frame.BYE:
                     return
                 if ftype != Frame.DATA:
@@ -54,7 +57,7 @@ class DataStreams(GroupCommit):
                 if f is None:
                     if not session.is_settled(fid):
                         raise ProtocolError(f"data for file id {fid}, which is not open in this session")
-                    self._drop_block(session, conn, sealer, fid, off, length)
+                    self._drop_block(session, conn, sealer, fid, off, length, version)
                     continue
                 wire = length
                 if sealer is not None:
@@ -67,7 +70,7 @@ class DataStreams(GroupCommit):
                 self._claim(f, off, length)
                 try:
                     if sealer is not None:
-                        self._open_sealed(f, conn, sealer, off, length, wire)
+                        self._open_sealed(f, conn, sealer, off, length, wire, version)
                     elif pipe is not None:
                         self._splice_block(f, conn, pipe, off, length)
                     else:
@@ -82,7 +85,7 @@ class DataStreams(GroupCommit):
                 os.close(pipe[1])
 
     def _drop_block(self, session: Session, conn: socket.socket, sealer: DataSealer | None, fid: int, off: int,
-                    wire: int) -> None:
+                    wire: int, version: int = VERSION) -> None:
         """Read and drop a block of a file this session aborted, skipped or failed: the sender sent it before it
         gave the file up (data and control travel on different connections), so it is no reason to close the
         data connection (issue 8, fault row "source modified mid-send"). A sealed block is still opened, so the
@@ -92,7 +95,8 @@ class DataStreams(GroupCommit):
                        session.id[:8], wire, fid)
         if sealer is not None:
             sealed = recv_exact(conn, wire)
-            sealer.open(pack_header(Frame.DATA, fid, off, wire), sealed, f"data block at {off} of file id {fid}")
+            sealer.open(pack_header(Frame.DATA, fid, off, wire, version), sealed,
+                        f"data block at {off} of file id {fid}")
             return
         left = wire
         while left > 0:
@@ -105,7 +109,7 @@ class DataStreams(GroupCommit):
             left -= len(chunk)
 
     def _open_sealed(self, f: RecvFile, conn: socket.socket, sealer: DataSealer, off: int, length: int,
-                     wire: int) -> None:
+                     wire: int, version: int = VERSION) -> None:
         """Receive a sealed block, open it (AAD = its header) and only then write it. A block that fails
         authentication is never written; the sender is told on the control connection (its session restarts
         and resumes from the ranges received) and this data connection closes."""
@@ -114,7 +118,7 @@ class DataStreams(GroupCommit):
         except (NetworkError, ProtocolError) as exc:
             raise self._lost_mid_block(f, exc) from None
         try:
-            plain = sealer.open(pack_header(Frame.DATA, f.file_id, off, wire), sealed,
+            plain = sealer.open(pack_header(Frame.DATA, f.file_id, off, wire, version), sealed,
                                 f"data block [{off}, {off + length}) of {f.relpath!r}")
         except ProtocolError as exc:
             f.session.reply(Frame.ERROR, {"kind": "checksum", "retryable": True,
@@ -244,6 +248,7 @@ class DataStreams(GroupCommit):
         with f.lock:
             first, f.failed = not f.failed, True
         if first:
+            self.stats["files_write_failed"] += 1
             self.log.warning("%s: write failed (%s); part removed", f.relpath, reason)
             self._discard(f, remove=True)  # released before the answer (issue 8, defect 6)
             f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,

@@ -11,10 +11,16 @@ A plaintext client against a TLS receiver is told at once that TLS is required (
 Keys (issue 32): the receiver holds a ``Keyring``; each connection authenticates with the key its HELLO names,
 its session may write only under that key's subtree and within its quota (``control``), and the session's data
 connections must use the same key.
+
+Rotation (issue 30): the keys' files are re-read when they change (``keyring.KeyringWatch``, looked at on accept at
+most once per second); a HELLO names its key's generation; ``generations`` counts sessions per (key, generation),
+and the session's log line names both. A ``check`` connection (``fstream keys rotate --check-receiver``) only
+authenticates.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -25,7 +31,8 @@ import time
 
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
 from transfer_agent.receiving.control import ControlSessions
-from transfer_agent.receiving.keyring import Keyring
+from transfer_agent.receiving.doctor import DoctorService
+from transfer_agent.receiving.keyring import Keyring, KeyringWatch
 from transfer_agent.receiving.state import Session
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.storage import durable as storage
@@ -95,7 +102,8 @@ class Receiver(ControlSessions):
                          part_max_age=part_max_age)
         self.listen_addr = listen
         self.secret = secret
-        self.keyring = keyring
+        self._keys = KeyringWatch(keyring, self.log)  # re-read when its files change (issue 30)
+        self.generations: collections.Counter[tuple[str, str]] = collections.Counter()  # sessions per key, generation
         self.tls = tls
         self.require_encryption = require_encryption
         self.flush_interval = flush_interval
@@ -108,6 +116,8 @@ class Receiver(ControlSessions):
         self.sweep_interval = sweep_interval
         self._preauth = PreAuthLimits(max_unauth, max_unauth_per_addr)
         self._deadlines: Deadlines | None = None
+        self._doctor = DoctorService(root=self.root, stop=self._stop, log=self.log)  # `fstream doctor` (issue 30)
+        self.draining = threading.Event()  # ``drain()``: no new sessions
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "Receiver":
@@ -130,6 +140,11 @@ class Receiver(ControlSessions):
         threading.Thread(target=self._sweep_at_start, name="fstream-recv-sweep", daemon=True).start()
         self.log.info("listening on %s:%d, root %s", host, self.port, self.root)
         return self
+
+    @property
+    def keyring(self) -> Keyring:
+        """The keys now (re-read when their files changed: ``KeyringWatch``)."""
+        return self._keys.current()
 
     @property
     def port(self) -> int:
@@ -160,6 +175,28 @@ class Receiver(ControlSessions):
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
+
+    def set_preauth_limits(self, max_unauth: int, max_unauth_per_addr: int) -> None:
+        """New caps on unauthenticated connections (SIGHUP); connections held now stay until they resolve."""
+        self._preauth.max_total, self._preauth.max_per_addr = int(max_unauth), int(max_unauth_per_addr)
+
+    def drain(self, grace: float) -> int:
+        """Stop gracefully (SIGTERM; issue 30): refuse new sessions (retryable: senders retry elsewhere or later),
+        let open sessions finish for up to ``grace`` seconds, then ``stop()`` (open parts keep their flushed ranges,
+        resumable). The number of sessions still open when the grace ran out."""
+        self.draining.set()
+        end = time.monotonic() + grace
+        while time.monotonic() < end and not self._stop.is_set():
+            with self._lock:
+                if not self._sessions:
+                    break
+            self._stop.wait(0.1)
+        with self._lock:
+            left = len(self._sessions)
+        self.log.info("drained: %s", f"{left} session(s) cut after {grace:.0f} s (resumable)" if left
+                      else "no session open")
+        self.stop()
+        return left
 
     def __enter__(self) -> "Receiver":
         return self.start()
@@ -235,7 +272,7 @@ class Receiver(ControlSessions):
                     conn = self._ssl_ctx.wrap_socket(conn, server_side=True)
                 except (ssl.SSLError, OSError) as exc:
                     raise FStreamError(f"TLS handshake failed: {exc}") from None
-            hs = server_handshake(conn, tls=self._ssl_ctx is not None, secret_for=self.keyring.secret_for,
+            hs = server_handshake(conn, tls=self._ssl_ctx is not None, secret_at=self._keys.secret_at,
                                   require_hmac=self.keyring.has_secrets,
                                   require_encryption=self.require_encryption, peer=peer)
             key = self.keyring[hs.key_id]
@@ -243,6 +280,13 @@ class Receiver(ControlSessions):
             authenticated()
             role = str(hello.get("role", ""))
             writer = hs.link
+            if role == "check":  # `fstream keys rotate --check-receiver` (issue 30): authenticated, that is all
+                writer.send(Frame.WELCOME, {"key": key.key_id, "generation": hs.generation})
+                self.log.info("key check from %s: key %s generation %s accepted", peer, key.key_id, hs.generation)
+                return
+            if role == "doctor":  # `fstream doctor` (issue 30): probes only, no session, nothing lands
+                self._doctor.serve(conn, writer, hello, key.subtree, peer)
+                return
             sid = str(hello.get("session", ""))
             job = str(hello.get("job", ""))
             try:
@@ -259,6 +303,10 @@ class Receiver(ControlSessions):
                     raise RefusedError(msg)
                 self._attempts[(key.key_id, job)] = attempt
             conn.settimeout(None)
+            if role == "control" and self.draining.is_set():  # issue 30: sessions open finish, none starts
+                msg = "receiver draining (stopping): no new sessions; try again later or at another receiver"
+                writer.send(Frame.ERROR, {"kind": "refused", "message": msg, "retryable": True})
+                raise RefusedError(msg, retryable=True)
             if role == "control":
                 new = Session(sid, job, attempt, writer, peer, keys=hs.keys, key=key)
                 with self._lock:
@@ -266,11 +314,12 @@ class Receiver(ControlSessions):
                         raise ProtocolError(f"session {sid} already exists")
                     self._sessions[sid] = new
                     self.stats["sessions"] += 1
+                    self.generations[(key.key_id, str(hs.generation))] += 1
                 session = new  # registered: from here on this connection owns it and closes it
                 session.sock = conn
                 writer.send(Frame.WELCOME, {"session": sid, "root_free": storage.free_bytes(self._root_fd)})
-                self.log.info("session %s from %s (key %s): job %s attempt %d", sid[:8], peer, key.key_id, job,
-                              attempt)
+                self.log.info("session %s from %s (key %s generation %s, protocol %d): job %s attempt %d", sid[:8],
+                              peer, key.key_id, hs.generation, hs.version, job, attempt)
                 writer.read_ahead()  # only control frames follow on this connection
                 self._control_loop(session, writer)
             elif role == "data":
@@ -291,7 +340,7 @@ class Receiver(ControlSessions):
                 writer.send(Frame.WELCOME, {"session": sid})
                 data_session, session = session, None  # only the control connection closes a session
                 try:
-                    self._data_loop(data_session, conn, hs.keys)
+                    self._data_loop(data_session, conn, hs.keys, hs.version)
                 finally:
                     with data_session.lock:
                         data_session.data_socks.discard(conn)
@@ -299,9 +348,13 @@ class Receiver(ControlSessions):
             else:
                 raise ProtocolError(f"malformed HELLO: unknown role {role!r}")
         except NetworkError as exc:
+            if preauth and self._deadlines is not None and token in self._deadlines._live:  # not the watchdog's cut
+                self.stats["preauth_network"] += 1  # the peer hung up before authenticating (service.metrics)
             self.log.debug("%s connection from %s ended: %s", role, peer, exc)
         except FStreamError as exc:
             self.stats["errors"] += 1
+            if preauth:  # refused before authentication, by the error's kind (transfer_agent.service.metrics)
+                self.stats["preauth_" + exc.kind] += 1
             if preauth and not isinstance(exc, AuthError):  # junk from an unauthenticated peer: no log flood
                 self.log.debug("connection from %s closed before authentication: %s", peer, exc)
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,7 @@ class RecvFile:
     hasher: PrefixHasher | None = None
     quota: Charge | None = None  # what its OPEN charged to its key's quota (None: the key has none)
     resumed: int = 0  # bytes its part held when it was opened
+    opened: float = field(default_factory=time.monotonic)  # when its OPEN was taken (the per-file latency's start)
 
     def acquire(self) -> int:
         """Borrow the fd for one I/O; -1 once the file is closing. Pair with ``unuse``."""

@@ -7,9 +7,11 @@ byte arrived and the end-to-end checksum matched (``transfer_agent.receiving.com
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from transfer_agent.errors import FStreamError
 from transfer_agent.storage.parts import PartIndex, sweep_dir, sweep_parts
@@ -43,8 +45,11 @@ class PartStore:
         self._parts = PartIndex()
         self._written_dirs: dict[tuple[int, int], str] = {}  # (dev, ino) -> relative path: what the sweep revisits
         self._quotas = Quotas(self.root, log=log)  # bytes held by the keys that have a quota (issue 32)
-        self.stats = {"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0, "fenced": 0,
-                      "blocks_dropped": 0}
+        # a Counter: hooks count new keys as they happen (``files_<outcome>``, ``preauth_<kind>``); read at scrape
+        # by transfer_agent.service.metrics, which also sets ``on_commit`` (seconds from OPEN to commit per file)
+        self.stats = collections.Counter({"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0,
+                                          "fenced": 0, "blocks_dropped": 0})
+        self.on_commit: Callable[[float], None] | None = None
 
     # -- directories ---------------------------------------------------------------------------
     def _parent(self, session: Session, rel: str) -> tuple[int, tuple[int, int], str]:

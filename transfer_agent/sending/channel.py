@@ -17,7 +17,7 @@ from transfer_agent.errors import FStreamError, NetworkError, SourceModifiedErro
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
 from transfer_agent.sending.inflight import InFlight, cut_blocks, hold, release
-from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, Frame, pack_header
+from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, VERSION, Frame, pack_header
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer
 
 log = logging.getLogger("fstream.sender")
@@ -63,11 +63,13 @@ class Channel:
         self.busy = False
         self.carrying: str | None = None  # cluster of the file being sent (a reassigned channel finishes it first)
         self.moved = 0  # bytes this channel put on the wire
+        self.version = VERSION  # the protocol version its connections speak (set as they open)
 
     def start(self) -> None:
         sealers: list[DataSealer | None] = []
         for i in range(self.p):
             hs = self.pool.connector.connect_link(role="data", channel=self.id, stream=i)
+            self.version = getattr(hs, "version", VERSION)  # issue 30: the connection's version, in every header
             self.socks.append(hs.link.sock)
             sealers.append(DataSealer(hs.keys) if hs.keys is not None and hs.keys.encrypt else None)
         for i, s in enumerate(self.socks):
@@ -172,7 +174,7 @@ class Channel:
                 raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
             chunks.append(chunk)
             got += len(chunk)
-        header = pack_header(Frame.DATA, f.file_id, off, length + TAG_BYTES)
+        header = pack_header(Frame.DATA, f.file_id, off, length + TAG_BYTES, self.version)
         sealed = sealer.seal(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
         sock.sendall(header, 0 if isinstance(sock, ssl.SSLSocket) else MSG_MORE)
         sock.sendall(sealed)
@@ -209,6 +211,7 @@ class Channel:
         pool = self.pool
         tls = isinstance(sock, ssl.SSLSocket)
         fileno = sock.fileno()
+        version = self.version
         try:
             while True:
                 item = self._next_block(sock)
@@ -224,8 +227,10 @@ class Channel:
                     sent = length
                     if sealer is not None:
                         self._send_sealed(sock, sealer, f, off, length)
+                        with f.lock:
+                            f.bytes_sent += length
                     else:
-                        sock.sendall(pack_header(Frame.DATA, f.file_id, off, length), 0 if tls else MSG_MORE)
+                        sock.sendall(pack_header(Frame.DATA, f.file_id, off, length, version), 0 if tls else MSG_MORE)
                         sent = 0
                     while sent < length:
                         if tls:
@@ -241,8 +246,9 @@ class Channel:
                         sent += n
                         pool.count(f, n)
                         self.moved += n
+                        with f.lock:  # per call, not per block: a block cut short still counts what left
+                            f.bytes_sent += n
                     with f.lock:
-                        f.bytes_sent += length
                         f.blocks_left -= 1
                         last = f.blocks_left == 0
                     if last:

@@ -1,12 +1,18 @@
-"""Opening authenticated connections to the receiver (control link and data streams) for one session."""
+"""Opening authenticated connections to the receiver (control link and data streams) for one session.
+
+Issue 30: a ``Connector`` is made as a session opens and re-reads its secret file then (``auth.reread_secret``):
+a rotated file's current generation is used from the next session on, without a restart; every connection of a
+session uses the same generation and protocol version."""
 
 from __future__ import annotations
 
 import socket
 import ssl
+import time
 from typing import Any
 
 from transfer_agent.errors import AuthError, NetworkError
+from transfer_agent.wire import auth
 from transfer_agent.wire.auth import Handshake, client_handshake
 
 
@@ -20,14 +26,18 @@ class Connector:
     :param hello: fields every HELLO carries (job, attempt, session).
     :param encrypt: seal data blocks and control bodies (needs ``secret``).
     :param key_id: the receiver's key ``secret`` belongs to, named in every HELLO (None: the receiver's
-        ``"default"`` key); control and data connections of a session use the same key.
+        ``"default"`` key); control and data connections of a session use the same key. A ``secret`` read from
+        a file (``auth.load_secret``) is read again here: its file's current generation now.
+    :param timeout: the connect timeout (``--connect-timeout``): the TCP connect within it, then TLS and each
+        read of the handshake within what the connect left of it; a timeout is retryable.
     """
 
     def __init__(self, host: str, port: int, secret: bytes | None, ssl_ctx: ssl.SSLContext | None,
                  hello: dict[str, Any], timeout: float = 15.0, encrypt: bool = False,
                  key_id: str | None = None) -> None:
         self.host, self.port, self.secret, self.ssl_ctx, self.hello, self.timeout = (
-            host, port, secret, ssl_ctx, hello, timeout)
+            host, port, auth.reread_secret(secret), ssl_ctx, hello, timeout)
+        self.version = auth.CLIENT_VERSION  # the protocol this session speaks (tests may run a sender as 2)
         self.encrypt = encrypt
         self.key_id = key_id
 
@@ -41,22 +51,31 @@ class Connector:
 
     def connect_link(self, **extra: Any) -> Handshake:
         """Connect and authenticate; the result carries the socket (``.link.sock``), keys and control link."""
+        started = time.monotonic()
         try:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        except TimeoutError:
+            raise self._timed_out("cannot connect to receiver", "no answer") from None
         except OSError as exc:
             raise NetworkError(f"cannot connect to receiver {self.host}:{self.port}: {exc.strerror or exc}") from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.settimeout(max(0.001, self.timeout - (time.monotonic() - started)))  # what is left of it
             if self.ssl_ctx is not None:
                 try:
                     sock = self.ssl_ctx.wrap_socket(sock, server_hostname=self.host)
+                except TimeoutError:
+                    raise self._timed_out("receiver", "no TLS handshake") from None
                 except (ssl.SSLError, OSError) as exc:
                     raise AuthError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
             try:
                 hs = client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None,
-                                      encrypt=self.encrypt, peer=self.peer, key_id=self.key_id)
+                                      encrypt=self.encrypt, peer=self.peer, key_id=self.key_id,
+                                      version=self.version)
             except NetworkError as exc:
+                if isinstance(exc.__cause__, TimeoutError):
+                    raise self._timed_out("receiver", "no answer to the handshake") from None
                 if self.ssl_ctx is None:
                     raise
                 raise AuthError(f"TLS: receiver {self.host}:{self.port} closed the connection during the handshake "
@@ -71,4 +90,5 @@ class Connector:
             sock.close()
             raise
 
-
+    def _timed_out(self, what: str, reason: str) -> NetworkError:
+        return NetworkError(f"{what} {self.peer}: {reason} within the connect timeout ({self.timeout:g} s)")

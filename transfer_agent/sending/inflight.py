@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ class InFlight:
     holds: int = 0  # data streams using ``fd`` right now (see ``hold``)
     settled: bool = False
     fd_closed: bool = False
+    opened_at: float = field(default_factory=time.monotonic)  # OPEN sent: a file's latency to its commit (metrics)
 
 
 def cut_blocks(missing: list[tuple[int, int]], p: int, block_size: int) -> list[tuple[int, int]]:

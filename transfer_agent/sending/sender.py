@@ -16,18 +16,18 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any, Callable
 
-from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.pacing import paced_block_size
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.registry import make_tuner, tuner_info
 from fstream_provider.tuning.deadline import Deadline
-from transfer_agent.sending import grant, history_io, intervals
+from transfer_agent.sending import drain as draining, grant, history_io, intervals
 from transfer_agent.sending.progress import DeadlineNews, LiveProgress
 from transfer_agent.sending.result import TransferResult
+from transfer_agent.sending.session_retry import SessionRetries
+from transfer_agent.sending.file_retry import FILE_RETRY, MAX_FILE_TRIES, RETRY_BUDGET_S, retry_delay  # noqa: F401
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channel import MAX_SEALED_BLOCK
 from transfer_agent.sending.channels import ChannelPool
@@ -35,7 +35,7 @@ from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
 from transfer_agent.sending.host import raise_fd_limit, tcp_buffer_max
 from transfer_agent.sending.inflight import InFlight, public_checksum
-from transfer_agent.errors import (AuthError, CancelledError, ChecksumError, FStreamError, SourceRefusedError,
+from transfer_agent.errors import (AuthError, CancelledError, FStreamError, SourceRefusedError,
                                    SourceVanishedError, StallError)
 from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.sources import SrcFile, expand_sources
@@ -43,13 +43,7 @@ from fstream_provider.watch.sources import SrcFile, expand_sources
 log = logging.getLogger("fstream.sender")
 
 EventCallback = Callable[[str, dict], None]
-MAX_FILE_TRIES = 3  # tries of a file after checksum mismatches (and other counted failures)
-RETRY_BUDGET_S = 60.0  # a file refused as retryable (e.g. "busy") is retried with backoff within this time
-# The one retry policy (fstream_provider.model.retry): a file refused as retryable waits 75-150 ms, doubling up to
-# 6-12 s; a session that failed retryably reconnects after 0.75-1.5 s, doubling up to 7.5-15 s.
-FILE_RETRY = RetryPolicy(base_s=0.15, cap_s=12.0)
-SESSION_RETRY = RetryPolicy(retryable=lambda exc: isinstance(exc, FStreamError) and exc.retryable
-                            and not isinstance(exc, CancelledError), base_s=1.5, cap_s=15.0)
+# The one retry policy (fstream_provider.model.retry): files (``file_retry``), sessions (``session_retry``).
 DEFAULT_BANDWIDTH, PROFILE_EVERY_S = 1e9, 10.0  # a tuner naming no interval (observe_every_s) is consulted every 10 s
 
 
@@ -61,13 +55,15 @@ class Transfer:
     :param attempt: attempt number of the job.
     :param on_event: ``callback(kind, data)`` for "interval", "tuning", "file", "log".
     :param cancel: set to stop the transfer (files in flight stay resumable).
+    :param drain: set to drain it: open files finish, no new file starts (``sending.drain``).
     :param redis: optional Redis client for the tuners' history (profiling and HARP transfer history).
     :param tuner: a tuner object to use instead of the one the spec names (tests, simulator).
     :param stall_timeout: length of the progress window: if, with work outstanding, fewer than
         ``progress_floor_bps`` were moved over the last ``stall_timeout`` seconds and no file was
         committed, the session is declared stalled (retryable) — a trickle does not hide a stall.
     :param progress_floor_bps: the progress floor in bits/s (default 64 kbit/s).
-    :param max_session_retries: reconnect-and-resume attempts for retryable session failures.
+    :param max_session_retries: reconnect-and-resume attempts for retryable session failures of one outage when
+        the spec gives no budget (``max_attempts``, ``retry_for_s``); a watch stream then retries while it runs.
     :param history: whether and how transfer history rows are recorded (``history_io.HistoryOptions``).
     :param feed: new files from a channel's ``.transfer()`` instead of scanning ``spec.sources``: ``poll()``,
         ``pending_candidates`` (more may come) and ``wake`` (set to an event it sets on news); ``flow.transfer.FlowFeed``.
@@ -78,16 +74,18 @@ class Transfer:
                  redis: Any = None, log: logging.Logger | None = None, tuner: Tuner | None = None,
                  stall_timeout: float = 60.0, progress_floor_bps: float = 64e3,
                  max_session_retries: int = 4, history: history_io.HistoryOptions | None = None,
-                 feed: Any = None, guard: Any = None) -> None:
+                 feed: Any = None, guard: Any = None, drain: threading.Event | None = None) -> None:
         self.spec, self.guard = spec, guard  # guard: an agent's policy (``daemon.authorize.Guard``)
         self.job_id = job_id or uuid.uuid4().hex
         self.attempt = attempt
         self.on_event = on_event or (lambda kind, data: None)
-        self.cancel = cancel or threading.Event()
+        self.cancel, self.drain, self._held = cancel or threading.Event(), drain or threading.Event(), None
         self.redis, self.log = redis, log or logging.getLogger("fstream.sender")
         self._tuner = tuner
         self.stall_timeout, self.progress_floor_bps = stall_timeout, progress_floor_bps
         self.max_session_retries = max_session_retries
+        self.session_retries = SessionRetries(spec, attempts=max_session_retries + 1, log=self.log,
+                                              on_event=self.on_event, stop=self.cancel)
         self.result = TransferResult(job_id=self.job_id, tuner=tuner.name if tuner else spec.tuner,
                                      checksum="xxh3_128" if spec.verify else "off (sizes only)")
         self._wake = threading.Event()
@@ -107,6 +105,10 @@ class Transfer:
         self._deadline_news = DeadlineNews(spec.on_deadline_risk, self.log, self.on_event)
 
     # -- public --------------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Look at ``cancel`` and ``drain`` now rather than at the loop's next tick (up to 0.5 s later)."""
+        self._wake.set()
+
     def run(self) -> TransferResult:
         t0 = time.monotonic()
         self._t0 = t0
@@ -132,19 +134,15 @@ class Transfer:
         self._files_total = len(pending)
         self._public_algo = "xxh3_128" if spec.public_checksum else None
         hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fstream-hash")
-
-        def on_retry(tries: int, exc: BaseException, delay: float) -> None:
-            self.log.warning("session failed (%s); reconnecting in %.1f s (try %d of %d)",
-                             exc, delay, tries, self.max_session_retries)
-            self.on_event("log", {"level": "warning", "message": f"session failed: {exc}; retry {tries}"})
-
-        policy = replace(SESSION_RETRY, attempts=self.max_session_retries + 1)
         try:
             self._lease = grant.open_lease(spec, self.redis, self.history.keys, self.job_id, self.on_event)
             try:
-                pending = policy.call(
+                pending = self.session_retries.call(  # within the spec's budget; a watch stream while it runs
                     lambda: self._session(dest.host, dest.port, secret, ssl_ctx, hasher, pending, watcher),
-                    stop=self.cancel, on_retry=on_retry)
+                    landed=lambda: self.result.verified_files + self.result.skipped_files)
+                if self._held is not None:
+                    self.result.error = draining.drained_error(len(self._held), self.result.verified_files)
+                    self.result.retryable = True
             except FStreamError as exc:
                 if self.cancel.is_set() and exc.retryable and not isinstance(exc, CancelledError):
                     raise CancelledError("transfer cancelled") from None  # cancelled while waiting to reconnect
@@ -156,8 +154,12 @@ class Transfer:
             self.result.error = err.describe()
             self.result.cancelled = isinstance(err, CancelledError)
             self.result.retryable = err.retryable and not self.result.cancelled
-            for sf in pending:
-                self._fail_file(sf, err)
+            if self.result.cancelled and self.drain.is_set():  # a drain cut at the grace: handed back, not failed
+                self._held = (self._held or []) + list(pending)
+                self.result.error = draining.drained_error(len(self._held), self.result.verified_files) + "; cut"
+            else:
+                for sf in pending:
+                    self._fail_file(sf, err)
         finally:
             self._lease = self._lease and self._lease.close()  # every stream back to the pool
             self._save_history()
@@ -180,6 +182,7 @@ class Transfer:
         encrypt = bool(getattr(self.spec, "encrypt", False))
         connector = Connector(host, port, secret, ssl_ctx, {"session": sid, "job": self.job_id,
                                                             "attempt": self.attempt}, encrypt=encrypt,
+                              timeout=self.spec.connect_timeout_s,
                               key_id=self.spec.key)
         retry_files: list[SrcFile] = []
 
@@ -237,6 +240,7 @@ class Transfer:
         spec = self.spec
         start = time.monotonic()
         self._last_progress = start
+        self.session_retries.connected()
         window: collections.deque[tuple[float, int]] = collections.deque()
         last_sample = last_profile = start
         last_bytes, last_cluster = pool.counters()
@@ -252,6 +256,11 @@ class Transfer:
                 raise CancelledError("transfer cancelled")
             if control.failed.is_set():
                 raise control.error or FStreamError("session failed", retryable=True)
+            if self.drain.is_set() and self._held is None:  # what is open finishes; nothing new starts
+                self._held, watcher = draining.hold_back(pool, retry_files, self._lock), None
+                with self._lock:
+                    self._outstanding -= len(self._held)
+                self.on_event("log", {"level": "info", "message": f"draining: {len(self._held)} file(s) held back"})
             now = time.monotonic()
             if retry_files:
                 with self._lock:  # files refused for now wait out their backoff in retry_files
@@ -354,7 +363,7 @@ class Transfer:
             self.result.verified_files += 1
             self.result.bytes += sf.size
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "committed",
-                                   "resumed": f.resumed, **public_checksum(f, self.result.checksum, self._public_algo)})
+                                   "resumed": f.resumed, "seconds": round(time.monotonic() - f.opened_at, 6), **public_checksum(f, self.result.checksum, self._public_algo)})
         elif outcome == "skipped":
             self.result.skipped_files += 1
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "skipped",
@@ -364,31 +373,7 @@ class Transfer:
             self._fail_file(sf, f.error or FStreamError("failed"))
         self._wake.set()
 
-    @staticmethod
-    def _retry_delay(sf: SrcFile, err: FStreamError | None, now: float | None = None) -> float | None:
-        """Seconds to wait before retrying ``sf``; None when its retries are used up (issue 8, defect 6).
-
-        A checksum mismatch (or a retry without a reason) counts against ``MAX_FILE_TRIES``; a retryable
-        refusal (the receiver says "busy" while a stale attempt is fenced) is retried within ``RETRY_BUDGET_S``.
-        Either way with exponential backoff and jitter, never a storm of retries within milliseconds.
-        """
-        now = time.monotonic() if now is None else now
-        sf.retries += 1
-        if err is None:  # opened ahead and put back unsent (a channel closed): it did not fail, no wait
-            return 0.0
-        if isinstance(err, ChecksumError):
-            sf.tries += 1
-            if sf.tries >= MAX_FILE_TRIES:
-                return None
-        else:
-            if not sf.retry_since:
-                sf.retry_since = now
-            if now - sf.retry_since >= RETRY_BUDGET_S:
-                return None
-        delay = FILE_RETRY.delay(sf.retries - 1)
-        if sf.retry_since:
-            delay = min(delay, max(0.0, sf.retry_since + RETRY_BUDGET_S - now))
-        return delay
+    _retry_delay = staticmethod(retry_delay)  # tests call it as the transfer's
 
     def _on_unopenable(self, sf: SrcFile, err: FStreamError, watching: bool) -> None:
         with self._lock:

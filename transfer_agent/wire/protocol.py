@@ -6,6 +6,12 @@ bytes; ``DATA`` frames carry ``length`` raw bytes of file ``file_id`` at ``offse
 with a bad magic, an unknown version or type, or a length beyond the limits is a
 ``ProtocolError``: the connection that sent it is closed, nothing else is affected.
 
+Versions (issue 30): every frame of a connection carries the version its HELLO stated; a receiver speaks
+``SUPPORTED`` (3 and 2: a version-2 HELLO has no key generation and authenticates with the key's current one),
+a sender speaks ``VERSION``. Functions take the connection's version (``version``/``versions``; default
+``VERSION`` alone); ``expect_versioned`` reads a first frame of any version, so an unsupported peer is refused
+naming both sides' versions.
+
 Connection kinds (stated in ``HELLO``): one ``control`` connection per session (file
 open/commit requests and replies, like GridFTP's control channel) and ``data`` connections,
 grouped into channels of ``p`` streams, which carry only ``DATA`` frames.
@@ -23,7 +29,8 @@ from typing import Any
 from transfer_agent.errors import NetworkError, ProtocolError
 
 MAGIC = b"FS"
-VERSION = 2  # 2: transcript-bound proofs, MAC'd/sealed control frames, keyed digests (issue 8)
+VERSION = 3  # 3: HELLO names its key's generation (kgen; issue 30); 2: transcript-bound proofs, MAC'd/sealed frames
+SUPPORTED = (3, 2)  # what a receiver speaks (issue 30: upgrade one host at a time); a sender speaks VERSION
 HEADER = struct.Struct("!2sBBIQI")  # magic, version, type, file_id, offset, length
 HEADER_SIZE = HEADER.size
 MAX_CONTROL = 1 << 20
@@ -53,13 +60,20 @@ class Frame(IntEnum):
     BYE = 30
     PING = 31
     PONG = 32
+    FACTS = 40  # `fstream doctor` (issue 30): the receiver's host facts, asked and answered on a doctor connection
+    DISK = 41  # `fstream doctor`: run the receiver's bounded disk write probe, and its result
 
 
 _TYPES = {int(t) for t in Frame}
 
 
-def pack_header(ftype: int, file_id: int = 0, offset: int = 0, length: int = 0) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, ftype, file_id, offset, length)
+def pack_header(ftype: int, file_id: int = 0, offset: int = 0, length: int = 0, version: int = VERSION) -> bytes:
+    return HEADER.pack(MAGIC, version, ftype, file_id, offset, length)
+
+
+def speaks(versions: tuple[int, ...]) -> str:
+    """``(3, 2)`` as "3 and 2": the versions a side speaks, for messages."""
+    return " and ".join(map(str, versions))
 
 
 def canonical(body: dict[str, Any]) -> bytes:
@@ -67,21 +81,23 @@ def canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def pack_control(ftype: int, body: dict[str, Any] | bytes, file_id: int = 0) -> bytes:
+def pack_control(ftype: int, body: dict[str, Any] | bytes, file_id: int = 0, version: int = VERSION) -> bytes:
     """A control frame: header and JSON body (``body`` may already be encoded)."""
     payload = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
     if len(payload) > MAX_CONTROL:
         raise ProtocolError(f"control frame {Frame(ftype).name} too large ({len(payload)} bytes)")
-    return pack_header(ftype, file_id, 0, len(payload)) + payload
+    return pack_header(ftype, file_id, 0, len(payload), version) + payload
 
 
-def parse_header(raw: bytes, max_control: int = MAX_CONTROL) -> tuple[Frame, int, int, int]:
-    """Validate a header; return (type, file_id, offset, length). Control bodies over ``max_control`` are refused."""
+def parse_header(raw: bytes, max_control: int = MAX_CONTROL, versions: tuple[int, ...] = (VERSION,)
+                 ) -> tuple[Frame, int, int, int]:
+    """Validate a header of a connection speaking ``versions``; return (type, file_id, offset, length). Control
+    bodies over ``max_control`` are refused."""
     magic, version, ftype, file_id, offset, length = HEADER.unpack(raw)
     if magic != MAGIC:
         raise ProtocolError(f"malformed frame: bad magic {magic!r}")
-    if version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {version} (this side speaks {VERSION})")
+    if version not in versions:
+        raise ProtocolError(f"unsupported protocol version {version} (this side speaks {speaks(versions)})")
     if ftype not in _TYPES:
         raise ProtocolError(f"malformed frame: unknown frame type {ftype}")
     if ftype == Frame.DATA:
@@ -119,8 +135,9 @@ class FrameBuffer:
 
     CHUNK = 64 << 10
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, versions: tuple[int, ...] = (VERSION,)) -> None:
         self.sock = sock
+        self.versions = versions
         self._buf = bytearray()
         self._pos = 0
 
@@ -144,7 +161,7 @@ class FrameBuffer:
 
     def frame(self, max_control: int = MAX_CONTROL) -> tuple[Frame, int, bytes]:
         """The next frame's type, file id and raw body (a DATA frame's payload is not read)."""
-        ftype, file_id, _offset, length = parse_header(self._take(HEADER_SIZE), max_control)
+        ftype, file_id, _offset, length = parse_header(self._take(HEADER_SIZE), max_control, self.versions)
         return ftype, file_id, (self._take(length) if length and ftype != Frame.DATA else b"")
 
 
@@ -191,35 +208,55 @@ def decode_body(ftype: Frame, raw: bytes) -> dict[str, Any]:
     return body
 
 
-def recv_raw(sock: socket.socket, max_control: int = MAX_CONTROL) -> tuple[Frame, int, int, int, bytes]:
+def recv_raw(sock: socket.socket, max_control: int = MAX_CONTROL, versions: tuple[int, ...] = (VERSION,)
+             ) -> tuple[Frame, int, int, int, bytes]:
     """Read one frame's header and, for a control frame, its undecoded body (``b""`` for a DATA frame,
     whose payload is left on the socket for the caller): (type, file id, offset, length, body)."""
-    ftype, file_id, offset, length = parse_header(recv_exact(sock, HEADER_SIZE), max_control)
+    ftype, file_id, offset, length = parse_header(recv_exact(sock, HEADER_SIZE), max_control, versions)
     raw = recv_exact(sock, length) if length and ftype != Frame.DATA else b""
     return ftype, file_id, offset, length, raw
 
 
-def recv_frame(sock: socket.socket, max_control: int = MAX_CONTROL
+def recv_frame(sock: socket.socket, max_control: int = MAX_CONTROL, versions: tuple[int, ...] = (VERSION,)
                ) -> tuple[Frame, int, int, int, dict[str, Any] | None]:
     """Read one frame. Control frames return their decoded JSON body; DATA frames return
     ``None`` as body and leave the payload unread on the socket for the caller.
 
     :param max_control: largest control body accepted (``PRE_AUTH_MAX_CONTROL`` before authentication).
     """
-    ftype, file_id, offset, length, raw = recv_raw(sock, max_control)
+    ftype, file_id, offset, length, raw = recv_raw(sock, max_control, versions)
     if ftype == Frame.DATA:
         return ftype, file_id, offset, length, None
     return ftype, file_id, offset, length, decode_body(ftype, raw) if raw else {}
 
 
-def expect(sock: socket.socket, *types: Frame, max_control: int = MAX_CONTROL) -> tuple[Frame, dict[str, Any]]:
+def expect(sock: socket.socket, *types: Frame, max_control: int = MAX_CONTROL,
+           versions: tuple[int, ...] = (VERSION,)) -> tuple[Frame, dict[str, Any]]:
     """Read one control frame of one of ``types``; an ERROR frame is raised as the error it names."""
-    ftype, _fid, _off, _len, body = recv_frame(sock, max_control)
+    _v, ftype, body = _expect(sock, types, max_control, versions)
+    return ftype, body
+
+
+def expect_versioned(sock: socket.socket, *types: Frame, max_control: int = MAX_CONTROL
+                     ) -> tuple[int, Frame, dict[str, Any]]:
+    """The first frame of a connection, whatever version it is in: (its header's version, type, body), so the
+    caller can refuse an unsupported peer naming both versions. An ERROR frame is raised as the error it names."""
+    return _expect(sock, types, max_control, None)
+
+
+def _expect(sock: socket.socket, types: tuple[Frame, ...], max_control: int, versions: tuple[int, ...] | None
+            ) -> tuple[int, Frame, dict[str, Any]]:
+    head = recv_exact(sock, HEADER_SIZE)
+    version = head[2]
+    ftype, _fid, _off, length = parse_header(head, max_control, versions or (version,))
+    if ftype == Frame.DATA:
+        raise ProtocolError(f"unexpected DATA frame (expected {', '.join(t.name for t in types)})")
+    body = (decode_body(ftype, recv_exact(sock, length)) if length else {}) or {}
     if ftype == Frame.ERROR and Frame.ERROR not in types:
         raise error_from_body(body or {})
     if ftype not in types:
         raise ProtocolError(f"unexpected {ftype.name} frame (expected {', '.join(t.name for t in types)})")
-    return ftype, body or {}
+    return version, ftype, body
 
 
 def error_from_body(body: dict[str, Any]) -> Exception:
@@ -242,12 +279,13 @@ def error_from_body(body: dict[str, Any]) -> Exception:
 class ControlWriter:
     """Thread-safe writer of control frames on one socket."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, version: int = VERSION) -> None:
         self.sock = sock
+        self.version = version
         self._lock = threading.Lock()
 
     def send(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
-        data = pack_control(ftype, body, file_id)
+        data = pack_control(ftype, body, file_id, self.version)
         with self._lock:
             try:
                 self.sock.sendall(data)

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from transfer_agent.errors import NetworkError, ProtocolError
-from transfer_agent.wire.protocol import (MAX_CONTROL, Frame, FrameBuffer, canonical, decode_body, error_from_body,
-                                         pack_control, recv_raw)
+from transfer_agent.wire.protocol import (MAX_CONTROL, VERSION, Frame, FrameBuffer, canonical, decode_body,
+                                         error_from_body, pack_control, recv_raw)
 
 MAC_BYTES = 16
 TAG_BYTES = 16  # AEAD tag appended to every sealed payload
@@ -117,10 +117,12 @@ class ControlLink:
     :param sock: the connection.
     :param keys: the connection's keys, or None (TLS only: frames go as they are).
     :param client: this side opened the connection (picks the direction keys).
+    :param version: the protocol version the connection's HELLO stated (issue 30): its frames carry it.
     """
 
-    def __init__(self, sock: Any, keys: SessionKeys | None, *, client: bool, peer: str = "peer") -> None:
-        self.sock, self.keys, self.peer = sock, keys, peer
+    def __init__(self, sock: Any, keys: SessionKeys | None, *, client: bool, peer: str = "peer",
+                 version: int = VERSION) -> None:
+        self.sock, self.keys, self.peer, self.version = sock, keys, peer, version
         self._lock = threading.Lock()
         self._frames: FrameBuffer | None = None
         self._send_seq = self._recv_seq = 0
@@ -152,7 +154,7 @@ class ControlLink:
             else:  # the canonical encoding the MAC covers is the payload too, with the MAC added last
                 canon = canonical(body)
                 wire = with_mac(canon, self._mac(self._mac_out, seq, ftype, file_id, canon))
-            data = pack_control(ftype, wire, file_id)
+            data = pack_control(ftype, wire, file_id, self.version)
             try:
                 self.sock.sendall(data)
             except (ConnectionError, TimeoutError, OSError) as exc:
@@ -162,7 +164,7 @@ class ControlLink:
     def read_ahead(self) -> None:
         """From now on read frames through a buffer (``FrameBuffer``): for a session's control connection
         once the handshake is done, never for a data connection (its payload is spliced from the socket)."""
-        self._frames = FrameBuffer(self.sock)
+        self._frames = FrameBuffer(self.sock, (self.version,))
 
     def recv(self, *, max_control: int = MAX_CONTROL, plain_error: bool = False) -> tuple[Frame, int, dict[str, Any]]:
         """Read and authenticate one control frame. ``plain_error``: an unauthenticated ERROR (sent before the
@@ -170,7 +172,7 @@ class ControlLink:
         if self._frames is not None:
             ftype, fid, raw = self._frames.frame(max_control)
         else:
-            ftype, fid, _off, _len, raw = recv_raw(self.sock, max_control)
+            ftype, fid, _off, _len, raw = recv_raw(self.sock, max_control, (self.version,))
         if ftype == Frame.DATA:
             raise ProtocolError(f"unexpected DATA frame on the control connection from {self.peer}")
         body = decode_body(ftype, raw) if raw else {}

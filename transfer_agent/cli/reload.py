@@ -1,0 +1,204 @@
+"""SIGHUP: read the configuration again and change what can change in a running daemon (issue 30).
+
+``systemctl reload`` sends SIGHUP. The daemon's command line is parsed again with the configuration file
+and the environment as they are now (``cli.config``; the same precedence as at start). A file that does not
+validate is refused, naming the problem, and the running configuration stays. Of what changed, each
+daemon applies what it can in place (``live``: limits, the log level, the metrics listener); what needs a
+restart (the listen address, the root, the keys' files are re-read on their own: ``receiving.keyring``) is
+named in the log. The handler only sets an event: the work runs in a thread of its own, never inside the
+signal handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from transfer_agent.errors import FStreamError
+from transfer_agent.service import sdnotify
+
+log = logging.getLogger("fstream.reload")
+IGNORED = frozenset({"func", "command", "config_file", "parser_factory"})
+
+
+def reparse(args: argparse.Namespace) -> argparse.Namespace:
+    """The command's options as the configuration says now (``FStreamError`` naming the problem if it is bad)."""
+    from transfer_agent.cli import config
+
+    argv = list(getattr(args, "argv", None) or [])
+    parser = args.parser_factory()  # ``cli.main`` gives it (this module must not import main: no cycles)
+    configured = config.apply(parser, argv, args.command, getattr(args, "config_file", None))
+    try:
+        new = parser.parse_args(argv)
+    except SystemExit:  # argparse printed why (a configured value its own check refused)
+        raise FStreamError("the command line no longer parses with this configuration (see above)") from None
+    configured(new)
+    new.argv, new.config_file, new.parser_factory = argv, getattr(args, "config_file", None), args.parser_factory
+    return new
+
+
+def changes(old: argparse.Namespace, new: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
+    """Option -> (old, new) for every option whose value differs."""
+    out = {}
+    for key, value in vars(new).items():
+        if key in IGNORED or key == "argv":
+            continue
+        if getattr(old, key, None) != value:
+            out[key] = (getattr(old, key, None), value)
+    return out
+
+
+def log_level(verbose: int) -> int:
+    return logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
+
+
+class Reloader:
+    """On SIGHUP, ``reload()`` in a thread: re-read, diff, ``apply(changed) -> applied keys``, log the rest.
+
+    :param args: the options the daemon runs with (updated in place with what was applied).
+    :param live: the options this daemon changes in place.
+    :param apply: called with ``{option: new value}`` of the live options that changed; returns what it applied.
+    """
+
+    def __init__(self, args: argparse.Namespace, live: Iterable[str],
+                 apply: Callable[[dict[str, Any]], Iterable[str]]) -> None:
+        self.args, self.live, self.apply = args, frozenset(live) | {"verbose"}, apply
+        self.requested = threading.Event()
+        self.done = threading.Event()  # set after every reload (tests wait on it)
+        self.count = 0
+        self.last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> "Reloader":
+        try:
+            signal.signal(signal.SIGHUP, lambda *_: self.requested.set())
+        except ValueError:  # not the main thread (tests call reload() directly)
+            pass
+        self._thread = threading.Thread(target=self._loop, name="fstream-reload", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self.requested.set()
+
+    def _loop(self) -> None:
+        while True:
+            self.requested.wait()
+            if self._stop.is_set():
+                return
+            self.requested.clear()
+            self.reload()
+
+    def reload(self) -> dict[str, Any]:
+        """One reload; what happened: ``applied``, ``restart`` (changed, not applied), or ``error``."""
+        sdnotify.reloading()
+        out: dict[str, Any] = {"applied": [], "restart": [], "error": None}
+        try:
+            new = reparse(self.args)
+            changed = changes(self.args, new)
+            live = {k: v for k, (_, v) in changed.items() if k in self.live}
+            if "verbose" in live:
+                logging.getLogger().setLevel(log_level(live["verbose"]))
+            applied = set(self.apply({k: v for k, v in live.items() if k != "verbose"}))
+            applied |= {"verbose"} & set(live)
+            for key in applied:
+                setattr(self.args, key, getattr(new, key))
+            out["applied"] = sorted(applied)
+            out["restart"] = sorted(set(changed) - applied)
+            shown = ", ".join(f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in out["applied"]) or "nothing"
+            log.warning("configuration reloaded: applied %s%s", shown,
+                        f"; changed but needs a restart: {', '.join(out['restart'])}" if out["restart"] else "")
+        except (FStreamError, ValueError) as exc:
+            out["error"] = str(exc)
+            log.error("configuration reload refused, the running configuration stays: %s", exc)
+            print(f"fstream {self.args.command}: reload refused: {exc}", file=sys.stderr, flush=True)
+        finally:
+            sdnotify.ready("configuration reloaded" if out["error"] is None else "reload refused")
+        self.count += 1
+        self.last = out
+        self.done.set()
+        return out
+
+
+# -- what each daemon changes in place ------------------------------------------------------------------
+RECEIVER_LIVE = ("max_unauth", "max_unauth_per_addr", "handshake_timeout", "require_encryption", "max_part_age",
+                 "drain_grace", "metrics_listen", "free_space_floor")
+AGENT_LIVE = ("max_retries", "max_deliveries", "claim_idle", "drain_grace", "metrics_listen")
+
+
+def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable[[dict[str, Any]], list[str]]:
+    """The receiver's live changes: pre-auth caps, handshake time, encryption required, part age, drain grace, and
+    the metrics endpoint (restarted on its new address or free-space floor; transfers are not touched)."""
+    from fstream_provider.model.units import parse_duration, parse_size
+
+    def apply(live: dict[str, Any]) -> list[str]:
+        done = []
+        if {"max_unauth", "max_unauth_per_addr"} & set(live):
+            rcv.set_preauth_limits(live.get("max_unauth", args.max_unauth),
+                                   live.get("max_unauth_per_addr", args.max_unauth_per_addr))
+            done += [k for k in ("max_unauth", "max_unauth_per_addr") if k in live]
+        if "handshake_timeout" in live:
+            rcv.handshake_timeout = parse_duration(live["handshake_timeout"])
+            done.append("handshake_timeout")
+        if "require_encryption" in live:
+            rcv.require_encryption = bool(live["require_encryption"])
+            done.append("require_encryption")
+        if "max_part_age" in live:
+            rcv.part_max_age = parse_duration(live["max_part_age"])
+            done.append("max_part_age")
+        if "drain_grace" in live:
+            parse_duration(live["drain_grace"])  # the daemon reads args.drain_grace when it drains
+            done.append("drain_grace")
+        if {"metrics_listen", "free_space_floor"} & set(live):
+            floor = parse_size(live.get("free_space_floor", args.free_space_floor))
+            done += _restart_endpoint(service, live.get("metrics_listen", args.metrics_listen),
+                                      lambda: service.start(rcv), floor=floor)
+            done += [k for k in ("metrics_listen", "free_space_floor") if k in live]
+        return done
+    return apply
+
+
+def agent_apply(agent: Any, service: Any, url: str, keys: Any) -> Callable[[dict[str, Any]], list[str]]:
+    """The agent's live changes: retries and deliveries per job, the reclaim idle time, the drain grace and the
+    metrics endpoint. The policy (its authority) is not reloaded: a change of authority is a restart."""
+    from fstream_provider.model.units import parse_duration
+
+    def apply(live: dict[str, Any]) -> list[str]:
+        done = []
+        if "max_retries" in live:
+            agent.max_retries = int(live["max_retries"])
+            done.append("max_retries")
+        if "max_deliveries" in live:
+            agent.max_deliveries = int(live["max_deliveries"])
+            done.append("max_deliveries")
+        if "claim_idle" in live:
+            agent.claim_idle_ms = int(parse_duration(live["claim_idle"]) * 1000)
+            done.append("claim_idle")
+        if "drain_grace" in live:
+            agent.drain_grace = parse_duration(live["drain_grace"])
+            done.append("drain_grace")
+        if "metrics_listen" in live:
+            agent.observer = None
+            _restart_endpoint(service, live["metrics_listen"], lambda: service.start(agent, url, keys))
+            done.append("metrics_listen")
+        return done
+    return apply
+
+
+def _restart_endpoint(service: Any, listen: str | None, start: Callable[[], None], floor: int | None = None) -> list:
+    from transfer_agent.service.options import parse_listen
+
+    new_listen = parse_listen(listen) if listen else None  # a bad address is refused before the old one stops
+    service.stop()
+    service.listen = new_listen
+    if floor is not None:
+        service.floor = floor
+    start()
+    return []

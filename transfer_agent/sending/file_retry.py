@@ -1,0 +1,40 @@
+"""When a file is tried again within a transfer (issue 8, defect 6): its budget and its backoff.
+
+A checksum mismatch (or a retry without a reason) counts against ``MAX_FILE_TRIES``; a retryable
+refusal (the receiver says "busy" while a stale attempt is fenced) is retried within ``RETRY_BUDGET_S``.
+Either way with exponential backoff and jitter (``FILE_RETRY``, the one retry policy of
+``fstream_provider.model.retry``), never a storm of retries within milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fstream_provider.model.retry import RetryPolicy
+from fstream_provider.watch.sources import SrcFile
+from transfer_agent.errors import ChecksumError, FStreamError
+
+MAX_FILE_TRIES = 3  # tries of a file after checksum mismatches (and other counted failures)
+RETRY_BUDGET_S = 60.0  # a file refused as retryable (e.g. "busy") is retried with backoff within this time
+FILE_RETRY = RetryPolicy(base_s=0.15, cap_s=12.0)  # 75-150 ms, doubling up to 6-12 s
+
+
+def retry_delay(sf: SrcFile, err: FStreamError | None, now: float | None = None) -> float | None:
+    """Seconds to wait before retrying ``sf``; None when its retries are used up."""
+    now = time.monotonic() if now is None else now
+    sf.retries += 1
+    if err is None:  # opened ahead and put back unsent (a channel closed): it did not fail, no wait
+        return 0.0
+    if isinstance(err, ChecksumError):
+        sf.tries += 1
+        if sf.tries >= MAX_FILE_TRIES:
+            return None
+    else:
+        if not sf.retry_since:
+            sf.retry_since = now
+        if now - sf.retry_since >= RETRY_BUDGET_S:
+            return None
+    delay = FILE_RETRY.delay(sf.retries - 1)
+    if sf.retry_since:
+        delay = min(delay, max(0.0, sf.retry_since + RETRY_BUDGET_S - now))
+    return delay

@@ -1,0 +1,1 @@
+"""Running FStream as a facility service (issue 30): metrics, health, systemd readiness."""

@@ -1,0 +1,165 @@
+"""Readiness checks of ``fstream receive`` and ``fstream agent`` (issue 30, "Health"): what ``/readyz`` serves
+and what ``--check`` prints once.
+
+Each check is real, never inferred: a data root is writable when a temporary file could be created in it and
+removed again; its free space is ``statvfs`` against ``--free-space-floor``; a source root is readable when it
+could be opened and listed; Redis is reachable when it answered ``PING`` within the timeout; the jobs consumer
+group is present when ``XINFO GROUPS`` of the jobs stream lists it. Every result names what was checked and,
+when it failed, why. Nothing secret is shown (Redis URLs are printed with their password masked).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+READY_PROBE = ".fstream-ready-"  # prefix of the temporary file a writability check creates and removes
+
+
+@dataclass(frozen=True)
+class Check:
+    """One readiness check: ``name`` (what was checked), ``ok``, and ``detail`` (what was found, or why not)."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok' if self.ok else 'failed'}: {self.name}: {self.detail}"
+
+
+Readiness = Callable[[], list[Check]]
+
+
+def report(checks: Iterable[Check]) -> tuple[bool, str]:
+    """(all ok, the text ``/readyz`` and ``--check`` show: ``ready``/``not ready`` then one line per check)."""
+    checks = list(checks)
+    ready = all(c.ok for c in checks)
+    return ready, "\n".join(["ready" if ready else "not ready", *(c.line() for c in checks)]) + "\n"
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+# -- data and source roots -----------------------------------------------------------------------------
+def root_writable(root: str) -> Check:
+    """Create a temporary file in ``root`` (``O_EXCL``, fsync'd) and remove it."""
+    name = f"data root {root} writable"
+    path = os.path.join(root, f"{READY_PROBE}{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        return Check(name, False, f"cannot create a file in it: {_why(exc)}")
+    failed = ""
+    try:
+        os.write(fd, b"ready\n")
+        os.fsync(fd)
+    except OSError as exc:
+        failed = f"cannot write a file in it: {_why(exc)}"
+    finally:
+        os.close(fd)
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        failed = failed or f"cannot remove a file from it: {_why(exc)}"
+    return Check(name, not failed, failed or "created, wrote and removed a file")
+
+
+def free_space(root: str, floor: int) -> Check:
+    """``root``'s free bytes (for unprivileged writers) at least ``floor``."""
+    name = f"data root {root} free space"
+    try:
+        st = os.statvfs(root)
+    except OSError as exc:
+        return Check(name, False, f"cannot read it: {_why(exc)}")
+    free = st.f_bavail * st.f_frsize
+    if free < floor:
+        return Check(name, False, f"{_size(free)} free, below the floor of {_size(floor)} (--free-space-floor)")
+    return Check(name, True, f"{_size(free)} free (floor {_size(floor)})")
+
+
+def source_readable(root: str) -> Check:
+    """Open ``root`` as a directory and read one entry of it."""
+    name = f"source root {root} readable"
+    try:
+        with os.scandir(root) as it:
+            next(it, None)
+    except OSError as exc:
+        return Check(name, False, f"cannot list it: {_why(exc)}")
+    return Check(name, True, "listed")
+
+
+def _size(n: float) -> str:
+    from fstream_provider.model.units import format_bytes
+
+    return format_bytes(n)
+
+
+# -- Redis -------------------------------------------------------------------------------------------------
+def redis_checks(client: Any, url: str, keys: Any) -> list[Check]:
+    """Redis answers ``PING``; the jobs stream's consumer group (the agents') exists."""
+    import redis
+
+    from fstream_provider.bus.client import describe
+
+    where = describe(url)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return [Check("redis reachable", False, f"{where}: {type(exc).__name__}: {exc}"),
+                Check("jobs consumer group present", False, "Redis unreachable")]
+    stream, group = keys.jobs_stream(), keys.jobs_group()
+    checks = [Check("redis reachable", True, f"{where} answered PING")]
+    try:
+        names = [g.get("name") for g in client.xinfo_groups(stream)]
+    except redis.ResponseError:
+        names = []  # no such stream
+    except redis.RedisError as exc:
+        return [*checks, Check("jobs consumer group present", False, f"{type(exc).__name__}: {exc}")]
+    if group in names:
+        checks.append(Check("jobs consumer group present", True, f"group {group!r} on stream {stream!r}"))
+    else:
+        checks.append(Check("jobs consumer group present", False,
+                            f"no group {group!r} on stream {stream!r} (no agent has started on this namespace yet, "
+                            "or Redis lost its data)"))
+    return checks
+
+
+# -- per daemon --------------------------------------------------------------------------------------------
+def receiver_readiness(roots: list[str], floor: int, draining: Any = None) -> Readiness:
+    """The receiver's checks: each data root writable and above the free-space ``floor``; not draining."""
+    def checks() -> list[Check]:
+        out = []
+        for root in roots:
+            out += [root_writable(root), free_space(root, floor)]
+        if draining is not None:
+            out.append(Check("accepting sessions", not draining.is_set(),
+                             "draining (stopping): no new sessions" if draining.is_set() else "yes"))
+        return out
+
+    return checks
+
+
+def agent_readiness(url: str, keys: Any, source_roots: list[str], timeout: float = 1.0,
+                    client: Any = None) -> Readiness:
+    """The agent's checks: Redis reachable within ``timeout``, the jobs consumer group present, each source root
+    readable. Uses its own client (short timeouts, no retries), made on first use."""
+    holder = {"client": client}
+
+    def checks() -> list[Check]:
+        if holder["client"] is None:
+            from fstream_provider.bus.client import connect
+
+            try:
+                holder["client"] = connect(url, socket_timeout=timeout, connect_timeout=timeout, retries=0)
+            except ValueError as exc:
+                return [Check("redis reachable", False, str(exc))]
+        out = redis_checks(holder["client"], url, keys)
+        if not source_roots:
+            out.append(Check("source roots", False, "none configured (every job would be refused)"))
+        return out + [source_readable(root) for root in source_roots]
+
+    return checks
