@@ -16,6 +16,8 @@ from fstream_bench.goal_readers import (
     pools_two_agents, qos_default, qos_issue4, qos_thesis, scale, sched_burst, seal_vs_baselines, selfcheck,
     sim_default_vs_oracle, sim_mix_recovery, sim_oracle, steal_with_batch, trigger_latency, trust_modes,
 )
+from fstream_bench.drain_bench import drain_goal  # issue 30: the reader sits beside the summary it reads
+from fstream_bench.goal_readers_ops import metrics_overhead
 from fstream_bench.goals_table import Goal
 
 # ---- the goals, in issue order ---------------------------------------------------------------------
@@ -145,6 +147,12 @@ GOALS: list[Goal] = [
          "bench/results/live-view-*.json", "fstream bench live-view", measure=view_freshness),
     Goal("27", "the plugin adds ≤ 5 % CPU (of a core) to the api-server with 50 running jobs watched by 5 pages",
          "bench/results/live-view-*.json", "fstream bench live-view", measure=plugin_cpu),
+    Goal("30", "drain: SIGTERM during a 1,000-file transfer → exit within the grace (code 0), 0 files lost or "
+         "duplicated, a second agent finishes re-sending ≤ one block per file open at the cut (WAN; and a grace "
+         "short enough to cut)", "bench/results/drain-*", WAN + "fstream bench drain", measure=drain_goal,
+         select=lambda d: not d["loopback"]),
+    Goal("30", "metrics add ≤ 2 % CPU per GB (both daemons, pinned loopback, a scrape every second)",
+         "bench/results/metrics-*.json", "fstream bench metrics", measure=metrics_overhead),
     Goal("32", "authorization off the critical path: the source guard ≤ 1.05× sender CPU per small file, a job's "
          "decision ≤ 1 ms p99 (loopback, pinned; our goal, the issue sets none)", "bench/results/authz-*",
          "fstream bench authz", measure=authz_cost),

@@ -152,17 +152,22 @@ def test_the_sink_counts_its_seconds_from_the_first_byte_and_waits_for_one_at_mo
 def test_one_disk_probe_at_a_time_and_only_under_the_keys_subtree(tmp_path):
     import logging
 
+    from transfer_agent.receiving.keyring import ReceiverKey
+
+    def key(key_id: str, subtree: str = "") -> ReceiverKey:  # each its own key: one disk probe per key per minute
+        return ReceiverKey(key_id, b"s" * 16, subtree)
+
     svc = rdoctor.DoctorService(root=str(tmp_path), stop=threading.Event(), log=logging.getLogger("test"))
     with svc._disk:
-        busy = svc._disk_probe({"bytes": MIB, "seconds": 1.0}, "", "test")
+        busy = svc._disk_probe({"bytes": MIB, "seconds": 1.0}, key("a"), "test")
     assert "another disk probe is running" in busy["error"]
-    done = svc._disk_probe({"bytes": 2 * MIB, "seconds": 5.0}, "", "test")
+    done = svc._disk_probe({"bytes": 2 * MIB, "seconds": 5.0}, key("a"), "test")
     assert done["bytes"] == 2 * MIB and done["removed"] and not list(tmp_path.iterdir())
-    assert "subtree lab/ does not exist" in svc._disk_probe({"bytes": MIB}, "lab", "test")["error"]
+    assert "subtree lab/ does not exist" in svc._disk_probe({"bytes": MIB}, key("b", "lab"), "test")["error"]
     (tmp_path / "lab").mkdir()
-    assert svc._disk_probe({"bytes": MIB}, "lab", "test")["where"] == "lab/"
+    assert svc._disk_probe({"bytes": MIB}, key("c", "lab"), "test")["where"] == "lab/"
     with pytest.raises(Exception, match="bytes must be a number"):
-        svc._disk_probe({"bytes": 1 << 40}, "", "test")
+        svc._disk_probe({"bytes": 1 << 40}, key("d"), "test")
 
 
 def test_a_doctor_connection_is_served_after_authentication_and_ends_when_the_receiver_stops(tmp_path, secret):
@@ -346,3 +351,159 @@ def test_doctor_names_a_small_buffer_as_the_buffer_cap_on_the_wan(tmp_path, monk
     rmem = next(a for a in doc["advice"] if a["code"] == "rmem_cap")
     assert rmem["severity"] == "cause" and "net.ipv4.tcp_rmem" in rmem["text"] and "net.core.rmem_max" in rmem["text"]
     assert int(rmem["settings"]["net.core.rmem_max"]) >= 2 * doc["bdp_bytes"]
+
+
+# -- review fixes (issue 30): bounds on what an authenticated key can make the receiver do ---------------------
+def _keyed_receiver(tmp_path: Path, body: str, **kw):
+    """A receiver with a keyring file (``body``; secret files ``keys/<id>`` made for keys a and q)."""
+    from agentkit import write_secret
+    from transfer_agent.receiving.keyring import load_keyring
+    from transfer_agent.receiving.receiver import Receiver
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("a", "q"):
+        write_secret(keys / name)
+    (keys / "ring.toml").write_text(body)
+    (tmp_path / "dst").mkdir(exist_ok=True)
+    return Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), keyring=load_keyring(keys / "ring.toml"),
+                    **kw).start(), keys
+
+
+def _control(port: int, secret_file: Path, key_id: str | None = None):
+    from transfer_agent.sending.doctor_probe import PathProbe
+    from transfer_agent.wire.auth import load_secret
+
+    return PathProbe("127.0.0.1", port, load_secret(secret_file), None, key_id=key_id)._connect("control")
+
+
+def _ask(hs, ftype, body: dict) -> dict:
+    from transfer_agent.sending.doctor_probe import PathProbe
+
+    hs.link.send(ftype, body)
+    return PathProbe._expect(hs.link, ftype)
+
+
+def test_one_disk_probe_per_key_a_minute_and_no_more_than_its_quota_left(tmp_path):
+    from transfer_agent.wire.protocol import Frame
+
+    rx, keys = _keyed_receiver(tmp_path, '[keys.a]\nsecret_file = "a"\n'
+                                         '[keys.q]\nsecret_file = "q"\nsubtree = "q"\nquota = "3MiB"\n')
+    try:
+        (tmp_path / "dst" / "q").mkdir()
+        (tmp_path / "dst" / "q" / "held.dat").write_bytes(bytes(MIB))  # q holds 1 MiB of its 3 MiB
+        hs = _control(rx.port, keys / "a", "a")
+        try:
+            first = _ask(hs, Frame.DISK, {"bytes": 2 * MIB, "seconds": 5.0})
+            assert first["bytes"] == 2 * MIB and first["removed"]
+            t0 = time.monotonic()
+            again = _ask(hs, Frame.DISK, {"bytes": 2 * MIB, "seconds": 5.0})
+            assert "bytes" not in again
+            assert again["error"].startswith("disk probe refused: key 'a' ran one 0 s ago and may run one per 60 s: "
+                                             "try again in 60 s"), again
+            assert 59 <= again["retry_after_s"] <= 60
+        finally:
+            hs.link.sock.close()
+        hs = _control(rx.port, keys / "a", "a")  # a new connection does not reset it
+        try:
+            later = _ask(hs, Frame.DISK, {"bytes": 2 * MIB, "seconds": 5.0})
+            assert later["error"].startswith("disk probe refused: key 'a'")
+            assert later["retry_after_s"] <= 60 - (time.monotonic() - t0) + 0.2
+        finally:
+            hs.link.sock.close()
+        hs = _control(rx.port, keys / "q", "q")  # another key has its own minute; its quota caps the probe
+        try:
+            capped = _ask(hs, Frame.DISK, {"bytes": 8 * MIB, "seconds": 5.0})
+            assert capped["bytes"] == 2 * MIB and capped["where"] == "q/", capped
+        finally:
+            hs.link.sock.close()
+    finally:
+        rx.stop()
+    assert sorted(p.name for p in (tmp_path / "dst").rglob("*")) == ["held.dat", "q"]
+
+
+def test_a_doctor_connection_ends_at_its_lifetime_whatever_it_sends(tmp_path, secret, monkeypatch):
+    from agentkit import start_receiver
+    from transfer_agent.errors import FStreamError
+    from transfer_agent.wire.protocol import Frame
+
+    monkeypatch.setattr(rdoctor, "MAX_LIFETIME_S", 1.0)
+    monkeypatch.setattr(rdoctor, "LIFETIME_GRACE_S", 0.5)
+    rcv = start_receiver(tmp_path / "dst", secret)
+    try:
+        hs = _control(rcv.port, secret)
+        t0 = time.monotonic()
+        pongs, ended = 0, None
+        try:
+            while time.monotonic() - t0 < 10 and ended is None:  # PINGs every 0.1 s: never idle
+                try:
+                    hs.link.send(Frame.PING, {"n": pongs})
+                    ftype, _fid, body = hs.link.recv()
+                except FStreamError as exc:
+                    ended = str(exc)
+                    break
+                if ftype == Frame.ERROR:
+                    ended = body["message"]
+                else:
+                    assert ftype == Frame.PONG
+                    pongs += 1
+                    time.sleep(0.1)  # the pace of the PINGs
+            took = time.monotonic() - t0
+            assert ended == "doctor connection closed: open for 1 s, the limit of one; connect again", ended
+            assert 0.9 <= took < 3 and pongs >= 5
+            hs.link.sock.settimeout(5)
+            assert hs.link.sock.recv(1) == b""  # and closed
+        finally:
+            hs.link.sock.close()
+        # a peer that starts a request and never finishes it is cut too (a socket shutdown backs the limit up)
+        hs = _control(rcv.port, secret)
+        try:
+            t0 = time.monotonic()
+            hs.link.sock.sendall(b"FS")  # two bytes of a frame header, then nothing
+            hs.link.sock.settimeout(10)
+            assert hs.link.sock.recv(65536) == b""
+            assert time.monotonic() - t0 < 3
+        finally:
+            hs.link.sock.close()
+    finally:
+        rcv.stop()
+
+
+def test_stale_doctor_temp_files_are_removed_as_the_receiver_starts(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="fstream.receiver")
+    dst = tmp_path / "dst"
+    old = time.time() - 2 * 3600
+    files = {"root": dst / ".fstream-doctor-0a1b.tmp", "sub": dst / "q" / ".fstream-doctor-2c3d.tmp",
+             "fresh": dst / ".fstream-doctor-4e5f.tmp", "deep": dst / "q" / "deeper" / ".fstream-doctor-6a7b.tmp",
+             "other": dst / "q" / "data.tmp"}
+    for name, path in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        if name != "fresh":
+            os.utime(path, (old, old))
+    rx, _keys = _keyed_receiver(tmp_path, '[keys.a]\nsecret_file = "a"\n[keys.q]\nsecret_file = "q"\nsubtree = "q"\n')
+    try:
+        assert rx.swept.wait(10)
+    finally:
+        rx.stop()
+    assert {n for n, p in files.items() if p.exists()} == {"fresh", "deep", "other"}  # no walk below the subtrees
+    said = [r.getMessage() for r in caplog.records if "stale doctor temp file" in r.getMessage()]
+    assert sorted(said) == ["removed the stale doctor temp file .fstream-doctor-0a1b.tmp (older than 3600 s)",
+                            "removed the stale doctor temp file q/.fstream-doctor-2c3d.tmp (older than 3600 s)"]
+
+
+def test_doctor_probes_a_receiver_that_requires_encryption(tmp_path, secret):
+    from agentkit import start_receiver
+
+    rcv = start_receiver(tmp_path / "dst", secret, require_encryption=True)
+    try:
+        cp = _doctor(tmp_path, "--to", f"fstream://127.0.0.1:{rcv.port}/", "--secret-file", str(secret), "--json",
+                     *QUICK)
+    finally:
+        rcv.stop()
+    assert cp.returncode in (0, 1), cp.stderr
+    doc = json.loads(cp.stdout)
+    assert doc["rtt"]["median_s"] > 0 and doc["receiver"]["root"]["free_bytes"] > 0
+    assert doc["rate"]["single"]["bps"] > 0 and doc["rate"]["parallel"]["bps"] > 0 and doc["disk"]["bytes"] == 4 * MIB

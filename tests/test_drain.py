@@ -215,3 +215,46 @@ def test_fstream_agent_exits_0_on_sigterm_and_hands_its_job_back(tmp_path, redis
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_transfer_drained_before_it_starts_opens_nothing_and_fails_nothing(tmp_path, site):
+    """Regression (issue 30 review): a drain that came before the session began (SIGTERM during the claim, or a retry
+    after it) still opened pp files ahead per channel and reported the rest as failed although they were handed back."""
+    from transfer_agent.sending.sender import Transfer
+
+    src = make_files(tmp_path / "src", {f"f{i}.bin": 10_000 for i in range(12)}, seed=11)
+    rcv = start_receiver(tmp_path / "dst", site["secret"])
+    site["receivers"].append(rcv)
+    spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rcv.port}/out", secret_file=str(site["secret"]),
+                                     tuner="fixed", cc=2, p=1, pp=4)
+    drain = threading.Event()
+    drain.set()
+    events: list[tuple[str, dict]] = []
+    result = Transfer(spec, drain=drain, on_event=lambda k, d: events.append((k, d))).run()
+    assert not result.ok and result.retryable and "12 file(s) not started were handed back" in result.error
+    assert [d for k, d in events if k == "file"] == [] and result.failed_files == 0
+    assert rcv.stats["sessions"] == 1 and not any((tmp_path / "dst").rglob("f*"))  # connected, opened nothing
+
+
+def test_a_draining_agent_keeps_retrying_its_redis_writes_until_the_grace_ends(redis_url, site):
+    """Regression (issue 30 review): a drain set the stop event that also ended the retries of a finished job's Redis
+    writes, so a Redis blip during a drain left the job running until another agent took it again."""
+    import redis
+
+    from transfer_agent.daemon.jobrun import JobRun
+
+    agent = Agent(redis_url, name="blip", keys=site["keys"], policy=authkit.policy(site["secret"]))
+    agent.drain(grace=30.0)
+    tries: list[float] = []
+
+    def write() -> None:
+        tries.append(time.monotonic())
+        if len(tries) < 3:
+            raise redis.ConnectionError("Redis is restarting")
+
+    agent._through_outage(JobRun("j1", 1, "0-1"), "recording its outcome", write)  # noqa: SLF001
+    assert len(tries) == 3  # retried through the blip although the agent is draining
+    agent.stop()
+    with pytest.raises(redis.ConnectionError):  # a hard stop gives up at once
+        agent._through_outage(JobRun("j2", 1, "0-2"), "recording its outcome",  # noqa: SLF001
+                              lambda: (_ for _ in ()).throw(redis.ConnectionError("down")))

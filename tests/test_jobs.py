@@ -306,3 +306,16 @@ def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_pa
         agent.stop()
         th.join(20)
         rcv.stop()
+
+
+def test_a_released_job_gets_its_delivery_back(store, spec):
+    """Regression (issue 30 review): every drain (agent stopping) used one of the job's deliveries, so a long stream
+    whose agents were restarted max_deliveries times was dead-lettered although no try had failed."""
+    job_id, _ = store.submit(spec)
+    entry_id, _ = _take(store)
+    for n in range(4):  # more releases than max_deliveries allows tries
+        claim = store.claim(job_id, entry_id, worker=f"w{n}", max_deliveries=2)
+        assert claim.outcome == "claimed" and claim.attempt == n + 1, claim
+        assert store.release(job_id, claim.attempt, f"agent w{n} stopping")
+    job = store.get(job_id)
+    assert job.state == "queued" and job.deliveries == 0

@@ -160,14 +160,15 @@ def test_receiver_rereads_its_file_and_keeps_the_last_good_keys(tmp_path: Path, 
         check_receiver(("127.0.0.1", rx.port), new, "default", timeout=0.3)
     write_ring(shared, read_ring(shared).with_next(time.time(), S["g1"]))
     # one try, at once: a generation it does not accept makes the receiver look at its file again (no restart, and
-    # no wait for its once-a-second look)
+    # no wait for its once-a-second look), unless it looked out of turn in the last 250 ms (the checks above did)
+    wait_until(rx._keys.forced_look_ready, what="a look out of turn allowed again")
     assert check_receiver(("127.0.0.1", rx.port), new, "default", timeout=0) < 5
     assert receiver_log(logs, "keys re-read", "key default: g1 next, 0 current")
     wait_until(lambda: receiver_log(logs, "key check from", "generation g1 accepted"), what="the check's log line")
     shared.write_text("[[generation]]\nid = 'g9'\n")  # broken: no state, no secret
     # connections make the receiver look (at most once a second); the last good keys still accept g1 meanwhile
     wait_until(lambda: check_receiver(("127.0.0.1", rx.port), new, "default", timeout=5) is not None and
-               receiver_log(logs, "keeping the last good keys", str(shared), "state is missing"),
+               receiver_log(logs, "key 'default': keeping its last good secret", str(shared), "state is missing"),
                what="the error naming the file and the reason")
     src = make_files(tmp_path / "src", {"b.dat": 2000})
     good = ring_file(tmp_path / "sender-secret", ("g1", "current", None))
@@ -355,3 +356,217 @@ def test_keys_command_stages_show_and_refusals(tmp_path: Path, secret: Path, rx:
     assert "readable or writable by others (mode 644)" in capsys.readouterr().err
     assert main(["keys", "rotate", str(shared), "--window", "0s"]) == 2
     assert "--window '0s': must be longer than 0" in capsys.readouterr().err
+
+
+# -- review fixes (issue 30): sessions that outlive a generation, one keyring per handshake, fail-closed re-reads --
+def test_a_session_outliving_its_generation_opens_later_data_connections_with_the_new_one(tmp_path: Path, logs,
+                                                                                          receivers, monkeypatch) -> None:
+    """A session opened on g1; g2 is promoted and g1's window passes while it runs; the data connections its
+    retuning opens then authenticate with g2 (the receiver asks only that they use the session's key), so the
+    transfer lands in that one session instead of failing on a refused g1."""
+    from agentkit import PacedReceiver
+    from fstream_provider.tuning.base import ClusterLayout, FileInfo, Observation, Suggestion
+    from transfer_agent.sending.connector import Connector
+
+    shared = ring_file(tmp_path / "secret", ("g1", "current", None))
+    rx = start_receiver(tmp_path / "dst", shared, cls=PacedReceiver, rate=2 << 20)  # slow enough to retune mid-way
+    receivers.append(rx)
+    opened: list[tuple[str, str | None]] = []  # (role, generation) of every connection the sender opened
+    connect_link = Connector.connect_link
+
+    def spy(self: Connector, **extra):
+        hs = connect_link(self, **extra)
+        opened.append((extra.get("role"), hs.generation))
+        return hs
+
+    monkeypatch.setattr(Connector, "connect_link", spy)
+
+    def rotate_under_the_session() -> None:
+        ring = read_ring(shared).with_next(time.time(), S["g2"]).promoted(time.time(), 0.5)
+        write_ring(shared, ring)
+        until = ring.get("g1").accept_until  # type: ignore[union-attr]
+        wait_until(lambda: time.time() > until + 0.1, what="g1's window to pass")
+        wait_until(lambda: rx.keyring["default"].generations().startswith("g2 current, g1 previous"),
+                   what="the receiver to read the promoted file")
+
+    class Scripted:
+        """One channel; on its second observation the rotation happens, then three channels (new connections)."""
+
+        name = "scripted"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        def update(self, observation: Observation) -> None:
+            self.n += 1
+            if self.n == 2:
+                rotate_under_the_session()
+
+        def suggest(self) -> Suggestion:
+            if self.n == 1:
+                return Suggestion((ClusterLayout("all", 1, 1, 2),), "start small", True)
+            if self.n == 2:
+                return Suggestion((ClusterLayout("all", 3, 1, 2),), "cc 1->3 after the rotation", True)
+            return Suggestion((ClusterLayout("all", 3, 1, 2),), "", False)
+
+        def cluster_of(self, file: FileInfo) -> str:
+            return "all"
+
+    src = make_files(tmp_path / "src", {f"f{i}.dat": (1 << 20) + i for i in range(8)})
+    res = send(src, rx.port, shared, tuner=Scripted(), profile_interval="0.2s", sample_interval="0.1s",
+               job_id="long-session")
+    assert res.ok and res.verified_files == 8, res.error
+    assert trees_identical(src, tmp_path / "dst" / "out")
+    assert rx.generations == {("default", "g1"): 1} and rx.stats["sessions"] == 1  # one session, opened on g1
+    assert opened[:2] == [("control", "g1"), ("data", "g1")]
+    assert opened[2:] == [("data", "g2"), ("data", "g2")], opened  # the retuned channels, after the window
+    assert any(iv["cc"] == 3 and iv["bytes"] > 0 for iv in res.intervals)  # and they carried files
+
+
+def _keyring_receiver(tmp_path: Path, body: str, names: tuple[str, ...] = ("a", "b", "c")) -> tuple[Receiver, Path]:
+    from transfer_agent.receiving.keyring import load_keyring
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in names:
+        write_secret(keys / name)
+    ring = keys / "ring.toml"
+    ring.write_text(body)
+    return Receiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), keyring=load_keyring(ring)).start(), keys
+
+
+def _knock(port: int, key_id: str, secret: bytes) -> bool:
+    """Whether the receiver accepts ``key_id`` with ``secret`` now (a ``check`` connection: WELCOME or AuthError)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            auth.client_handshake(s, bytes(secret), {"role": "check", "session": uuid.uuid4().hex, "job": "knock",
+                                                     "attempt": 1}, key_id=key_id)
+            return True
+        except auth.AuthError:
+            return False
+
+
+@pytest.mark.parametrize("change", ["key removed", "subtree changed"])
+def test_one_keyring_snapshot_serves_a_whole_handshake(tmp_path: Path, logs, receivers, change: str) -> None:
+    """The keyring changes between the receiver's CHALLENGE and the sender's AUTH: the handshake finishes on the keys
+    it started with (authentication, subtree and quota from one snapshot), not on a mix (nor a KeyError without an
+    ERROR frame when the key went away)."""
+    rx, keys = _keyring_receiver(tmp_path, '[keys.a]\nsecret_file = "a"\nsubtree = "lab"\n[keys.b]\nsecret_file = "b"\n')
+    receivers.append(rx)
+    edited = ('[keys.b]\nsecret_file = "b"\n' if change == "key removed" else
+              '[keys.a]\nsecret_file = "a"\nsubtree = "other"\n[keys.b]\nsecret_file = "b"\n')
+    sends: list[int] = []
+
+    class ChangeBeforeAuth:
+        """The sender's socket; before its second frame (AUTH) the keyring file changes and the receiver reads it."""
+
+        def __init__(self, s: socket.socket) -> None:
+            self.s = s
+
+        def sendall(self, b: bytes, *a: int) -> None:
+            sends.append(len(b))
+            if len(sends) == 2:
+                (keys / "ring.toml").write_text(edited)
+                wait_until(lambda: (rx.keyring.lookup("a") is None) if change == "key removed" else
+                           rx.keyring["a"].subtree == "other", what="the receiver to read the edited keyring")
+            self.s.sendall(b, *a)
+
+        def __getattr__(self, name: str):
+            return getattr(self.s, name)
+
+    sid = uuid.uuid4().hex
+    with socket.create_connection(("127.0.0.1", rx.port), timeout=10) as s:
+        hs = auth.client_handshake(ChangeBeforeAuth(s), auth.load_secret(keys / "a"),
+                                   {"role": "control", "session": sid, "job": "snap", "attempt": 1}, key_id="a")
+        assert hs.peer["session"] == sid  # WELCOME: the session opened
+        assert rx._sessions[sid].key.key_id == "a" and rx._sessions[sid].key.subtree == "lab"  # the snapshot's key
+    assert len(sends) >= 2
+    if change == "key removed":  # a new handshake starts from the keys now: a is gone
+        assert not _knock(rx.port, "a", auth.load_secret(keys / "a"))  # type: ignore[arg-type]
+    else:
+        assert rx.keyring["a"].subtree == "other"
+
+
+def test_looks_out_of_turn_are_rate_limited_whoever_asks(tmp_path: Path, receivers, monkeypatch) -> None:
+    """HELLOs naming unknown keys or generations make the receiver look at its files out of turn at most once per
+    250 ms, however many arrive; one that comes after that window still gets its look (a legit rotation)."""
+    from transfer_agent.receiving import keyring as keyring_mod
+
+    shared = write_secret(tmp_path / "secret")
+    rx = start_receiver(tmp_path / "dst", shared)
+    receivers.append(rx)
+    stamps: list[float] = []
+    real_stamp = keyring_mod.file_stamp
+
+    def counting(path):
+        if str(path) == str(shared):
+            stamps.append(time.monotonic())
+        return real_stamp(path)
+
+    monkeypatch.setattr(keyring_mod, "file_stamp", counting)
+    wait_until(rx._keys.forced_look_ready, what="a look out of turn allowed")
+    t0 = time.monotonic()
+    refused = sum(not _knock(rx.port, key_id, S["g1"]) for key_id in ["default", "nobody"] * 20)
+    elapsed = time.monotonic() - t0
+    assert refused == 40  # every one got the decoy: a wrong secret, or an unknown key
+    allowed = (elapsed / 0.25 + 1) + (elapsed / 1.0 + 1)  # looks out of turn, plus the once-a-second looks
+    assert 1 <= len(stamps) <= allowed, (len(stamps), elapsed)
+    # after the window, a rotated generation still gets its look at once: no refusal for want of one
+    write_ring(shared, read_ring(shared).with_next(time.time(), S["g1"]))
+    wait_until(rx._keys.forced_look_ready, what="a look out of turn allowed again")
+    assert check_receiver(("127.0.0.1", rx.port), Generation("g1", S["g1"], time.time(), "next"), "default",
+                          timeout=0) < 5
+
+
+def test_revoking_a_key_fails_closed_and_a_broken_keyring_file_keeps_the_last_keys(tmp_path: Path, logs,
+                                                                                   receivers) -> None:
+    rx, keys = _keyring_receiver(tmp_path, "".join(f'[keys.{k}]\nsecret_file = "{k}"\n' for k in "abc"))
+    receivers.append(rx)
+    secret = {k: bytes(auth.load_secret(keys / k)) for k in "abc"}  # type: ignore[arg-type]
+    assert all(_knock(rx.port, k, secret[k]) for k in "abc")
+    # the operator revokes c (removed from the keyring file) and a (its secret file deleted) at once
+    (keys / "ring.toml").write_text('[keys.a]\nsecret_file = "a"\n[keys.b]\nsecret_file = "b"\n')
+    (keys / "a").unlink()
+    wait_until(lambda: not _knock(rx.port, "a", secret["a"]) and not _knock(rx.port, "c", secret["c"]),
+               what="a and c refused")
+    assert _knock(rx.port, "b", secret["b"]) and list(rx.keyring) == ["b"]  # the others stay
+    assert receiver_log(logs, "key 'a' dropped", str(keys / "a"), "does not exist")
+    assert [r.levelname for r in logs.records if "key 'a' dropped" in r.getMessage()] == ["ERROR"]
+    # b's file made readable by others: b is dropped too (fail closed), and comes back once it is private again
+    os.chmod(keys / "b", 0o644)
+    wait_until(lambda: not _knock(rx.port, "b", secret["b"]), what="b refused")
+    assert receiver_log(logs, "key 'b' dropped", str(keys / "b"), "mode 644")
+    os.chmod(keys / "b", 0o600)
+    wait_until(lambda: _knock(rx.port, "b", secret["b"]), what="b accepted again")
+    # a keyring file that no longer parses is an edit gone wrong, not a revocation: the last good keys stay
+    (keys / "ring.toml").write_text("[keys.b\n")
+    wait_until(lambda: _knock(rx.port, "b", secret["b"]) and  # connections make the receiver look
+               receiver_log(logs, "keeping the last good keys", str(keys / "ring.toml")),
+               what="the error naming the keyring file")
+    assert _knock(rx.port, "b", secret["b"]) and not _knock(rx.port, "a", secret["a"])
+
+
+def test_deleting_a_receivers_only_secret_refuses_everyone_until_it_is_back(tmp_path: Path, logs, receivers) -> None:
+    shared = write_secret(tmp_path / "secret")
+    rx = start_receiver(tmp_path / "dst", shared)
+    receivers.append(rx)
+    secret = shared.read_bytes().strip()
+    assert _knock(rx.port, "default", secret)
+    shared.unlink()
+    wait_until(lambda: not _knock(rx.port, "default", secret), what="the deleted secret refused")
+    assert receiver_log(logs, "key 'default' dropped", str(shared), "does not exist") and not list(rx.keyring)
+    shared.write_bytes(secret + b"\n")
+    shared.chmod(0o600)
+    wait_until(lambda: _knock(rx.port, "default", secret), what="the restored secret accepted")
+
+
+def test_check_receiver_asks_for_encryption(tmp_path: Path, receivers, capsys) -> None:
+    """``fstream keys rotate --check-receiver`` against a receiver that requires encryption (like ``send
+    --encrypt``): the check passes and the rotation goes on to promote."""
+    shared = write_secret(tmp_path / "secret")
+    rx = start_receiver(tmp_path / "dst", shared, require_encryption=True)
+    receivers.append(rx)
+    assert check_receiver(("127.0.0.1", rx.port), read_ring(shared).current, "default", timeout=0) < 5
+    assert main(["keys", "rotate", str(shared), "--check-receiver", f"fstream://127.0.0.1:{rx.port}",
+                 "--check-timeout", "5s"]) == 0, capsys.readouterr().err
+    assert "3/3 promote: generation g1 is current" in capsys.readouterr().out

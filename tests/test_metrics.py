@@ -25,6 +25,7 @@ from agentkit import make_files, send, start_receiver, wait_until, write_secret
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.model.spec import TransferSpec
+from transfer_agent.daemon.worker import Agent
 from transfer_agent.service import labels
 from transfer_agent.service.endpoint import ServiceEndpoint
 from transfer_agent.service.health import agent_readiness, free_space, receiver_readiness, root_writable
@@ -288,9 +289,9 @@ def test_endpoint_serves_health_readiness_openmetrics_and_nothing_else(tmp_path:
         assert _get(ep.url + "/healthz") == (200, "text/plain; charset=utf-8", "ok\n")
         code, _ct, body = _get(ep.url + "/readyz")
         assert code == 200 and body.startswith("ready\n") and f"ok: data root {root} writable" in body
-        state["floor"] = 1 << 60
-        code, _ct, body = _get(ep.url + "/readyz")
-        assert code == 503 and body.startswith("not ready\n")
+        state["floor"] = 1 << 60  # seen once the last result (at most ready_cache = 1 s old) has aged out
+        code, _ct, body = wait_until(lambda: (r := _get(ep.url + "/readyz"))[0] == 503 and r, what="not ready")
+        assert body.startswith("not ready\n")
         assert f"failed: data root {root} free space:" in body and "below the floor of" in body
         assert "(--free-space-floor)" in body
         code, ctype, body = _get(ep.url + "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
@@ -424,3 +425,171 @@ def test_agent_latency_histogram_observes_the_seconds_file_events_carry() -> Non
     assert got[("fstream_agent_file_latency_seconds_count", ())] == 1
     assert got[("fstream_agent_file_latency_seconds_bucket", (("le", "0.1"),))] == 0
     assert got[("fstream_agent_file_latency_seconds_bucket", (("le", "0.25"),))] == 1
+
+
+# -- review of issue 30: the endpoint stays bounded, whoever connects -----------------------------------------
+def _conn_threads() -> int:
+    import threading
+
+    return sum(t.name == "fstream-metrics-conn" for t in threading.enumerate())
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends before it closes the connection (fails on the client's own timeout)."""
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    return got
+
+
+def test_idle_connections_are_capped_answered_503_beyond_the_cap_and_closed_after_the_timeout() -> None:
+    import time
+
+    m = AgentMetrics()
+    with ServiceEndpoint(("127.0.0.1", 0), m.registry, _never_ready) as ep:  # the daemons' defaults
+        assert (ep.max_connections, ep.timeout) == (16, 5.0)
+        idle: list[socket.socket] = []
+        try:
+            for _ in range(ep.max_connections):
+                idle.append(socket.create_connection(ep.address, timeout=12))
+            t0 = time.monotonic()
+            wait_until(lambda: _conn_threads() == ep.max_connections, what="every slot taken by an idle client")
+            extra = [socket.create_connection(ep.address, timeout=12) for _ in range(4)]
+            idle += extra
+            for s in extra:  # over the cap: answered at once, no thread started for them
+                assert _until_closed(s).startswith(b"HTTP/1.0 503 Service Unavailable\r\n")
+            assert ep.refused == 4 and _conn_threads() == ep.max_connections
+            assert time.monotonic() - t0 < 3
+            for s in idle[:ep.max_connections]:  # each idle one is closed by the server after its 5 s
+                assert _until_closed(s) == b""
+            waited = time.monotonic() - t0
+            assert 4.0 < waited < 10.0, waited
+            code, _t, body = wait_until(lambda: (r := _get(ep.url + "/metrics"))[0] == 200 and r, timeout=5,
+                                        what="a scrape served once the idle clients are gone")
+            assert "fstream_agent_sent_bytes_total" in body
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_a_client_trickling_its_request_is_cut_at_the_deadline() -> None:
+    import threading
+    import time
+
+    m = AgentMetrics()
+    with ServiceEndpoint(("127.0.0.1", 0), m.registry, _never_ready, timeout=1.0, deadline=2.0) as ep:
+        sock = socket.create_connection(ep.address, timeout=10)
+        stop = threading.Event()
+
+        def trickle() -> None:  # one byte every 0.2 s: never silent for the 1 s timeout, never done
+            try:
+                sock.sendall(b"GET /metrics HTTP/1.0\r\nX-Slow: ")
+                while not stop.wait(0.2):
+                    sock.sendall(b"x")
+            except OSError:
+                pass  # cut by the server
+
+        th = threading.Thread(target=trickle, daemon=True)
+        t0 = time.monotonic()
+        th.start()
+        try:
+            try:
+                closed = sock.recv(1) == b""
+            except ConnectionResetError:
+                closed = True  # cut with the trickled bytes unread
+            took = time.monotonic() - t0
+            assert closed and 1.5 < took < 5.0, took
+        finally:
+            stop.set()
+            th.join(5)
+            sock.close()
+
+
+def test_a_flood_of_readyz_makes_one_round_of_disk_probes_per_period(tmp_path: Path) -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path / "root"
+    root.mkdir()
+    real = receiver_readiness([str(root)], 1)
+    probes: list[float] = []
+
+    def counted() -> list:  # each call is one create + write + fsync + unlink in the root
+        probes.append(time.monotonic())
+        return real()
+
+    m = AgentMetrics()
+    with ServiceEndpoint(("127.0.0.1", 0), m.registry, counted) as ep:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: _get(ep.url + "/readyz"), range(80)))
+        took = time.monotonic() - t0
+        assert all(code == 200 and f"ok: data root {root} writable" in body for code, _t, body in answers)
+        assert 1 <= len(probes) <= 2 + int(took / 1.0), (len(probes), took)  # 80 asked, ready_cache = 1 s
+        assert ep.readiness.runs == len(probes)
+        before = len(probes)
+        wait_until(lambda: _get(ep.url + "/readyz")[0] == 200 and len(probes) > before, timeout=5,
+                   what="a new round once the result is older than 1 s")
+        assert probes[-1] - probes[before - 1] >= 1.0
+    assert list(root.iterdir()) == []
+
+
+def test_a_hung_readiness_round_holds_one_thread_and_the_others_say_so(tmp_path: Path) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    real = receiver_readiness([str(tmp_path)], 1)
+    hung, release = threading.Event(), threading.Event()
+
+    def hanging() -> list:  # a data root on a hung file system
+        hung.set()
+        release.wait(20)
+        return real()
+
+    m = AgentMetrics()
+    with ServiceEndpoint(("127.0.0.1", 0), m.registry, hanging, timeout=1.0, deadline=30.0) as ep:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(_get, ep.url + "/readyz")
+            assert hung.wait(10)
+            code, _t, body = _get(ep.url + "/readyz")
+            assert code == 503 and "failed: readiness checks: a round of checks still running after 1 s" in body
+            assert _get(ep.url + "/healthz")[0] == 200
+            release.set()
+            assert first.result(10)[0] == 200
+
+
+class _ReloadedAgent(Agent):
+    """An agent whose ``observer`` a SIGHUP reload clears right after each read (the race of the review)."""
+
+    @property  # type: ignore[override]
+    def observer(self) -> Any:
+        value = self.__dict__.get("_observer")
+        self.__dict__["_observer"] = None  # the reload (``agent.observer = None``) lands here
+        return value
+
+    @observer.setter
+    def observer(self, value: Any) -> None:
+        self.__dict__["_observer"] = value
+
+
+def test_a_reload_clearing_the_observer_mid_claim_does_not_strand_the_job(tmp_path: Path, rx: Any, secret: Path,
+                                                                          redis_url: str, redis_client: Any) -> None:
+    keys = Keys("obs")
+    sizes = {f"f{i}.bin": 10_000 + i for i in range(5)}
+    make_files(tmp_path / "src", sizes, seed=4)
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
+    job_id, _ = store.submit(TransferSpec(sources=[str(tmp_path / "src")],
+                                          destination=f"fstream://127.0.0.1:{rx.port}/o", tuner="fixed"))
+    m = AgentMetrics()
+    agent = _ReloadedAgent(redis_url, name="obs", keys=keys, block_ms=50, flush_interval=0.05, poll_interval=0.05,
+                           policy=authkit.policy(secret))
+    agent.observer = m
+    try:
+        agent.run(once=True)
+    finally:
+        agent.stop()
+    assert store.get(job_id).state == "succeeded"
+    assert agent.observer is None  # the reload happened
+    with ServiceEndpoint(("127.0.0.1", 0), m.registry, _never_ready) as ep:
+        got = _scrape(ep)
+    assert got[("fstream_agent_files_total", (("outcome", "committed"), ("path", f"127.0.0.1:{rx.port}")))] == 5

@@ -103,7 +103,8 @@ def test_sighup_changes_the_receiver_in_place_and_a_running_transfer_lands(tmp_p
         sender.start()
         wait_until(lambda: any(k == "file" for k, _ in events), 30, "a file landed before the reload")
         # a stricter receiver, the metrics elsewhere, more logging, and a new listen address (restart only)
-        _receive_config(cfg, _free_port(), tmp_path / "dst", secret, m2, require_encryption=True)
+        _receive_config(cfg, _free_port(), tmp_path / "dst", secret, m2, require_encryption=True, log_level="info")
+        assert not [x for x in rcv.lines if " INFO " in x]  # warnings only, so far
         rcv.proc.send_signal(signal.SIGHUP)
         line = wait_until(lambda: rcv.said("configuration reloaded"), 20, "the reload logged")
         assert "require_encryption: False -> True" in line and "metrics_listen" in line
@@ -115,6 +116,8 @@ def test_sighup_changes_the_receiver_in_place_and_a_running_transfer_lands(tmp_p
                                                   secret_file=str(secret), tuner="fixed"),
                         max_session_retries=0).run()
         assert not late.ok and "encrypt" in (late.error or "")  # the new limit holds for new sessions
+        assert "log_level: None -> 'info'" in line
+        wait_until(lambda: [x for x in rcv.lines if " INFO " in x], 10, "an INFO line, logged since the reload")
         sender.join(60)
         result = out["r"]
         assert result.ok and result.verified_files == 24, result.error
@@ -137,6 +140,15 @@ def test_a_bad_file_is_refused_on_sighup_and_the_running_configuration_stays(tmp
         line = wait_until(lambda: rcv.said("reload refused"), 20, "the refusal")
         assert "max-unauth" in line and "lots" in line
         assert _get(f"http://127.0.0.1:{m1}/healthz") == 200  # still serving as before
+        with socket.socket() as busy:  # a new metrics address that is taken: refused, the old one keeps serving
+            busy.bind(("127.0.0.1", 0))
+            busy.listen(1)
+            _receive_config(cfg, port, tmp_path / "dst", secret, busy.getsockname()[1])
+            rcv.proc.send_signal(signal.SIGHUP)
+            line = wait_until(lambda: [x for x in rcv.lines if "reload refused" in x and "cannot listen" in x], 20,
+                              "the busy address refused")[0]
+            assert "stays on its old address" in line
+            assert _get(f"http://127.0.0.1:{m1}/healthz") == 200
         src = make_files(tmp_path / "src", {"a.bin": 5000}, seed=10)
         r = Transfer(TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{port}/out",
                                                secret_file=str(secret), tuner="fixed")).run()

@@ -161,6 +161,26 @@ def test_budget_is_per_outage_a_session_that_landed_files_starts_a_new_one() -> 
     assert "gave up after 3 tries" in str(err.value) and "max attempts 3" in str(err.value)
 
 
+def test_retry_for_counts_the_outage_from_the_failure_not_from_the_session_start() -> None:
+    """Regression (issue 30 review): ``--retry-for`` measured the outage from the start of the session that failed, so
+    a session up longer than the budget gave up at its first failure without a single retry."""
+    spec = TransferSpec.from_options(["/x"], "fstream://127.0.0.1:9/o", secret_file="/s", retry_for="1s")
+    fast = RetryPolicy(retryable=lambda exc: isinstance(exc, NetworkError), base_s=0.01, cap_s=0.02)
+    calls: list[int] = []
+    retries = SessionRetries(spec, log=_Log([]), on_event=lambda kind, data: None, stop=threading.Event(),
+                             policy=fast)
+
+    def session() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            retries.connected()
+            time.sleep(1.5)  # the session is up longer than the budget, then its link drops
+            raise NetworkError("link dropped")
+        return "landed"
+
+    assert retries.call(session, landed=lambda: 0) == "landed" and len(calls) == 2
+
+
 class _Log:
     def __init__(self, lines: list[str]) -> None:
         self.lines = lines

@@ -143,10 +143,14 @@ redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 return 1
 """
 
+# An agent that stops (drain, SIGTERM) gives its running job back; the delivery it used is given back too (a
+# stopping agent is not a failed try: a long stream restarted with its agents must not be dead-lettered).
 # KEYS: job, events.  ARGV: attempt, reason, now, maxlen
 RELEASE = _FENCE + """
 if not fenced(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'queued', 'worker', '', 'updated_at', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'deliveries', -1)
+redis.call('HINCRBY', KEYS[1], 'releases', 1)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'released', 'ts', ARGV[3],
   'data', cjson.encode({reason = ARGV[2], attempt = tonumber(ARGV[1])}))
 return 1

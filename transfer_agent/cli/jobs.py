@@ -129,7 +129,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   history=history_from_args(args, keys=Keys(args.namespace), source=name))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("transfer_agent.daemon").setLevel(logging.INFO)
+    logging.getLogger("transfer_agent.daemon").setLevel(args.log_level.upper() if args.log_level else logging.INFO)
     previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
     how = "" if args.scheduler == "fifo" else f" (scheduler {args.scheduler})"
     print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}{how}", file=sys.stderr, flush=True)

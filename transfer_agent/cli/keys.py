@@ -5,7 +5,8 @@ steps of a rotation (``fstream_provider.model.secret_ring``; the runbook across 
 
 1. ``next``: a new generation, accepted by receivers once they read the file (they look at most once a second),
    not yet used by senders; with ``--check-receiver`` (once per receiver), the command then authenticates to each
-   receiver with the new generation until it is accepted (or ``--check-timeout`` passes: nothing is promoted);
+   receiver with the new generation until it is accepted (or ``--check-timeout`` passes: nothing is promoted),
+   asking for encryption as ``fstream send --encrypt`` does, so receivers that require it answer too;
 2. ``promote``: the new generation becomes current (senders use it from their next session); the old current
    becomes previous, accepted until now + ``--window``;
 3. ``retire``: previous generations whose window passed are dropped.
@@ -190,7 +191,7 @@ def check_receiver(target: tuple[str, int], gen: Generation, key_id: str, timeou
             with socket.create_connection((host, port), timeout=min(10.0, max(timeout, 1.0))) as sock:
                 client_handshake(sock, gen.secret, {"role": "check", "session": uuid.uuid4().hex,
                                                     "job": "fstream-keys-check", "attempt": 1},
-                                 peer=f"{host}:{port}", key_id=key_id, kgen=gen.gen_id)
+                                 peer=f"{host}:{port}", key_id=key_id, kgen=gen.gen_id, encrypt=True)
             return time.monotonic() - t0
         except (AuthError, NetworkError) as exc:  # not re-read yet, or not reachable now: try again
             last = exc

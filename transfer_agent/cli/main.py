@@ -318,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest and rest[:1] == ["--"]:
         args.passthrough_args = rest[1:]
     _setup_logging(args.verbose)
+    if getattr(args, "log_level", None):  # the daemons' --log-level (issue 30) beats -v
+        logging.getLogger().setLevel(args.log_level.upper())
     quiet_gc()
     try:
         return int(args.func(args) or 0)

@@ -67,7 +67,7 @@ class Reloader:
 
     def __init__(self, args: argparse.Namespace, live: Iterable[str],
                  apply: Callable[[dict[str, Any]], Iterable[str]]) -> None:
-        self.args, self.live, self.apply = args, frozenset(live) | {"verbose"}, apply
+        self.args, self.live, self.apply = args, frozenset(live) | {"verbose", "log_level"}, apply
         self.requested = threading.Event()
         self.done = threading.Event()  # set after every reload (tests wait on it)
         self.count = 0
@@ -104,10 +104,13 @@ class Reloader:
             new = reparse(self.args)
             changed = changes(self.args, new)
             live = {k: v for k, (_, v) in changed.items() if k in self.live}
-            if "verbose" in live:
+            if "verbose" in live and getattr(new, "log_level", None) is None:
                 logging.getLogger().setLevel(log_level(live["verbose"]))
-            applied = set(self.apply({k: v for k, v in live.items() if k != "verbose"}))
-            applied |= {"verbose"} & set(live)
+            if live.get("log_level"):  # the root, and the agent's daemon logger that has a level of its own
+                for name in ("", "transfer_agent.daemon"):
+                    logging.getLogger(name).setLevel(live["log_level"].upper())
+            applied = set(self.apply({k: v for k, v in live.items() if k not in ("verbose", "log_level")}))
+            applied |= {"verbose", "log_level"} & set(live)
             for key in applied:
                 setattr(self.args, key, getattr(new, key))
             out["applied"] = sorted(applied)
@@ -115,10 +118,11 @@ class Reloader:
             shown = ", ".join(f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in out["applied"]) or "nothing"
             log.warning("configuration reloaded: applied %s%s", shown,
                         f"; changed but needs a restart: {', '.join(out['restart'])}" if out["restart"] else "")
-        except (FStreamError, ValueError) as exc:
-            out["error"] = str(exc)
-            log.error("configuration reload refused, the running configuration stays: %s", exc)
-            print(f"fstream {self.args.command}: reload refused: {exc}", file=sys.stderr, flush=True)
+        except Exception as exc:  # noqa: BLE001 - a reload must never end the daemon, nor its reload thread
+            out["error"] = str(exc) if isinstance(exc, (FStreamError, ValueError, OSError)) else \
+                f"{type(exc).__name__}: {exc}"
+            log.error("configuration reload refused, the running configuration stays: %s", out["error"])
+            print(f"fstream {self.args.command}: reload refused: {out['error']}", file=sys.stderr, flush=True)
         finally:
             sdnotify.ready("configuration reloaded" if out["error"] is None else "reload refused")
         self.count += 1
@@ -128,9 +132,9 @@ class Reloader:
 
 
 # -- what each daemon changes in place ------------------------------------------------------------------
-RECEIVER_LIVE = ("max_unauth", "max_unauth_per_addr", "handshake_timeout", "require_encryption", "max_part_age",
+RECEIVER_LIVE = ("log_level", "max_unauth", "max_unauth_per_addr", "handshake_timeout", "require_encryption", "max_part_age",
                  "drain_grace", "metrics_listen", "free_space_floor")
-AGENT_LIVE = ("max_retries", "max_deliveries", "claim_idle", "drain_grace", "metrics_listen")
+AGENT_LIVE = ("log_level", "max_retries", "max_deliveries", "claim_idle", "drain_grace", "metrics_listen")
 
 
 def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable[[dict[str, Any]], list[str]]:
@@ -193,12 +197,36 @@ def agent_apply(agent: Any, service: Any, url: str, keys: Any) -> Callable[[dict
 
 
 def _restart_endpoint(service: Any, listen: str | None, start: Callable[[], None], floor: int | None = None) -> list:
+    """The metrics endpoint on its new address: a bad or busy address is refused while the old one still serves;
+    if the new one fails anyway, the old one is started again and the reload refused."""
     from transfer_agent.service.options import parse_listen
 
-    new_listen = parse_listen(listen) if listen else None  # a bad address is refused before the old one stops
+    new_listen = parse_listen(listen) if listen else None
+    if new_listen is not None and new_listen != service.listen and new_listen[1] != 0:
+        _can_bind(new_listen)
+    old = (service.listen, getattr(service, "floor", None))
     service.stop()
     service.listen = new_listen
     if floor is not None:
         service.floor = floor
-    start()
+    try:
+        start()
+    except Exception as exc:
+        service.stop()
+        service.listen, service.floor = old
+        start()
+        raise FStreamError(f"metrics on {listen}: {exc}; the endpoint stays on its old address") from None
     return []
+
+
+def _can_bind(address: tuple[str, int]) -> None:
+    import socket
+
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            raise FStreamError(f"--metrics-listen {address[0]}:{address[1]}: cannot listen there ({exc.strerror}); "
+                               "the endpoint stays on its old address") from None

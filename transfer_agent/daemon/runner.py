@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from fstream_provider.bus.client import REDIS_UNREACHABLE, redis_unreachable
@@ -100,10 +101,12 @@ class JobRunnerMixin:
         """Run a claimed, authorized job to its outcome (taken from the stream, or given by the agents' scheduler)."""
         run = JobRun(job_id, claim.attempt, entry_id)
         run.submitter = decision.submitter
-        run.observe = self.observer.job(decision.run_spec) if self.observer is not None else None  # metrics
+        observer = self.observer  # read once: a SIGHUP reload may set it to None meanwhile
+        run.observe = observer.job(decision.run_spec) if observer is not None else None  # metrics
         self._current = run
-        if self._stop.is_set():
+        if self._stop.is_set():  # stopping since before it started: handed back untouched (``_try``)
             run.stopping = True
+            run.drain.set()
             run.cancel.set()
         pump_stop = threading.Event()
         pump = threading.Thread(target=self._pump_loop, args=(run, pump_stop), name=f"events-{job_id}", daemon=True)
@@ -155,8 +158,11 @@ class JobRunnerMixin:
             self.log.warning("job %s attempt %d: Redis unreachable while %s (%s); retrying in %.1f s",
                              run.job_id, run.attempt, what, exc, delay)
 
-        policy = dataclasses.replace(REDIS_BACKOFF, deadline_s=self.redis_outage_s)
-        policy.call(write, stop=self._stop, rng=self.rng, on_failure=failed, on_retry=retrying)
+        # a drain (SIGTERM) keeps retrying until its grace ends; only a hard stop (SIGINT, ``stop()``) gives up at once
+        ends = getattr(self, "_drain_ends", None)
+        limit = self.redis_outage_s if ends is None else max(0.0, min(self.redis_outage_s, ends - time.monotonic()))
+        policy = dataclasses.replace(REDIS_BACKOFF, deadline_s=limit)
+        policy.call(write, stop=getattr(self, "_halt", self._stop), rng=self.rng, on_failure=failed, on_retry=retrying)
         if tries:
             self.log.info("job %s attempt %d: Redis is back; %s succeeded after %d tries", run.job_id,
                           run.attempt, what, tries + 1)
@@ -239,6 +245,8 @@ class JobRunnerMixin:
         result_dict: dict | None = None
         error: str | None = None
         retryable = False
+        if run.drain.is_set():  # the agent drains (or stops): no new try starts; the job is handed back
+            return None
         try:
             transfer = self.transfer_factory(spec, job_id=run.job_id, attempt=run.attempt, on_event=on_event,
                                              cancel=run.cancel, redis=self._client, log=jlog, history=self.history,

@@ -140,7 +140,9 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self.observer: Any = None  # the agent's metrics (transfer_agent.service.metrics): ``job(spec)`` per job
         self.counters: collections.Counter[str] = collections.Counter()
         self.log = PrefixedLog(log, {"name": self.name})
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # no new job (set by ``drain`` and ``stop``)
+        self._halt = threading.Event()  # stop at once (``stop`` only): Redis writes are no longer retried
+        self._drain_ends: float | None = None  # a drain's end (monotonic): Redis writes are retried until then
         self._current: JobRun | None = None
         self._client: redis.Redis | None = None
         self._store: JobStore | None = None
@@ -152,9 +154,11 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     def stop(self) -> None:
         """Ask the agent to stop: the loop exits, a running transfer is cancelled and its job released."""
         self._stop.set()
+        self._halt.set()
         run = self._current
         if run is not None:
             run.stopping = True
+            run.drain.set()  # handed back: its files are not failed (``sending.drain``)
             run.signal(run.cancel)
 
     def drain(self, grace: float | None = None) -> None:
@@ -167,6 +171,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             self.stop()
             return
         grace = self.drain_grace if grace is None else grace
+        self._drain_ends = time.monotonic() + grace
         self._stop.set()
         run = self._current
         if run is not None:

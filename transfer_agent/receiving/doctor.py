@@ -13,21 +13,29 @@ after the handshake, so an unauthenticated peer gets nothing); it opens no sessi
   clock, one sample per ``SAMPLE_S``); the client stops sending when it sees the report, and what was still on
   its way is dropped until it closes (at most ``SINK_DRAIN_S``). No half-close: it would end a TLS connection.
 
-At most ``MAX_CONNECTIONS`` doctor connections are served at once.
+At most ``MAX_CONNECTIONS`` doctor connections are served at once, each for at most ``MAX_LIFETIME_S`` whatever it
+asks (a control connection is then told so and closed; a socket shutdown backs that up). A key may run one disk probe
+per ``DISK_EVERY_S`` (a second is refused naming when it may run again), of at most what its quota has left. The
+probe's temp file (``.fstream-doctor-*.tmp``) is removed after it; ``start`` (as the receiver starts) removes any
+older than ``STALE_S`` that a killed receiver left in the root or a key's subtree directory (no walk of the tree).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import secrets
 import socket
+import stat
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError
+from transfer_agent.receiving.keyring import ReceiverKey
 from transfer_agent.storage.paths import open_parent
 from transfer_agent.wire import hostnet
 from transfer_agent.wire.protocol import Frame
@@ -35,6 +43,8 @@ from transfer_agent.wire.secure import ControlLink
 
 MAX_CONNECTIONS = 64
 IDLE_S = 60.0
+MAX_LIFETIME_S = 120.0  # a doctor connection's whole life, PINGs or not
+LIFETIME_GRACE_S = 5.0  # then its socket is shut down, whatever it is doing
 SINK_MAX_S = 10.0
 SINK_WAIT_S = 10.0  # for a sink's first byte
 SINK_DRAIN_S = 10.0  # after a sink's report, for the client to see it and close
@@ -43,7 +53,9 @@ DISK_MAX_BYTES = 256 << 20
 DISK_MAX_S = 10.0
 DISK_SYNC_EVERY = 16 << 20  # fdatasync this often: the rate is of bytes on the disk, not in the page cache
 DISK_MIN_FREE_SHARE = 4  # never write more than a quarter of the free space
-TEMP_PREFIX = ".fstream-doctor-"
+DISK_EVERY_S = 60.0  # one disk probe per key this often
+TEMP_PREFIX, TEMP_SUFFIX = ".fstream-doctor-", ".tmp"
+STALE_S = 3600.0  # temp files older than this are a killed receiver's leftovers
 
 
 def _number(body: dict[str, Any], name: str, default: float, limit: float) -> float:
@@ -58,7 +70,7 @@ def disk_probe(root: str, subtree: str, nbytes: int, max_s: float, stop: threadi
     ``DISK_SYNC_EVERY`` and at the end; remove it; return bytes, seconds, rate (bits/s) and the temp file's name."""
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        name = f"{TEMP_PREFIX}{secrets.token_hex(6)}.tmp"
+        name = f"{TEMP_PREFIX}{secrets.token_hex(6)}{TEMP_SUFFIX}"
         try:
             dir_fd, base = open_parent(root_fd, f"{subtree}/{name}" if subtree else name, create=False)
         except FileNotFoundError:
@@ -151,29 +163,80 @@ def _request(conn: socket.socket, idle_s: float, stop: threading.Event) -> bool:
     return False
 
 
+def sweep_stale(root: str, subtrees: Iterable[str], max_age: float = STALE_S) -> list[str]:
+    """Remove ``.fstream-doctor-*.tmp`` regular files older than ``max_age`` from the root and the ``subtrees``
+    directories (each listed once; nothing below them walked; symlinks not followed); their relative paths."""
+    removed: list[str] = []
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return removed  # no root yet: nothing left behind
+    now = time.time()
+    try:
+        for sub in sorted({"", *subtrees}):
+            try:
+                dir_fd, _base = open_parent(root_fd, f"{sub}/x" if sub else "x", create=False)
+            except (OSError, FStreamError):
+                continue
+            try:
+                with os.scandir(dir_fd) as entries:
+                    for e in entries:
+                        if not (e.name.startswith(TEMP_PREFIX) and e.name.endswith(TEMP_SUFFIX)):
+                            continue
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > max_age:
+                                os.unlink(e.name, dir_fd=dir_fd)
+                                removed.append(f"{sub}/{e.name}" if sub else e.name)
+                        except OSError:
+                            continue
+            finally:
+                os.close(dir_fd)
+    finally:
+        os.close(root_fd)
+    return removed
+
+
 class DoctorService:
     """Serves ``fstream doctor``'s connections of one receiver.
 
     :param root: the receiver's destination root (the disk probe writes under a key's subtree of it).
     :param stop: set when the receiver stops: every probe ends.
     :param log: the receiver's logger.
+    :param quota_used: the bytes a key holds under its subtree (``quota.Quotas.used``): a key with a quota probes
+        at most what it has left; None: quotas are not looked at.
     """
 
-    def __init__(self, *, root: str, stop: threading.Event, log: logging.Logger) -> None:
-        self.root, self._stop, self.log = root, stop, log
+    def __init__(self, *, root: str, stop: threading.Event, log: logging.Logger,
+                 quota_used: Callable[[ReceiverKey], int] | None = None) -> None:
+        self.root, self._stop, self.log, self._quota_used = root, stop, log, quota_used
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._disk = threading.Lock()
+        self._disk_runs: dict[str, float] = {}  # key id -> when its last disk probe started (monotonic)
 
-    def serve(self, conn: socket.socket, link: ControlLink, hello: dict[str, Any], subtree: str, peer: str) -> None:
-        """Serve one authenticated doctor connection to its end (``hello``: the client's HELLO)."""
+    def start(self, subtrees: Iterable[str]) -> list[str]:
+        """As the receiver starts: remove stale temp files (``sweep_stale``) of earlier runs; their paths."""
+        removed = sweep_stale(self.root, subtrees)
+        for rel in removed:
+            self.log.info("removed the stale doctor temp file %s (older than %.0f s)", rel, STALE_S)
+        return removed
+
+    def serve(self, conn: socket.socket, link: ControlLink, hello: dict[str, Any], key: ReceiverKey,
+              peer: str) -> None:
+        """Serve one authenticated doctor connection to its end (``hello``: the client's HELLO; ``key``: the key it
+        authenticated with), for at most ``MAX_LIFETIME_S``."""
         if not self._slots.acquire(blocking=False):
             link.send(Frame.ERROR, {"kind": "refused", "retryable": True,
                                     "message": f"too many doctor probes at once (limit {MAX_CONNECTIONS})"})
             return
+        end = time.monotonic() + MAX_LIFETIME_S
+        cut = threading.Timer(MAX_LIFETIME_S + LIFETIME_GRACE_S, _shut, args=(conn,))
+        cut.daemon = True
         try:
+            cut.start()
             probe = hello.get("probe")
             if probe == "control":
-                self._control(conn, link, subtree, peer)
+                self._control(conn, link, key, peer, end)
             elif probe == "sink":
                 seconds = _number(hello, "seconds", 3.0, SINK_MAX_S)
                 link.send(Frame.WELCOME, {"probe": "sink", "seconds": seconds})
@@ -184,12 +247,23 @@ class DoctorService:
                 link.send(Frame.ERROR, {"kind": "protocol", "message": msg})
                 raise ProtocolError(msg)
         finally:
+            cut.cancel()
             self._slots.release()
 
-    def _control(self, conn: socket.socket, link: ControlLink, subtree: str, peer: str) -> None:
+    def _control(self, conn: socket.socket, link: ControlLink, key: ReceiverKey, peer: str, end: float) -> None:
         link.send(Frame.WELCOME, {"probe": "control"})
-        conn.settimeout(IDLE_S)  # a request that started arriving is read whole within this
-        while _request(conn, IDLE_S, self._stop):
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                link.send(Frame.ERROR, {"kind": "refused", "retryable": True, "message": (
+                    f"doctor connection closed: open for {MAX_LIFETIME_S:g} s, the limit of one; connect again")})
+                self.log.info("doctor %s: connection closed at its lifetime limit (%g s)", peer, MAX_LIFETIME_S)
+                return
+            conn.settimeout(min(IDLE_S, left + LIFETIME_GRACE_S))  # a request that started arriving is read whole
+            if not _request(conn, min(IDLE_S, left), self._stop):
+                if self._stop.is_set() or time.monotonic() < end:
+                    return  # the receiver stops, or idle for IDLE_S
+                continue
             try:
                 ftype, _fid, body = link.recv()
             except NetworkError:
@@ -199,26 +273,54 @@ class DoctorService:
             elif ftype == Frame.FACTS:
                 link.send(Frame.FACTS, {**hostnet.host_facts(conn), "root": hostnet.free_space(self.root)})
             elif ftype == Frame.DISK:
-                link.send(Frame.DISK, self._disk_probe(body, subtree, peer))
+                link.send(Frame.DISK, self._disk_probe(body, key, peer))
             elif ftype == Frame.BYE:
                 link.send(Frame.BYE, {})
                 return
             else:
                 raise ProtocolError(f"unexpected {ftype.name} frame on a doctor connection")
 
-    def _disk_probe(self, body: dict[str, Any], subtree: str, peer: str) -> dict[str, Any]:
+    def _disk_probe(self, body: dict[str, Any], key: ReceiverKey, peer: str) -> dict[str, Any]:
         nbytes = int(_number(body, "bytes", 64 << 20, DISK_MAX_BYTES))
         max_s = _number(body, "seconds", 2.0, DISK_MAX_S)
         if not self._disk.acquire(blocking=False):
             return {"error": "another disk probe is running on this receiver; try again in a few seconds"}
         try:
-            result = disk_probe(self.root, subtree, nbytes, max_s, self._stop)
-        except FStreamError as exc:  # a symlink or non-directory on the way to the key's subtree
-            result = {"error": str(exc)}
-        except OSError as exc:  # the root itself cannot be opened
-            result = {"error": f"cannot open the root: {exc.strerror}"}
+            now = time.monotonic()
+            last = self._disk_runs.get(key.key_id)
+            if last is not None and now - last < DISK_EVERY_S:
+                wait = DISK_EVERY_S - (now - last)
+                return {"error": f"disk probe refused: key {key.key_id!r} ran one {now - last:.0f} s ago and may run "
+                                 f"one per {DISK_EVERY_S:g} s: try again in {math.ceil(wait)} s",
+                        "retry_after_s": round(wait, 1)}
+            if key.quota is not None and self._quota_used is not None:
+                try:
+                    left = key.quota - self._quota_used(key)
+                except OSError as exc:
+                    return {"error": f"not probed: the bytes key {key.key_id!r} holds cannot be counted: "
+                                     f"{exc.strerror}"}
+                if left < 1 << 20:
+                    return {"error": f"not probed: key {key.key_id!r} has {max(left, 0)} bytes of its quota left "
+                                     "(the probe writes 1 MiB at least)"}
+                nbytes = min(nbytes, left)
+            self._disk_runs[key.key_id] = now  # whatever its outcome: one per key per DISK_EVERY_S
+            try:
+                result = disk_probe(self.root, key.subtree, nbytes, max_s, self._stop)
+            except FStreamError as exc:  # a symlink or non-directory on the way to the key's subtree
+                result = {"error": str(exc)}
+            except OSError as exc:  # the root itself cannot be opened
+                result = {"error": f"cannot open the root: {exc.strerror}"}
         finally:
             self._disk.release()
-        self.log.info("doctor %s: disk probe %s", peer, result.get("error") or
+        self.log.info("doctor %s: disk probe for key %s %s", peer, key.key_id, result.get("error") or
                       f"{result['bytes']} bytes in {result['seconds']:.2f} s")
         return result
+
+
+def _shut(conn: socket.socket) -> None:
+    """End a connection past its lifetime, whatever its thread is doing (the plain socket's shutdown: also under
+    TLS); its reads and writes fail, and the serving thread ends."""
+    try:
+        socket.socket.shutdown(conn, socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -116,7 +116,8 @@ class Receiver(ControlSessions):
         self.sweep_interval = sweep_interval
         self._preauth = PreAuthLimits(max_unauth, max_unauth_per_addr)
         self._deadlines: Deadlines | None = None
-        self._doctor = DoctorService(root=self.root, stop=self._stop, log=self.log)  # `fstream doctor` (issue 30)
+        self._doctor = DoctorService(root=self.root, stop=self._stop, log=self.log,  # `fstream doctor` (issue 30)
+                                     quota_used=self._quotas.used)
         self.draining = threading.Event()  # ``drain()``: no new sessions
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -272,10 +273,11 @@ class Receiver(ControlSessions):
                     conn = self._ssl_ctx.wrap_socket(conn, server_side=True)
                 except (ssl.SSLError, OSError) as exc:
                     raise FStreamError(f"TLS handshake failed: {exc}") from None
-            hs = server_handshake(conn, tls=self._ssl_ctx is not None, secret_at=self._keys.secret_at,
-                                  require_hmac=self.keyring.has_secrets,
+            keys = self._keys.snapshot()  # one keyring for the whole handshake, and for the session it opens
+            hs = server_handshake(conn, tls=self._ssl_ctx is not None, secret_at=keys.secret_at,
+                                  require_hmac=keys.keyring.has_secrets,
                                   require_encryption=self.require_encryption, peer=peer)
-            key = self.keyring[hs.key_id]
+            key = keys.keyring[hs.key_id]
             hello = hs.peer
             authenticated()
             role = str(hello.get("role", ""))
@@ -285,7 +287,7 @@ class Receiver(ControlSessions):
                 self.log.info("key check from %s: key %s generation %s accepted", peer, key.key_id, hs.generation)
                 return
             if role == "doctor":  # `fstream doctor` (issue 30): probes only, no session, nothing lands
-                self._doctor.serve(conn, writer, hello, key.subtree, peer)
+                self._doctor.serve(conn, writer, hello, key, peer)
                 return
             sid = str(hello.get("session", ""))
             job = str(hello.get("job", ""))
@@ -399,6 +401,7 @@ class Receiver(ControlSessions):
     def _sweep_at_start(self) -> None:
         """The walk of the whole tree for parts left by earlier runs (its own thread: a large tree takes time)."""
         try:
+            self._doctor.start(k.subtree for k in self.keyring.values())  # stale doctor temp files (issue 30)
             if self.part_max_age is not None:
                 self._sweep(whole_tree=True)
         finally:

@@ -1,16 +1,21 @@
 """Opening authenticated connections to the receiver (control link and data streams) for one session.
 
-Issue 30: a ``Connector`` is made as a session opens and re-reads its secret file then (``auth.reread_secret``):
-a rotated file's current generation is used from the next session on, without a restart; every connection of a
-session uses the same generation and protocol version."""
+Issue 30: a ``Connector`` is made as a session opens and reads its secret file then (``auth.reread_secret``), and
+again before every connection it opens (control and data) when the file's stamp (inode, size, mtime) changed: a
+rotated file's current generation is used by the next connection, so a session that outlives the old generation's
+window opens its later data connections (retuning) with the new one. Receivers require only that a session's data
+connections use the session's key id, not its generation; every connection of a session speaks one protocol version.
+"""
 
 from __future__ import annotations
 
 import socket
 import ssl
+import threading
 import time
 from typing import Any
 
+from fstream_provider.model.secret_ring import file_stamp
 from transfer_agent.errors import AuthError, NetworkError
 from transfer_agent.wire import auth
 from transfer_agent.wire.auth import Handshake, client_handshake
@@ -27,7 +32,8 @@ class Connector:
     :param encrypt: seal data blocks and control bodies (needs ``secret``).
     :param key_id: the receiver's key ``secret`` belongs to, named in every HELLO (None: the receiver's
         ``"default"`` key); control and data connections of a session use the same key. A ``secret`` read from
-        a file (``auth.load_secret``) is read again here: its file's current generation now.
+        a file (``auth.load_secret``) is read again here, and before each connection when its file changed: the
+        file's current generation then.
     :param timeout: the connect timeout (``--connect-timeout``): the TCP connect within it, then TLS and each
         read of the handshake within what the connect left of it; a timeout is retryable.
     """
@@ -35,6 +41,9 @@ class Connector:
     def __init__(self, host: str, port: int, secret: bytes | None, ssl_ctx: ssl.SSLContext | None,
                  hello: dict[str, Any], timeout: float = 15.0, encrypt: bool = False,
                  key_id: str | None = None) -> None:
+        self._path = getattr(secret, "path", None)
+        self._stamp = file_stamp(self._path) if self._path else None  # before the read: a change after it is seen
+        self._secret_lock = threading.Lock()  # channels open their connections from several threads
         self.host, self.port, self.secret, self.ssl_ctx, self.hello, self.timeout = (
             host, port, auth.reread_secret(secret), ssl_ctx, hello, timeout)
         self.version = auth.CLIENT_VERSION  # the protocol this session speaks (tests may run a sender as 2)
@@ -49,8 +58,23 @@ class Connector:
         """An authenticated connection (its keys and control link: ``connect_link``)."""
         return self.connect_link(**extra).link.sock
 
+    def current_secret(self) -> bytes | None:
+        """The secret for the next connection: read again when its file's stamp changed since the last read (one
+        ``stat`` per connection), so a generation promoted during a long session is used by its new connections
+        (the old one may be past its window by then). An unusable file keeps the last good secret (a warning
+        names the file and the reason, once per change)."""
+        if not self._path:
+            return self.secret
+        with self._secret_lock:
+            stamp = file_stamp(self._path)
+            if stamp != self._stamp:
+                self._stamp = stamp
+                self.secret = auth.reread_secret(self.secret)
+            return self.secret
+
     def connect_link(self, **extra: Any) -> Handshake:
         """Connect and authenticate; the result carries the socket (``.link.sock``), keys and control link."""
+        secret = self.current_secret()
         started = time.monotonic()
         try:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
@@ -70,7 +94,7 @@ class Connector:
                 except (ssl.SSLError, OSError) as exc:
                     raise AuthError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
             try:
-                hs = client_handshake(sock, self.secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None,
+                hs = client_handshake(sock, secret, {**self.hello, **extra}, tls=self.ssl_ctx is not None,
                                       encrypt=self.encrypt, peer=self.peer, key_id=self.key_id,
                                       version=self.version)
             except NetworkError as exc:

@@ -6,6 +6,8 @@
 middle of the round trip), both ends' host facts (``wire.hostnet``), the steady rate of one stream and of several
 into the receiver's sink (bytes discarded there, nothing written), and the receiver's disk write rate (its bounded
 probe). What it returns is plain data: the CLI prints it and ``fstream_provider.tuning.host_advice`` judges it.
+With a shared secret its connections ask to be encrypted (HELLO ``encrypt``, like ``fstream send --encrypt``), so a
+receiver that requires encryption serves them; the sink's raw bytes are not framed, so the rates are the path's.
 """
 
 from __future__ import annotations
@@ -102,18 +104,21 @@ class PathProbe:
     :param key_id: the receiver's key the secret belongs to (None: ``default``).
     :param plan: what to measure.
     :param say: called with a line of progress per step (e.g. printed to stderr).
+    :param encrypt: seal the control frames (HELLO ``encrypt``); default: whenever a shared secret is used (with
+        TLS alone the channel is encrypted already).
     """
 
     def __init__(self, host: str, port: int, secret: bytes | None, ssl_ctx: ssl.SSLContext | None,
                  key_id: str | None = None, plan: ProbePlan | None = None,
-                 say: Callable[[str], None] = lambda line: None) -> None:
+                 say: Callable[[str], None] = lambda line: None, encrypt: bool | None = None) -> None:
         self.host, self.port, self.secret, self.ssl_ctx, self.key_id = host, port, secret, ssl_ctx, key_id
+        self.encrypt = secret is not None if encrypt is None else encrypt
         self.plan = plan or ProbePlan()
         self.say = say
 
     def _connect(self, probe: str, **extra: Any) -> Handshake:
         conn = Connector(self.host, self.port, self.secret, self.ssl_ctx, {"role": "doctor", "probe": probe, **extra},
-                         timeout=self.plan.connect_timeout, key_id=self.key_id)
+                         timeout=self.plan.connect_timeout, key_id=self.key_id, encrypt=self.encrypt)
         hs = conn.connect_link()
         if hs.peer.get("probe") != probe:
             hs.link.sock.close()

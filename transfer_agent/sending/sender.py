@@ -248,6 +248,9 @@ class Transfer:
         next_scan = start + spec.interval_s
         last_new = start
         pending_reason, self._paced = "", intervals.PacedCount(pool)
+        if self.drain.is_set() and self._held is None:  # drained before it started: nothing is opened
+            self._held, watcher = list(files), None
+            files.clear()
         self._add_files(tuner, pool, files)
         pending_reason = self._retune(tuner, pool, self._observe(tuner, pool, start, 0.0, 0, {}, files))
         files.clear()

@@ -78,7 +78,9 @@ class SessionRetries:
                 up = self._connected_at is not None and now - self._connected_at >= HEALTHY_S
                 if landed() > before or (up and not isinstance(exc, StallError)):
                     tries = 0  # the session made progress: a new outage
-                tries, since = tries + 1, started if tries == 0 else since
+                if tries == 0:  # a new outage starts when this session failed, or when it began if it never connected
+                    since = started if self._connected_at is None else now
+                tries += 1
                 delay = self._delay(tries, now - since)
                 if delay is None:
                     exc.args = (f"{exc} (gave up after {tries} {'try' if tries == 1 else 'tries'} over "

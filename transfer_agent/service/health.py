@@ -6,12 +6,18 @@ removed again; its free space is ``statvfs`` against ``--free-space-floor``; a s
 could be opened and listed; Redis is reachable when it answered ``PING`` within the timeout; the jobs consumer
 group is present when ``XINFO GROUPS`` of the jobs stream lists it. Every result names what was checked and,
 when it failed, why. Nothing secret is shown (Redis URLs are printed with their password masked).
+
+``CachedReadiness`` is what ``/readyz`` asks: the checks run at most once per period, one at a time, so a flood
+of ``/readyz`` makes at most one round of probes (one file created, fsync'd and removed per data root) per period.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -38,6 +44,48 @@ def report(checks: Iterable[Check]) -> tuple[bool, str]:
     checks = list(checks)
     ready = all(c.ok for c in checks)
     return ready, "\n".join(["ready" if ready else "not ready", *(c.line() for c in checks)]) + "\n"
+
+
+class CachedReadiness:
+    """``checks`` run at most once per ``max_age`` seconds and one at a time; callers in between get the last
+    result. A caller that finds a round still running after ``wait`` seconds (a hung file system) gets a failed
+    check saying so instead of waiting on. Checks that raise give a failed check naming the exception.
+
+    ``runs`` counts the rounds of checks made.
+    """
+
+    def __init__(self, checks: Readiness, max_age: float = 1.0, wait: float = 5.0) -> None:
+        self.checks, self.max_age, self.wait = checks, max_age, wait
+        self.runs = 0
+        self._lock = threading.Lock()
+        self._last: tuple[float, list[Check]] | None = None  # (when the round ended, its checks)
+
+    def _fresh(self) -> list[Check] | None:
+        last = self._last
+        if last is not None and time.monotonic() - last[0] < self.max_age:
+            return last[1]
+        return None
+
+    def __call__(self) -> list[Check]:
+        fresh = self._fresh()
+        if fresh is not None:
+            return fresh
+        if not self._lock.acquire(timeout=self.wait):
+            return [Check("readiness checks", False, f"a round of checks still running after {self.wait:g} s")]
+        try:
+            fresh = self._fresh()
+            if fresh is not None:
+                return fresh
+            self.runs += 1
+            try:
+                result = list(self.checks())
+            except Exception as exc:  # noqa: BLE001 - a check that crashed is a failed check, named
+                logging.getLogger("fstream.service").exception("readiness checks failed to run")
+                result = [Check("readiness checks", False, f"{type(exc).__name__}: {exc}")]
+            self._last = (time.monotonic(), result)
+            return result
+        finally:
+            self._lock.release()
 
 
 def _why(exc: OSError) -> str:

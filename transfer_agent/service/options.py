@@ -1,5 +1,5 @@
 """The service options of ``fstream receive`` and ``fstream agent`` (issue 30, "Prometheus metrics" and
-"Health"): ``--metrics-listen``, ``--free-space-floor`` (receiver) and ``--check``.
+"Health"): ``--metrics-listen``, ``--free-space-floor`` (receiver), ``--log-level`` and ``--check``.
 
 Only argparse here: building the parser imports nothing else (``tests/test_cli_startup.py``); the metrics
 and the server are imported by ``attach`` when ``--metrics-listen`` or ``--check`` is given.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_FREE_SPACE_FLOOR = "1GiB"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def parse_listen(text: str, option: str = "--metrics-listen") -> tuple[str, int]:
@@ -33,5 +34,7 @@ def add_service_options(p: argparse.ArgumentParser, *, receiver: bool) -> None:
         what = "the root is writable (a file created and removed) and has free space above --free-space-floor"
     else:
         what = "Redis is reachable, the jobs consumer group exists and every source root is readable"
+    p.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                   help="what the daemon logs (default: -v's, else warning); SIGHUP applies a new one")
     p.add_argument("--check", action="store_true",
                    help=f"run the readiness checks once ({what}), print them, exit 0 when all pass, else 1")
