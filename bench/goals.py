@@ -17,7 +17,7 @@ from fstream_bench.goal_readers import (
     sim_default_vs_oracle, sim_mix_recovery, sim_oracle, steal_with_batch, trigger_latency, trust_modes,
 )
 from fstream_bench.drain_bench import drain_goal  # issue 30: the reader sits beside the summary it reads
-from fstream_bench.goal_readers_ops import metrics_overhead
+from fstream_bench.goal_readers_ops import doctor_goal, metrics_overhead, rotation_goal
 from fstream_bench.goals_table import Goal
 
 # ---- the goals, in issue order ---------------------------------------------------------------------
@@ -151,8 +151,13 @@ GOALS: list[Goal] = [
          "duplicated, a second agent finishes re-sending ≤ one block per file open at the cut (WAN; and a grace "
          "short enough to cut)", "bench/results/drain-*", WAN + "fstream bench drain", measure=drain_goal,
          select=lambda d: not d["loopback"]),
+    Goal("30", "rotation: a key rotation during continuous transfers completes with 0 failed files",
+         "bench/results/rotation-*.json", "fstream bench rotation", measure=rotation_goal),
     Goal("30", "metrics add ≤ 2 % CPU per GB (both daemons, pinned loopback, a scrape every second)",
          "bench/results/metrics-*.json", "fstream bench metrics", measure=metrics_overhead),
+    Goal("30", "`fstream doctor` names the cause on 3 of 3 broken emulated paths (small buffer cap, half-rate "
+         "bottleneck, slow destination disk)", "bench/results/doctor-*.json", WAN + "fstream bench doctor",
+         measure=doctor_goal, select=lambda d: not d["config"]["loopback"]),
     Goal("32", "authorization off the critical path: the source guard ≤ 1.05× sender CPU per small file, a job's "
          "decision ≤ 1 ms p99 (loopback, pinned; our goal, the issue sets none)", "bench/results/authz-*",
          "fstream bench authz", measure=authz_cost),

@@ -258,3 +258,31 @@ def test_a_draining_agent_keeps_retrying_its_redis_writes_until_the_grace_ends(r
     with pytest.raises(redis.ConnectionError):  # a hard stop gives up at once
         agent._through_outage(JobRun("j2", 1, "0-2"), "recording its outcome",  # noqa: SLF001
                               lambda: (_ for _ in ()).throw(redis.ConnectionError("down")))
+
+
+def test_a_cancel_stops_opening_channels_between_two_of_them(tmp_path, site, monkeypatch):
+    """Regression (issue 30, `fstream bench drain`): a grace cut that came while the tuner was opening channels waited
+    for every one of them (on the WAN, p handshakes of a few round trips each), so the agent exited after its grace."""
+    from transfer_agent.sending.connector import Connector
+    from transfer_agent.sending.sender import Transfer
+
+    rcv = start_receiver(tmp_path / "dst", site["secret"])
+    site["receivers"].append(rcv)
+    src = make_files(tmp_path / "src", {"big.bin": 8 * 2**20}, seed=12)
+    cancel = threading.Event()
+    opened_after_cancel: list[bool] = []
+    real = Connector.connect_link
+
+    def counting(self, **extra):
+        if extra.get("role") == "data":
+            opened_after_cancel.append(cancel.is_set())
+            if len(opened_after_cancel) == 2:
+                cancel.set()  # while the first layout (4 channels) is being opened
+        return real(self, **extra)
+
+    monkeypatch.setattr(Connector, "connect_link", counting)
+    spec = TransferSpec.from_options([str(src)], f"fstream://127.0.0.1:{rcv.port}/out", secret_file=str(site["secret"]),
+                                     tuner="fixed", cc=4, p=1, pp=1)
+    result = Transfer(spec, cancel=cancel).run()
+    assert result.cancelled
+    assert opened_after_cancel == [False, False]  # the third and fourth channels were not opened

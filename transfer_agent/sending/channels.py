@@ -146,8 +146,12 @@ class ChannelPool:
             return self.bucket.reserve(nbytes, time.monotonic())
 
     # -- layout --------------------------------------------------------------------------------
-    def apply(self, layouts: dict[str, tuple[int, int, int]]) -> dict[str, int]:
-        """Make the channels match ``{cluster: (cc, p, pp)}`` (smart distribution); return what was done."""
+    def apply(self, layouts: dict[str, tuple[int, int, int]], halt: Callable[[], bool] = lambda: False
+              ) -> dict[str, int]:
+        """Make the channels match ``{cluster: (cc, p, pp)}`` (smart distribution); return what was done.
+
+        ``halt()`` true (the transfer is cancelled or draining) stops opening channels between two of them: on a WAN
+        each costs p handshakes of a few round trips, and a cancel must not wait for ten of them (issue 30)."""
         with self.cond:
             states = [ChannelState(c.id, c.p, c.cluster, c.busy) for c in self.channels.values() if not c.closing]
             plan = plan_channels(states, [ClusterLayout(k, cc, p, pp) for k, (cc, p, pp) in layouts.items()],
@@ -166,6 +170,8 @@ class ChannelPool:
             self.cond.notify_all()
         for req in plan.open:
             for _ in range(req.count):
+                if halt():
+                    break
                 ch = Channel(self._next_cid, req.p, self)
                 self._next_cid += 1
                 ch.cluster = req.cluster

@@ -295,7 +295,7 @@ class Transfer:
                 pending_reason = ""
                 last_sample, last_bytes, last_cluster = now, earned, per_cluster
             every = min(spec.profile_interval_s or PROFILE_EVERY_S, getattr(tuner, "observe_every_s", None) or PROFILE_EVERY_S)
-            if new or now - last_profile >= every:
+            if (new or now - last_profile >= every) and self._held is None:  # a draining transfer keeps its layout
                 obs = self._observe(tuner, pool, now, now - last_profile, total - prof_bytes,
                                     {c: b - prof_cluster.get(c, 0) for c, b in per_cluster.items()}, new)
                 reason = self._retune(tuner, pool, obs)
@@ -441,7 +441,7 @@ class Transfer:
         pool.set_rates(rates)  # before channels open, so their first blocks are paced too
         pool.block_size = paced_block_size(self._block_size, pool.bucket.rate_bps if pool.bucket else None)
         self._paced.watch()
-        done = pool.apply(layouts)
+        done = pool.apply(layouts, halt=lambda: self.cancel.is_set() or self.drain.is_set())
         decision = {"t": round(obs.t, 3), "reason": s.reason,
                     "layouts": {c: {"cc": v[0], "p": v[1], "pp": v[2], "rate_bps": rates.get(c)}
                                 for c, v in layouts.items()}, **done}
