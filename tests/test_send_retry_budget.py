@@ -214,3 +214,19 @@ def test_bad_budget_options_exit_2_naming_the_option(tmp_path: Path, secret: Pat
     src = make_files(tmp_path / "s", {"a": 1})
     r, _ = _send(str(src), "--to", "fstream://127.0.0.1:9/o", "--secret-file", str(secret), option, value)
     assert r.returncode == EXIT_USAGE and says in r.stderr and r.stderr.startswith("fstream send: error:"), r.stderr
+
+
+def test_a_watch_stream_with_idle_exit_gives_up_after_an_outage_that_long() -> None:
+    """A watch stream retries while it is asked to run: with ``--idle-exit`` (end after so long with nothing new)
+    an outage longer than that ends it, as retryable, after retries (the operator's watch tasks fail and Airflow
+    retries them); without it, it retries until stopped (tests/test_watch_outage.py)."""
+    spec = TransferSpec.from_options(["/x"], "fstream://127.0.0.1:9/o", secret_file="/s", watch=True, idle_exit="0.3s")
+    fast = RetryPolicy(retryable=lambda exc: isinstance(exc, NetworkError), base_s=0.1, cap_s=0.1)
+    logged: list[str] = []
+    retries = SessionRetries(spec, log=_Log(logged), on_event=lambda kind, data: None, stop=threading.Event(),
+                             policy=fast)
+    t0 = time.monotonic()
+    with pytest.raises(NetworkError) as err:
+        retries.call(lambda: (_ for _ in ()).throw(NetworkError("refused")), landed=lambda: 0)
+    assert len(logged) >= 2 and 0.3 <= time.monotonic() - t0 < 5
+    assert "an outage of --idle-exit (0.3 s)" in str(err.value)

@@ -4,8 +4,9 @@ A session that fails retryably (receiver unreachable, connection lost, stalled) 
 capped, jittered backoff (``SESSION_RETRY``, the one retry policy of ``fstream_provider.model.retry``).
 A plain send, a pipeline step, gives up, as retryable (exit 75), after ``max_attempts`` tries or
 ``retry_for_s`` seconds of one outage (``fstream send --max-attempts / --retry-for``; 5 tries if neither is
-given). A watch stream retries for as long as it is asked to run (until stopped, or until ``--until``)
-unless its spec gives a budget. A session that landed a file, or stayed connected for ``HEALTHY_S`` without
+given). A watch stream retries for as long as it is asked to run (until stopped, until ``--until``, or, with
+``--idle-exit``, until an outage lasts that long: a stream told to end after so long with nothing new ends after
+so long without a receiver too) unless its spec gives a budget. A session that landed a file, or stayed connected for ``HEALTHY_S`` without
 stalling, ends an outage: the next failure starts a new one, from the shortest backoff with the whole budget.
 """
 
@@ -48,6 +49,7 @@ class SessionRetries:
         self.retry_for_s = spec.retry_for_s
         self.streaming = spec.watch and not given
         self.until = spec.until
+        self.idle_exit_s = spec.idle_exit_s if self.streaming else None
         self.log, self.on_event, self.stop, self.policy = log, on_event, stop, policy
         self._connected_at: float | None = None
 
@@ -94,6 +96,9 @@ class SessionRetries:
         """The wait before the next try, or None when the budget is used up."""
         delay = self.policy.delay(min(tries - 1, 30))  # at the cap long before; 2**1024 would overflow a float
         if self.unbounded():
+            # a stream asked to stop after ``idle_exit`` with nothing new stops after an outage that long too
+            if self.idle_exit_s is not None and elapsed >= self.idle_exit_s:
+                return None
             return delay
         if self.attempts is not None and tries >= self.attempts:
             return None
@@ -107,7 +112,10 @@ class SessionRetries:
     def budget(self) -> str:
         """The budget in words, for logs and the final error."""
         if self.unbounded():
-            return "a watch stream retries until it is stopped" + (" or --until" if self.until else "")
+            ends = " or --until" if self.until else ""
+            if self.idle_exit_s is not None:
+                ends += f" or an outage of --idle-exit ({self.idle_exit_s:g} s)"
+            return "a watch stream retries until it is stopped" + ends
         parts = [f"max attempts {self.attempts}"] if self.attempts is not None else []
         if self.retry_for_s is not None:
             parts.append(f"retry for {self.retry_for_s:g} s")
