@@ -61,8 +61,7 @@ def site(tmp_path: Path, redis_url: str, redis_client: Any):
 
 def test_drain_finishes_open_files_and_the_next_agent_sends_only_the_rest(tmp_path, redis_url, site):
     src = make_files(tmp_path / "src", {f"f{i:03d}.bin": 64 * 1024 for i in range(240)}, seed=3)
-    rcv = PacedReceiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=open(site["secret"], "rb")
-                        .read().strip(), rate=1.5e6).start()
+    rcv = start_receiver(tmp_path / "dst", site["secret"], cls=PacedReceiver, rate=1.5e6)
     site["receivers"].append(rcv)
     spec = TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/out", tuner="fixed",
                         cc=2, p=1, pp=2)
@@ -100,8 +99,7 @@ def test_drain_finishes_open_files_and_the_next_agent_sends_only_the_rest(tmp_pa
 
 def test_grace_over_cuts_open_files_at_their_checkpoint_and_they_resume(tmp_path, redis_url, site):
     src = make_files(tmp_path / "src", {"big.bin": 24 * 2**20}, seed=4)
-    rcv = PacedReceiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=open(site["secret"], "rb")
-                        .read().strip(), rate=3e6, flush_interval=0.1).start()
+    rcv = start_receiver(tmp_path / "dst", site["secret"], cls=PacedReceiver, rate=3e6, flush_interval=0.1)
     site["receivers"].append(rcv)
     spec = TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/out", tuner="fixed",
                         cc=1, p=1, pp=1, block_size=2**20)
@@ -138,8 +136,7 @@ def test_a_draining_receiver_refuses_new_sessions_and_lets_open_ones_finish(tmp_
 
     src = make_files(tmp_path / "src", {f"f{i}.bin": 256 * 1024 for i in range(16)}, seed=5)
     other = make_files(tmp_path / "other", {"x.bin": 1000}, seed=6)
-    rcv = PacedReceiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=open(site["secret"], "rb")
-                        .read().strip(), rate=1e6).start()
+    rcv = start_receiver(tmp_path / "dst", site["secret"], cls=PacedReceiver, rate=1e6)
     out: dict[str, Any] = {}
     sender = threading.Thread(target=lambda: out.setdefault("r", send(src, rcv.port, site["secret"], cc=1, p=1)))
     sender.start()
@@ -187,8 +184,7 @@ def test_fstream_receive_under_systemd_notifies_ready_and_drains_on_sigterm(tmp_
 
 def test_fstream_agent_exits_0_on_sigterm_and_hands_its_job_back(tmp_path, redis_url, site):
     src = make_files(tmp_path / "src", {f"f{i:03d}.bin": 64 * 1024 for i in range(200)}, seed=7)
-    rcv = PacedReceiver(listen=("127.0.0.1", 0), root=str(tmp_path / "dst"), secret=open(site["secret"], "rb")
-                        .read().strip(), rate=1e6).start()
+    rcv = start_receiver(tmp_path / "dst", site["secret"], cls=PacedReceiver, rate=1e6)
     site["receivers"].append(rcv)
     store = site["store"]
     job_id, _ = store.submit(TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/out",
