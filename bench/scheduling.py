@@ -4,6 +4,14 @@
     fstream bench scheduling --generate 45% --out trace.csv [--batch] [--scale 0.2] [--seed 1]
     fstream bench scheduling --trace trace.csv --json [--algorithms seal,basecc1] [--lambda 0.9]
     fstream bench scheduling --traces 25%,45%,60%,60%-hv --scale 0.5 --markdown out.md
+    fstream bench scheduling --trace site.csv --endpoints endpoints.toml   # any hosts, their capacities given
+
+A trace may name any endpoints. ``--endpoints FILE`` (JSON or TOML) gives their capacities: a mapping of
+endpoint name to the most it moves in all, in bits/s (``dtn-a = 10e9``), or to a table
+``{capacity = 10e9, unit = 1e9, overload = 0.1}`` (``unit``: what one stream moves on an idle path, bits/s,
+default 1e9). A trace endpoint the file does not name is refused, naming it, the trace line and
+the file. Without the file, the paper's six hosts have §6.1's capacities and any other endpoint's is
+learned from the trace (``sched_sim.learn_endpoints``; printed on stderr).
 
 ``--json`` prints one JSON object per algorithm and line: ``avg_slowdown``, ``worst_slowdown``,
 ``avg_turnaround`` (and ``per_class`` by Table 2 category, ``batch_spare_fraction`` when the trace has
@@ -24,9 +32,12 @@ import math
 import os
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from fstream_bench import provenance
+from fstream_provider.tuning import sched_model
+from fstream_provider.tuning.common import fmt_bps
 from fstream_provider.tuning import sched_sim as S
 from fstream_provider.tuning import trace as T
 
@@ -51,13 +62,44 @@ def _table(rows: list[dict], columns: tuple[str, ...]) -> dict:
     return {"columns": list(columns), "rows": [[_num(t.get(c)) for c in columns] for t in rows]}
 
 
-def _run(tasks, algorithms, *, window_s, lam: float, seed: int, raw: bool = False) -> list[dict]:
+def load_endpoints(path: str | Path) -> dict[str, sched_model.EndpointCurve]:
+    """An ``--endpoints`` file (``.json``, ``.toml``, else whichever parses) as curves; ``ValueError``
+    naming the file, and the endpoint and the reason when an entry is bad."""
+    where = f"endpoints file {path}"
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: cannot read it ({exc})") from None
+    suffix = Path(path).suffix.lower()
+    kinds = {".json": ("JSON",), ".toml": ("TOML",)}.get(suffix, ("JSON", "TOML"))
+    errors = []
+    for kind in kinds:
+        try:
+            data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
+            break
+        except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
+            errors.append(f"not valid {kind} ({exc})")
+    else:
+        raise ValueError(f"{where}: {'; '.join(errors)}")
+    return sched_model.endpoint_curves(data, where=where)
+
+
+def _endpoints_note(curves, given) -> str | None:
+    """What the replay's capacities are when they were learned from the trace (None when given or the paper's)."""
+    if given is not None or curves.keys() <= S.paper_endpoints().keys():
+        return None
+    return "endpoint capacities learned from the trace (no --endpoints file): " + ", ".join(
+        f"{name} {fmt_bps(c.capacity_bps)}" for name, c in sorted(curves.items()))
+
+
+def _run(tasks, algorithms, *, window_s, lam: float, seed: int, raw: bool = False, endpoints=None) -> list[dict]:
     """One summary per algorithm; with ``raw`` each also carries every task's outcome (``tasks``)."""
     out = []
     for alg in algorithms:
         cfg = {"lambda_": lam} if alg == "steal" else {}
         t0 = time.process_time()
-        res = S.replay(tasks, S.make_scheduler(alg, **cfg), window_s=window_s, seed=seed)
+        res = S.replay(tasks, S.make_scheduler(alg, endpoints, **cfg), endpoints=endpoints, window_s=window_s,
+                       seed=seed)
         row = res.summary()
         if raw:
             row = {**row, "cpu_seconds": time.process_time() - t0, "tasks": _table(res.tasks, TASK_COLUMNS)}
@@ -111,6 +153,9 @@ def _markdown(results: dict[str, list[dict]], args, command: str | None = None) 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fstream bench scheduling", description=__doc__.splitlines()[0])
     ap.add_argument("--trace", help="a trace CSV (arrival_s,source,destination,size_bytes,class)")
+    ap.add_argument("--endpoints", metavar="FILE",
+                    help="JSON or TOML: endpoint name -> capacity in bits/s (e.g. 10e9) or {capacity, unit, overload}; "
+                         "default: the paper's hosts, other endpoints learned from the trace")
     ap.add_argument("--traces", help="generate and replay these Table 2 traces (25%%,45%%,60%%,60%%-hv)")
     ap.add_argument("--generate", help="write a generated trace (25%%, 45%%, 60%%, 60%%-hv) to --out and exit")
     ap.add_argument("--out", help="where --generate writes")
@@ -135,19 +180,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.generate:
         if not args.out:
             ap.error("--generate needs --out FILE")
+        if args.endpoints:
+            ap.error("--endpoints applies to replays (--trace, --traces), not to --generate")
         T.write_trace(T.generate(args.generate, scale=args.scale, seed=args.seed, batch=args.batch), args.out)
         print(f"wrote {args.out}")
         return 0
     config = {"scale": args.scale, "seed": args.seed, "batch": args.batch, "algorithms": algorithms,
               "lambda": args.lam}
+    given = None
+    if args.endpoints:
+        try:
+            given = load_endpoints(args.endpoints)
+        except ValueError as exc:
+            print(f"fstream bench scheduling: {exc}", file=sys.stderr)
+            return 2
+        config["endpoints"] = {"file": args.endpoints, "capacity_bps": {k: c.capacity_bps for k, c in given.items()}}
+    origin = f"endpoints file {args.endpoints}"
     if args.trace:
         try:
             tasks = T.read_trace(args.trace)
+            curves = S.endpoints_for(tasks, given, origin=origin, trace_name=f"trace {args.trace}")
         except (OSError, ValueError) as exc:
             print(f"fstream bench scheduling: {exc}", file=sys.stderr)
             return 2
+        note = _endpoints_note(curves, given)
+        if note:
+            print(note, file=sys.stderr)
+            config["endpoints"] = {"file": None, "capacity_bps": {k: c.capacity_bps for k, c in curves.items()}}
         prov = provenance.start("scheduling", argv, MODULES) if args.results else None
-        rows = _run(tasks, algorithms, window_s=None, lam=args.lam, seed=args.seed, raw=prov is not None)
+        rows = _run(tasks, algorithms, window_s=None, lam=args.lam, seed=args.seed, raw=prov is not None,
+                    endpoints=curves)
         for r in rows:
             r = {k: v for k, v in r.items() if k not in ("tasks", "cpu_seconds")}
             print(json.dumps(r) if args.json else f"{r['algorithm']}: avg slowdown {r.get('avg_slowdown', 0):.2f}, "
@@ -161,12 +223,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"results: {path}", file=sys.stderr)
         return 0
     if args.traces:
-        results, meta = {}, {}
+        results, meta, replays = {}, {}, {}
+        try:  # every trace generated and its endpoints checked before any replay
+            for name in args.traces.split(","):
+                tasks = T.generate(name, scale=args.scale, seed=args.seed, batch=args.batch)
+                replays[name] = tasks, S.endpoints_for(tasks, given, origin=origin,
+                                                       trace_name=f"generated trace {name}")
+        except ValueError as exc:
+            print(f"fstream bench scheduling: {exc}", file=sys.stderr)
+            return 2
         prov = provenance.start("scheduling", argv, MODULES)
         t0 = time.time()
-        for name in args.traces.split(","):
-            tasks = T.generate(name, scale=args.scale, seed=args.seed, batch=args.batch)
-            results[name] = _run(tasks, algorithms, window_s=900 * args.scale, lam=args.lam, seed=args.seed, raw=True)
+        for name, (tasks, curves) in replays.items():
+            results[name] = _run(tasks, algorithms, window_s=900 * args.scale, lam=args.lam, seed=args.seed,
+                                 raw=True, endpoints=curves)
             meta[name] = _trace_meta(tasks, 900 * args.scale)
             for r in results[name]:
                 r = {k: v for k, v in r.items() if k not in ("tasks", "cpu_seconds")}

@@ -19,11 +19,19 @@ exponentially weighted ratio of observed to predicted throughput over recent tra
 ``half_life`` observations) and ``throughput`` multiplies by it. The capacities are what history says each
 endpoint reached at most (the scheduler's "known maximum"); the simulator runs the same curve as ground
 truth with external load the scheduler does not see.
+
+*Given capacities* (SEAL §4.3 (a): "the maximum possible throughput, as revealed by previous empirical
+measurements"): ``endpoint_curves`` builds the curves from a mapping of endpoint name to its capacity in
+bits/s, or to a table with ``capacity`` and optionally ``unit`` (one stream's idle rate, bits/s) and
+``overload``, as read from an ``--endpoints`` file; a bad entry is a ``ValueError`` naming the file, the
+endpoint and the reason. It reads no file: the caller parses JSON or TOML and passes the mapping.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -145,3 +153,50 @@ def find_thr_cc(throughput, max_cc: int, beta: float, aggregate=None) -> tuple[i
         cc += 1
         best_cc, best = cc, nxt
     return best_cc, best
+
+
+#: the keys of an endpoint's table in an endpoints file, and what each sets on ``EndpointCurve``
+CURVE_KEYS = {"capacity": "capacity_bps", "unit": "unit_bps", "overload": "overload"}
+
+
+def endpoint_curves(mapping: Any, *, where: str = "endpoints", unit_bps: float = 1e9,
+                    overload: float = 0.1) -> dict[str, EndpointCurve]:
+    """Endpoint name -> ``EndpointCurve`` from ``{name: capacity}`` or ``{name: {capacity, unit, overload}}``.
+
+    Rates are numbers of bits/s (``10e9``; TOML also ``10_000_000_000``); a string such as ``"10Gbit"``
+    is refused, saying what is expected.
+
+    :param mapping: what the endpoints file holds (a JSON object or a TOML document).
+    :param where: names the source in errors, e.g. ``endpoints file sites.toml``.
+    :param unit_bps: one stream's rate where an entry does not give ``unit``.
+    :param overload: the curve's overload where an entry does not give it.
+    """
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{where}: expected a mapping of endpoint name to capacity, got {type(mapping).__name__}")
+    if not mapping:
+        raise ValueError(f"{where}: names no endpoint (expected e.g. {{\"dtn-a\": 10e9}})")
+    out = {}
+    for name, entry in mapping.items():
+        what = f"{where}: endpoint {name!r}"
+        if not isinstance(entry, dict):
+            entry = {"capacity": entry}
+        unknown = sorted(set(entry) - set(CURVE_KEYS))
+        if unknown:
+            raise ValueError(f"{what}: unknown key(s) {', '.join(map(repr, unknown))} "
+                             f"(expected {', '.join(CURVE_KEYS)})")
+        if "capacity" not in entry:
+            raise ValueError(f"{what}: no capacity (the most it moves in all, in bits/s, e.g. 10e9)")
+        values = {"unit_bps": unit_bps, "overload": overload}
+        for key, attr in CURVE_KEYS.items():
+            if key not in entry:
+                continue
+            raw = entry[key]
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                want = "a number" if key == "overload" else "bits/s as a number (e.g. 10e9 for 10 Gbit/s)"
+                raise ValueError(f"{what}: {key}: expected {want}, got {raw!r}")
+            value = float(raw)
+            if not math.isfinite(value) or (value < 0 if key == "overload" else value <= 0):
+                raise ValueError(f"{what}: {key} must be {'>= 0' if key == 'overload' else '> 0'}, got {raw!r}")
+            values[attr] = value
+        out[str(name)] = EndpointCurve(**values)
+    return out

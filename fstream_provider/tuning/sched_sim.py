@@ -15,10 +15,19 @@ Baselines (§6.3): ``basecc1``, ``basecc2``, ``basecc4`` start every task on arr
 (cc 1 for <= 10 MB), ``basevary`` with cc 1 up to 1 GB and 4 above; all queue FIFO only when an
 endpoint's total concurrency cap (80) is reached.
 
+Endpoints (§6.1, §6.2): ``endpoints_for`` picks the curves a replay runs on (the schedulers' model gets
+the same ones; the external load is what it does not see). Given curves (``--endpoints FILE``) must name
+every endpoint of the trace, else ``check_endpoints`` refuses the first task that uses one they do not
+name, giving the endpoint, the task's trace line and id, and where the curves came from. Without them a
+trace of the paper's six hosts runs on §6.1's capacities, and any other trace on capacities learned from
+the trace itself (``learn_endpoints``: the trace's interactive volume through each endpoint read as the
+paper's busiest load, 60 %, over its window; see there why).
+
 Metrics (§3.2): bounded slowdown ``(wait + max(runtime, bound)) / max(TT_ideal, bound)`` with a 1 s
 bound, TT_ideal from the uncorrected model at zero load and FindThrCC's concurrency; turnaround;
 per Table 2 size category; for batch tasks the fraction of the spare bandwidth (capacity x duration
-minus the interactive bytes) they used within the trace's window (§3.2.2).
+minus the interactive bytes) they used within the trace's window (§3.2.2); "capacity" is the sum of the
+trace's sources' capacities (the paper's one source: Stampede's 9.2 Gbit/s).
 """
 
 from __future__ import annotations
@@ -37,11 +46,85 @@ from fstream_provider.tuning.trace import DESTINATIONS, SOURCE, SOURCE_BPS, Trac
 BOUND_S = 1.0
 
 
+#: ``learn_endpoints``: the load a trace is read as (§6.2's busiest trace), the shortest window its volume is
+#: spread over (§6.2 averages concurrency per minute), the least an endpoint moves (§6.1's slowest DTN, Darter)
+LEARN_LOAD = 0.60
+LEARN_MIN_WINDOW_S = 60.0
+LEARN_FLOOR_BPS = 2e9
+
+
 def paper_endpoints(unit_bps: float = 1e9, overload: float = 0.1) -> dict[str, EndpointCurve]:
     """§6.1's source and five destinations."""
     out = {SOURCE: EndpointCurve(SOURCE_BPS, unit_bps, overload)}
     out.update({k: EndpointCurve(v, unit_bps, overload) for k, v in DESTINATIONS.items()})
     return out
+
+
+def learn_endpoints(trace: list[TraceTask], *, window_s: float | None = None, load: float = LEARN_LOAD,
+                    floor_bps: float = LEARN_FLOOR_BPS, unit_bps: float = 1e9,
+                    overload: float = 0.1) -> dict[str, EndpointCurve]:
+    """Each endpoint's capacity learned from ``trace`` alone, for a trace with no endpoints file.
+
+    ``capacity = max(floor_bps, 8 * interactive bytes through the endpoint / (load * window))``
+
+    A trace row holds arrival, ends, size and class, no rates or durations, so the only evidence of what an
+    endpoint can move is the volume it was asked to move per unit of time. §6.2 defines a trace's load as
+    its volume over what the source can move in the window; we invert that definition, reading every
+    endpoint's share of the trace at the paper's busiest load, 60 %. That is the lowest capacity the
+    paper's own traces (25 to 60 %) would imply: conservative, so contention shows in the replay rather
+    than hides (a 25 % reading would make every endpoint 2.4 times faster). The paper's 60 % trace comes out
+    at about Stampede's 9.2 Gbit/s; its lower-load traces come out slower, its destinations (only the
+    share they were sent) slower still, and the floor keeps them at least Darter's 2 Gbit/s (§6.1's slowest
+    DTN), without which a trace of a few small files would give endpoints of a few kbit/s. Batch tasks are not
+    counted: they are sized to fill whatever the endpoints leave (§6.4), so their volume says nothing
+    about a rate. The window is ``window_s`` (default the last arrival, the replay's window) but at least a
+    minute (§6.2 reads concurrency in one-minute averages): tasks that arrive all at once show no rate.
+    A file (``endpoint_curves``) replaces all of this with measured capacities.
+
+    :param load: the share of its capacity each endpoint's volume is read as.
+    :param floor_bps: the least capacity an endpoint is given.
+    :param unit_bps: one stream's rate on an idle path (the model's default).
+    """
+    if not 0 < load <= 1:
+        raise ValueError(f"learn_endpoints: load must be in (0, 1], got {load!r}")
+    window = max((t.arrival_s for t in trace), default=0.0) if window_s is None else window_s
+    window = max(LEARN_MIN_WINDOW_S, window)
+    volume: dict[str, float] = {}
+    for t in trace:
+        for host in dict.fromkeys((t.source, t.destination)):  # a task from a host to itself counts once
+            volume[host] = volume.get(host, 0.0) + (t.size if t.klass == "interactive" else 0.0)
+    return {host: EndpointCurve(max(floor_bps, b * 8 / (load * window)), unit_bps, overload)
+            for host, b in volume.items()}
+
+
+def check_endpoints(trace: list[TraceTask], endpoints: dict[str, EndpointCurve], *,
+                    origin: str = "the endpoints given", trace_name: str = "trace") -> None:
+    """Refuse (``ValueError``) the first task of ``trace`` whose source or destination ``endpoints`` lacks.
+
+    The message names the endpoint, the task (its trace line when read from a file, and its replay id
+    ``t<index>``), and ``origin`` (e.g. ``endpoints file sites.toml``)."""
+    for i, t in enumerate(trace):
+        for host in (t.source, t.destination):
+            if host not in endpoints:
+                line = f" line {t.line}" if t.line is not None else ""
+                raise ValueError(
+                    f"{trace_name}{line} (transfer t{i}: {t.source} -> {t.destination}, {t.size} bytes at "
+                    f"{t.arrival_s:g} s): endpoint {host!r} is not in {origin}, which names "
+                    f"{', '.join(sorted(endpoints)) or 'none'}; add it there with its capacity")
+
+
+def endpoints_for(trace: list[TraceTask], endpoints: dict[str, EndpointCurve] | None = None, *,
+                  origin: str = "the endpoints given", trace_name: str = "trace",
+                  window_s: float | None = None) -> dict[str, EndpointCurve]:
+    """The curves ``trace`` replays on: ``endpoints`` if given (every trace endpoint checked to be there),
+    else §6.1's when every endpoint is one of the paper's six hosts, else learned (``learn_endpoints``)."""
+    if endpoints is not None:
+        check_endpoints(trace, endpoints, origin=origin, trace_name=trace_name)
+        return endpoints
+    paper = paper_endpoints()
+    if all(t.source in paper and t.destination in paper for t in trace):
+        return paper
+    return learn_endpoints(trace, window_s=window_s)
 
 
 class BaselineScheduler:
@@ -160,10 +243,18 @@ def replay(trace: list[TraceTask], scheduler, *, endpoints: dict[str, EndpointCu
            dt: float = 0.1, cycle_s: float = 0.5, startup_s: float = 1.0, checkpoint_s: float = 1.0,
            external_load: float = 0.05, seed: int = 0, window_s: float | None = None,
            max_time_s: float = 6 * 3600) -> ReplayResult:
-    """Move ``trace`` through the endpoints under ``scheduler`` (``SealScheduler`` or ``BaselineScheduler``)."""
-    curves = endpoints or paper_endpoints()
-    truth = LoadModel(curves, startup_s=startup_s)
+    """Move ``trace`` through the endpoints under ``scheduler`` (``SealScheduler`` or ``BaselineScheduler``).
+
+    :param endpoints: the endpoints' curves (ground truth); default ``endpoints_for(trace)``: the paper's
+        for its six hosts, else learned from the trace. A scheduler with a model (SEAL, STEAL) must have
+        been made with curves that name every endpoint of the trace (``make_scheduler(name, endpoints)``).
+    """
     window = window_s if window_s is not None else max((t.arrival_s for t in trace), default=0.0)
+    curves = endpoints_for(trace, endpoints, window_s=window)
+    model = getattr(scheduler, "model", None)
+    if isinstance(model, LoadModel):
+        check_endpoints(trace, model.endpoints, origin="the scheduler's model (make_scheduler(name, endpoints))")
+    truth = LoadModel(curves, startup_s=startup_s)
     ext = _external(seed, list(curves), max(window, 1.0) * 4, external_load)
     runs = [_Run(t, f"t{i}") for i, t in enumerate(trace)]
     by_id = {r.id: r for r in runs}
@@ -252,7 +343,8 @@ def replay(trace: list[TraceTask], scheduler, *, endpoints: dict[str, EndpointCu
                      "moved_bytes": r.moved, "preempted": r.preempted})
     spare = None
     if any(t.klass == "batch" for t in trace) and window > 0:
-        free = curves[SOURCE].capacity_bps / 8 * window - inter_bytes_in_window
+        sources = dict.fromkeys(t.source for t in trace)
+        free = sum(curves[s].capacity_bps for s in sources) / 8 * window - inter_bytes_in_window
         spare = batch_bytes_in_window / free if free > 0 else math.nan
     return ReplayResult(getattr(scheduler, "name", type(scheduler).__name__), rows, spare, preemptions, decisions)
 
@@ -268,7 +360,9 @@ ALGORITHMS = BASELINES + ("seal", "steal")
 
 
 def make_scheduler(name: str, endpoints: dict[str, EndpointCurve] | None = None, **config) -> object:
-    """A fresh scheduler by name: a baseline, ``seal`` or ``steal`` (``lambda_=`` etc. in ``config``)."""
+    """A fresh scheduler by name: a baseline, ``seal`` or ``steal`` (``lambda_=`` etc. in ``config``).
+
+    SEAL and STEAL model ``endpoints`` (default §6.1's; for another trace pass ``endpoints_for(trace)``)."""
     if name in BASELINES:
         return BaselineScheduler(name)
     if name in ("seal", "steal"):

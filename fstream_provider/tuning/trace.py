@@ -1,7 +1,10 @@
 """Transfer traces for scheduling (SEAL/STEAL, Kettimuthu et al., §6.2 and Table 2): a CSV format and a generator.
 
 A trace is one row per transfer task: ``arrival_s, source, destination, size_bytes, class`` (``class``
-is ``interactive`` or ``batch``). ``read_trace`` refuses a bad row naming its line and the reason.
+is ``interactive`` or ``batch``). ``read_trace`` refuses a bad row naming its line and the reason, and
+keeps each task's line (``TraceTask.line``) so that a later refusal (an endpoint with no capacity,
+``sched_sim.check_endpoints``) can name it too. Any endpoint names may appear: the replay learns their
+capacities from the trace or takes them from an endpoints file (``sched_sim.endpoints_for``).
 
 ``generate`` writes GridFTP-like traces. The paper replays 15-minute windows of one busy Globus server's
 log (one source, five destinations); its Table 2 gives the task counts per size category for the 25 %,
@@ -24,7 +27,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MB = 1_000_000
@@ -53,6 +56,7 @@ class TraceTask:
     :param destination: destination endpoint name.
     :param size: bytes.
     :param klass: ``interactive`` or ``batch`` (STEAL §5.1).
+    :param line: its line in the trace file it was read from (None if built in code); not compared.
     """
 
     arrival_s: float
@@ -60,6 +64,7 @@ class TraceTask:
     destination: str
     size: int
     klass: str = "interactive"
+    line: int | None = field(default=None, compare=False)
 
     def category(self) -> str:
         return category_of(self.size)
@@ -106,7 +111,7 @@ def read_trace(path: str | Path) -> list[TraceTask]:
                 raise ValueError(f"{where}: class must be interactive or batch, got {row['class']!r}")
             if not row["source"] or not row["destination"]:
                 raise ValueError(f"{where}: source and destination must be named")
-            out.append(TraceTask(arrival, row["source"], row["destination"], size, row["class"]))
+            out.append(TraceTask(arrival, row["source"], row["destination"], size, row["class"], n))
     return sorted(out, key=lambda t: t.arrival_s)
 
 
