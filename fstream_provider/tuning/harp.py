@@ -40,12 +40,19 @@ from fstream_provider.tuning.heuristic import Settings, clamp, heuristic
 SAMPLE = ".sample"  # cluster-name suffix of a chunk's sample files
 
 
-def optimizer_for(path: PathInfo, variant: Any = None) -> Any:
-    """The paper's Optimizer within the path's bounds, with ``variant``'s departures (None: the default's);
-    imports scikit-learn: call it when first needed."""
+def optimizer_for(path: PathInfo, variant: Any = None, fit_cache: Any = None) -> Any:
+    """The paper's Optimizer within the path's bounds, with ``variant``'s departures (None: the default's) and
+    ``fit_cache`` (``harp_fits.GroupFitCache``, or None); imports scikit-learn: call it when first needed."""
     from fstream_provider.tuning.harp_model import HarpOptimizer
 
-    return HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp), variant=variant)
+    return HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp), variant=variant,
+                         fit_cache=fit_cache)
+
+
+def fit_cache_of(history: Any) -> Any:
+    """The fitted-group cache a history source offers (its ``fit_cache``; a plain DataFrame offers none)."""
+    cache = getattr(history, "fit_cache", None)
+    return cache if hasattr(cache, "get_or_fit") else None
 
 
 def request_for(path: PathInfo, chunk: str, avg_file_size: float, file_count: int, source: str = "",
@@ -189,14 +196,17 @@ class HarpTuner:
                     continue  # the history is still loading: the rest of the chunk waits for the model
                 notes.append(self._predict(c, obs))
         running = next((c for c in self._ordered() if c.sampling), None)
+        started = False
         if running is None:
             nxt = next((c for c in self._ordered() if c.sample_files and c.sample_start is None), None)
             if nxt is not None:
                 notes.append(self._start_sample(nxt, obs))
-                running = nxt
+                running, started = nxt, True
         waiting = any(c.sample_bps is not None and c.settings is None for c in self._ordered())
         if running is not None or waiting:
-            fit_note = self._fit_one()
+            # not in the update that starts a sample: its layout is applied when this returns (for the first
+            # sample: before the transfer's first byte), and a cached history is ready that early
+            fit_note = "" if started else self._fit_one()
             if fit_note:
                 notes.append(fit_note)
         elif not self._allocated:
@@ -238,7 +248,7 @@ class HarpTuner:
     @property
     def optimizer(self) -> Any:
         if self._optimizer is None:
-            self._optimizer = optimizer_for(self.path, self.variant)
+            self._optimizer = optimizer_for(self.path, self.variant, fit_cache_of(self._source))
         return self._optimizer
 
     @property
@@ -261,7 +271,10 @@ class HarpTuner:
         self._fit_for(c)
         if isinstance(c.fitted, Exception):
             return f"{c.name}: no model ({c.fitted})"
-        return f"{c.name}: models fitted in {self._clock() - t0:.2f} s while its sample runs"
+        reused = getattr(c.fitted, "reused", 0)
+        total = len(c.fitted.groups) + len(c.fitted.dropped) if reused else 0
+        return (f"{c.name}: models fitted in {self._clock() - t0:.2f} s while its sample runs"
+                + (f" ({reused} of {total} groups unchanged since an earlier fit)" if reused else ""))
 
     def _predict(self, c: _Chunk, obs: Observation) -> str:
         if c.fitted is None:
@@ -391,7 +404,7 @@ class HarpStart:
         if history is None or len(history) == 0 or avg <= 0:
             return None
         if self._optimizer is None:
-            self._optimizer = optimizer_for(self.path)
+            self._optimizer = optimizer_for(self.path, fit_cache=fit_cache_of(self._source))
         req = request_for(self.path, chunk_of(avg, self.path.bdp_bytes), avg, max(1, cluster.files), self.source,
                           self.destination)
         try:

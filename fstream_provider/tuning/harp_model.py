@@ -41,7 +41,8 @@ from sklearn.metrics import r2_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
-from fstream_provider.tuning.harp_similarity import WEIGHTS, HarpRequest, group_rows, select_similar
+from fstream_provider.tuning.harp_fits import rows_digest
+from fstream_provider.tuning.harp_similarity import GROUP_WINDOW_S, WEIGHTS, HarpRequest, group_rows, select_similar
 
 Settings3 = tuple[int, int, int]
 
@@ -82,7 +83,7 @@ class GroupModel:
 
 @dataclass(frozen=True)
 class FittedChunk:
-    """The sample-independent part of the Optimizer for one chunk."""
+    """The sample-independent part of the Optimizer for one chunk (``reused``: groups taken from the fit cache)."""
 
     request: HarpRequest
     threshold: float
@@ -91,6 +92,7 @@ class FittedChunk:
     dropped: dict[str, str]
     reason: str
     fit_seconds: float
+    reused: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,13 +149,15 @@ class HarpOptimizer:
     :param min_pp: lowest pipelining on the grid (FStream allows 0: no file queued ahead).
     :param clock: seconds counter (injected in tests).
     :param variant: which departures from the paper are on (``variants.HarpVariant``; None: all).
+    :param fit_cache: a ``harp_fits.GroupFitCache``: a group whose rows were fitted before (with the same
+        settings) reuses that fit (None: every group is fitted every time).
     """
 
     def __init__(self, *, weights=WEIGHTS, min_entries: int = 300, threshold_start: float = 0.99,
-                 threshold_step: float = 0.01, threshold_floor: float = 0.5, window_s: float = 3600.0,
+                 threshold_step: float = 0.01, threshold_floor: float = 0.5, window_s: float = GROUP_WINDOW_S,
                  degree: int = 3, r2_min: float = 0.6, min_settings: int | None = None, rho: float = 0.9,
                  dbscan_eps: float = 0.1, max_cc: int = 32, max_p: int = 32, max_pp: int = 32, min_pp: int = 0,
-                 clock: Callable[[], float] = time.perf_counter, variant: Any = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, variant: Any = None, fit_cache: Any = None) -> None:
         from fstream_provider.tuning.variants import HarpVariant
 
         self.variant = variant if variant is not None else HarpVariant()
@@ -168,6 +172,7 @@ class HarpOptimizer:
         self.min_settings = min_settings if min_settings is not None else math.comb(3 + degree, degree)
         self.max_cc, self.max_p, self.max_pp, self.min_pp = max_cc, max_p, max_pp, min_pp
         self.clock = clock
+        self.fit_cache = fit_cache
 
     # -- fit: the sample-independent part -------------------------------------------------------
     def fit(self, history: pd.DataFrame, request: HarpRequest) -> FittedChunk:
@@ -177,9 +182,10 @@ class HarpOptimizer:
         similar, thr, note = select_similar(usable, request, min_entries=self.entries_needed(len(usable)),
                                             start=start, step=step, floor=floor, weights=self.weights,
                                             log_features=self.variant.on("log-features"))
-        groups, dropped = [], {}
+        groups, dropped, reused = [], {}, 0
         for name, rows in group_rows(similar, window_s=self.window_s).items():
-            model, why = self.fit_group(name, rows)
+            (model, why), hit = self._fit_group_cached(name, rows)
+            reused += hit
             if model is None:
                 dropped[name] = why
             else:
@@ -187,7 +193,20 @@ class HarpOptimizer:
         why_dropped = "; ".join(f"{n.split('|')[-1] if '|' in n else n}: {w}" for n, w in list(dropped.items())[:3])
         reason = (f"{note}, {len(groups)} of {len(groups) + len(dropped)} groups kept"
                   + (f" (dropped: {why_dropped}{'...' if len(dropped) > 3 else ''})" if dropped else ""))
-        return FittedChunk(request, thr, len(similar), tuple(groups), dropped, reason, self.clock() - t0)
+        return FittedChunk(request, thr, len(similar), tuple(groups), dropped, reason, self.clock() - t0,
+                           reused=reused)
+
+    def fit_signature(self) -> tuple:
+        """Every setting a group's fit depends on (``fit_group``, ``relax``, ``_unit``): part of a fit cache key."""
+        return (self.degree, self.r2_min, self.min_settings, self.rho, self.max_cc, self.max_p, self.max_pp,
+                self.min_pp, self.variant.on("observed-grid"), self.variant.on("unit-floor"))
+
+    def _fit_group_cached(self, name: str, rows: pd.DataFrame) -> tuple[tuple[GroupModel | None, str], bool]:
+        """``fit_group``, or its earlier result for the same rows when a fit cache is given."""
+        if self.fit_cache is None:
+            return self.fit_group(name, rows), False
+        key = (self.fit_signature(), name, rows_digest(rows))
+        return self.fit_cache.get_or_fit(key, lambda: self.fit_group(name, rows))
 
     def entries_needed(self, usable: int) -> int:
         """How many similar entries to look for: ``min_entries``, scaled down for a small history to a

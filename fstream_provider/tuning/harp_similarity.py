@@ -34,6 +34,7 @@ import pandas as pd
 from fstream_provider.tuning.harp_history import CHUNK_ORDINAL, CHUNKS, bdp_buffer_ratio
 
 WEIGHTS = (2.0, 2.0, 10.0, 10.0, 3.0, 1.0)  # bandwidth, RTT, BDP/buffer, chunk type, file size, file count
+GROUP_WINDOW_S = 3600.0  # rows of one path and chunk within this window form one experiment set
 
 
 @dataclass(frozen=True)
@@ -139,21 +140,30 @@ def select_similar(history: pd.DataFrame, request: HarpRequest, *, min_entries: 
     return out, thr, note
 
 
-def group_rows(similar: pd.DataFrame, *, window_s: float = 3600.0) -> dict[str, pd.DataFrame]:
+def group_keys(rows: pd.DataFrame, *, window_s: float = GROUP_WINDOW_S) -> np.ndarray:
+    """Each row's experiment set (see ``group_rows``): a function of the row alone, so a cache of the history
+    can tell which groups an append or a trim touched (``fstream_provider.bus.history_cache``)."""
+    if window_s <= 0:
+        raise ValueError(f"group window {window_s!r}: must be > 0 seconds")
+    if len(rows) == 0:
+        return np.zeros(0, dtype=object)
+    win = np.floor(rows["time"].to_numpy(float) / window_s).astype(np.int64)
+    keys = (rows["source"].astype(str) + "|" + rows["destination"].astype(str) + "|"
+            + rows["chunk"].astype(str) + "|" + rows["bandwidth_bps"].round(-3).astype(str) + "|"
+            + rows["rtt_s"].round(5).astype(str) + "|" + rows["tcp_buffer"].astype(str) + "|w" + win.astype(str))
+    if "kind" in rows:  # a calibration pass is a designed experiment set: its label is its group
+        probe = (rows["kind"].astype(str) == "probe").to_numpy()
+        return np.where(probe, "probe|" + rows["group"].astype(str), keys).astype(object)
+    return keys.to_numpy(dtype=object)
+
+
+def group_rows(similar: pd.DataFrame, *, window_s: float = GROUP_WINDOW_S) -> dict[str, pd.DataFrame]:
     """The paper's experiment sets: same path and chunk, collected within one ``window_s`` window.
 
     Rows are keyed by (source, destination, chunk, bandwidth, RTT, TCP buffer, time window); a ``group``
     label whose rows span several windows is split, and different labels in one window are merged.
     """
-    if window_s <= 0:
-        raise ValueError(f"group window {window_s!r}: must be > 0 seconds")
+    keys = group_keys(similar, window_s=window_s)
     if len(similar) == 0:
         return {}
-    win = np.floor(similar["time"].to_numpy(float) / window_s).astype(np.int64)
-    keys = (similar["source"].astype(str) + "|" + similar["destination"].astype(str) + "|"
-            + similar["chunk"].astype(str) + "|" + similar["bandwidth_bps"].round(-3).astype(str) + "|"
-            + similar["rtt_s"].round(5).astype(str) + "|" + similar["tcp_buffer"].astype(str) + "|w" + win.astype(str))
-    if "kind" in similar:  # a calibration pass is a designed experiment set: its label is its group
-        probe = (similar["kind"].astype(str) == "probe").to_numpy()
-        keys = pd.Series(np.where(probe, "probe|" + similar["group"].astype(str), keys), index=similar.index)
-    return {k: g for k, g in similar.groupby(keys.to_numpy(), sort=True)}
+    return {k: g for k, g in similar.groupby(keys, sort=True)}

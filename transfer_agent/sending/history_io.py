@@ -6,7 +6,9 @@ Both are optimisations: a Redis error here is logged once and never fails a tran
 * Transfer history (``Keys.history``, issue #10): ``HistoryRecorder`` turns every interval record of the
   sender into one ``HistoryRow`` per cluster (cc, p, pp and the cluster's own throughput, its chunk from
   the average size of the files the sender gave it) and appends them in batches; the ``harp`` tuner and
-  the HARP-seeded ``fstream`` start read it back (``BackgroundHistory``, while the transfer starts).
+  the HARP-seeded ``fstream`` start read it back (``BackgroundHistory``, while the transfer starts), through the
+  process's ``bus.history_cache``: the first job of a process parses the history, later ones read only what
+  was appended since, and reuse the HARP group models fitted on rows that did not change.
 """
 
 from __future__ import annotations
@@ -73,15 +75,24 @@ class BackgroundHistory:
     parse; HARP's sample transfer does not need either, so the transfer starts at once and the tuner
     picks the history up when it is ready. Calling the object returns the DataFrame, or None while loading.
 
+    The rows come from the process's history cache (``bus.history_cache``, imported in the thread: it needs
+    pandas): the first job parses the newest ``limit`` entries, a later job only the entries appended since
+    (its thread is done in milliseconds). ``fit_cache`` is that history's cache of fitted HARP groups, which
+    the tuners pick up from here once the history is loaded (None before).
+
     :param redis: a ``redis.Redis``.
     :param log: where the load is reported.
     :param options: namespace.
     :param limit: newest rows to load.
+    :param caches: the ``history_cache.HistoryCaches`` to use (default: the process's).
     """
 
     def __init__(self, redis: Any, log: logging.Logger, options: HistoryOptions | None = None,
-                 limit: int = HISTORY_LOAD_LIMIT) -> None:
-        store = TransferHistory(redis, keys=(options or HistoryOptions()).keys)
+                 limit: int = HISTORY_LOAD_LIMIT, caches: Any = None) -> None:
+        keys = (options or HistoryOptions()).keys
+        store = TransferHistory(redis, keys=keys)
+        self.cache: Any = None
+        self.fit_cache: Any = None
         self._frame: Any = None
         self._done = threading.Event()
         try:
@@ -94,10 +105,18 @@ class BackgroundHistory:
             return
 
         def load() -> None:
-            t0 = time.monotonic()
             try:
-                self._frame = store.frame(limit=limit)
-                log.info("transfer history: %d row(s) loaded in %.2f s", len(self._frame), time.monotonic() - t0)
+                from fstream_provider.bus.history_cache import process_caches
+
+                self.cache = (caches if caches is not None else process_caches()).get(redis, store.key, limit=limit)
+                r = self.cache.refresh(redis)
+                self._frame = self.cache.frame()
+                self.fit_cache = self.cache.fit_cache
+                if r.reloaded:
+                    log.info("transfer history: %d row(s) loaded in %.2f s", len(self._frame), r.seconds)
+                else:
+                    log.info("transfer history: %d row(s) cached, %d new and %d dropped read in %.3f s",
+                             len(self._frame), r.new, r.dropped, r.seconds)
                 import fstream_provider.tuning.harp_model  # noqa: F401 - scikit-learn, before the tuner needs it
             except Exception as exc:  # noqa: BLE001 - HARP falls back to the heuristic without history
                 log.warning("transfer history not loaded: %s", exc)
