@@ -67,6 +67,18 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--tools", default="", help="comma-separated tools (fstream, fstream-nofsync, gridftp, "
                     "gridftp+md5, iperf3)")
 
+    sm = sub.add_parser("stream", help="issue 28: one --watch stream of a million files; RSS, files/s, a restart")
+    sm.add_argument("--files", type=int, default=1_000_000)
+    sm.add_argument("--size", type=parse_size, default=64 * 2**10)
+    sm.add_argument("--checkpoints", default="100000,500000,1000000")
+    sm.add_argument("--batch", type=int, default=2000, help="files added per step")
+    sm.add_argument("--window", type=int, default=20_000, help="at most this many files added and not yet landed")
+    sm.add_argument("--restart-new", type=int, default=10_000, help="files added while the stream is down")
+    sm.add_argument("--interval", default="1s", help="the sender's --interval")
+    sm.add_argument("--no-pin", action="store_true")
+    sm.add_argument("--workdir", default=None, help="default: under /dev/shm (tmpfs)")
+    sm.add_argument("--results", default=str(RESULTS_DIR))
+
     sc = sub.add_parser("scale", help="issue 2 (c): --watch stream growing to many small files; RSS and scan time")
     sc.add_argument("--files", type=int, default=100_000)
     sc.add_argument("--size", type=parse_size, default=64 * 2**10)
@@ -124,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "report":
         from fstream_bench.report import main as report_main
         return report_main(args)
+    if args.cmd == "stream":
+        from fstream_bench.stream_million import main as stream_main
+        return stream_main(args)
     if args.cmd == "scale":
         from fstream_bench.scale import main as scale_main
         return scale_main(args)

@@ -11,6 +11,8 @@ import pytest
 
 # no test may touch ~/airflow: every Airflow import in this session sees a private home
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
+# nor the user's FStream state dir (landed journals of --watch streams, default secrets)
+os.environ.setdefault("FSTREAM_STATE_DIR", tempfile.mkdtemp(prefix="fstream-state-"))
 
 from fstream_provider.bus.client import connect  # noqa: E402
 from fstream_provider.bus.embedded import RedisServer  # noqa: E402

@@ -3,7 +3,7 @@
 Remaining time is remaining bytes over a *rolling* rate (the last ``window_s`` seconds of busy
 intervals, not the lifetime average), plus remaining files times the per-file cost when the window
 measures one. Both come from one least-squares fit through the origin of interval length on what
-the interval moved (statsmodels OLS):
+the interval moved (OLS, :mod:`fstream_provider.tuning.ols`: statsmodels' numbers without its memory):
 
     dt_i = bytes_i / R                      (basis "rate")
     dt_i = bytes_i / R + files_i * c        (basis "rate+files", when c is measurable: > 0 and
@@ -85,7 +85,8 @@ class EtaEstimator:
         if len(rows) < 2 or rate <= 0:
             return None
         import numpy as np
-        import statsmodels.api as sm
+
+        from fstream_provider.tuning import ols
 
         y = np.array([r[1] for r in rows])
         xb = np.array([r[2] for r in rows])
@@ -96,11 +97,9 @@ class EtaEstimator:
             res, basis = fit, "rate+files"
             x = np.array([[remaining_bytes, remaining_files]])
         else:
-            res, basis = sm.OLS(y, xb.reshape(-1, 1)).fit(), "rate"
+            res, basis = ols.fit(y, xb.reshape(-1, 1)), "rate"
             x = np.array([[remaining_bytes]])
-        pred = res.get_prediction(x)
-        mean = float(pred.predicted_mean[0])
-        lo, hi = (float(v) for v in pred.conf_int(alpha=alpha)[0])
+        mean, lo, hi = res.predict(x[0], alpha)
         if not math.isfinite(mean) or mean <= 0:
             return None
         per_file = float(res.params[1]) if basis == "rate+files" else 0.0
@@ -111,11 +110,12 @@ class EtaEstimator:
     def _files_fit(y, xb, xf, alpha: float):
         """The bytes+files fit when it measures a per-file cost (both coefficients > 0, files significant)."""
         import numpy as np
-        import statsmodels.api as sm
+
+        from fstream_provider.tuning import ols
 
         if np.ptp(xf) <= 0 or np.ptp(xb / np.maximum(xf, 1)) <= 0:
             return None
-        res = sm.OLS(y, np.column_stack([xb, xf])).fit()
+        res = ols.fit(y, np.column_stack([xb, xf]))
         if res.params[0] <= 0 or res.params[1] <= 0 or not res.pvalues[1] < 0.05:
             return None
         return res

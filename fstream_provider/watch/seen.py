@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fstream_provider.watch.packed_seen import PackedSeen, path_digest, sig_digest
 from fstream_provider.watch.stability import FileStat
 
 if TYPE_CHECKING:
@@ -39,24 +40,36 @@ class AsyncSeenStore(Protocol):
 
 
 class MemorySeenStore:
-    """Seen files in this process: a path with the size and mtime it was reported with."""
+    """Seen files in this process: a path with the size and mtime it was reported with.
+
+    Kept packed (:class:`~fstream_provider.watch.packed_seen.PackedSeen`, 24 bytes a file), so a stream
+    of a million files remembers them in tens of megabytes; :meth:`add_records` loads a landed journal.
+    """
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, float]] = {}
+        self._seen = PackedSeen()
 
     def __contains__(self, path: object) -> bool:
-        return path in self._seen
+        return isinstance(path, str) and self._seen.contains_path(path)
 
     def __len__(self) -> int:
         return len(self._seen)
 
+    def add_records(self, blob: bytes) -> int:
+        """Mark the files of journal records (:func:`~fstream_provider.watch.packed_seen.record`) as seen."""
+        return self._seen.add_records(blob)
+
     def unseen(self, files: list[FileStat]) -> list[FileStat]:
-        return [f for f in files if self._seen.get(f.path) != f.signature]
+        return [f for f in files if self._seen.get(f.path) != sig_digest(f.signature)]
 
     def claim(self, files: list[FileStat]) -> list[FileStat]:
-        won = [f for f in files if self._seen.get(f.path) != f.signature]
-        for f in won:
-            self._seen[f.path] = f.signature
+        won, items = [], []
+        for f in files:
+            sig = sig_digest(f.signature)
+            if self._seen.get(f.path) != sig:
+                items.append((path_digest(f.path), sig))
+                won.append(f)
+        self._seen.set_many(items)
         return won
 
     async def aunseen(self, files: list[FileStat]) -> list[FileStat]:

@@ -80,6 +80,8 @@ class StabilityTracker:
     def forget(self, paths: Iterable[str]) -> None:
         for p in paths:
             self._last.pop(p, None)
+        if not self._last:
+            self._last = {}  # a dict never shrinks: after a look at a million files, let its table go
 
     def export(self, limit: int | None = None) -> dict[str, list]:
         """The previous look as JSON-able data (path -> [size, mtime, since]), for a watcher that

@@ -37,6 +37,7 @@ from transfer_agent.sending.host import raise_fd_limit, tcp_buffer_max
 from transfer_agent.sending.inflight import InFlight, public_checksum
 from transfer_agent.errors import (AuthError, CancelledError, FStreamError, SourceRefusedError,
                                    SourceVanishedError, StallError)
+from fstream_provider.watch.landed_journal import journal_path
 from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.sources import SrcFile, expand_sources
 
@@ -125,7 +126,8 @@ class Transfer:
         if getattr(spec, "encrypt", False) and secret is None:
             raise AuthError("--encrypt needs a shared secret (--secret-file); with TLS alone the channel is "
                             "already encrypted")
-        watcher = self._feed or (SourceWatcher(spec.sources, dest.path) if spec.watch else None)
+        watcher = self._feed or (SourceWatcher(spec.sources, dest.path, journal=journal_path(spec.sources, spec.destination))
+                                 if spec.watch else None)
         self._watcher = watcher
         initial = [] if watcher else expand_sources(spec.sources, dest.path)
         if watcher:
@@ -362,6 +364,8 @@ class Transfer:
         with self._lock:
             self._outstanding -= 1
         self.live.landed(sf, ok=outcome in ("committed", "skipped"), sent=outcome != "skipped")
+        if outcome in ("committed", "skipped") and isinstance(self._watcher, SourceWatcher):
+            self._watcher.landed(sf)  # a restarted stream skips it without asking the receiver
         if outcome == "committed":
             self.result.verified_files += 1
             self.result.bytes += sf.size
