@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--restart-new", type=int, default=10_000, help="files added while the stream is down")
     sm.add_argument("--interval", default="1s", help="the sender's --interval")
     sm.add_argument("--no-pin", action="store_true")
+    sm.add_argument("--via-agent", action="store_true", help="run the stream as a job of `fstream agent` on a Redis "
+                    "bus (adds the bus's memory per file; the restart is the agent's drain)")
     sm.add_argument("--workdir", default=None, help="default: under /dev/shm (tmpfs)")
     sm.add_argument("--results", default=str(RESULTS_DIR))
 

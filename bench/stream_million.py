@@ -79,6 +79,49 @@ class Reaper(threading.Thread):
         self.sweep()
 
 
+class AgentStream:
+    """The same stream as a job: a Redis bus, ``fstream agent`` (the process measured) and ``fstream submit --watch``.
+
+    What it adds: the bus's memory per file (``used_memory`` at each checkpoint, minus the empty bus) and a
+    restart by the agent's own SIGTERM drain: the job is handed back and a new agent takes it.
+    """
+
+    def __init__(self, sites: Sites, rx, src: Path, workdir: Path, interval: str) -> None:  # noqa: ANN001
+        from fstream_provider.bus.embedded import RedisServer
+
+        self.sites, self.rx, self.src, self.workdir, self.interval = sites, rx, src, workdir, interval
+        self.redis = RedisServer(str(workdir / "redis")).start()
+        from fstream_provider.bus.client import connect
+
+        self.client = connect(self.redis.url)
+        self.base_memory = int(self.client.info("memory")["used_memory"])
+        self.env = {**os.environ, "FSTREAM_STATE_DIR": str(workdir / "state-send")}
+        self.job_id: str | None = None
+
+    def used_memory(self) -> int:
+        return int(self.client.info("memory")["used_memory"]) - self.base_memory
+
+    def start(self, tag: str):  # noqa: ANN201
+        argv = [*fs_peer.fstream_argv(), "-v", "agent", "--redis", self.redis.url, "--secret-file", str(self.rx.secret),
+                "--root", str(self.src), "--name", f"stream-{tag}"]
+        proc = spawn(self.sites, "src", argv, log_path=self.workdir / f"agent-{tag}.log", env=self.env)
+        if self.job_id is None:
+            import subprocess
+
+            out = subprocess.run([*fs_peer.fstream_argv(), "submit", str(self.src) + "/", "--to", self.rx.url("in"),
+                                  "--tuner", "fixed", "--cc", "4", "--p", "1",
+                                  "--pp", "16", "--watch", "--interval", self.interval, "--redis", self.redis.url,
+                                  "--detach", "--json"], capture_output=True, text=True, env=self.env, timeout=120)
+            if out.returncode != 0:
+                raise PeerError(f"fstream submit failed ({out.returncode}): {out.stderr[-600:]}")
+            self.job_id = json.loads(out.stdout)["job_id"]
+        return proc
+
+    def close(self) -> None:
+        self.client.close()
+        self.redis.stop()
+
+
 def _sender(sites: Sites, rx, src: Path, workdir: Path, tag: str, interval: str):  # noqa: ANN001, ANN202
     argv = [*fs_peer.fstream_argv(), "-v", "send", str(src) + "/", "--to", rx.url("in"), "--secret-file", str(rx.secret),
             "--tuner", "fixed", "--cc", "4", "--p", "1", "--pp", "16", "--watch", "--interval", interval,
@@ -102,7 +145,7 @@ def _scans(path: Path) -> list[dict]:
 
 def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch: int = 2000, window: int = 20_000,
         checkpoints=(100_000, 500_000, 1_000_000), restart_new: int = 10_000, interval: str = "1s",
-        pin: bool = True, log=print) -> dict:
+        pin: bool = True, via_agent: bool = False, log=print) -> dict:
     workdir = Path(workdir)
     src, dst, protos = workdir / "src", workdir / "dst", workdir / "protos"
     for d in (src, dst, protos):
@@ -116,10 +159,13 @@ def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch:
     reaper = Reaper(dst / "in")
     sender = None
     doc: dict = {"machine": machine_info(), "files": files, "size": size, "batch": batch, "window": window,
-                 "interval": interval, "pinned": pinned}
+                 "interval": interval, "pinned": pinned, "via": "agent" if via_agent else "send"}
+    bus: AgentStream | None = None
     try:
         with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=dst) as rx:
-            sender = _sender(sites, rx, src, workdir, "a", interval)
+            if via_agent:
+                bus = AgentStream(sites, rx, src, workdir, interval)
+            sender = bus.start("a") if bus else _sender(sites, rx, src, workdir, "a", interval)
             reaper.start()
             have, t0, next_cp = 0, time.monotonic(), list(checkpoints)
             marks: list[tuple[float, int]] = []
@@ -144,7 +190,8 @@ def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch:
                     cp = next_cp.pop(0)
                     points.append({"files": cp, "elapsed_s": now - t0, "sender_rss": _rss(sender.pid),
                                    "receiver_rss": _rss(rx.proc.pid), "sender_peak_rss": peak["sender"],
-                                   "receiver_peak_rss": peak["receiver"]})
+                                   "receiver_peak_rss": peak["receiver"],
+                                   "redis_bytes": bus.used_memory() if bus else None})
                     log(f"stream: {cp:,} landed in {now - t0:.0f} s; sender RSS "
                         f"{points[-1]['sender_rss'] / 2**20:.0f} MiB, receiver {points[-1]['receiver_rss'] / 2**20:.0f} MiB")
                 if now - t0 > max(600.0, files / 200):
@@ -158,7 +205,7 @@ def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch:
             reaper.names = set()
             before = reaper.count
             t_restart = time.monotonic()
-            sender = _sender(sites, rx, src, workdir, "b", interval)
+            sender = bus.start("b") if bus else _sender(sites, rx, src, workdir, "b", interval)
             while reaper.count - before < restart_new and time.monotonic() - t_restart < 600:
                 if sender.poll() is not None:
                     raise PeerError(f"restarted sender exited ({sender.returncode})")
@@ -167,6 +214,8 @@ def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch:
             time.sleep(3 * float(interval.rstrip("s")))
             reaper.stop()
             stop(sender, grace=60)
+            if bus:
+                doc["redis_bytes_end"] = bus.used_memory()
             new_names = {f"f{i:06d}.dat" for i in range(have, have + restart_new)}
             doc["restart"] = {
                 "new_files": restart_new, "landed_after_restart": reaper.count - before,
@@ -177,6 +226,8 @@ def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch:
         if reaper.is_alive():
             reaper.stop()
         stop(sender)
+        if bus:
+            bus.close()
     steady = [m for m in marks if files * 0.1 <= m[1] <= files * 0.95]
     doc.update({"landed": reaper.count, "elapsed_s": elapsed, "files_per_s": files / elapsed,
                 "steady_files_per_s": ((steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
@@ -196,12 +247,15 @@ def markdown(doc: dict, command: str) -> str:
     lines = [f"Command: `{command}`  ",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}); load at start {m.get('loadavg', '?')}; {m['date']}. "
              f"{doc['files']:,} files of {doc['size'] // 1024} KiB, pinned: {doc['pinned']}.", "",
-             "| landed | elapsed (s) | sender RSS (MiB) | receiver RSS (MiB) | sender peak | receiver peak |",
-             "|---|---|---|---|---|---|"]
+             f"Sender: {'`fstream agent` running a `submit --watch` job' if doc.get('via') == 'agent' else '`fstream send --watch`'}.",
+             "", "| landed | elapsed (s) | sender RSS (MiB) | receiver RSS (MiB) | sender peak | receiver peak "
+             "| Redis used (MiB) | Redis bytes per file |", "|---|---|---|---|---|---|---|---|"]
     for c in doc["checkpoints"]:
+        rb = c.get("redis_bytes")
         lines.append(f"| {c['files']:,} | {c['elapsed_s']:.0f} | {c['sender_rss'] / 2**20:.0f} | "
                      f"{c['receiver_rss'] / 2**20:.0f} | {c['sender_peak_rss'] / 2**20:.0f} | "
-                     f"{c['receiver_peak_rss'] / 2**20:.0f} |")
+                     f"{c['receiver_peak_rss'] / 2**20:.0f} | "
+                     + (f"{rb / 2**20:.1f} | {rb / c['files']:.0f} |" if rb is not None else "— | — |"))
     idle = doc["idle_scans"]
     lines += ["", f"Files/s: {doc['files_per_s']:.0f} overall, {doc['steady_files_per_s'] or 0:.0f} steady. "
               f"Idle rescans after the last file: {idle['n']}, median "
@@ -223,7 +277,8 @@ def main(args) -> int:
     prov = provenance.start("stream", list(args.raw_argv), MODULES)
     try:
         doc = run(workdir, files=args.files, size=args.size, batch=args.batch, window=args.window, checkpoints=cps,
-                  restart_new=args.restart_new, interval=args.interval, pin=not args.no_pin)
+                  restart_new=args.restart_new, interval=args.interval, pin=not args.no_pin,
+                  via_agent=args.via_agent)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     doc["provenance"] = provenance.finish(prov)
