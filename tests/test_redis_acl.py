@@ -166,7 +166,8 @@ def test_rules_are_scoped_to_the_namespace_and_name_no_dangerous_command():
         rules = acl_rules(role)
         assert rules[:5] == ["on", "resetkeys", "resetchannels", "clearselectors", "-@all"]
         patterns = [r for r in rules if "~" in r or r.startswith("&")]
-        assert patterns and all("{fstream}:" in r for r in patterns), patterns
+        # the namespace slot {fstream}:..., or a family with its own slot {fstream:<family>...} (issue 28)
+        assert patterns and all("{fstream}:" in r or "{fstream:" in r for r in patterns), patterns
         assert "+@all" not in rules and "+@dangerous" not in rules and "allkeys" not in rules
     assert "%R~{fstream}:*" in acl_rules("viewer") and "+@write" not in acl_rules("viewer")
     submitter = acl_rules("submitter")

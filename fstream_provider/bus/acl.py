@@ -1,6 +1,7 @@
 """Redis ACL users for FStream's three roles (issue 32, least privilege); ``docs/redis-keys.md`` has the table.
 
-Every rule is scoped to one namespace ``N`` (keys ``{N}:*``, see ``keys.Keys``); no role gets a
+Every rule is scoped to one namespace ``N`` (keys ``{N}:*`` in the namespace slot and the families with slots of
+their own, ``{N:watch:*}:seen``, ``{N:history}``, ``{N:pool:*}``, ...: ``Keys.own_slot_patterns``); no role gets a
 ``@dangerous`` command (FLUSHALL, FLUSHDB, KEYS, CONFIG, ACL, DEBUG, SHUTDOWN, INFO, MONITOR, ...).
 
 ``submitter`` (Airflow's hook, operators, sensors and triggers; ``fstream submit/status/cancel``)
@@ -8,17 +9,17 @@ Every rule is scoped to one namespace ``N`` (keys ``{N}:*``, see ``keys.Keys``);
     idempotency key), create the ``agents`` consumer group if missing (``XGROUP CREATE``), read
     job hashes, event streams, the index, the dead letters and the agents' heartbeats, cancel (the
     CANCEL script, ``PUBLISH {N}:job:<id>:cancel``), and keep the new-files watcher's state
-    (``{N}:seen:*``, ``{N}:pending:*``, ``{N}:looks:*``).
+    (``{N:watch:*}:seen``, ``{N:watch:*}:pending``, ``{N:watch:*}:looks``).
     may not: take jobs (``XREADGROUP``/``XACK``/``XCLAIM``/``XAUTOCLAIM``/``XPENDING``), touch the audit
     stream ``{N}:audit``, the replay guard ``{N}:nonce:*``, pools, the scheduler's hashes, the
     history, calibration or profiling keys, delete keys, or run any admin command.
 ``agent`` (``fstream agent`` and the operator tools: reconcile, pools, schedule, history, calibrate)
-    may: read and write every ``{N}:*`` key with the data-type, stream (consumer groups, claims),
-    transaction and scripting commands, publish and subscribe on ``{N}:*`` channels, ``TIME``.
+    may: read and write every ``{N}:*`` key and every own-slot key of ``N`` with the data-type, stream (consumer
+    groups, claims), transaction and scripting commands, publish and subscribe on ``{N}:*`` channels, ``TIME``.
     may not: any ``@dangerous``/``@admin`` command, Redis Functions, ``SCRIPT FLUSH/KILL/DEBUG``,
-    ``MOVE``/``SWAPDB``, or any key or channel outside ``{N}:``.
+    ``MOVE``/``SWAPDB``, or any key or channel outside ``N``.
 ``viewer`` (live views: ``fstream status``, ``pools``, ``schedule`` with ``--watch``)
-    may: every ``@read`` command on ``{N}:*`` keys (``%R~``), ``TIME``, subscribe to ``{N}:*`` channels
+    may: every ``@read`` command on ``{N}:*`` and own-slot keys (``%R~``), ``TIME``, subscribe to ``{N}:*`` channels
     (``PSUBSCRIBE`` only to the pattern ``{N}:*`` itself: Redis compares patterns literally).
     may not: write anything, run scripts, publish.
 
@@ -66,10 +67,9 @@ _SUBMITTER_KEYS = (
     ("%R", "jobs:dead"),     # `fstream status` shows the dead letters
     ("%R", "agents"),        # the hook's connection test and `fstream status`: which agents are alive
     ("%R", "agent:*"),
-    ("%RW", "seen:*"),       # the new-files sensor and trigger (Airflow side)
-    ("%RW", "pending:*"),
-    ("%RW", "looks:*"),
 )
+# ... and the new-files sensor and trigger's state (Airflow side), each scope in its own slot (Keys.own_slot_patterns)
+_SUBMITTER_OWN = ("seen", "pending", "looks")
 
 # the agent: every data type's reads and writes, streams (consumer groups, claims), MULTI/EXEC/WATCH,
 # pub/sub and scripts, on its namespace only; then everything an agent never needs is taken out again
@@ -105,16 +105,20 @@ def acl_rules(role: str, namespace: str = "fstream") -> list[str]:
     """
     _check_role(role)
     p = _prefix(namespace)
+    own = Keys(namespace).own_slot_patterns()  # literal but for '*': the namespace is escaped in them
     rules = ["on", "resetkeys", "resetchannels", "clearselectors", "-@all"]
     if role == "submitter":
         rules += [f"{perm}~{p}{pattern}" for perm, pattern in _SUBMITTER_KEYS]
+        rules += [f"%RW~{own[family]}" for family in _SUBMITTER_OWN]
         rules.append(f"&{p}job:*:cancel")
         rules += [*_CONNECT, "-@dangerous"]
         rules += ["+" + c for c in _SUBMITTER_COMMANDS]
     elif role == "agent":
-        rules += [f"~{p}*", f"&{p}*", *_CONNECT, *_AGENT_CATEGORIES, *_AGENT_DENIED, "+time"]
+        rules += [f"~{p}*", *(f"~{pattern}" for pattern in own.values()), f"&{p}*", *_CONNECT, *_AGENT_CATEGORIES,
+                  *_AGENT_DENIED, "+time"]
     else:
-        rules += [f"%R~{p}*", f"&{p}*", *_CONNECT, "+@read", "-@dangerous", "+time"]
+        rules += [f"%R~{p}*", *(f"%R~{pattern}" for pattern in own.values()), f"&{p}*", *_CONNECT, "+@read",
+                  "-@dangerous", "+time"]
         rules += ["+" + c for c in _VIEWER_COMMANDS]
     return rules
 

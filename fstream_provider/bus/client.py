@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse
 
 import redis
 import redis.asyncio
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
 SOCKET_TIMEOUT_S = 30.0
@@ -15,10 +16,14 @@ CONNECT_TIMEOUT_S = 5.0
 HEALTH_CHECK_INTERVAL_S = 15
 RETRIES = 5
 MAX_BLOCK_MS = 5000
+WAIT_TIMEOUT_MS = 500  # ``?wait_replicas=N``: how long a job write waits for its replicas by default
 
-# The errors that mean "Redis is unreachable for now" (down, restarting, loading its AOF), not "the command
-# was wrong": what the agent waits out with backoff.
-REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+# The errors that mean "Redis is unreachable for now" (down, restarting, loading its AOF; a Cluster failing over:
+# CLUSTERDOWN while a dead master's slots have no one to serve them, TRYAGAIN, a slot the client's map does not
+# cover yet), not "the command was wrong": what the agent waits out with backoff. A MOVED after a failover is
+# followed by the Cluster client itself.
+REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ClusterDownError,
+                     TryAgainError, SlotNotCoveredError)
 
 
 def redis_unreachable(exc: BaseException) -> bool:
@@ -89,12 +94,18 @@ def connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeo
     ``redis+sentinel://[:pw@]h1:p1,h2:p2/MASTER?db=N`` and ``redis+cluster://[:pw@]h1:p1,h2:p2``
     (``rediss+sentinel`` / ``rediss+cluster`` for TLS). Blocking reads (``XREAD BLOCK``) must
     block for less than ``socket_timeout``; FStream's callers block at most ``MAX_BLOCK_MS``.
+
+    ``?wait_replicas=N[&wait_timeout_ms=T]`` in any form: the job writes that must survive a failover (submit,
+    claim, events, finish; ``JobStore``) wait until ``N`` replicas have them (``WAIT N T``, ``run_replicated``).
     """
     from redis.cluster import ClusterNode, RedisCluster
     from redis.sentinel import Sentinel
 
+    url, wait = _wait_option(url)
     opts = _options(socket_timeout, connect_timeout, retries)
-    return _client(url, opts, redis.Redis, Sentinel, RedisCluster, ClusterNode)
+    client = _client(url, opts, redis.Redis, Sentinel, RedisCluster, ClusterNode)
+    client.fstream_wait = wait
+    return client
 
 
 def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeout: float = CONNECT_TIMEOUT_S,
@@ -104,9 +115,56 @@ def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect
     from redis.asyncio.retry import Retry as AsyncRetry
     from redis.asyncio.sentinel import Sentinel
 
+    url, _wait = _wait_option(url)  # the async side (triggers) writes no job state that WAIT protects
     opts = _options(socket_timeout, connect_timeout, retries)
     opts["retry"] = AsyncRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
     return _client(url, opts, redis.asyncio.Redis, Sentinel, RedisCluster, ClusterNode)
+
+
+def _wait_option(url: str) -> tuple[str, tuple[int, int]]:
+    """Take FStream's ``wait_replicas`` / ``wait_timeout_ms`` out of ``url``'s query: (url, (replicas, ms))."""
+    base, sep, query = url.partition("?")
+    if not sep or "wait_" not in query:
+        return url, (0, 0)
+    pairs = parse_qsl(query, keep_blank_values=True)
+    ours = {k: v for k, v in pairs if k in ("wait_replicas", "wait_timeout_ms")}
+    rest = [(k, v) for k, v in pairs if k not in ours]
+    try:
+        replicas, timeout_ms = int(ours.get("wait_replicas", 0)), int(ours.get("wait_timeout_ms", WAIT_TIMEOUT_MS))
+    except ValueError:
+        raise ValueError(f"Redis URL {describe(url)!r}: wait_replicas and wait_timeout_ms must be integers") from None
+    if replicas < 0 or timeout_ms < 1:
+        raise ValueError(f"Redis URL {describe(url)!r}: wait_replicas must be >= 0 and wait_timeout_ms >= 1")
+    return base + ("?" + urlencode(rest, safe="/:") if rest else ""), (replicas, timeout_ms)
+
+
+def run_replicated(client: Any, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int | None]:
+    """Run a registered Lua ``script``, then ``WAIT`` on the connection that ran it, if the client asks for it.
+
+    Returns ``(result, replicas that acknowledged)``; ``None`` replicas when the client does not wait
+    (``?wait_replicas`` not given). Replication is asynchronous: a write the master acknowledged can be missing on
+    the replica promoted when the master dies. With ``wait_replicas`` the script's writes count as done only once
+    the replicas have them: if the connection fails during the ``WAIT`` (the master died in that window) the
+    error is raised, so the caller retries the whole write against the new master (FStream's job writes are
+    fenced or idempotent: at least once). A ``WAIT`` that times out with fewer replicas (none connected, one
+    lagging) is returned as such: the write stands, with today's risk.
+    """
+    replicas, timeout_ms = getattr(client, "fstream_wait", (0, 0))
+    if not replicas:
+        return script(keys=keys, args=args), None
+    from redis.cluster import RedisCluster
+
+    pipe = client.pipeline(transaction=False)  # one connection per node, its commands in order
+    # EVAL with the text (a Cluster pipeline refuses EVALSHA; a promoted replica may not have the script cached)
+    pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    target = {"target_nodes": client.get_node_from_key(keys[0])} if isinstance(client, RedisCluster) else {}
+    pipe.execute_command("WAIT", replicas, timeout_ms, **target)
+    out, acked = pipe.execute(raise_on_error=False)
+    if isinstance(out, Exception):
+        raise out
+    if isinstance(acked, Exception):
+        raise acked  # the write is in doubt: the caller's retry makes sure of it
+    return out, int(acked)
 
 
 def _client(url: str, opts: dict[str, Any], redis_cls: Any, sentinel_cls: Any, cluster_cls: Any,

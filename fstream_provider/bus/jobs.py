@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 import uuid
@@ -10,7 +11,7 @@ from typing import Any
 import redis
 
 from fstream_provider.bus import job_scripts as lua
-from fstream_provider.bus.client import MAX_BLOCK_MS
+from fstream_provider.bus.client import MAX_BLOCK_MS, run_replicated
 from fstream_provider.bus.follow import follow_job
 from fstream_provider.bus.job_state import TERMINAL_STATES, Claim, JobState, decode_event, now_text
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
@@ -30,7 +31,9 @@ class JobStore:
 
     :param client: a ``redis.Redis`` with ``decode_responses=True`` (``fstream_provider.bus.client.connect``).
     :param keys: the key schema (default namespace ``fstream``).
-    :param retention_s: how long a finished job's hash, events and idempotency key are kept.
+    :param retention_s: how long a finished job's hash, events and idempotency key are kept (seconds, at least 1):
+        the scripts that write a terminal state set it as their TTL, and ``submit`` drops index entries older
+        than it (``fstream agent/submit/cancel --job-retention``; default 7 days).
     :param events_maxlen: approximate cap of each job's event stream.
     :param signer: the submitter whose key signs every job this store submits (``model.signing``); agents
         refuse jobs no configured submitter signed. None: jobs are submitted unsigned (agents refuse them).
@@ -41,9 +44,11 @@ class JobStore:
         self.client = client
         self.signer = signer
         self.keys = keys or Keys()
-        self.retention_s = int(retention_s)
+        self.retention_s = check_retention(retention_s)
         self.events_maxlen = int(events_maxlen)
         self._group_ready = False
+        # writes waited for by the client's replicas (``?wait_replicas=N``): acknowledged by N, or fewer in time
+        self.replication: collections.Counter[str] = collections.Counter()
         self._submit = client.register_script(lua.SUBMIT)
         self._claim = client.register_script(lua.CLAIM)
         self._publish = client.register_script(lua.PUBLISH)
@@ -79,9 +84,9 @@ class JobStore:
         auth = self.signer.sign(k.namespace, job_id, spec_json, now=now) if self.signer is not None else None
         queued = json.dumps({"label": spec.label, "idempotency_key": idempotency_key,
                              "submitter": auth.submitter if auth else None})
-        out = self._submit(keys=keys, args=[job_id, spec_json, repr(now), idempotency_key or "",
-                                            self.events_maxlen, repr(now - self.retention_s), queued,
-                                            auth.to_json() if auth else ""])
+        out = self._replicated(self._submit, keys, [job_id, spec_json, repr(now), idempotency_key or "",
+                                                    self.events_maxlen, repr(now - self.retention_s), queued,
+                                                    auth.to_json() if auth else ""])
         return str(out[0]), bool(int(out[1]))
 
     def get(self, job_id: str) -> JobState | None:
@@ -159,6 +164,14 @@ class JobStore:
         """The newest dead-letter entries, newest first."""
         return list(self.client.xrevrange(self.keys.dead_letter(), count=count))
 
+    def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """A job write that must survive a failover: with ``?wait_replicas=N`` it waits for the replicas
+        (``bus.client.run_replicated``; a connection lost meanwhile raises, so the caller's retry makes sure)."""
+        out, acked = run_replicated(self.client, script, keys, args)
+        if acked is not None:
+            self.replication["acknowledged" if acked >= self.client.fstream_wait[0] else "short"] += 1
+        return out
+
     # ------------------------------------------------------------------ worker side (fenced by attempt)
     def _idem_key(self, job_id: str) -> list[str]:
         idem = self.client.hget(self.keys.job(job_id), "idempotency_key")
@@ -171,8 +184,8 @@ class JobStore:
         """
         k = self.keys
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.dead_letter()] + self._idem_key(job_id)
-        out = self._claim(keys=keys, args=[worker, now_text(), int(max_deliveries), self.events_maxlen,
-                                           k.jobs_group(), entry_id, self.retention_s, DEAD_LETTER_MAXLEN])
+        out = self._replicated(self._claim, keys, [worker, now_text(), int(max_deliveries), self.events_maxlen,
+                                                   k.jobs_group(), entry_id, self.retention_s, DEAD_LETTER_MAXLEN])
         outcome = str(out[0])
         if outcome == "claimed":
             spec_json, auth = str(out[2]), str(out[3]) if len(out) > 3 else ""
@@ -204,7 +217,7 @@ class JobStore:
             args += [name, value]
         for kind, ts, data in events:
             args += [kind, repr(float(ts)), json.dumps(data, default=str)]
-        out = self._publish(keys=[self.keys.job(job_id), self.keys.job_events(job_id)], args=args)
+        out = self._replicated(self._publish, [self.keys.job(job_id), self.keys.job_events(job_id)], args)
         return bool(int(out[0])), bool(int(out[1]))
 
     def touch(self, job_id: str, attempt: int, entry_id: str, consumer: str) -> tuple[bool, bool]:
@@ -223,9 +236,10 @@ class JobStore:
             raise ValueError(f"finish job {job_id}: state {state!r} is not terminal ({', '.join(TERMINAL_STATES)})")
         k = self.keys
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream()] + self._idem_key(job_id)
-        out = self._finish(keys=keys, args=[attempt, state, error or "",
-                                            json.dumps(result, default=str) if result is not None else "",
-                                            now_text(), k.jobs_group(), entry_id, self.retention_s, self.events_maxlen])
+        out = self._replicated(self._finish, keys, [attempt, state, error or "",
+                                                    json.dumps(result, default=str) if result is not None else "",
+                                                    now_text(), k.jobs_group(), entry_id, self.retention_s,
+                                                    self.events_maxlen])
         return bool(int(out))
 
     def release(self, job_id: str, attempt: int, reason: str) -> bool:
@@ -272,6 +286,19 @@ class JobStore:
         return int(self.client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))
 
 
+def check_retention(retention_s: float, what: str = "job retention") -> int:
+    """``retention_s`` as the whole seconds the scripts ``EXPIRE`` with; ``ValueError`` naming ``what`` unless >= 1 s
+    (a finished job must be readable for a while: 0 or less would delete it as it finishes)."""
+    try:
+        seconds = int(float(retention_s))
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{what} {retention_s!r}: not a number of seconds") from None
+    if seconds < 1:
+        raise ValueError(f"{what} {retention_s!r}: must be at least 1 s (how long a finished job's state, events "
+                         "and idempotency key are kept; default 7 days)")
+    return seconds
+
+
 def _cancel_keys(keys: Keys, job_id: str, idempotency_key: str | None) -> list[str]:
     out = [keys.job(job_id), keys.job_events(job_id)]
     if idempotency_key:
@@ -283,6 +310,7 @@ async def acancel(client: Any, job_id: str, reason: str = "cancelled by user", *
                   retention_s: int = JOB_RETENTION_S, events_maxlen: int = EVENTS_MAXLEN) -> bool:
     """``JobStore.cancel`` on a ``redis.asyncio`` client (triggers and async hooks); same script, same result."""
     keys = keys or Keys()
+    retention_s = check_retention(retention_s)
     idem = await client.hget(keys.job(job_id), "idempotency_key")
     redis_keys = _cancel_keys(keys, job_id, idem)
     out = await client.register_script(lua.CANCEL)(keys=redis_keys,

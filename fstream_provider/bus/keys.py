@@ -1,61 +1,79 @@
-"""The one Redis key schema of FStream: every key, its type, writers, readers and retention.
+"""The one Redis key schema of FStream: every key, its slot, type, writers, readers and retention.
 
-All keys share the prefix ``{<namespace>}:`` (default ``{fstream}:``). The braces are a Redis
-Cluster hash tag: every FStream key lives in one hash slot, so the Lua scripts that update a
-job, its events, the jobs stream and an idempotency key atomically also work on a Cluster
-(FStream's Redis load is small; one slot is plenty). The same schema is in ``docs/redis-keys.md``.
+Two kinds of keys (``docs/redis-keys.md`` has the same table and the reasons):
 
-======================  ===========  ==========================================================  ===================  =====================  ==========================================
-key (method)            type         fields / members                                            written by           read by                retention
-======================  ===========  ==========================================================  ===================  =====================  ==========================================
-jobs_stream()           stream       ``job_id``                                                  JobStore.submit      agents (group agents)  trimmed (MINID) only below the oldest
-                                                                                                                                             unacknowledged / undelivered entry
-jobs_group()            group name   ``agents`` (consumer group on jobs_stream; consumer =       Agent                Agent                  with the stream
-                                     agent name)
-dead_letter()           stream       ``job_id``, ``stream_id``, ``deliveries``, ``reason``,      Agent                operators, status      MAXLEN ~ 10,000
-                                     ``ts``
-job(id)                 hash         job_id, state, attempt, deliveries, spec (JSON), worker,    JobStore, Agent      CLI, Airflow trigger,  no TTL while live; 7 days after a
-                                     created_at, updated_at, error, result (JSON),               (fenced by attempt)  hook                   terminal state
-                                     idempotency_key, cancel_requested,
-                                     cancel_reason, stream_id, progress (JSON)
-job_events(id)          stream       ``kind``, ``ts``, ``data`` (JSON); kinds: queued, claimed,  JobStore, Agent      CLI, Airflow trigger   MAXLEN ~ 100,000; 7 days after terminal
-                                     interval, tuning, file, log, error, retry, cancel,
-                                     released, requeued, done (always last)
-job_index()             sorted set   job ids scored by created_at                                JobStore.submit      JobStore.list          entries older than 7 days dropped on
-                                                                                                                                             submit
-idempotency(key)        string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state
-agent(name)             hash         name, host, pid, started_at, seen, job_id, attempt          Agent heartbeat      reclaim, status        TTL = heartbeat_ttl (refreshed ttl/3)
-agents()                set          agent names                                                 Agent                status, reclaim        members removed on clean stop
-history()               stream       ``row``: JSON ``HistoryRow`` (tuning.harp_history): the     agents (intervals),  HARP optimizer,        MAXLEN ~ 1,000,000 and MINID ~ 90 days
-                                     path, dataset chunk, cc/p/pp, throughput, time, group       fstream calibrate    fstream history        (TransferHistory limits, configurable)
-calibration(path_id)    hash         ``run`` -> run id; ``pass|chunk|cc|p|pp`` -> the probe's    fstream calibrate    fstream calibrate      until ``--restart``
-                                     throughput (the probes done on this path)
-profiling(size, ftype)  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
-pool(src, dst)          hash         s_pmax, s_cmax, s_i, s_u, policy; grant:<client> ->         StreamPools          StreamPools,           fields of a lapsed lease dropped by the
-                                     streams, lease:<client> -> expiry ms (Redis clock)          (agents)             fstream pools          next request or renewal
-sched_tasks()           hash         job id -> JSON task: ends, size, class, arrival, state      agents (scheduler)   agents, fstream        field dropped when the job ends
-                                     (waiting|running), agent, cc, run time, preempt_by/reason                        schedule
-sched_progress()        hash         job id -> JSON {done, rate, ts} of a running task            running agent        agents (scheduler)     field dropped when the task stops
-sched_config()          hash         cap:<endpoint>, unit:<endpoint>, unit_seen:<endpoint>        fstream schedule     agents (scheduler)     none
-                                     (bits/s), ratio:<src>|<dst> (correction from recent          set, agents
-                                     transfers)
-seen(scope)             set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
-                                                                                                 trigger
-pending(scope)          hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
-                                                                                                                      sensor, any watcher
-looks(scope)            string       JSON path -> [size, mtime, since], <= 10,000 files          new-files sensor     the next poke          TTL max(1 h, 10 x poke_interval)
-audit()                 stream       ``kind`` (decision|outcome), ``job_id``, ``submitter``,      agents               fstream audit,         MAXLEN ~ 1,000,000 (append-only; agents
-                                     ``decision`` (accepted|refused), ``reason``, ``sources``,                         operators              write, nobody else may: docs/redis-keys.md)
-                                     ``destination``, ``key``, ``agent``, ``outcome``, ``ts``
-nonce(sub, nonce)       string       ``<job id> <stream entry id>``: the first job that used     agents               agents                 TTL = the agents' max job age + clock skew
-                                     this submitter's nonce (a replay names another)
-cancel_channel(id)      pub/sub      message ``cancel``                                          JobStore.cancel      Agent (optional)       none (pub/sub)
-======================  ===========  ==========================================================  ===================  =====================  ==========================================
+- the **namespace slot**: the job control plane starts with ``{<namespace>}:`` (default ``{fstream}:``).
+  The braces are a Redis Cluster hash tag, so these keys share one slot: the Lua scripts that change a
+  job, its events, the jobs stream, the dead letters and an idempotency key atomically
+  (``bus.job_scripts``), and the scheduler board's WATCH/MULTI over its hashes and the jobs stream
+  (``bus.sched_board``), run on a Cluster too. The agents' heartbeats, the audit stream and the nonces
+  stay there with them (small, and written next to job state).
+- **own slots**: the bulky, independent data has a hash tag of its own, ``{<ns>:<family>[:<id>]}``, so a
+  Cluster spreads it over its masters: one tag per new-files scope for ``seen``, ``pending`` and ``looks``
+  (``{fstream:watch:<scope>}:seen``: one Lua call claims in ``seen`` and records in ``pending``), and the
+  whole key as its tag for ``history()``, each ``calibration(path)``, each ``profiling(size, type)`` list
+  and each ``pool(src, dst)``. ``<ns>`` is the namespace escaped like a key component.
+  ``own_slot_patterns()`` gives their glob patterns (ACL rules, SCAN; ``pool_pair(key)`` reads a pool key
+  back); ``legacy_patterns()`` and
+  ``renamed(old)`` map the keys of FStream before this layout (``{ns}:seen:<scope>``, ...) to these
+  (``fstream redis migrate-keys``, ``bus.migrate_keys``), and ``migration_temp(key)`` is the scratch key
+  that migration rebuilds a stream in (same slot as ``key``).
+
+======================  ======================  ===========  ==========================================================  ===================  =====================  ==========================================
+key (method)            slot (hash tag)         type         fields / members                                            written by           read by                retention
+======================  ======================  ===========  ==========================================================  ===================  =====================  ==========================================
+jobs_stream()           {ns}                    stream       ``job_id``                                                  JobStore.submit      agents (group agents)  trimmed (MINID) only below the oldest
+                                                                                                                                                                     unacknowledged / undelivered entry
+jobs_group()            {ns}                    group name   ``agents`` (consumer group on jobs_stream; consumer =       Agent                Agent                  with the stream
+                                                             agent name)
+dead_letter()           {ns}                    stream       ``job_id``, ``stream_id``, ``deliveries``, ``reason``,      Agent                operators, status      MAXLEN ~ 10,000
+                                                             ``ts``
+job(id)                 {ns}                    hash         job_id, state, attempt, deliveries, spec (JSON), worker,    JobStore, Agent      CLI, Airflow trigger,  no TTL while live; 7 days after a
+                                                             created_at, updated_at, error, result (JSON),               (fenced by attempt)  hook                   terminal state
+                                                             idempotency_key, cancel_requested,
+                                                             cancel_reason, stream_id, progress (JSON)
+job_events(id)          {ns}                    stream       ``kind``, ``ts``, ``data`` (JSON); kinds: queued, claimed,  JobStore, Agent      CLI, Airflow trigger   MAXLEN ~ 100,000; 7 days after terminal
+                                                             interval, tuning, file, log, error, retry, cancel,
+                                                             released, requeued, done (always last)
+job_index()             {ns}                    sorted set   job ids scored by created_at                                JobStore.submit      JobStore.list          entries older than 7 days dropped on
+                                                                                                                                                                     submit
+idempotency(key)        {ns}                    string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state
+agent(name)             {ns}                    hash         name, host, pid, started_at, seen, job_id, attempt          Agent heartbeat      reclaim, status        TTL = heartbeat_ttl (refreshed ttl/3)
+agents()                {ns}                    set          agent names                                                 Agent                status, reclaim        members removed on clean stop
+history()               {ns:history}            stream       ``row``: JSON ``HistoryRow`` (tuning.harp_history): the     agents (intervals),  HARP optimizer,        MAXLEN ~ 1,000,000 and MINID ~ 90 days
+                                                             path, dataset chunk, cc/p/pp, throughput, time, group       fstream calibrate    fstream history        (TransferHistory limits, configurable)
+calibration(path_id)    {ns:calibration:<p>}    hash         ``run`` -> run id; ``pass|chunk|cc|p|pp`` -> the probe's    fstream calibrate    fstream calibrate      until ``--restart``
+                                                             throughput (the probes done on this path)
+profiling(size, ftype)  {ns:profiling:<s>:<t>}  list         JSON profiling records, newest first (LPUSH)                FStream tuner        FStream tuner          LTRIM to the newest 1,000
+pool(src, dst)          {ns:pool:<src>:<dst>}   hash         s_pmax, s_cmax, s_i, s_u, policy; grant:<client> ->         StreamPools          StreamPools,           fields of a lapsed lease dropped by the
+                                                             streams, lease:<client> -> expiry ms (Redis clock)          (agents)             fstream pools          next request or renewal
+sched_tasks()           {ns}                    hash         job id -> JSON task: ends, size, class, arrival, state      agents (scheduler)   agents, fstream        field dropped when the job ends
+                                                             (waiting|running), agent, cc, run time, preempt_by/reason                        schedule
+sched_progress()        {ns}                    hash         job id -> JSON {done, rate, ts} of a running task            running agent        agents (scheduler)     field dropped when the task stops
+sched_config()          {ns}                    hash         cap:<endpoint>, unit:<endpoint>, unit_seen:<endpoint>        fstream schedule     agents (scheduler)     none
+                                                             (bits/s), ratio:<src>|<dst> (correction from recent          set, agents
+                                                             transfers)
+sched_version()         {ns}                    sorted set   ``#`` -> the board's version, ``#t`` -> the version of the  agents (in each      agents (scheduler)     the last 2,048 versions (never below
+                                                             tasks' last change, ``t:``/``p:`` + job id -> the version   board write's MULTI)                        ``#t``)
+                                                             its task / progress last changed at
+seen(scope)             {ns:watch:<scope>}      set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
+                                                                                                                         trigger
+pending(scope)          {ns:watch:<scope>}      hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
+                                                                                                                                              sensor, any watcher
+looks(scope)            {ns:watch:<scope>}      string       JSON path -> [size, mtime, since], <= 10,000 files          new-files sensor     the next poke          TTL max(1 h, 10 x poke_interval)
+audit()                 {ns}                    stream       ``kind`` (decision|outcome), ``job_id``, ``submitter``,      agents               fstream audit,         MAXLEN ~ 1,000,000 (append-only; agents
+                                                             ``decision`` (accepted|refused), ``reason``, ``sources``,                         operators              write, nobody else may: docs/redis-keys.md)
+                                                             ``destination``, ``key``, ``agent``, ``outcome``, ``ts``
+nonce(sub, nonce)       {ns}                    string       ``<job id> <stream entry id>``: the first job that used     agents               agents                 TTL = the agents' max job age + clock skew
+                                                             this submitter's nonce (a replay names another)
+cancel_channel(id)      {ns}                    pub/sub      message ``cancel``                                          JobStore.cancel      Agent (optional)       none (pub/sub)
+======================  ======================  ===========  ==========================================================  ===================  =====================  ==========================================
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 _SAFE = re.compile(r"[^A-Za-z0-9._/@+=-]")
 
@@ -76,7 +94,7 @@ def _part(value: object) -> str:
 
 
 class Keys:
-    """Builds every FStream Redis key; see the module docstring for types and retention.
+    """Builds every FStream Redis key; see the module docstring for slots, types and retention.
 
     :param namespace: the prefix inside the hash tag; two namespaces on one Redis never
         see each other's jobs (tests and multi-tenant deployments use this).
@@ -86,7 +104,10 @@ class Keys:
         if not namespace or "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace {namespace!r}: must be non-empty and without braces")
         self.namespace = namespace
-        self.prefix = "{" + namespace + "}:"
+        self.prefix = "{" + namespace + "}:"  # the namespace slot
+        # the namespace inside an own tag, escaped like a component: no ':' (another namespace's own tag cannot
+        # read as this one's), no glob character (an ACL pattern or SCAN match built from it stays literal)
+        self._own_ns = _part(namespace)
 
     def __repr__(self) -> str:
         return f"Keys(namespace={self.namespace!r})"
@@ -96,6 +117,10 @@ class Keys:
 
     def __hash__(self) -> int:
         return hash(self.namespace)
+
+    def _own(self, *parts: str) -> str:
+        """A hash tag of its own: ``{<ns>:<part>:<part>...}`` (parts already escaped, or a glob ``*``)."""
+        return "{" + ":".join((self._own_ns, *parts)) + "}"
 
     # jobs
     def jobs_stream(self) -> str:
@@ -138,24 +163,13 @@ class Keys:
     def agents(self) -> str:
         return self.prefix + "agents"
 
-    # tuning state
-    def history(self) -> str:
-        return self.prefix + "history"
-
-    def calibration(self, path_id: str) -> str:
-        """``fstream calibrate``'s progress on one path (the probes done), so a second run continues."""
-        return self.prefix + "calibration:" + _part(path_id)
-
-    def profiling(self, size_class: str, ftype: str) -> str:
-        return self.prefix + "profiling:" + _part(size_class) + ":" + _part(ftype)
-
-    def pool(self, src: str, dst: str) -> str:
-        return self.prefix + "pool:" + _part(src) + ":" + _part(dst)
-
-    # sensors
     # -- the agents' shared scheduler (SEAL/STEAL, issue #11)
     def sched_tasks(self) -> str:
         return self.prefix + "sched:tasks"
+
+    def sched_version(self) -> str:
+        """The board's change log (issue 28): its version and what changed at which version (``bus.sched_view``)."""
+        return self.prefix + "sched:version"
 
     def sched_progress(self) -> str:
         return self.prefix + "sched:progress"
@@ -163,13 +177,84 @@ class Keys:
     def sched_config(self) -> str:
         return self.prefix + "sched:config"
 
+    # tuning state: each key its own slot (issue 28)
+    def history(self) -> str:
+        return self._own("history")
+
+    def calibration(self, path_id: str) -> str:
+        """``fstream calibrate``'s progress on one path (the probes done), so a second run continues."""
+        return self._own("calibration", _part(path_id))
+
+    def profiling(self, size_class: str, ftype: str) -> str:
+        return self._own("profiling", _part(size_class), _part(ftype))
+
+    def pool(self, src: str, dst: str) -> str:
+        return self._own("pool", _part(src), _part(dst))
+
+    def pool_pair(self, key: str) -> tuple[str, str] | None:
+        """The (source, destination) of a ``pool()`` key of this namespace (unescaped), else None."""
+        head = "{" + self._own_ns + ":pool:"
+        if not (key.startswith(head) and key.endswith("}")):
+            return None
+        src, sep, dst = key[len(head):-1].partition(":")
+        return (unquote(src), unquote(dst)) if sep and src and dst else None
+
+    # new-files sensors and triggers: one slot per scope (the claim script writes seen and pending together)
     def seen(self, scope: str) -> str:
-        return self.prefix + "seen:" + _part(scope)
+        return self._own("watch", _part(scope)) + ":seen"
 
     def pending(self, scope: str) -> str:
         """Batches a new-files trigger claimed and handed to Airflow, not yet known to be delivered."""
-        return self.prefix + "pending:" + _part(scope)
+        return self._own("watch", _part(scope)) + ":pending"
 
     def looks(self, scope: str) -> str:
         """The last look at a scope's not-yet-complete files (a rescheduled sensor's stability memory)."""
-        return self.prefix + "looks:" + _part(scope)
+        return self._own("watch", _part(scope)) + ":looks"
+
+    # the layout: patterns, and the way from the keys before it
+    def own_slot_patterns(self) -> dict[str, str]:
+        """Glob pattern of each key family outside the namespace slot (for ACL rules and ``SCAN MATCH``).
+
+        Literal but for ``*`` (the namespace is escaped), and no other namespace's key matches them.
+        """
+        return {"seen": self._own("watch", "*") + ":seen", "pending": self._own("watch", "*") + ":pending",
+                "looks": self._own("watch", "*") + ":looks", "history": self._own("history"),
+                "history-migrating": self.migration_temp(self.history()),
+                "calibration": self._own("calibration", "*"), "profiling": self._own("profiling", "*"),
+                "pool": self._own("pool", "*")}
+
+    def legacy_patterns(self) -> dict[str, str]:
+        """``SCAN MATCH`` pattern of each family's keys as FStream named them before they had their own slots
+        (``{ns}:seen:<scope>``, ``{ns}:history``, ...): what ``renamed`` takes."""
+        p = _glob_escape(self.prefix)
+        return {family: p + family + ("" if family == "history" else ":*") for family in _LEGACY}
+
+    def renamed(self, old: str) -> tuple[str, str] | None:
+        """``(family, new key)`` for a key of the layout before issue 28 (``{ns}:seen:<scope>`` ->
+        ``{ns:watch:<scope>}:seen``, ``{ns}:pool:<src>:<dst>`` -> ``{ns:pool:<src>:<dst>}``), else None."""
+        if not old.startswith(self.prefix):
+            return None
+        family, _, rest = old[len(self.prefix):].partition(":")
+        if family not in _LEGACY or (family == "history") != (rest == ""):
+            return None
+        parts = rest.split(":") if rest else []
+        if any(not part or _SAFE.search(part.replace("%", "")) for part in parts) or len(parts) != _LEGACY[family]:
+            return None
+        if family in ("seen", "pending", "looks"):
+            return family, self._own("watch", *parts) + ":" + family
+        return family, self._own(family, *parts)
+
+    def migration_temp(self, key: str) -> str:
+        """Where ``fstream redis migrate-keys`` rebuilds ``key`` before renaming it into place (same slot)."""
+        if not key.startswith("{") or "}" not in key:
+            raise ValueError(f"Redis key {key!r}: not a hash-tagged FStream key")
+        return key + ":migrating"
+
+
+# the families that moved to their own slots (issue 28) -> the number of components after the family name
+_LEGACY = {"seen": 1, "pending": 1, "looks": 1, "history": 0, "calibration": 1, "profiling": 2, "pool": 2}
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal Redis glob (``SCAN MATCH``, ACL key patterns)."""
+    return re.sub(r"([*?\[\]\\{}])", r"\\\1", text)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import redis
 
@@ -222,12 +221,11 @@ class StreamPools:
 
     def pairs(self) -> list[tuple[str, str]]:
         """Every (source, destination) with a pool hash."""
-        prefix = self.keys.prefix + "pool:"
-        out = []
-        for key in self.client.scan_iter(match=prefix + "*", count=500):
-            rest = key[len(prefix):]
-            src, _, dst = rest.partition(":")
-            out.append((unquote(src), unquote(dst)))  # Keys escapes each part with %XX
+        out = []  # each pool has a slot of its own: a Cluster client scans every master
+        for key in self.client.scan_iter(match=self.keys.own_slot_patterns()["pool"], count=500):
+            pair = self.keys.pool_pair(key)
+            if pair is not None:
+                out.append(pair)
         return sorted(out)
 
 

@@ -31,7 +31,7 @@ class ProfilingStore:
 
     def load(self) -> ProfileHistory:
         """Read every profiling list of this namespace into a fresh ``ProfileHistory``."""
-        pattern = self.keys.prefix.replace("{", "\\{").replace("}", "\\}") + "profiling:*"
+        pattern = self.keys.own_slot_patterns()["profiling"]  # one slot per list: a Cluster scans every master
         records = []
         for key in self.client.scan_iter(match=pattern, count=500):
             for raw in self.client.lrange(key, 0, self.keep - 1):

@@ -30,7 +30,9 @@ def _store(args: argparse.Namespace, signer: Any = None) -> JobStore:
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import resolve_redis_url
 
-    return JobStore(connect(resolve_redis_url(args.redis)), keys=Keys(args.namespace), signer=signer)
+    retention = getattr(args, "job_retention", None)  # only the commands that write a terminal state or submit
+    return JobStore(connect(resolve_redis_url(args.redis)), keys=Keys(args.namespace), signer=signer,
+                    **({"retention_s": retention} if retention is not None else {}))
 
 
 def _live_agents(store: JobStore) -> list[dict]:
@@ -80,8 +82,9 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-goal-share", type=float, default=None, metavar="S",
                    help="steal: an interactive job frees batch jobs until it would get this share of its "
                         "batch-free throughput (default 0.6; 1 as the paper prints it)")
-    from transfer_agent.cli.options import add_history_options
+    from transfer_agent.cli.options import add_history_options, add_retention_option
     add_history_options(p)
+    add_retention_option(p, "set on each job this agent finishes (give every agent of a bus the same)")
     from transfer_agent.service.options import add_service_options
     add_service_options(p, receiver=False)
     p.set_defaults(func=cmd_agent)
@@ -125,7 +128,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   heartbeat_ttl=parse_duration(args.heartbeat_ttl),
                   claim_idle_ms=int(parse_duration(args.claim_idle) * 1000), max_deliveries=args.max_deliveries,
                   max_retries=args.max_retries, keys=Keys(args.namespace),
-                  drain_grace=parse_duration(args.drain_grace),
+                  drain_grace=parse_duration(args.drain_grace), job_retention_s=args.job_retention,
                   history=history_from_args(args, keys=Keys(args.namespace), source=name))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -185,6 +188,10 @@ def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (the job) when done")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     p.add_argument("--timeout", metavar="DURATION", help="stop following after this long (the job continues)")
+    from transfer_agent.cli.options import add_retention_option
+
+    add_retention_option(p, "index entries older than this are dropped at submit (the agent that finishes the job "
+                            "sets its expiry with its own --job-retention)")
     p.set_defaults(func=cmd_submit)
     return p
 
@@ -352,6 +359,9 @@ def add_cancel_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("job", metavar="JOB", help="job id")
     _common(p)
     p.add_argument("--reason", default="cancelled by user", help="recorded as the job's error")
+    from transfer_agent.cli.options import add_retention_option
+
+    add_retention_option(p, "set on a queued job this cancels (a running one is finished by its agent)")
     p.set_defaults(func=cmd_cancel)
     return p
 
@@ -402,9 +412,14 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 # -- redis -----------------------------------------------------------------------------------------
 def add_redis_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("redis", help="the embedded Redis: print its URL (starting it if needed), status, stop")
-    p.add_argument("action", choices=("url", "status", "stop"))
+    p = subparsers.add_parser("redis", help="the embedded Redis: print its URL (starting it if needed), status, stop; "
+                                            "migrate-keys: move keys of the layout before issue 28 to their own slots")
+    p.add_argument("action", choices=("url", "status", "stop", "migrate-keys"))
     p.add_argument("--state-dir", metavar="DIR", help="default: $FSTREAM_STATE_DIR or ~/.local/state/fstream")
+    p.add_argument("--redis", metavar="URL", help="migrate-keys: which Redis (default: $FSTREAM_REDIS_URL, else the "
+                                                  "embedded one); a redis+cluster:// URL migrates key by key")
+    p.add_argument("--namespace", default="fstream", help="migrate-keys: key namespace (default fstream)")
+    p.add_argument("--dry-run", action="store_true", help="migrate-keys: count the old keys, change nothing")
     p.set_defaults(func=cmd_redis)
     return p
 
@@ -412,6 +427,18 @@ def add_redis_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_redis(args: argparse.Namespace) -> int:
     from fstream_provider.bus.embedded import EmbeddedRedis
 
+    if args.action == "migrate-keys":
+        from fstream_provider.bus.client import connect
+        from fstream_provider.bus.embedded import resolve_redis_url
+        from fstream_provider.bus.migrate_keys import migrate
+
+        client = connect(resolve_redis_url(args.redis, args.state_dir))
+        try:
+            for line in migrate(client, Keys(args.namespace), dry_run=args.dry_run).lines():
+                print(line)
+        finally:
+            client.close()
+        return EXIT_OK
     emb = EmbeddedRedis(args.state_dir)
     if args.action == "url":
         print(emb.start().url)

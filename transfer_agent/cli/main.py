@@ -177,7 +177,7 @@ SEND_EPILOG = """exit codes:
 # -- parser ----------------------------------------------------------------------------------------
 BUILTIN = frozenset({"receive", "send", "agent", "submit", "status", "cancel", "reconcile", "redis", "seen",
                      "history", "calibrate", "pools", "schedule", "redis-acl", "audit", "top", "config",
-                     "doctor", "keys"})
+                     "doctor", "keys", "gc"})
 
 
 def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -246,13 +246,14 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
     s.set_defaults(func=cmd_send)
 
     from transfer_agent.cli import acl, audit, calibrate, config_cmd, doctor, history, jobs, pools, schedule, seen, top
+    from transfer_agent.cli import gc as gc_cmd
     from transfer_agent.cli import keys as keys_cmd
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
                 jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
                 calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
                 acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser, config_cmd.add_config_parser,
-                doctor.add_doctor_parser, keys_cmd.add_keys_parser):
+                doctor.add_doctor_parser, keys_cmd.add_keys_parser, gc_cmd.add_gc_parser):
         add(sub)
     for name, register in (plugin_commands() if plugins is None else plugins).items():
         register(sub)

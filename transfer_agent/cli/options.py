@@ -178,3 +178,28 @@ def history_from_args(args: argparse.Namespace, *, keys: object = None, source: 
         raise ValueError(f"--history-max-age {args.history_max_age!r}: must be a positive duration")
     return HistoryOptions(record=not args.no_history, max_rows=args.history_max_rows, max_age_s=age,
                           keys=keys if keys is not None else Keys(), source=source)
+
+
+def _retention(text: str) -> float:
+    """``--job-retention``'s type: a positive duration of at least a second (the file's value goes through it too)."""
+    from fstream_provider.model.units import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--job-retention {text!r}: {exc}") from None
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"--job-retention {text!r}: must be a positive duration of at least 1s, "
+                                         "such as 7d or 12h (how long a finished job is kept)")
+    return seconds
+
+
+def add_retention_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--job-retention DURATION`` (``fstream agent``, ``submit``, ``cancel``, ``gc``; ``[<command>] job-retention``
+    in the configuration file): how long a finished job's hash, events, idempotency key and index entry stay."""
+    from fstream_provider.bus.keys import JOB_RETENTION_S
+
+    default = f"{JOB_RETENTION_S // 86400}d" if JOB_RETENTION_S % 86400 == 0 else f"{JOB_RETENTION_S}s"
+    p.add_argument("--job-retention", metavar="DURATION", type=_retention, default=default,
+                   help=f"how long a finished job's state, events, idempotency key and index entry are kept in "
+                        f"Redis; {what} (default {default})")

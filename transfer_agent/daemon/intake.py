@@ -1,16 +1,50 @@
-"""Where the agent's next job comes from: its own pending entries, dead agents' jobs (reclaim), new jobs."""
+"""Where the agent's next job comes from: its own pending entries, dead agents' jobs (reclaim), new jobs.
+
+An idle agent's Redis operations are bounded (issue 28): the blocking read of new jobs paces the loop; its own
+pending list is read only when one of its reads may have left something there (at start, after an iteration
+that had entries: read on past what it returned until it returns nothing) and every ``reclaim_interval``;
+dead agents' jobs are looked for every ``reclaim_interval`` (an entry is reclaimable only after
+``claim_idle_ms`` anyway), and at once again after a reclaim found one.
+"""
 
 from __future__ import annotations
 
+import time
+
 import redis
+
+RECLAIM_EVERY_S = 5.0  # the longest wait between scans for dead agents' jobs (a quarter of claim_idle_ms if less)
 
 
 class IntakeMixin:
     """Reading, reclaiming and housekeeping the jobs stream for ``transfer_agent.daemon.worker.Agent``.
 
-    Uses the agent's ``name``, ``keys``, ``claim_idle_ms``, ``orphan_idle_ms``, ``counters``, ``log``,
-    ``_client``, ``_store`` and ``_autoclaim_cursor``.
+    Uses the agent's ``name``, ``keys``, ``claim_idle_ms``, ``orphan_idle_ms``, ``reclaim_interval``,
+    ``counters``, ``log``, ``_client``, ``_store``, ``_autoclaim_cursor`` and ``_intake_due``.
     """
+
+    def _intake(self, block_ms: int, count: int) -> list[tuple[str, dict | None]]:
+        """The next entries: our own pending ones when due, else dead agents' when due, else new ones (blocking)."""
+        stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
+        self._store.ensure_group()
+        due, now, every = self._intake_due, time.monotonic(), self.reclaim_interval
+        entries: list[tuple[str, dict | None]] = []
+        if due["own_dirty"] or now >= due["own"]:
+            # leftovers in our own pending list (a previous incarnation with this name, a failed ack), read on
+            # from the last one returned: an entry that stays pending (left alone) is not read again at once
+            entries = self._read(stream, group, due["own_from"], block=None, count=count)
+            if entries:
+                due["own_from"] = entries[-1][0]
+            else:
+                due["own_from"], due["own"], due["own_dirty"] = "0", now + every, False
+        if not entries and now >= due["reclaim"]:
+            entries = self._reclaim()  # jobs of dead agents
+            due["reclaim"] = now if entries else now + every  # one found: there may be more, look again next time
+        if not entries:
+            entries = self._read(stream, group, ">", block=block_ms, count=count)  # new jobs
+        if entries:
+            due["own_dirty"] = True  # handling them may leave one pending for us (a failed ack, left alone)
+        return entries
 
     def _read(self, stream: str, group: str, start: str, block: int | None,
               count: int = 1) -> list[tuple[str, dict | None]]:

@@ -88,6 +88,14 @@ class JobRun:
             progress, self._progress = self._progress, None
             return events, progress
 
+    def untake(self, events: list[tuple[str, float, dict]], progress: dict | None) -> None:
+        """Put back what ``take`` gave to a publish that failed (Redis unreachable, a Cluster failing over): they go
+        out first next time, so no event (a landed file's record) is lost; a newer progress record wins."""
+        with self._lock:
+            self._events[:0] = events
+            if self._progress is None:
+                self._progress = progress
+
     def pending(self) -> bool:
         with self._lock:
             return bool(self._events) or self._progress is not None

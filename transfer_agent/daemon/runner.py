@@ -292,6 +292,9 @@ class JobRunnerMixin:
             run.wake.clear()
             try:
                 self._flush(run)
+            except REDIS_UNREACHABLE as exc:  # the events stay buffered (``_flush``) and go out once Redis is back
+                self.counters["publish_errors"] += 1
+                self.log.warning("job %s: Redis unreachable while publishing events (%s); will retry", run.job_id, exc)
             except Exception:
                 self.counters["publish_errors"] += 1
                 self.log.exception("job %s: publishing events failed; will retry", run.job_id)
@@ -304,7 +307,11 @@ class JobRunnerMixin:
             first = False
             events, progress = run.take()
             fields = {"progress": json.dumps(progress, default=str)} if progress is not None else None
-            owner, cancel = self._store.publish(run.job_id, run.attempt, events, fields)
+            try:
+                owner, cancel = self._store.publish(run.job_id, run.attempt, events, fields)
+            except Exception:
+                run.untake(events, progress)  # not lost: published with the next flush (at least once)
+                raise
             self._note_fence(run, owner, cancel)
             if run.lost:
                 return

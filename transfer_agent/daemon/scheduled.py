@@ -55,13 +55,8 @@ class SchedulingMixin:
     ``preempt_wait_s`` and what ``IntakeMixin`` and ``JobRunnerMixin`` use)."""
 
     def _scheduled_iteration(self) -> bool:
-        stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
-        self._store.ensure_group()
-        entries = self._read(stream, group, "0", block=None, count=50)  # read but not admitted (a crash between)
-        if not entries:
-            entries = self._reclaim()
-        if not entries:
-            entries = self._read(stream, group, ">", block=max(1, int(self.sched_interval * 1000)), count=50)
+        # own pending entries read but not admitted (a crash between), dead agents' jobs, new ones (``intake``)
+        entries = self._intake(max(1, int(self.sched_interval * 1000)), count=50)
         for entry_id, fields in entries:
             self._admit(entry_id, fields)
         if self._stop.is_set():

@@ -22,12 +22,12 @@ import redis
 
 from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.client import REDIS_UNREACHABLE, connect, describe
-from fstream_provider.bus.jobs import JobStore
-from fstream_provider.bus.keys import Keys
+from fstream_provider.bus.jobs import JobStore, check_retention
+from fstream_provider.bus.keys import JOB_RETENTION_S, Keys
 from fstream_provider.model.policy import KeyEntry
 from transfer_agent.daemon.authorize import AgentPolicy, Authorizer
 from transfer_agent.daemon.heartbeat import HeartbeatMixin
-from transfer_agent.daemon.intake import IntakeMixin
+from transfer_agent.daemon.intake import RECLAIM_EVERY_S, IntakeMixin
 from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.daemon.runner import REDIS_BACKOFF, JobRunnerMixin
@@ -66,6 +66,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     :param claim_idle_ms: a pending job idle this long whose agent's heartbeat is gone is reclaimed.
     :param orphan_idle_ms: a pending job idle this long is reclaimed whatever the heartbeats say
         (``XAUTOCLAIM``; live agents touch their job's entry, so only orphans get this idle).
+    :param reclaim_interval: seconds between an idle agent's looks for dead agents' jobs (XPENDING, XAUTOCLAIM)
+        and at its own pending list (default: a quarter of ``claim_idle_ms``, at most 5 s; ``intake``).
     :param max_deliveries: a job taken this many times without finishing is dead-lettered next time.
     :param max_retries: in-process retries of retryable failures per claim.
     :param retry_base_s: first backoff delay.
@@ -89,18 +91,22 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     :param preempt_wait_s: a preempted job stops at the latest this long after it was marked, even if its
         preemptor has not moved bytes yet.
     :param drain_grace: seconds ``drain()`` (SIGTERM) gives the running job before it is cut at its checkpoint.
+    :param job_retention_s: how long the jobs this agent finishes (succeeded, failed, refused, cancelled,
+        dead-lettered) keep their hash, events and idempotency key (the TTL its terminal writes set).
     """
 
     def __init__(self, redis_url: str, *, name: str | None = None, policy: AgentPolicy | None = None,
                  secret_file: str | None = None,
                  heartbeat_ttl: float = 10, claim_idle_ms: int = 30000, orphan_idle_ms: int | None = None,
+                 reclaim_interval: float | None = None,
                  max_deliveries: int = 5, max_retries: int = 3, retry_base_s: float = 1.0,
                  retry_cap_s: float = 60.0, block_ms: int = 1000, poll_interval: float = 1.0,
                  flush_interval: float = 0.2, trim_interval: float = 60.0, redis_outage_s: float = 600.0,
                  keys: Keys | None = None, history: Any = None,
                  transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None,
                  scheduler: str = "fifo", sched_config: Any = None, sched_interval: float = 0.5,
-                 preempt_wait_s: float = 30.0, drain_grace: float = 30.0) -> None:
+                 preempt_wait_s: float = 30.0, drain_grace: float = 30.0,
+                 job_retention_s: float = JOB_RETENTION_S) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"agent scheduler {scheduler!r}: must be one of {', '.join(SCHEDULERS)}")
         self.redis_url = redis_url
@@ -114,6 +120,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self.heartbeat_ttl = heartbeat_ttl
         self.claim_idle_ms = int(claim_idle_ms)
         self.orphan_idle_ms = int(orphan_idle_ms if orphan_idle_ms is not None else 10 * claim_idle_ms)
+        self.reclaim_interval = float(reclaim_interval if reclaim_interval is not None
+                                      else min(RECLAIM_EVERY_S, self.claim_idle_ms / 4000))
         self.max_deliveries = int(max_deliveries)
         self.max_retries = int(max_retries)
         self.retry_base_s = retry_base_s
@@ -135,6 +143,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self.sched_interval = sched_interval
         self.preempt_wait_s = preempt_wait_s
         self.drain_grace = drain_grace
+        self.job_retention_s = check_retention(job_retention_s, "agent job_retention_s")
         self._drain_timer: threading.Timer | None = None
         self._board: Any = None
         self.observer: Any = None  # the agent's metrics (transfer_agent.service.metrics): ``job(spec)`` per job
@@ -147,6 +156,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self._client: redis.Redis | None = None
         self._store: JobStore | None = None
         self._autoclaim_cursor = "0-0"
+        # when the intake next reads our own pending list / looks for dead agents' jobs (``intake``)
+        self._intake_due: dict[str, Any] = {"own": 0.0, "own_dirty": True, "own_from": "0", "reclaim": 0.0}
         self._last_trim = 0.0
         self._started_at = 0.0
 
@@ -204,7 +215,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
 
             self.transfer_factory = Transfer
         self._client = connect(self.redis_url)
-        self._store = JobStore(self._client, keys=self.keys)
+        self._store = JobStore(self._client, keys=self.keys, retention_s=self.job_retention_s)
         self.authorizer = Authorizer(self.policy, self._client, self.keys)
         self.audit = AuditLog(self._client, self.keys)
         if self.scheduler != "fifo":
@@ -274,16 +285,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     def _iteration(self) -> bool:
         if self._board is not None:
             return self._scheduled_iteration()
-        stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
-        self._store.ensure_group()
-        # 1. leftovers in our own pending list (a previous incarnation with this name, a failed ack)
-        entries = self._read(stream, group, "0", block=None)
-        # 2. jobs of dead agents
-        if not entries:
-            entries = self._reclaim()
-        # 3. new jobs
-        if not entries:
-            entries = self._read(stream, group, ">", block=self.block_ms)
+        # our own pending entries, dead agents' jobs, new jobs (``intake``: the first two when due)
+        entries = self._intake(self.block_ms, count=1)
         for entry_id, fields in entries:
             if self._stop.is_set():
                 break
