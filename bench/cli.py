@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
              "authz": "fstream_bench.authz_bench", "deadline": "fstream_bench.deadline_bench",
              "live-view": "fstream_bench.live_view_bench", "drain": "fstream_bench.drain_bench",
              "metrics": "fstream_bench.metrics_bench", "doctor": "fstream_bench.doctor_bench",
-             "rotation": "fstream_bench.rotation_bench"}
+             "rotation": "fstream_bench.rotation_bench", "retention": "fstream_bench.retention_bench",
+             "history-cache": "fstream_bench.history_cache_bench", "triggerer": "fstream_bench.triggerer_bench",
+             "sched-cycle": "fstream_bench.sched_cycle_bench", "facility": "fstream_bench.facility_jobs"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 

@@ -18,6 +18,7 @@ is the same with and without the cache). Run: ``python -m fstream_bench.history_
 
 from __future__ import annotations
 
+
 import argparse
 import gc
 import json
@@ -38,6 +39,10 @@ from fstream_provider.tuning.base import PathInfo
 from fstream_provider.tuning.harp import optimizer_for, request_for
 from fstream_provider.tuning.harp_history import CALIBRATION_GRID, SIZE_OF_CHUNK, HistoryRow, chunk_of
 from transfer_agent.sending.history_io import HISTORY_LOAD_LIMIT, BackgroundHistory
+
+#: what a result exercised (``provenance``)
+MODULES = ("fstream_provider.bus", "fstream_provider.tuning", "transfer_agent.sending.history_io",
+           "fstream_bench.history_cache_bench")
 
 log = logging.getLogger("fstream.bench.history_cache")
 
@@ -191,10 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-all-rows", action="store_true", help="skip loading the whole stream into a cache")
     ap.add_argument("--no-baseline", action="store_true", help="skip the jobs as they ran before the cache")
+    ap.add_argument("--results", default=None, help="directory of the result file (default bench/results)")
     args = ap.parse_args(argv)
-    result = run(args.rows, limit=args.limit, new_rows=args.new_rows, repeat=args.repeat,
-                 all_rows=not args.no_all_rows, baseline=not args.no_baseline)
-    json.dump(result, sys.stdout, indent=2)
+    from fstream_bench.saved import run_saved
+
+    result = run_saved("history-cache", list(sys.argv[1:] if argv is None else argv), MODULES,
+                       lambda: run(args.rows, limit=args.limit, new_rows=args.new_rows, repeat=args.repeat,
+                                   all_rows=not args.no_all_rows, baseline=not args.no_baseline), args.results)
+    json.dump({k: v for k, v in result.items() if k not in ("machine", "provenance")}, sys.stdout, indent=2)
     print()
     return 0
 

@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from fstream_provider.bus.aio_shared import raise_if_cancelled
 from fstream_provider.bus.follow import JobFollow, OnEvent
+from fstream_provider.bus.follow_mux import mux_follower
+from fstream_provider.bus.job_state import decode_event
+
+__all__ = ["afollow_job", "job_event_reader", "follow_mux_enabled", "raise_if_cancelled", "ReadEvents"]
+
+ReadEvents = Callable[..., Awaitable[list[tuple[str, dict]]]]
+
+#: ``FSTREAM_FOLLOW_MUX=0`` puts the triggers back on the path before issue 28 (a client of their own, one
+#: ``XREAD BLOCK`` each): for ``bench/triggerer_bench.py``'s comparison only, not a setting to run with
+FOLLOW_MUX_ENV = "FSTREAM_FOLLOW_MUX"
 
 
-def raise_if_cancelled() -> None:
-    """Re-raise a cancellation of the current task that an awaited call swallowed.
+def follow_mux_enabled() -> bool:
+    """True unless ``FSTREAM_FOLLOW_MUX`` is ``0``/``false``/``no``/``off`` (read at each call, never at import)."""
+    return os.environ.get(FOLLOW_MUX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
-    ``redis.asyncio`` can lose a ``CancelledError`` that lands while a blocking command's internal
-    timeout fires (redis/redis-py#2551, #2028): the command returns normally and a trigger the
-    triggerer cancelled (shutdown, reassignment) would keep running and fire later. ``Task.cancelling()``
-    still counts the request, so checking it after every Redis call restores the cancellation.
+
+@contextlib.asynccontextmanager
+async def job_event_reader(url: str, key: str, after: str = "0-0") -> AsyncIterator[ReadEvents]:
+    """A ``read_events`` for ``afollow_job`` that reads ``key`` through the running loop's shared mux for ``url``
+    (``bus.follow_mux``: one ``XREAD BLOCK`` for every stream followed on the loop); unregistered on exit.
+
+    It answers as ``FStreamAsyncHook.read_events`` does: ``await read_events(job_id, after=, block_ms=, count=)``
+    gives the decoded events after ``after``, waiting up to ``block_ms`` for the first (none: one look).
     """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError("trigger cancelled (the cancellation was swallowed by the Redis client)")
+    async with mux_follower(url, key, after) as follower:
+        async def read_events(_job_id: str = "", *, after: str = "0-0", block_ms: int | None = None,
+                              count: int = 100) -> list[tuple[str, dict]]:
+            entries = await follower.read(after=after, block_ms=block_ms, count=count)
+            return [decode_event(eid, fields) for eid, fields in entries]
+
+        yield read_events
 
 
-async def afollow_job(get_state: Callable[[str], Awaitable[Any]],
-                      read_events: Callable[..., Awaitable[list[tuple[str, dict]]]], job_id: str, *,
+async def afollow_job(get_state: Callable[[str], Awaitable[Any]], read_events: ReadEvents, job_id: str, *,
                       on_event: OnEvent | None = None, after: str = "0-0", block_ms: int = 5000,
                       count: int = 500, on_idle: Callable[[Any], Awaitable[None]] | None = None
                       ) -> tuple[str, dict]:
@@ -34,7 +54,8 @@ async def afollow_job(get_state: Callable[[str], Awaitable[Any]],
     swallowed cancellation is re-raised (``raise_if_cancelled``).
 
     :param get_state: ``await get_state(job_id)``: the ``JobState`` or None (``FStreamAsyncHook.get_state``).
-    :param read_events: ``await read_events(job_id, after=, block_ms=, count=)`` (``FStreamAsyncHook.read_events``).
+    :param read_events: ``await read_events(job_id, after=, block_ms=, count=)``: ``FStreamAsyncHook.event_reader``
+        gives one that reads through the loop's shared mux (``job_event_reader``).
     :param on_event: called as ``on_event(entry_id, event)`` for every event after ``after``.
     :param on_idle: awaited with the fresh state after every read that brought nothing (may raise).
     """

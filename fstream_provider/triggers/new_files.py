@@ -39,6 +39,9 @@ WARN_EVERY_S = 60.0  # a missing directory or a Redis outage is logged once a mi
 class NewFilesWatch:
     """What one poll loop over a scope needs: scanner, async hook, pending store and watcher (opened lazily).
 
+    The hook's client is the triggerer loop's shared one for the connection's Redis (``bus.aio_shared``): every
+    watcher and transfer trigger on that loop polls over the same few connections; ``close`` gives it back.
+
     :param trigger: the trigger whose settings (path, pattern, scope, counts, identity...) this loop follows.
     """
 

@@ -17,9 +17,10 @@ from fstream_provider.model.tasklog import live_event_line
 class FStreamTransferTrigger(BaseTrigger):
     """Wait for an FStream job to finish; yield one event ``{"status", "message", "job_id", ...}``.
 
-    It reads the job's Redis event stream from ``last_event_id`` with blocking ``XREAD`` on a native
-    ``redis.asyncio`` client (no polling delay), logs one line per interval, and fires when the
-    ``done`` event arrives. If the triggerer restarts, the trigger is rebuilt from ``serialize()``
+    It reads the job's Redis event stream from ``last_event_id`` on a native ``redis.asyncio`` client,
+    through the triggerer loop's one blocking ``XREAD`` for every followed job (``bus.follow_mux``: a few
+    Redis connections per triggerer, not one per deferred task), logs one line per interval, and fires
+    when the ``done`` event arrives. If the triggerer restarts, the trigger is rebuilt from ``serialize()``
     and re-reads from ``last_event_id``: nothing is missed, and the log lines are rebuilt in full
     by ``execute_complete`` anyway.
 
@@ -27,7 +28,7 @@ class FStreamTransferTrigger(BaseTrigger):
     :param fstream_conn_id: the ``fstream`` connection.
     :param last_event_id: stream id to read after (``0-0``: from the start).
     :param target_throughput_bps: the job's target, shown in the per-interval lines.
-    :param block_ms: how long one ``XREAD`` blocks before re-checking the job hash.
+    :param block_ms: how long a read waits for this job's events before re-checking the job hash.
     :param agent_timeout: seconds the job may stay queued with no live agent before the trigger fires an
         error (and cancels the job); None waits for ever. Counted from when this trigger (re)started.
     :param agent_hint: how to start an agent, for that error.
@@ -98,8 +99,9 @@ class FStreamTransferTrigger(BaseTrigger):
                 watch.check(self.job_id, state.state, len(alive))
 
         try:
-            eid, done = await afollow_job(hook.get_state, hook.read_events, self.job_id, on_event=on_event,
-                                          after=self.last_event_id, block_ms=self.block_ms, on_idle=on_idle)
+            async with hook.event_reader(self.job_id, self.last_event_id) as read_events:
+                eid, done = await afollow_job(hook.get_state, read_events, self.job_id, on_event=on_event,
+                                              after=self.last_event_id, block_ms=self.block_ms, on_idle=on_idle)
         except NoAgentError as exc:
             await hook.request_cancel(self.job_id, str(exc))
             return {"status": "error", "job_id": self.job_id, "state": "cancelled",
