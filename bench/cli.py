@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
              "metrics": "fstream_bench.metrics_bench", "doctor": "fstream_bench.doctor_bench",
              "rotation": "fstream_bench.rotation_bench", "retention": "fstream_bench.retention_bench",
              "history-cache": "fstream_bench.history_cache_bench", "triggerer": "fstream_bench.triggerer_bench",
-             "sched-cycle": "fstream_bench.sched_cycle_bench", "facility": "fstream_bench.facility_jobs"}
+             "sched-cycle": "fstream_bench.sched_cycle_bench", "facility": "fstream_bench.facility_jobs",
+             "sched-compute": "fstream_bench.sched_compute_bench"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 

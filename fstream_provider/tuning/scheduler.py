@@ -32,11 +32,19 @@ Readings where the printed listings and the text disagree (the text wins):
 
 Departures: changing a running task's cc is not a restart in FStream (the agent retunes live), so
 ``Action('resize')`` costs the transfer nothing; the paper's GridFTP restarts the transfer.
+
+Cost (thousands of live tasks, a cycle by every idle agent twice a second): per-endpoint sums, saturation and
+FindThrCC per (ends, loads) are kept until a task changes; a waiting task's xfactor is a few operations; waiting
+tasks that cannot act until a running one changes (``_gate``) are neither sorted nor visited. The decisions and
+reasons are the plain computation's (``tests/test_scheduler_scale.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
 
 from fstream_provider.tuning.sched_model import LoadModel, find_thr_cc
 
@@ -170,6 +178,8 @@ class SealScheduler:
         self._fresh: dict[str, float] = {}  # endpoint -> predicted bps started this cycle
         self._thr_cache: dict[tuple, tuple[int, float]] = {}  # FindThrCC per (ends, loads, cap) within a cycle
         self._run: list[Task] = []
+        self._memo: dict[tuple, Any] = {}  # sums, saturation...: until a task changes here; a cycle starts afresh
+        self._version = 0  # bumped by ``_touch``
 
     @property
     def name(self) -> str:
@@ -182,52 +192,62 @@ class SealScheduler:
         task.state = "waiting"
         task.ideal_s = self.model.ideal_time(task.src, task.dst, task.size, self._cc_cap(task), self.cfg.beta)
         self.tasks[task.id] = task
+        self._memo.clear()
 
     def progress(self, task_id: str, done_bytes: float, rate_bps: float) -> None:
         """A task's committed bytes and its recent rate (folded into the model's correction next cycle)."""
         t = self.tasks[task_id]
         t.done_bytes, t.rate_bps = done_bytes, rate_bps
+        self._memo.clear()
 
     def finished(self, task_id: str) -> None:
         self.tasks[task_id].state = "done"
+        self._memo.clear()
 
     # -- one scheduling cycle (Listing 1) ---------------------------------------------------------
     def cycle(self, now: float) -> list[Action]:
-        dt = max(0.0, now - self._last)
-        self._last = now
-        self._fresh = {}
-        self._thr_cache = {}
+        dt, self._last = max(0.0, now - self._last), now
+        self._fresh, self._thr_cache = {}, {}
         self.tasks = {k: t for k, t in self.tasks.items() if t.state != "done"}  # Listing 1 line 3
-        for t in self.tasks.values():
+        for t in self.tasks.values() if dt or self.cfg.promote_after_s is not None else ():  # (+= 0.0: no change)
             if t.state == "waiting":
                 t.wait_s += dt if t.arrival <= now - dt else max(0.0, now - t.arrival)
+                if t.klass == "batch" and self.cfg.promote_after_s is not None and \
+                        now - t.arrival >= self.cfg.promote_after_s:
+                    t.klass = "interactive"
             elif t.state == "running":
                 t.trans_s += dt
-            if (t.klass == "batch" and self.cfg.promote_after_s is not None and t.state == "waiting"
-                    and now - t.arrival >= self.cfg.promote_after_s):
-                t.klass = "interactive"
         live = list(self.tasks.values())
         self._run = [t for t in live if t.state == "running"]
+        self._touch()
         for t in self._run:  # §4.2: recent transfers correct the history's model
             if t.rate_bps > 0:
                 predicted = self.model.throughput(t.src, t.dst, t.cc, self._load(t.src, t), self._load(t.dst, t),
                                                   corrected=False)
                 self.model.observe(t.src, t.dst, predicted, t.rate_bps)
-        for t in live:
-            t.xfactor = self._xfactor(t)
-        waiting = sorted((t for t in live if t.state == "waiting"), key=lambda t: -t.xfactor)
+        waiting, awake, interactive_waiting = self._xfactors(live)
         actions: list[Action] = []
-        interactive_waiting = any(t.klass == "interactive" for t in waiting)
         if self.cfg.resize_running and (not waiting or (self.cfg.steal and not interactive_waiting)):
             actions += self._raise_cc("interactive" if self.cfg.steal else None)
         if self.cfg.resize_running and self.cfg.steal and not waiting:
             actions += self._raise_cc("batch")
-        for task in waiting:
+        awake.sort(key=attrgetter("xfactor"), reverse=True)  # stable: ties in submission order
+        queue, version, last, i = awake, self._version, None, 0
+        while True:  # the waiting tasks, highest xfactor first
+            if version != (version := self._version) and len(awake) < len(waiting):  # those held may act now
+                queue, awake, i = self._after(waiting, last), waiting, 0
+            if i == len(queue):
+                return actions
+            task = last = queue[i]
+            i += 1
             if task.state != "waiting":
                 continue
-            if self.cfg.steal and task.klass == "batch":
-                if not self._saturated(task.src, self.cfg.lambda_) and not self._saturated(task.dst, self.cfg.lambda_):
-                    actions += self._start(task, f"batch: both ends below lambda={self.cfg.lambda_:g} of their maximum")
+            key = ("gate", task.src, task.dst, task.klass)
+            gate = self._memo.get(key) or self._memo.setdefault(key, self._gate(task))
+            if task.xfactor < gate[0] and task.size >= gate[1]:
+                continue
+            if self.cfg.steal and task.klass == "batch":  # not held: both ends below lambda
+                actions += self._start(task, f"batch: both ends below lambda={self.cfg.lambda_:g} of their maximum")
                 continue
             small = self._small(task)
             if self.cfg.steal and (self.cfg.small_preempts_batch or not small):
@@ -248,7 +268,76 @@ class SealScheduler:
             if cl:
                 actions += self._preempt(cl, task, f"xfactor {task.xfactor:.2f} >= pf={self.cfg.pf:g} x theirs")
                 actions += self._start(task, f"saturated; preempted {len(cl)} task(s)")
-        return actions
+
+    def _xfactors(self, live: list[Task]) -> tuple[list[Task], list[Task], bool]:
+        """Sets the xfactors; the waiting tasks, those their ``_gate`` does not hold, and if one is interactive."""
+        for t in self._run:  # first: the gates sort them by xfactor
+            t.xfactor = self._xfactor(t)
+        waiting, awake, group, interactive = [], [], {}, False
+        steal, startup, single, inf = self.cfg.steal, self.model.startup_s, self.cfg.single_bytes, float("inf")
+        for t in live:
+            if t.state != "waiting":
+                if t.state != "running":
+                    t.xfactor = self._xfactor(t)
+                continue
+            waiting.append(t)
+            size, batch = t.size, t.klass == "batch"
+            g = group.get((t.src, t.dst, size <= single, t.klass))  # the same for one pair, size class and class
+            if g is None:
+                g = group[(t.src, t.dst, size <= single, t.klass)] = (self._find_thr_cc(t, False)[1], *self._gate(t))
+            thr, below, limit = g
+            left, ideal = size - t.done_bytes, t.ideal_s  # max(0.0, left) and max(ideal, 1e-9), as max() picks
+            load_s = ((left if left > 0.0 else 0.0) * 8 / thr if thr > 0 else inf) + t.trans_s + startup
+            x = (t.wait_s + load_s) / (1e-9 if 1e-9 > ideal else ideal)
+            t.xfactor = x = x * BATCH_SCALE if steal and batch else x
+            interactive = interactive or t.klass == "interactive"
+            if not (x < below and size >= limit):
+                awake.append(t)
+        return waiting, awake, interactive
+
+    def _gate(self, t: Task) -> tuple[float, float]:
+        """``(below, limit)``: until a running task changes, a waiting task with an xfactor below ``below`` and a size
+        not below ``limit`` does nothing. STEAL: a batch task while an end is above lambda (interactive ones are
+        decided one by one). SEAL: a task that is not small on a saturated end where FindTasksToPreempt stops at
+        once, pf x the lowest xfactor it could preempt being above the task's."""
+        inf, src, dst, lam = float("inf"), t.src, t.dst, self.cfg.lambda_
+        if self.cfg.steal:
+            held = t.klass == "batch" and (self._saturated(src, lam) or self._saturated(dst, lam))
+            return inf if held else -inf, -inf
+        ends = [self._candidates(h) for h in (src, dst) if self._saturated(h)]
+        limit = self.cfg.small_bytes if self.cfg.small_s is None else self.cfg.small_s * min(
+            self.model.curve(src).capacity_bps, self.model.curve(dst).capacity_bps) / 8  # as ``_small``
+        return min((self.cfg.pf * c[0].xfactor if c else inf for c in ends), default=-inf), limit
+
+    def _after(self, waiting: list[Task], last: Task | None) -> list[Task]:
+        """The waiting tasks the cycle comes to after ``last`` (all if None), in its order."""
+        rest = sorted((t for t in waiting if t.state == "waiting" or t is last), key=attrgetter("xfactor"),
+                      reverse=True)
+        return rest[next(i for i, t in enumerate(rest) if t is last) + 1:] if last is not None else rest
+
+    # -- what the running tasks add up to, kept until a task changes (``_touch``, ``_memo.clear``) ------
+    def _touch(self) -> None:
+        self._memo, self._version = {}, self._version + 1
+
+    def _kept(self, key: tuple, make: Callable[[], Any]) -> Any:
+        return self._memo[key] if key in self._memo else self._memo.setdefault(key, make())
+
+    def _sums(self) -> tuple[dict, dict, dict, dict, set]:
+        """Per endpoint over the running tasks (``_run`` order): cc, rates (added as ``sum`` did), links, tasks; ids."""
+        if ("sums",) in self._memo:
+            return self._memo[("sums",)]
+        load, rate, links, at, ids = {}, {}, {}, {}, set()
+        for t in self._run:
+            if t.state == "running":
+                ids.add(id(t))
+                for host in (t.src,) if t.src == t.dst else (t.src, t.dst):
+                    load[host] = load.get(host, 0) + t.cc
+                    rate[host] = rate.get(host, 0) + t.rate_bps
+                    pairs = links.setdefault(host, {})
+                    pairs[(t.src, t.dst)] = pairs.get((t.src, t.dst), 0) + t.cc
+                    at.setdefault(host, []).append(t)
+        self._memo[("sums",)] = load, rate, links, at, ids
+        return load, rate, links, at, ids
 
     # -- Listing 2 ------------------------------------------------------------------------------------
     def _small(self, t: Task) -> bool:
@@ -261,8 +350,9 @@ class SealScheduler:
         return 1 if t.size <= self.cfg.single_bytes else self.cfg.max_cc
 
     def _load(self, host: str, exclude: Task | None = None, without: tuple[Task, ...] = ()) -> float:
-        return sum(t.cc for t in self._run if t.state == "running" and t is not exclude
-                   and t not in without and host in (t.src, t.dst))
+        load, _rate, _links, _at, ids = self._sums()  # (``without`` never holds ``exclude`` nor a task twice)
+        return load.get(host, 0) - sum(u.cc for u in (exclude, *without)
+                                       if u is not None and id(u) in ids and host in (u.src, u.dst))
 
     def _find_thr_cc(self, t: Task, ideal: bool, without: tuple[Task, ...] = ()) -> tuple[int, float]:
         src_cc = 0.0 if ideal else self._load(t.src, t, without)
@@ -287,20 +377,18 @@ class SealScheduler:
         return x * BATCH_SCALE if (self.cfg.steal and t.klass == "batch") else x
 
     def _aggregate(self, host: str) -> float:
-        return sum(t.rate_bps for t in self._run if t.state == "running" and host in (t.src, t.dst)) \
-            + self._fresh.get(host, 0.0)
+        return self._sums()[1].get(host, 0) + self._fresh.get(host, 0.0)
 
     def _saturated(self, host: str, share: float = 1.0) -> bool:
+        return self._kept(("saturated", host, share), lambda: self._saturation(host, share))
+
+    def _saturation(self, host: str, share: float) -> bool:
         curve = self.model.curve(host)
         if self._aggregate(host) >= self.cfg.saturation * share * curve.capacity_bps:
             return True
         if self._load(host) >= self.cfg.max_total_cc:
             return True
-        links: dict[tuple[str, str], int] = {}
-        for t in self._run:
-            if t.state == "running" and host in (t.src, t.dst):
-                links[(t.src, t.dst)] = links.get((t.src, t.dst), 0) + t.cc
-        tested = sorted(links.items(), key=lambda kv: -kv[1])[:3]
+        tested = sorted(self._sums()[2].get(host, {}).items(), key=lambda kv: -kv[1])[:3]
         if not tested:
             return False
         for (src, dst), cc in tested:
@@ -314,11 +402,10 @@ class SealScheduler:
 
     def _to_preempt(self, host: str, task: Task) -> list[Task]:
         """FindTasksToPreempt: running tasks at ``host``, lowest xfactor first, while pf allows and needed."""
-        running = sorted((t for t in self._run if t.state == "running" and host in (t.src, t.dst)),
-                         key=lambda t: t.xfactor)
-        if not running:
+        running = self._candidates(host)
+        if not running or self.cfg.pf * running[0].xfactor > task.xfactor:
             return []
-        highest = max(t.xfactor for t in self._run if t.state == "running")
+        highest = self._kept(("highest",), lambda: max(t.xfactor for t in self._run if t.state == "running"))
         cl: list[Task] = []
         for r in running:
             if self.cfg.pf * r.xfactor > task.xfactor:
@@ -332,6 +419,16 @@ class SealScheduler:
                 break
         return cl
 
+    def _candidates(self, host: str) -> list[Task]:
+        """The running tasks at ``host`` by xfactor, less those the preempt guard spares whatever waits."""
+        at = self._kept(("running", host), lambda: sorted(self._sums()[3].get(host, []), key=attrgetter("xfactor")))
+        return self._kept(("preemptible", host), lambda: [r for r in at if self._preemptible(r)]) \
+            if self.cfg.preempt_guard_s else at
+
+    def _preemptible(self, r: Task) -> bool:
+        return not r.trans_s - r.run_start < self.cfg.preempt_guard_s and not (
+            r.rate_bps > 0 and r.left * 8 / r.rate_bps <= 2 * self.model.startup_s)
+
     def _worth_preempting(self, r: Task, task: Task, cl: list[Task]) -> bool:
         """The ``preempt-guard`` switch: a task is preempted only once it has run ``preempt_guard_s`` since it
         (re)started, would still need longer than a restart costs (§4.3: each preemption pays a new
@@ -339,16 +436,13 @@ class SealScheduler:
         task's xfactor is pf times its own *with the victim gone*. The waiting task's xfactor under the
         current load counts the very contention the victim causes, so a task just preempted at once
         outranked its preemptor by pf and took its place back, cycle after cycle."""
-        if r.trans_s - r.run_start < self.cfg.preempt_guard_s:
-            return False
-        if r.rate_bps > 0 and r.left * 8 / r.rate_bps <= 2 * self.model.startup_s:
-            return False
-        return self._xfactor(task, tuple(cl) + (r,)) >= self.cfg.pf * r.xfactor
+        return self._preemptible(r) and self._xfactor(task, tuple(cl) + (r,)) >= self.cfg.pf * r.xfactor
 
     def _batch_to_preempt(self, task: Task) -> list[Task]:
         """FindBatchTasksToPreempt (Listing 4): batch tasks at the task's ends, while each one freed helps."""
-        batch = sorted((t for t in self._run if t.state == "running" and t.klass == "batch"
-                        and ({t.src, t.dst} & {task.src, task.dst})), key=lambda t: t.xfactor)
+        batch = self._kept(("batch", task.src, task.dst), lambda: sorted(
+            (t for t in self._run if t.state == "running" and t.klass == "batch"
+             and ({t.src, t.dst} & {task.src, task.dst})), key=attrgetter("xfactor")))
         if not batch:
             return []
         goal = self._find_thr_cc(task, False, tuple(batch))[1]
@@ -366,13 +460,11 @@ class SealScheduler:
     # -- actions ------------------------------------------------------------------------------------
     def _start(self, task: Task, why: str) -> list[Action]:
         cc, thr = self._find_thr_cc(task, False)
-        task.state, task.cc = "running", cc
-        task.run_start = task.trans_s
-        task.rate_bps = 0.0
+        task.state, task.cc, task.run_start, task.rate_bps = "running", cc, task.trans_s, 0.0
         self._run.append(task)
-        self._thr_cache = {}
         for host in (task.src, task.dst):
             self._fresh[host] = self._fresh.get(host, 0.0) + thr
+        self._touch()
         return [Action("start", task.id, cc, reason=f"{self.name}: start {task.id} cc={cc} "
                                                     f"(predicted {thr / 1e6:.0f} Mbit/s): {why}")]
 
@@ -381,9 +473,9 @@ class SealScheduler:
         for v in victims:
             v.state, v.cc, v.rate_bps = "waiting", 0, 0.0
             v.preemptions += 1
-            self._thr_cache = {}
             out.append(Action("preempt", v.id, by=task.id, reason=f"{self.name}: preempt {v.id} (xfactor "
                                                                     f"{v.xfactor:.2f}) for {task.id}: {why}"))
+        self._touch()
         return out
 
     def _raise_cc(self, klass: str | None) -> list[Action]:
@@ -398,9 +490,9 @@ class SealScheduler:
             if cc > t.cc:
                 gain = thr - t.rate_bps
                 old, t.cc = t.cc, cc
-                self._thr_cache = {}
                 for host in (t.src, t.dst):
                     self._fresh[host] = self._fresh.get(host, 0.0) + max(0.0, gain)
+                self._touch()
                 why = "nothing waits" if klass in (None, "batch") else "no interactive task waits"
                 out.append(Action("resize", t.id, cc, reason=f"{self.name}: {t.id} cc {old} -> {cc}: {why} "
                                                                f"and its ends have room"))

@@ -1,0 +1,41 @@
+"""Readers of issue 28's results for the goals table (``bench/goals.py``): the million-file stream and the facility's
+jobs. Each turns one result document into (measured, met)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MB = 1e6
+
+
+def stream_goal(doc: dict, _: Path) -> tuple[str, str]:
+    """A million-file ``--watch`` stream: peak RSS of both sides, files/s, idle rescans, and the restart.
+
+    Met: both peaks < 300 MB, ≥ 2,000 files/s overall, idle rescans list nothing (O(new files)), the restart moves
+    new bytes within 60 s and lands only the new files."""
+    last, r, idle = doc["checkpoints"][-1], doc["restart"], doc["idle_scans"]
+    peaks = doc["peak_rss"]
+    via = "`fstream agent` job" if doc.get("via") == "agent" else "`fstream send --watch`"
+    redis = (f"; Redis {doc['checkpoints'][-1]['redis_bytes'] / last['files']:.0f} B per file at "
+             f"{last['files']:,}" if last.get("redis_bytes") is not None else "")
+    text = (f"{doc['files']:,} × {doc['size'] // 1024} KiB via {via}: peak RSS sender {peaks['sender'] / 2**20:.0f} MiB, "
+            f"receiver {peaks['receiver'] / 2**20:.0f} MiB; {doc['files_per_s']:.0f} files/s overall "
+            f"({doc['steady_files_per_s'] or 0:.0f} steady); idle rescans list {idle['listed_max']} entries; restart: "
+            f"first new file after {r['first_new_s'] or 0:.1f} s, {r['landed_new']} new and {r['landed_old_again']} "
+            f"old files landed{redis}")
+    ok = (doc["landed"] >= doc["files"] and max(peaks.values()) < 300 * MB and doc["files_per_s"] >= 2000
+          and idle["listed_max"] == 0 and r["first_new_s"] is not None and r["first_new_s"] <= 60
+          and r["landed_new"] == r["new_files"] and r["landed_old_again"] == 0)
+    return text, "yes" if ok else "no"
+
+
+def facility_goal(doc: dict, _: Path) -> tuple[str, str]:
+    """Submit → first byte (the file's OPEN) of small interactive jobs while the board is deep; met at p50 ≤ 0.3 s
+    and p99 ≤ 1 s with every probe succeeded."""
+    s = doc["to_opened"]
+    text = (f"submit → first byte p50 {s['p50']:.3f} s, p99 {s['p99']:.3f} s ({s['min']:.3f}–{s['max']:.3f}, "
+            f"{s['n']} probes; claimed p50 {doc['to_claimed']['p50']:.3f} s) with {doc['live']:,} live jobs, "
+            f"{doc['agents']} agents, {doc['history']:,} history rows; agents' CPU {doc['agents_cpu_per_s']:.2f} s/s, "
+            f"Redis {doc['redis_cmds_per_s']:.0f} commands/s")
+    ok = s["n"] == doc["probes"] and doc["succeeded"] == doc["probes"] and s["p50"] <= 0.3 and s["p99"] <= 1.0
+    return text, "yes" if ok else "no"
