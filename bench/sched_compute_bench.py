@@ -159,9 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", default="steady,acting")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--results", default=None, help="directory of the result file (default bench/results)")
     args = ap.parse_args(argv)
-    res = run(tuple(int(x) for x in args.live.split(",")), tuple(int(x) for x in args.running.split(",")),
-              args.repeat, args.profile, tuple(args.config.split(",")), tuple(args.scenario.split(",")))
+    from fstream_bench.saved import run_saved
+
+    res = run_saved("sched-compute", list(sys.argv[1:] if argv is None else argv),
+                    ("fstream_provider.tuning", "fstream_bench.sched_compute_bench"),
+                    lambda: run(tuple(int(x) for x in args.live.split(",")),
+                                tuple(int(x) for x in args.running.split(",")), args.repeat, args.profile,
+                                tuple(args.config.split(",")), tuple(args.scenario.split(","))), args.results)
     for row in res["rows"]:
         print(f"{row['config']:>13} {row['scenario']:>7} live={row['live']:>6} running={row['running']:>3}: "
               f"cycle {row['cycle_ms']:8.2f} ms  kept {row['kept_ms']:8.2f} ms  submit {row['submit_ms']:8.2f} ms  "

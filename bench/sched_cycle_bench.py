@@ -276,9 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         for mode, idle in r["idle"].items():
             print(f"live {r['live']} finished {r['finished']} {mode}: {idle['ops_per_agent_s']:.1f} ops/s per idle "
                   f"agent: {idle['by_command_per_agent_s']}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({**result, "provenance": provenance.finish(prov)}, f, indent=1)
+    from fstream_bench.report import machine_info
+    from fstream_bench.saved import RESULTS_DIR
+
+    path = a.json or str(RESULTS_DIR / f"sched-cycle-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json")
+    with open(path, "w") as f:
+        json.dump({**result, "machine": machine_info(), "provenance": provenance.finish(prov),
+                   "command": prov["command"]}, f, indent=1)
+    print(f"results: {path}")
     return 0
 
 
