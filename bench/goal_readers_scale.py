@@ -39,3 +39,23 @@ def facility_goal(doc: dict, _: Path) -> tuple[str, str]:
             f"Redis {doc['redis_cmds_per_s']:.0f} commands/s")
     ok = s["n"] == doc["probes"] and doc["succeeded"] == doc["probes"] and s["p50"] <= 0.3 and s["p99"] <= 1.0
     return text, "yes" if ok else "no"
+
+
+def sched_cycle_goal(doc: dict, _: Path) -> tuple[str, str]:
+    """An idle agent's scheduling cycle at the largest live count, with and without finished jobs: wall time,
+    Redis commands, and the idle agents' Redis operations per second. Met: the steady cycle ≤ 10 ms, its commands
+    the same with 0 and with the most finished jobs, and every idle agent's ops/s the same at every size (±20 %)."""
+    rows = doc["rows"]
+    top = max(r["live"] for r in rows)
+    at = {r["finished"]: r for r in rows if r["live"] == top}
+    lo, hi = at[min(at)], at[max(at)]
+    steady = [r["cycle"]["steady"] for r in (lo, hi)]
+    ops = {m: [r["idle"][m]["ops_per_agent_s"] for r in rows] for m in rows[0]["idle"]}
+    text = (f"at {top:,} live jobs: steady cycle {steady[0]['wall_ms']:.2f} ms with {int(steady[0]['commands'])} "
+            f"commands ({min(at):,} finished) and {steady[1]['wall_ms']:.2f} ms with {int(steady[1]['commands'])} "
+            f"({max(at):,} finished); a cold cycle {lo['cycle']['cold']['wall_ms']:.1f} ms; idle agents' Redis ops/s "
+            + ", ".join(f"{m} {min(v):.1f}–{max(v):.1f}" for m, v in ops.items())
+            + f" over {len(rows)} sizes ({doc['agents']} agents)")
+    ok = (max(s["wall_ms"] for s in steady) <= 10 and steady[0]["commands"] == steady[1]["commands"]
+          and all(max(v) <= 1.2 * min(v) for v in ops.values()))
+    return text, "yes" if ok else "no"

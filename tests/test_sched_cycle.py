@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
+import threading
 import time
 
 import pytest
@@ -260,3 +261,43 @@ def test_an_idle_plain_agent_looks_for_dead_agents_jobs_every_reclaim_interval(r
         assert [e for e, _ in got] == [entry]
     finally:
         agent._client.close()
+
+
+def test_one_idle_agent_cycles_per_turn_and_a_start_hands_the_turn_on(redis_client, keys) -> None:
+    a, b = SchedBoard(redis_client, keys, AGENTS_CFG), SchedBoard(redis_client, keys, AGENTS_CFG)
+    assert a.take_turn("a", 0.5) and not b.take_turn("b", 0.5)
+    assert 0 < redis_client.pttl(keys.sched_turn()) <= 250  # half the interval
+    b.end_turn("b")  # not b's turn: nothing happens
+    assert redis_client.get(keys.sched_turn()) == "a"
+    a.end_turn("a")  # a's cycle started a job: the next agent may cycle at once
+    assert b.take_turn("b", 0.5) and redis_client.get(keys.sched_turn()) == "b"
+
+
+def test_idle_scheduled_agents_share_the_cycles_instead_of_each_running_them(redis_url, redis_client, keys,
+                                                                              monkeypatch) -> None:
+    """Eight idle agents over a saturated board for 3 s: about one cycle per quarter second in all (issue 28),
+    where each agent used to run two a second (48)."""
+    _busy_board(redis_client, keys, 40)
+    plans: collections.Counter = collections.Counter()
+    real_plan = SchedBoard.plan
+
+    def counted(self, agent, now=None):  # noqa: ANN001, ANN202
+        plans[agent] += 1
+        return real_plan(self, agent, now)
+
+    monkeypatch.setattr(SchedBoard, "plan", counted)
+    agents = [Agent(redis_url, name=f"idle-{i}", keys=keys, scheduler="steal") for i in range(8)]
+    threads = [threading.Thread(target=ag.run) for ag in agents]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(3.0)
+    for ag in agents:
+        ag.stop()
+    for t in threads:
+        t.join(timeout=15)
+    assert not any(t.is_alive() for t in threads)
+    elapsed = time.monotonic() - t0
+    total = sum(plans.values())
+    assert 3 <= total <= elapsed / 0.25 + 4, (total, elapsed, plans)
+    assert len(plans) >= 2, f"the turn passes between agents: {dict(plans)}"

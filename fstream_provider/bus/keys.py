@@ -56,6 +56,8 @@ sched_config()          {ns}                    hash         cap:<endpoint>, uni
 sched_version()         {ns}                    sorted set   ``#`` -> the board's version, ``#t`` -> the version of the  agents (in each      agents (scheduler)     the last 2,048 versions (never below
                                                              tasks' last change, ``t:``/``p:`` + job id -> the version   board write's MULTI)                        ``#t``)
                                                              its task / progress last changed at
+sched_turn()            {ns}                    string       the agent whose scheduling cycle this is (SET NX PX:         agents               agents                 PX = half the cycle interval; dropped
+                                                             one full cycle per half interval, facility-wide)                                                   by a cycle that started a job
 seen(scope)             {ns:watch:<scope>}      set          paths (or path|size|mtime) already reported                 new-files sensor /   sensor, trigger        until the sensor's scope is reset
                                                                                                                          trigger
 pending(scope)          {ns:watch:<scope>}      hash         batch id -> JSON {claimed_at, delivered_at, files}          new-files trigger    trigger (ack mode),    until acknowledged or the scope is reset
@@ -170,6 +172,10 @@ class Keys:
     def sched_version(self) -> str:
         """The board's change log (issue 28): its version and what changed at which version (``bus.sched_view``)."""
         return self.prefix + "sched:version"
+
+    def sched_turn(self) -> str:
+        """Whose scheduling cycle it is (issue 28): one idle agent cycles per half interval, not every agent."""
+        return self.prefix + "sched:turn"
 
     def sched_progress(self) -> str:
         return self.prefix + "sched:progress"

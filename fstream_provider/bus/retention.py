@@ -91,7 +91,7 @@ def _templates(keys: Keys) -> list[tuple[str, str]]:
             ("calibration", keys.calibration(_V)), ("profiling", keys.profiling(_V, _V)),
             ("pool", keys.pool(_V, _V)), ("sched_tasks", keys.sched_tasks()),
             ("sched_progress", keys.sched_progress()), ("sched_config", keys.sched_config()),
-            ("sched_version", keys.sched_version()),
+            ("sched_version", keys.sched_version()), ("sched_turn", keys.sched_turn()),
             ("seen", keys.seen(_V)), ("pending", keys.pending(_V)), ("looks", keys.looks(_V))]
 
 

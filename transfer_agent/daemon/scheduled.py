@@ -57,20 +57,25 @@ class SchedulingMixin:
     def _scheduled_iteration(self) -> bool:
         # own pending entries read but not admitted (a crash between), dead agents' jobs, new ones (``intake``)
         entries = self._intake(max(1, int(self.sched_interval * 1000)), count=50)
-        for entry_id, fields in entries:
-            self._admit(entry_id, fields)
+        admitted = [self._admit(entry_id, fields) for entry_id, fields in entries]
         if self._stop.is_set():
+            return bool(entries)
+        # one cycle per turn, facility-wide (``SchedBoard.take_turn``); the agent that just admitted a job
+        # cycles at once: the new job may be one to start now
+        if not any(admitted) and not self._board.take_turn(self.name, self.sched_interval):
             return bool(entries)
         decision = self._board.plan(self.name)
         self._note_decision(decision)
         if decision.job_id:
+            self._board.end_turn(self.name)  # the next idle agent may start the next job without waiting
             self._run_scheduled(decision)
         if time.monotonic() - self._last_trim >= self.trim_interval:
             self._last_trim = time.monotonic()
             self._housekeeping()
         return bool(entries) or bool(decision.job_id)
 
-    def _admit(self, entry_id: str, fields: dict | None) -> None:
+    def _admit(self, entry_id: str, fields: dict | None) -> bool:
+        """Put the entry's job on the board; True if this call admitted it."""
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
         job_id = (fields or {}).get("job_id")
         state, worker, created = (self._client.hmget(self.keys.job(job_id), "state", "worker", "created_at")
@@ -79,26 +84,28 @@ class SchedulingMixin:
             self._client.xack(stream, group, entry_id)
             self.log.info("entry %s: %s; acknowledged", entry_id,
                           f"job {job_id} already {state}" if state else "no job state")
-            return
+            return False
         if state == "running" and worker and self._client.exists(self.keys.agent(worker)):
             # a live agent without the scheduler runs it: not ours to queue (a dead one's is admitted below;
             # the next claim raises the attempt and fences it out)
             self.log.warning("job %s (entry %s) is running on %s outside the scheduler; left alone", job_id,
                              entry_id, worker)
-            return
+            return False
         if self._board.task(job_id) is not None:
             self._client.xack(stream, group, entry_id)  # on the board already (as admit would)
-            return
+            return False
         spec = self._admissible(job_id, entry_id)
         if spec is None:
-            return
+            return False
         src, dst = task_ends(spec)
         size, why = task_size(spec)  # the spec the policy accepted, not a copy read before or after
-        if self._board.admit(job_id, entry_id, src=src, dst=dst, size=size, klass=spec.priority_class,
-                             arrival=float(created or 0)):
-            self.counters["admitted"] += 1
-            self.log.info("job %s: waiting for the scheduler (%s -> %s, %.0f MB, %s)%s", job_id, src, dst,
-                          size / 1e6, spec.priority_class, f"; {why}" if why else "")
+        if not self._board.admit(job_id, entry_id, src=src, dst=dst, size=size, klass=spec.priority_class,
+                                 arrival=float(created or 0)):
+            return False
+        self.counters["admitted"] += 1
+        self.log.info("job %s: waiting for the scheduler (%s -> %s, %.0f MB, %s)%s", job_id, src, dst,
+                      size / 1e6, spec.priority_class, f"; {why}" if why else "")
+        return True
 
     def _admissible(self, job_id: str, entry_id: str) -> TransferSpec | None:
         """The job's spec if the policy accepts it; a job it refuses never reaches the board (whose size
