@@ -18,6 +18,10 @@ from fstream_bench.goal_readers import (
 )
 from fstream_bench.drain_bench import drain_goal  # issue 30: the reader sits beside the summary it reads
 from fstream_bench.goal_readers_ops import doctor_goal, metrics_overhead, rotation_goal
+from fstream_bench.goal_readers_scale import (
+    facility_goal, history_cache_goal, retention_goal, sched_cycle_goal, stream_goal, stream_redis_goal,
+    triggerer_goal,
+)
 from fstream_bench.goals_table import Goal
 
 # ---- the goals, in issue order ---------------------------------------------------------------------
@@ -147,6 +151,27 @@ GOALS: list[Goal] = [
          "bench/results/live-view-*.json", "fstream bench live-view", measure=view_freshness),
     Goal("27", "the plugin adds ≤ 5 % CPU (of a core) to the api-server with 50 running jobs watched by 5 pages",
          "bench/results/live-view-*.json", "fstream bench live-view", measure=plugin_cpu),
+    Goal("28", "one `--watch` stream of 1,000,000 files: sender and receiver RSS < 300 MB, ≥ 2,000 small files/s, "
+         "idle rescans O(new files), a restart moving new bytes within 60 s (loopback, pinned, tmpfs)",
+         "bench/results/stream-*.json", "fstream bench stream", measure=stream_goal,
+         select=lambda d: d.get("via", "send") == "send"),
+    Goal("28", "the same stream as an agent's job: Redis memory per file bounded", "bench/results/stream-*.json",
+         "fstream bench stream --via-agent", measure=stream_redis_goal, select=lambda d: d.get("via") == "agent"),
+    Goal("28", "submit → first byte of a small job p50 ≤ 0.3 s, p99 ≤ 1 s with 10,000 live jobs, 32 agents and "
+         "1,000,000 history rows on one Redis", "bench/results/facility-*.json", "fstream bench facility",
+         measure=facility_goal),
+    Goal("28", "the scheduling cycle's Redis cost independent of finished jobs and ≤ 10 ms at 1,000 live jobs; an "
+         "idle agent's Redis operations per second bounded", "bench/results/sched-cycle-*.json",
+         "fstream bench sched-cycle", measure=sched_cycle_goal),
+    Goal("28", "a later job's history with 1,000,000 rows: model ready ≤ 0.3 s (our goal, from the issue's "
+         "per-process cache)", "bench/results/history-cache-*.json", "fstream bench history-cache --rows 1000000",
+         measure=history_cache_goal),
+    Goal("28", "retention: 10,000 finished jobs' memory measured, and nothing of them left after their retention "
+         "and `fstream gc`", "bench/results/retention-*.json", "fstream bench retention --jobs 10000",
+         measure=retention_goal),
+    Goal("28", "200 deferred transfer tasks on one triggerer: Redis connections bounded (≤ 5, our bound) and CPU "
+         "measured against one client per trigger", "bench/results/triggerer-*.json",
+         "fstream bench triggerer --tasks 200", measure=triggerer_goal),
     Goal("30", "drain: SIGTERM during a 1,000-file transfer → exit within the grace (code 0), 0 files lost or "
          "duplicated, a second agent finishes re-sending ≤ one block per file open at the cut (WAN; and a grace "
          "short enough to cut)", "bench/results/drain-*", WAN + "fstream bench drain", measure=drain_goal,
