@@ -9,6 +9,7 @@ start-up): a triggerer restart *is* the trigger's ``run()`` being cancelled and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import threading
@@ -219,6 +220,10 @@ def test_a_cancelled_trigger_stops_even_when_the_redis_client_swallows_the_cance
 
         async def close(self):
             pass
+
+        @contextlib.asynccontextmanager
+        async def event_reader(self, job_id, after="0-0"):  # the trigger reads through this (issue 28's mux)
+            yield self.read_events
 
     trigger = FStreamTransferTrigger(job_id="j", block_ms=100)
     monkeypatch.setattr(trigger, "_hook", lambda: SwallowingHook())
