@@ -70,6 +70,9 @@ nonce(sub, nonce)       {ns}                    string       ``<job id> <stream 
                                                              this submitter's nonce (a replay names another)
 cancel_channel(id)      {ns}                    pub/sub      message ``cancel``                                          JobStore.cancel      Agent (optional)       none (pub/sub)
 ======================  ======================  ===========  ==========================================================  ===================  =====================  ==========================================
+
+"7 days" below is the default job retention; ``--job-retention`` (``JobStore(retention_s=)``) sets it, and
+``fstream gc`` (``bus.retention``) reclaims what a crash or an older version left without a TTL.
 """
 
 from __future__ import annotations
