@@ -93,9 +93,12 @@ def test_restarted_stream_offers_only_files_that_had_not_landed(tmp_path: Path, 
     for p in out.rglob("*.dat"):
         p.unlink()
     make_files(src, {f"d9/new{i}.dat": 3 * KiB for i in range(5)}, seed=3)
+    rewritten = src / "d1" / "f013.dat"  # rewritten while the stream was down: offered again, not skipped
+    rewritten.write_bytes(os.urandom(5 * KiB))
     again = send(src, rx.port, secret, watch=True, interval="0.1s", idle_exit="0.5s")
-    assert again.ok and again.verified_files == 5 and again.skipped_files == 0
-    assert sorted(p.name for p in out.rglob("*.dat")) == [f"new{i}.dat" for i in range(5)]
+    assert again.ok and again.verified_files == 6 and again.skipped_files == 0
+    assert sorted(p.name for p in out.rglob("*.dat")) == ["f013.dat", *(f"new{i}.dat" for i in range(5))]
+    assert (out / "d1" / "f013.dat").read_bytes() == rewritten.read_bytes()
     # without the journal the same restart offers everything again (the receiver would have to check it)
     journal.unlink()
     for p in out.rglob("*.dat"):

@@ -55,6 +55,10 @@ class MemorySeenStore:
     def __len__(self) -> int:
         return len(self._seen)
 
+    def same(self, path: str, size: int, mtime_ns: int) -> bool:
+        """Whether ``path`` was reported with this size and mtime (what :class:`FileStat` would compare)."""
+        return self._seen.get(path) == sig_digest((size, mtime_ns))
+
     def add_records(self, blob: bytes) -> int:
         """Mark the files of journal records (:func:`~fstream_provider.watch.packed_seen.record`) as seen."""
         return self._seen.add_records(blob)

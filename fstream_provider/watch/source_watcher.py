@@ -11,6 +11,7 @@ count as shipped from the first scan on, so a restart lists them without a stat 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -45,8 +46,11 @@ class SourceWatcher:
                 logging.getLogger(__name__).info(
                     "%s: %d landed file(s) of an earlier run skipped (%.2f s); remove the file to offer them "
                     "again", self.journal.path, self.journal_loaded, time.perf_counter() - t0)
+        # the first scan after loading a journal stats the journaled files: one rewritten while the stream was
+        # down (another size or mtime) is offered again; later scans skip known paths without a stat
+        self._check_journal = bool(self.journal_loaded)
         self._lister = TreeLister(self.sources, dest_prefix, use_inotify=use_inotify, include_hidden=include_hidden,
-                                  known=self._shipped.__contains__)
+                                  known=self._known)
         self._watcher = Watcher(self._lister, store=self._shipped)
         self.last_scan_seconds = 0.0
         self.last_scan_listed = 0
@@ -56,6 +60,17 @@ class SourceWatcher:
         if self.journal is not None:
             self.journal.close()
             self.journal.compact(len(self._shipped))
+
+    def _known(self, path: str) -> bool:
+        if path not in self._shipped:
+            return False
+        if not self._check_journal:
+            return True
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True  # gone since: nothing to offer
+        return self._shipped.same(path, st.st_size, st.st_mtime_ns)
 
     def landed(self, sf: SrcFile) -> None:
         """``sf`` reached the destination (committed or already there): a restart need not offer it."""
@@ -68,6 +83,7 @@ class SourceWatcher:
         if self.journal is not None:
             self.journal.flush()
         ready = [SrcFile(f.path, f.rel, f.size, f.mtime_ns) for f in self._watcher.poll()]
+        self._check_journal = False
         self.last_scan_seconds = time.perf_counter() - t0
         self.last_scan_listed = self._lister.last_listed
         ready.sort(key=lambda f: f.src)
