@@ -107,12 +107,14 @@ def _cpu(procs: list[psutil.Process]) -> float:
 
 
 def run(workdir: Path, *, live: int = 10_000, running: int = 4, agents: int = 32, history: int = 1_000_000,
-        probes: int = 40, gap: float = 1.5, log=print) -> dict:
+        probes: int = 40, gap: float = 1.5, warm: int = 0, log=print) -> dict:
     workdir = Path(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "src").mkdir(parents=True)
     for i in range(probes):
         (workdir / "src" / f"probe{i:03d}.dat").write_bytes(secrets.token_bytes(64 * 1024))
+    for i in range(warm):
+        (workdir / "src" / f"warm{i:03d}.dat").write_bytes(secrets.token_bytes(64 * 1024))
     state = workdir / "state"
     os.environ["FSTREAM_STATE_DIR"] = str(state)  # the local submitter's key: the agents read the same one
     keys = Keys()
@@ -122,7 +124,7 @@ def run(workdir: Path, *, live: int = 10_000, running: int = 4, agents: int = 32
     rows: list[tuple[str, float, dict]] = []
     busy: Busy | None = None
     doc: dict[str, Any] = {"live": live, "running": running, "agents": agents, "history": history, "probes": probes,
-                           "gap_s": gap}
+                           "gap_s": gap, "warm": warm}
     try:
         doc["history_fill_s"] = _fill_history(client, keys, history, log)
         t0 = time.monotonic()
@@ -143,15 +145,27 @@ def run(workdir: Path, *, live: int = 10_000, running: int = 4, agents: int = 32
                 time.sleep(0.5)
             doc["agents_up"] = int(client.scard(keys.agents()))
             time.sleep(5.0)  # every agent past its first full read of the board
+            from fstream_provider.model.signing import resolve_signer
+            from fstream_provider.model.spec import TransferSpec
+
+            store = JobStore(client, keys=keys, signer=resolve_signer())
+            if warm:  # agents that ran a job already: their history is loaded (once per process) before the window
+                ids = []
+                for i in range(warm):
+                    ids.append(store.submit(TransferSpec.from_options(
+                        [str(workdir / "src" / f"warm{i:03d}.dat")], rx.url(f"w{i}"), priority_class="interactive"))[0])
+                    time.sleep(0.3)
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline and not all("done" in _events(store, j) for j in ids):
+                    time.sleep(1.0)
+                doc["warm_agents"] = len({w for j in ids for _e, ev in store.events(j)
+                                          if ev["kind"] == "claimed" for w in [ev.get("worker")]})
+                time.sleep(20.0)  # the history loads those jobs started, finished
             ps = [psutil.Process(p.pid) for p in procs]
             redis_ps = psutil.Process(server.proc.pid) if server.proc is not None else None
             cpu0, rcpu0 = _cpu(ps), _cpu([redis_ps]) if redis_ps else 0.0
             stats0 = client.info("stats")["total_commands_processed"]
             w0 = time.monotonic()
-            from fstream_provider.model.signing import resolve_signer
-            from fstream_provider.model.spec import TransferSpec
-
-            store = JobStore(client, keys=keys, signer=resolve_signer())
             submitted: list[tuple[str, float]] = []
             for i in range(probes):
                 spec = TransferSpec.from_options([str(workdir / "src" / f"probe{i:03d}.dat")], rx.url(f"p{i}"),
@@ -192,7 +206,9 @@ def markdown(doc: dict) -> str:
     lines = [f"Command: `{doc.get('command', '')}`  ",
              f"Machine: {m.get('nproc')} CPUs; load at start {m.get('loadavg', '?')}. {doc['live']:,} live jobs on "
              f"the board ({doc['running']} running, saturating), {doc['agents']} agents (`--scheduler steal`), "
-             f"{doc['history']:,} history rows, {doc['probes']} probes {doc['gap_s']} s apart.", "",
+             f"{doc['history']:,} history rows, {doc['probes']} probes {doc['gap_s']} s apart"
+             + (f", after {doc['warm']} warm-up jobs on {doc.get('warm_agents')} agents." if doc.get("warm") else ".")
+             , "",
              "| submit → | n | p50 (s) | p99 (s) | min | max |", "|---|---|---|---|---|---|"]
     for k in ("claimed", "opened", "committed"):
         s = doc[f"to_{k}"]
@@ -213,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", type=int, default=1_000_000)
     ap.add_argument("--probes", type=int, default=40)
     ap.add_argument("--gap", type=float, default=1.5)
+    ap.add_argument("--warm", type=int, default=0, help="jobs run before the probes, so that the agents that ran "
+                    "one have loaded the history (a process does once)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--results", default=None)
     args = ap.parse_args(argv)
@@ -222,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = run_saved("facility", list(sys.argv[1:] if argv is None else argv), MODULES,
                         lambda: run(workdir, live=args.live, running=args.running, agents=args.agents,
-                                    history=args.history, probes=args.probes, gap=args.gap), args.results)
+                                    history=args.history, probes=args.probes, gap=args.gap, warm=args.warm),
+                        args.results)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(markdown(doc))

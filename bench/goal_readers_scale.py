@@ -34,7 +34,9 @@ def facility_goal(doc: dict, _: Path) -> tuple[str, str]:
     and p99 ≤ 1 s with every probe succeeded."""
     s = doc["to_opened"]
     text = (f"submit → first byte p50 {s['p50']:.3f} s, p99 {s['p99']:.3f} s ({s['min']:.3f}–{s['max']:.3f}, "
-            f"{s['n']} probes; claimed p50 {doc['to_claimed']['p50']:.3f} s) with {doc['live']:,} live jobs, "
+            f"{s['n']} probes; claimed p50 {doc['to_claimed']['p50']:.3f} s; "
+            + (f"after {doc['warm']} warm-up jobs on {doc.get('warm_agents')} agents" if doc.get("warm")
+               else "cold agents") + f") with {doc['live']:,} live jobs, "
             f"{doc['agents']} agents, {doc['history']:,} history rows; agents' CPU {doc['agents_cpu_per_s']:.2f} s/s, "
             f"Redis {doc['redis_cmds_per_s']:.0f} commands/s")
     ok = s["n"] == doc["probes"] and doc["succeeded"] == doc["probes"] and s["p50"] <= 0.3 and s["p99"] <= 1.0
