@@ -160,7 +160,16 @@ def run(workdir: Path, *, live: int = 10_000, running: int = 4, agents: int = 32
                     time.sleep(1.0)
                 doc["warm_agents"] = len({w for j in ids for _e, ev in store.events(j)
                                           if ev["kind"] == "claimed" for w in [ev.get("worker")]})
-                time.sleep(20.0)  # the history loads those jobs started, finished
+                # the history loads those jobs started run in threads after them: wait until the agents are idle
+                # again (under 0.5 CPU-s/s over 5 s, at most 240 s), else the first probes meet their CPU
+                warm_ps = [psutil.Process(p.pid) for p in procs]
+                t_idle = time.monotonic()
+                while time.monotonic() - t_idle < 240:
+                    c0 = _cpu(warm_ps)
+                    time.sleep(5.0)
+                    if (_cpu(warm_ps) - c0) / 5.0 < 0.5:
+                        break
+                doc["warm_settle_s"] = time.monotonic() - t_idle
             ps = [psutil.Process(p.pid) for p in procs]
             redis_ps = psutil.Process(server.proc.pid) if server.proc is not None else None
             cpu0, rcpu0 = _cpu(ps), _cpu([redis_ps]) if redis_ps else 0.0
