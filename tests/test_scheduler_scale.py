@@ -21,6 +21,7 @@ import pytest
 
 from fstream_provider.tuning.sched_model import EndpointCurve, LoadModel
 from fstream_provider.tuning.scheduler import SealConfig, SealScheduler, Task
+from fstream_bench.sched_compute_bench import Counting  # the same evaluation counter the bench uses
 
 RECORD = Path(__file__).parent / "data" / "scheduler_replay.json"
 ENDS = {"a": 10e9, "b": 5e9, "c": 2e9, "d": 1e9}
@@ -125,20 +126,6 @@ def test_the_record_exercises_every_kind_of_decision(record):
                    "preempted 1 batch task(s)", "interactive task needs the bandwidth", ">= pf=", "nothing waits",
                    "no interactive task waits"):
         assert any(phrase in r for r in reasons), phrase
-
-
-class Counting(LoadModel):
-    """A ``LoadModel`` that counts its evaluations (throughput and aggregate)."""
-
-    evaluations = 0
-
-    def throughput(self, *args, **kwargs) -> float:
-        self.evaluations += 1
-        return super().throughput(*args, **kwargs)
-
-    def aggregate(self, *args, **kwargs) -> float:
-        self.evaluations += 1
-        return super().aggregate(*args, **kwargs)
 
 
 def _board(waiting: int, running: int, cfg: SealConfig) -> tuple[SealScheduler, Counting]:
