@@ -13,7 +13,11 @@ SNAKEMAKE_STAMP := $(SNAKEMAKE_VENV)/.installed-stamp
 
 .PHONY: demo test install bench-deps bench clean lint goals-check
 
-$(STAMP): setup.cfg pyproject.toml
+# The native data path (native/, Rust via setuptools-rust; issue 29) is built by cargo from rustup's usual place
+# when it is not on PATH already. Without cargo the package installs without it (same digests, one more read).
+export PATH := $(PATH):$(HOME)/.cargo/bin
+
+$(STAMP): setup.cfg pyproject.toml native/Cargo.toml native/Cargo.lock native/src/lib.rs
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q -e '.[all]'
@@ -48,4 +52,4 @@ bench: $(STAMP)
 	$(VENV)/bin/fstream bench report
 
 clean:
-	rm -rf $(VENV) $(SNAKEMAKE_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SNAKEMAKE_VENV) build *.egg-info .pytest_cache native/target transfer_agent/storage/_blake3tree*.so

@@ -161,16 +161,18 @@ class SlowUnlinkReceiver(Receiver):
 
 
 class CorruptingReceiver(SlowUnlinkReceiver):
-    """Flips one byte of the first part it receives, once, after the file is complete: the checksum fails once."""
+    """Flips one hex digit of the first COMMIT's digest it takes, once: the checksum fails once. (The digest is
+    computed from the blocks as they arrive since issue 29, so a byte flipped in the part after it was written
+    is no longer what the check sees; a digest that does not match what arrived is.)"""
 
     corrupted = False
 
     def _request_commit(self, session, fid: int, body: dict[str, Any]) -> None:
         f = session.files.get(fid)
         if f is not None and not CorruptingReceiver.corrupted:
-            wait_until(lambda: f.ranges.covers(f.size), what="file complete")
             CorruptingReceiver.corrupted = True
-            os.pwrite(f.fd, bytes([os.pread(f.fd, 1, 0)[0] ^ 0xFF]), 0)
+            sent = body["hash"]
+            body = {**body, "hash": ("1" if sent[0] == "0" else "0") + sent[1:]}
         super()._request_commit(session, fid, body)
 
 
@@ -283,9 +285,9 @@ def test_retryable_refusal_backs_off_with_jitter() -> None:
 class CountingReceiver(Receiver):
     opens = 0
 
-    def _open(self, session, fid: int, body: dict[str, Any]) -> None:
+    def _open(self, session, fid: int, body: dict[str, Any]) -> dict[str, Any]:
         CountingReceiver.opens += 1
-        super()._open(session, fid, body)
+        return super()._open(session, fid, body)  # the OPEN_OK's body (issue 29: the caller sends it)
 
 
 def test_sender_waits_out_a_live_holder_with_backoff(tmp_path: Path, secret: Path) -> None:

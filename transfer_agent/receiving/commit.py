@@ -73,6 +73,10 @@ class GroupCommit(PartStore):
                 continue
             if f.expected_hash is None:
                 actual = None
+            elif f.tree is not None:
+                actual = f.tree.digest(f.fd)  # the blocks' subtree values merged, only uncovered nodes read back
+                self.stats["bytes_hashed_arriving"] += f.tree.bytes_hashed
+                self.stats["bytes_hashed_read_back"] += f.size - f.tree.bytes_hashed
             elif f.hasher is not None:
                 actual = f.hasher.finish(f.fd, f.size)
             else:

@@ -23,9 +23,11 @@ from transfer_agent.receiving.data import DataStreams
 from transfer_agent.receiving.quota import Charge
 from transfer_agent.receiving.state import RecvFile, Session
 from transfer_agent.storage import durable as storage
+from transfer_agent.storage import tree_hash
 from transfer_agent.storage.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
 from transfer_agent.storage.paths import open_parent, safe_relpath, temp_name
 from transfer_agent.storage.ranges import RangeSet, read_meta, write_meta
+from transfer_agent.storage.tree_hash import TreeDigest
 from transfer_agent.wire.protocol import Frame
 from transfer_agent.wire.secure import ControlLink
 
@@ -163,7 +165,9 @@ class ControlSessions(DataStreams):
                          quota=charge, resumed=ranges.total())
             charge = None  # the file carries it from here (given back if it is not committed)
             f.dirty = True
-            if size >= HASH_AHEAD_MIN and verify:
+            if verify and tree_hash.usable(algo):
+                f.tree = TreeDigest(size, digest_key)  # hashed as blocks arrive; a taken-over part is read back
+            elif size >= HASH_AHEAD_MIN and verify:
                 f.hasher = PrefixHasher(algo, digest_key, size)  # reads from disk: a taken-over part is hashed with this key
             f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:

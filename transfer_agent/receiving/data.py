@@ -18,6 +18,7 @@ import ssl
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError
 from transfer_agent.receiving.commit import GroupCommit
 from transfer_agent.receiving.state import RecvFile, Session
+from transfer_agent.storage import gil_meter
 from transfer_agent.wire.protocol import VERSION, Frame, pack_header, recv_exact, recv_frame
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer, SessionKeys
 
@@ -71,6 +72,8 @@ class DataStreams(GroupCommit):
                 try:
                     if sealer is not None:
                         self._open_sealed(f, conn, sealer, off, length, wire, version)
+                    elif f.tree is not None and not isinstance(conn, ssl.SSLSocket):
+                        self._pump_block(f, conn, off, length)
                     elif pipe is not None:
                         self._splice_block(f, conn, pipe, off, length)
                     else:
@@ -124,7 +127,7 @@ class DataStreams(GroupCommit):
             f.session.reply(Frame.ERROR, {"kind": "checksum", "retryable": True,
                                           "message": f"{exc}; nothing of it was written, the session resumes"})
             raise
-        self._write(f, memoryview(plain), off)
+        self._write(f, memoryview(plain), off, hashed=True)
 
     @staticmethod
     def _lost_mid_block(f: RecvFile, exc: FStreamError) -> FStreamError:
@@ -221,9 +224,10 @@ class DataStreams(GroupCommit):
                 raise self._lost_mid_block(f, ProtocolError(f"truncated frame: data block of {f.relpath!r} ended "
                                                             f"after {got} of {length} bytes"))
             got += k
-        self._write(f, view, off)
+        self._write(f, view, off, hashed=True)
 
-    def _write(self, f: RecvFile, view: memoryview, off: int) -> None:
+    def _write(self, f: RecvFile, view: memoryview, off: int, hashed: bool = False) -> None:
+        """pwrite a block received into memory; ``hashed``: also hash it into the file's tree (issue 29)."""
         n = len(view)
         if n == 0 or f.failed or f.done:
             return
@@ -239,7 +243,49 @@ class DataStreams(GroupCommit):
             return
         finally:
             f.unuse()
+        if hashed and f.tree is not None:
+            block = f.tree.block(off, n)
+            block.feed(view)
+            f.tree.add(block.take())
         self._written(f, off, n)
+
+    def _pump_block(self, f: RecvFile, conn: socket.socket, off: int, length: int) -> None:
+        """Receive one block into memory, write it and hash it into the file's tree as it passes (issue 29),
+        in native code with the GIL released, a buffer (1 MiB) at a time.
+
+        Like ``_splice_block`` the part's fd is borrowed per buffer, and a file that failed or closed
+        meanwhile has the rest of its block read and dropped. A piece of the tree is kept only if every
+        byte of the block up to its end was written: anything else the commit reads back.
+        """
+        block = f.tree.block(off, length)
+        sock, got, clean, rerr = conn.fileno(), 0, True, 0
+        while got < length and not rerr:
+            fd = f.acquire()
+            if fd >= 0 and (f.failed or f.done):
+                f.unuse()
+                fd = -1
+            t = gil_meter.clock()
+            try:
+                n, written, werr, rerr = block.pump(sock, fd, length - got)
+            finally:
+                gil_meter.add(gil_meter.clock() - t)
+                if fd >= 0:
+                    f.unuse()
+            if fd < 0 or written < n:
+                clean = False
+            if clean:
+                f.tree.add(block.take())
+            if werr:
+                self._write_failed(f, OSError(werr, os.strerror(werr)))
+            elif fd >= 0 and written:
+                self._written(f, off + got, written)
+            got += n
+        if got < length:
+            if rerr > 0:
+                raise self._lost_mid_block(f, NetworkError(f"connection lost in a data block of {f.relpath!r}: "
+                                                           f"{os.strerror(rerr)}"))
+            raise self._lost_mid_block(f, ProtocolError(f"truncated frame: data block of {f.relpath!r} ended after "
+                                                        f"{got} of {length} bytes"))
 
     def _write_failed(self, f: RecvFile, exc: OSError) -> str:
         """A write into ``f`` failed (disk full, I/O error): the first time, remove the partial file and release

@@ -15,6 +15,7 @@ from transfer_agent.receiving.keyring import ReceiverKey
 from transfer_agent.receiving.quota import Charge
 from transfer_agent.storage.checksum import KEYED, PrefixHasher
 from transfer_agent.storage.ranges import RangeSet
+from transfer_agent.storage.tree_hash import TreeDigest
 from transfer_agent.wire.protocol import ControlWriter, Frame
 from transfer_agent.wire.secure import ControlLink, SessionKeys
 
@@ -49,6 +50,7 @@ class RecvFile:
     meta_written: bool = False
     inflight: list[tuple[int, int]] = field(default_factory=list)
     hasher: PrefixHasher | None = None
+    tree: TreeDigest | None = None  # its digest from blocks as they arrive (issue 29; then ``hasher`` is None)
     quota: Charge | None = None  # what its OPEN charged to its key's quota (None: the key has none)
     resumed: int = 0  # bytes its part held when it was opened
     opened: float = field(default_factory=time.monotonic)  # when its OPEN was taken (the per-file latency's start)

@@ -17,6 +17,7 @@ from transfer_agent.errors import FStreamError, NetworkError, SourceModifiedErro
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
 from transfer_agent.sending.inflight import InFlight, cut_blocks, hold, release
+from transfer_agent.storage import gil_meter
 from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, VERSION, Frame, pack_header
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer
 
@@ -240,7 +241,9 @@ class Channel:
                             sock.sendall(chunk)
                             n = len(chunk)
                         else:
+                            t = gil_meter.clock()
                             n = os.sendfile(fileno, f.fd, off + sent, length - sent)
+                            gil_meter.add(gil_meter.clock() - t)
                         if n == 0:
                             raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
                         sent += n

@@ -12,6 +12,7 @@ from fstream_provider.watch.sources import SrcFile
 from transfer_agent.errors import FStreamError
 
 MIN_STRIPE = 256 << 10  # smallest block a file is cut into when striped over a channel's streams
+ALIGN = 64 << 10  # block sizes are multiples of this (a power of two of BLAKE3's 1 KiB chunks)
 
 
 @dataclass(eq=False)
@@ -45,11 +46,24 @@ def cut_blocks(missing: list[tuple[int, int]], p: int, block_size: int) -> list[
     """Cut a file's missing ranges into (offset, length) blocks for a channel of ``p`` streams.
 
     Blocks are at most ``block_size`` and at most the file's share per stream (but not under
-    ``MIN_STRIPE``), so a file smaller than a block is still striped over every stream.
+    ``MIN_STRIPE``), so a file smaller than a block is still striped over every stream. Block sizes are
+    multiples of ``ALIGN`` and blocks lie on a grid of their size (a resumed range's first block ends on
+    it): each is then one or a few whole nodes of the file's BLAKE3 tree, which the receiver hashes as
+    the block arrives (issue 29, ``storage.tree_hash``); an unaligned edge is read back at commit.
     """
     todo = sum(b - a for a, b in missing)
-    bs = min(block_size, max(MIN_STRIPE, -(-todo // max(1, p))))
-    return [(off, min(bs, end - off)) for a, end in missing for off in range(a, end, bs)]
+    share = -(-todo // max(1, p))
+    bs = min(block_size, max(MIN_STRIPE, -(-share // ALIGN) * ALIGN))
+    if bs >= ALIGN:
+        bs -= bs % ALIGN
+    blocks = []
+    for a, end in missing:
+        off = a
+        while off < end:
+            nxt = min(end, (off // bs + 1) * bs)
+            blocks.append((off, nxt - off))
+            off = nxt
+    return blocks
 
 
 def hold(f: InFlight) -> bool:
