@@ -6,17 +6,10 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    stop_never,
-    stop_when_event_set,
-)
+if TYPE_CHECKING:  # tenacity is imported by ``call`` (loops that count their own failures never need it: issue 29)
+    from tenacity import RetryCallState
 
 T = TypeVar("T")
 
@@ -75,6 +68,9 @@ class RetryPolicy:
         :param on_failure: called as ``on_failure(tries, exc)`` after every retryable failure, the last included.
         :param on_retry: called as ``on_retry(tries, exc, delay)`` before each wait (for logs and events).
         """
+        from tenacity import (Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, stop_never,
+                              stop_when_event_set)
+
         limits: Any = stop_never
         for limit in (stop_after_attempt(self.attempts) if self.attempts is not None else None,
                       stop_after_delay(self.deadline_s) if self.deadline_s is not None else None,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
+if TYPE_CHECKING:  # pydantic is imported by whoever has an error of its to explain, not by this module
+    from pydantic import ValidationError
 
 
 class SpecError(ValueError):

@@ -466,8 +466,15 @@ def install(schema: Schema, command: str, settings: Mapping[str, Setting]) -> Ca
     return finish
 
 
-def _nothing(args: argparse.Namespace) -> None:
+def unconfigured(args: argparse.Namespace) -> None:
+    """``apply``'s after-parse step when nothing configures the command."""
     return None
+
+
+def may_configure(command: str, explicit: str | None, commands: Sequence[str]) -> bool:
+    """Whether a file or a ``FSTREAM_*`` variable may configure ``command`` (one of ``commands``, every command
+    of the parser); ``apply`` reads and imports nothing when not."""
+    return locate(explicit) is not None or bool(relevant_env(command, list(commands), os.environ, new_only=True))
 
 
 def apply(parser: argparse.ArgumentParser, argv: Sequence[str], command: str | None,
@@ -479,10 +486,10 @@ def apply(parser: argparse.ArgumentParser, argv: Sequence[str], command: str | N
     """
     commands = subcommands(parser)
     if command not in commands or command == "config" or {"-h", "--help"} & set(argv):
-        return _nothing
+        return unconfigured
+    if not may_configure(command, explicit, list(commands)):
+        return unconfigured
     path = locate(explicit)
-    if path is None and not relevant_env(command, list(commands), os.environ, new_only=True):
-        return _nothing
     schema = Schema(commands)
     settings = Config.load(schema, path).effective(command)
     return install(schema, command, settings)

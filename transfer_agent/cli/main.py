@@ -180,10 +180,11 @@ BUILTIN = frozenset({"receive", "send", "agent", "submit", "status", "cancel", "
                      "doctor", "keys", "gc"})
 
 
-def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentParser:
-    """The whole command line; ``plugins`` (default: every installed one) adds the other packages' commands."""
-    from transfer_agent.cli.options import add_history_options, add_transfer_options
+def build_parser(plugins: dict[str, Any] | None = None, *, only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``plugins`` (default: every installed one) adds the other packages' commands.
 
+    ``only``: just that command of this module's (``receive``, ``send``) under ``fstream``, for a run that needs
+    no other: its own parsing, help and errors are the same (``main``: a ``send`` that nothing configures)."""
     parser = argparse.ArgumentParser(prog="fstream", description="Stream files over tuned parallel TCP channels.")
     parser.add_argument("-v", "--verbose", action="count", default=0)
     from transfer_agent.cli.version import VersionAction
@@ -193,7 +194,28 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                         help="configuration file (default: $FSTREAM_CONFIG, else /etc/fstream/fstream.toml if it "
                              "exists; docs/config.md); the environment and the command line override it")
     sub = parser.add_subparsers(dest="command", required=True)
+    if only in (None, "receive"):
+        _add_receive_parser(sub)
+    if only in (None, "send"):
+        _add_send_parser(sub)
+    if only is not None:
+        return parser
+    from transfer_agent.cli import acl, audit, calibrate, config_cmd, doctor, history, jobs, pools, schedule, seen, top
+    from transfer_agent.cli import gc as gc_cmd
+    from transfer_agent.cli import keys as keys_cmd
 
+    for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
+                jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
+                calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
+                acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser, config_cmd.add_config_parser,
+                doctor.add_doctor_parser, keys_cmd.add_keys_parser, gc_cmd.add_gc_parser):
+        add(sub)
+    for name, register in (plugin_commands() if plugins is None else plugins).items():
+        register(sub)
+    return parser
+
+
+def _add_receive_parser(sub: Any) -> None:
     r = sub.add_parser("receive", help="run a receiver (destination side)")
     r.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (port 0: any free); required "
                                                              "unless --clean")
@@ -229,6 +251,10 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                         "(do not run it on a root a live receiver is writing)")
     r.set_defaults(func=cmd_receive)
 
+
+def _add_send_parser(sub: Any) -> None:
+    from transfer_agent.cli.options import add_history_options, add_transfer_options
+
     s = sub.add_parser("send", help="send files now (source side)", epilog=SEND_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_transfer_options(s)
@@ -244,20 +270,6 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                    help="progress window: a session that moves less than the progress floor (64 kbit/s) "
                         "for this long with files outstanding is declared stalled and resumed (default 60s)")
     s.set_defaults(func=cmd_send)
-
-    from transfer_agent.cli import acl, audit, calibrate, config_cmd, doctor, history, jobs, pools, schedule, seen, top
-    from transfer_agent.cli import gc as gc_cmd
-    from transfer_agent.cli import keys as keys_cmd
-
-    for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
-                jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
-                calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
-                acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser, config_cmd.add_config_parser,
-                doctor.add_doctor_parser, keys_cmd.add_keys_parser, gc_cmd.add_gc_parser):
-        add(sub)
-    for name, register in (plugin_commands() if plugins is None else plugins).items():
-        register(sub)
-    return parser
 
 
 def plugin_commands() -> dict[str, Any]:
@@ -305,16 +317,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if at is not None and getattr(plugins.get(command), "passthrough", False):
         argv = [*argv[:at + 1], "--", *argv[at + 1:]]  # everything after the name (options too) belongs to it
-    parser = build_parser(plugins)
+    # a `send` that no file or variable configures needs no other command's parser (issue 29: building them all,
+    # and importing their modules, cost every send ~20 ms of CPU); a configuration is checked whole, as ever
+    only = "send" if command == "send" and builtin and not config.may_configure(command, config_file, BUILTIN) \
+        else None
+    parser = build_parser(plugins, only=only)
     try:  # the configuration file and FSTREAM_* variables become the command's defaults (docs/config.md)
-        configured = config.apply(parser, argv, command, config_file)
+        configured = config.apply(parser, argv, command, config_file) if only is None else config.unconfigured
     except FStreamError as exc:
         print(f"fstream {command}: error: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # refused with the whole command line's usage, as ever
+        (build_parser(plugins) if only is not None else parser).parse_args(argv)
     configured(args)
     # a daemon's SIGHUP parses its command line again with the configuration as it is then (cli.reload)
-    args.argv, args.parser_factory = argv, lambda: build_parser(plugins)
+    args.argv, args.parser_factory = argv, lambda: build_parser(plugins, only=only)
     rest = getattr(args, "passthrough_args", None)
     if rest and rest[:1] == ["--"]:
         args.passthrough_args = rest[1:]

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fstream_provider.model.spec import TransferSpec
+from fstream_provider.model.spec_plain import spec_from_options
 from fstream_provider.model.statedir import default_secret_file
 from fstream_provider.model.validation import SpecError
 from fstream_provider.model.units import parse_size, parse_until
 from fstream_provider.tuning.registry import DEFAULT_TUNER, TUNER_NAMES, TUNERS
 from fstream_provider.tuning.variants import HARP_SWITCHES, SWITCHES
+
+if TYPE_CHECKING:
+    from fstream_provider.model.spec import TransferSpec
+    from fstream_provider.model.spec_plain import PlainSpec
 
 
 def _size(text: str) -> int:
@@ -99,11 +103,12 @@ def add_transfer_options(p: argparse.ArgumentParser) -> None:
                    help="TCP buffer cap per stream the tuners assume (default: this host's net.ipv4.tcp_wmem max)")
 
 
-def spec_from_args(args: argparse.Namespace, *, job: bool = False) -> TransferSpec:
+def spec_from_args(args: argparse.Namespace, *, job: bool = False) -> TransferSpec | PlainSpec:
     """Build a validated ``TransferSpec`` from parsed options (errors name the option and what is accepted).
 
     ``job``: for an agent (``fstream submit``): key files are refused (jobs refer to keys by id, ``--key``),
-    and no default secret is filled in."""
+    and no default secret is filled in. Otherwise (``fstream send``) the spec is checked without pydantic when
+    it passes (``model.spec_plain``: the same rules; an error is still the model's own message, issue 29)."""
     secret = args.secret_file
     if job:
         named = [o for o, v in (("--secret-file", secret), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
@@ -113,7 +118,12 @@ def spec_from_args(args: argparse.Namespace, *, job: bool = False) -> TransferSp
                             "authenticates with its own keyring: pass --key ID (default: its 'default' key)")
     elif secret is None and not args.tls_cert and default_secret_file().exists():
         secret = str(default_secret_file())
-    return TransferSpec.from_options(
+    build = spec_from_options
+    if job:  # the job goes to Redis as the model (``bus.jobs``); an agent reads it back with the model
+        from fstream_provider.model.spec import TransferSpec
+
+        build = TransferSpec.from_options
+    return build(
         [os.path.abspath(s) if not s.startswith("sftp://") else s for s in args.sources],
         args.destination,
         tuner=args.tuner, cc=args.cc, p=args.p, pp=args.pp, max_cc=args.max_cc,

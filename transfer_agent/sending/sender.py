@@ -16,9 +16,8 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.pacing import paced_block_size
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.registry import make_tuner, tuner_info
@@ -40,6 +39,10 @@ from transfer_agent.errors import (AuthError, CancelledError, FStreamError, Sour
 from fstream_provider.watch.landed_journal import journal_path
 from fstream_provider.watch.source_watcher import SourceWatcher
 from fstream_provider.watch.sources import SrcFile, expand_sources
+
+if TYPE_CHECKING:  # pydantic only where a spec is built from the model (``fstream send`` checks it without)
+    from fstream_provider.model.spec import TransferSpec
+    from fstream_provider.model.spec_plain import PlainSpec
 
 log = logging.getLogger("fstream.sender")
 
@@ -70,7 +73,7 @@ class Transfer:
         ``pending_candidates`` (more may come) and ``wake`` (set to an event it sets on news); ``flow.transfer.FlowFeed``.
     """
 
-    def __init__(self, spec: TransferSpec, *, job_id: str | None = None, attempt: int = 1,
+    def __init__(self, spec: TransferSpec | PlainSpec, *, job_id: str | None = None, attempt: int = 1,
                  on_event: EventCallback | None = None, cancel: threading.Event | None = None,
                  redis: Any = None, log: logging.Logger | None = None, tuner: Tuner | None = None,
                  stall_timeout: float = 60.0, progress_floor_bps: float = 64e3,

@@ -16,11 +16,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fstream_provider.model.retry import RetryPolicy
-from fstream_provider.model.spec import TransferSpec
 from transfer_agent.errors import CancelledError, FStreamError, StallError
+
+if TYPE_CHECKING:
+    from fstream_provider.model.spec import TransferSpec
+    from fstream_provider.model.spec_plain import PlainSpec
 
 T = TypeVar("T")
 # a session that failed retryably reconnects after 0.75-1.5 s, doubling up to 7.5-15 s
@@ -41,7 +44,7 @@ class SessionRetries:
     :param policy: the backoff (tests may pass a faster one).
     """
 
-    def __init__(self, spec: TransferSpec, *, attempts: int = DEFAULT_ATTEMPTS, log: logging.Logger | Any,
+    def __init__(self, spec: TransferSpec | PlainSpec, *, attempts: int = DEFAULT_ATTEMPTS, log: logging.Logger | Any,
                  on_event: Callable[[str, dict], None], stop: threading.Event,
                  policy: RetryPolicy = SESSION_RETRY) -> None:
         given = spec.max_attempts is not None or spec.retry_for_s is not None
