@@ -45,7 +45,8 @@ class _Pool:
         self._peers: list[socket.socket] = []
         self._readers: list[threading.Thread] = []
         failed = threading.Event()
-        self.control = SimpleNamespace(open=lambda sf: f, all_sent=self.sent.append, failed=failed, verify=True,
+        self.control = SimpleNamespace(open=lambda sf: f, all_sent=lambda f, keep=False: self.sent.append(f),
+                                       flush_commits=lambda age=0.0: None, failed=failed, verify=True,
                                        fail=lambda exc: (setattr(self, "error", exc), failed.set()))
         self.connector = SimpleNamespace(connect_link=self._connect)
         self.error: Exception | None = None

@@ -25,8 +25,11 @@ class _Control:
         self.error = exc
         self.failed.set()
 
-    def all_sent(self, f: InFlight) -> None:
+    def all_sent(self, f: InFlight, keep: bool = False) -> None:
         self.sent.append(f)
+
+    def flush_commits(self, age: float = 0.0) -> None:
+        pass
 
 
 def test_settling_a_file_mid_block_does_not_pull_the_descriptor_from_under_the_stream(tmp_path: Path) -> None:

@@ -12,12 +12,15 @@ import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from transfer_agent import faultpoints
-from transfer_agent.receiving.state import RecvFile
+from transfer_agent.errors import FStreamError
+from transfer_agent.receiving.state import RecvFile, Session
 from transfer_agent.receiving.store import PartStore
 from transfer_agent.storage import durable as storage
 from transfer_agent.storage.checksum import hash_fd
+from transfer_agent.wire.batch import INNER, send_batched
 from transfer_agent.wire.protocol import Frame
 
 COMMIT_BATCH_MAX = 1024  # files committed in one group at most
@@ -50,26 +53,28 @@ class GroupCommit(PartStore):
                 self._commit_batch(batch)
             except Exception:  # noqa: BLE001 - keep committing other files
                 self.log.exception("commit of %d files failed", len(batch))
+                failed = Replies()
                 for f in batch:
                     if not f.done:
                         self.stats["files_commit_failed"] += 1
                         f.session.files.pop(f.file_id, None)
                         f.session.settle(f.file_id)
                         self._discard(f, remove=True)  # released before the answer: the retry can open it
-                        f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True,
-                                                          "error": f"{f.relpath!r}: commit failed"}, f.file_id)
+                        failed.add(f, {"ok": False, "retryable": True, "error": f"{f.relpath!r}: commit failed"})
+                self._send_replies(failed)
 
     def _commit_batch(self, batch: list[RecvFile]) -> None:
         good: list[RecvFile] = []
+        refused = Replies()  # answered before the group's flush, as each was found
         for f in batch:
             with self._lock:
                 current = self._attempts.get(f.session.job_key, 0)
             if f.session.attempt < current:
                 self.stats["files_stale"] += 1
                 self._discard(f, remove=False)  # released before the answer (issue 8, defect 6)
-                f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": False, "kind": "refused",
-                                                  "error": f"{f.relpath!r}: stale attempt {f.session.attempt}, "
-                                                           f"attempt {current} is current"}, f.file_id)
+                refused.add(f, {"ok": False, "retryable": False, "kind": "refused",
+                                "error": f"{f.relpath!r}: stale attempt {f.session.attempt}, "
+                                         f"attempt {current} is current"})
                 continue
             if f.expected_hash is None:
                 actual = None
@@ -87,12 +92,12 @@ class GroupCommit(PartStore):
                 f.session.files.pop(f.file_id, None)
                 f.session.settle(f.file_id)
                 self._discard(f, remove=True)  # released before the answer, so the retry's OPEN finds it free
-                f.session.reply(Frame.COMMITTED, {"ok": False, "retryable": True, "kind": "checksum",
-                                                  "error": f"{f.relpath!r}: checksum mismatch "
-                                                           f"(sent {f.expected_hash}, received {actual})"},
-                                f.file_id)
+                refused.add(f, {"ok": False, "retryable": True, "kind": "checksum",
+                                "error": f"{f.relpath!r}: checksum mismatch "
+                                         f"(sent {f.expected_hash}, received {actual})"})
                 continue
             good.append(f)
+        self._send_replies(refused)
         if not good:
             return
         if self.fsync:
@@ -113,12 +118,42 @@ class GroupCommit(PartStore):
         if self.fsync:
             for dfd in dirs.values():
                 os.fsync(dfd)
+        committed = Replies()
         for f in good:
             f.done = True
             self.stats["files_committed"] += 1
             if self.on_commit is not None:  # transfer_agent.service.metrics: the file's OPEN -> commit seconds
                 self.on_commit(time.monotonic() - f.opened)
             f.session.files.pop(f.file_id, None)
-            f.session.reply(Frame.COMMITTED, {"ok": True, "hash": f.expected_hash}, f.file_id)
+            committed.add(f, {"ok": True, "hash": f.expected_hash})
             self._release(f)
+        self._send_replies(committed)  # per session, one COMMITTED_BATCH to a sender that speaks batch
+
+    def _send_replies(self, replies: "Replies") -> None:
+        for session, frames in replies.by_session.items():
+            self._reply_all(session, frames)
+
+    def _reply_all(self, session: Session, frames: list[tuple[Frame, int, dict[str, Any]]]) -> None:
+        """Send a session's answers in one write, batched when its sender speaks batch (``wire.batch``; else one
+        frame each, as an older sender expects); counted in ``stats`` (batches_sent, batched_sent)."""
+        if not frames:
+            return
+        try:
+            sent = send_batched(session.control, frames)
+        except FStreamError:
+            return  # the sender is gone; its files stay resumable
+        batches = sum(1 for ftype, _body, _fid in sent if ftype in INNER)
+        if batches:
+            self.stats["batches_sent"] += batches
+            self.stats["batched_sent"] += len(frames) - (len(sent) - batches)
+
+
+class Replies:
+    """COMMITTED answers gathered per session, to be sent together (``GroupCommit._send_replies``)."""
+
+    def __init__(self) -> None:
+        self.by_session: dict[Session, list[tuple[Frame, int, dict[str, Any]]]] = {}
+
+    def add(self, f: RecvFile, body: dict[str, Any]) -> None:
+        self.by_session.setdefault(f.session, []).append((Frame.COMMITTED, f.file_id, body))
 

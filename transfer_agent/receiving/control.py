@@ -7,6 +7,10 @@ held by one session at a time; a stale holder (an earlier attempt, or a session 
 
 Keys (issue 32): an OPEN outside the subtree of the session's key, or beyond its quota, is refused (terminal)
 before anything is created or claimed: no directory, no part, no claim.
+
+Batches (issue 29, ``wire.batch``): an OPEN_BATCH or COMMIT_BATCH is handled frame by frame, exactly as its frames
+alone would be (``_open`` per OPEN, ``_request_commit`` per COMMIT); a sender that listed "batch" gets the OPENs'
+answers in one OPEN_OK_BATCH (an older one gets one frame each). A malformed batch ends the session, saying why.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from transfer_agent.storage.checksum import ALGORITHMS, KEYED, PrefixHasher, has
 from transfer_agent.storage.paths import open_parent, safe_relpath, temp_name
 from transfer_agent.storage.ranges import RangeSet, read_meta, write_meta
 from transfer_agent.storage.tree_hash import TreeDigest
+from transfer_agent.wire.batch import unpack
 from transfer_agent.wire.protocol import Frame
 from transfer_agent.wire.secure import ControlLink
 
@@ -36,6 +41,7 @@ RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a prealloca
 FREE_CHECK_MIN = 1 << 20  # larger files always re-read free space; smaller ones use the running estimate
 HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
 FENCE_WAIT = 5.0  # how long an OPEN waits for a fenced stale holder to release the file
+REPLY_EARLY = 0.002  # seconds: answers to a batch's OPENs held longer than this go at once, not with the rest
 
 
 def _connected(sock: socket.socket | None) -> bool:
@@ -64,40 +70,73 @@ class ControlSessions(DataStreams):
         while not self._stop.is_set():
             try:
                 ftype, fid, body = link.recv()
+                batch = unpack(ftype, body) if ftype in (Frame.OPEN_BATCH, Frame.COMMIT_BATCH) else None
             except ProtocolError as exc:  # tell the sender why its session ends (authenticated), then close
                 session.reply(Frame.ERROR, {"kind": exc.kind, "message": str(exc), "retryable": False})
                 raise
-            if ftype == Frame.OPEN:
-                try:
-                    self._open(session, fid, body)
-                except FStreamError as exc:
-                    self.stats["files_refused"] += 1
-                    session.reply(Frame.ERROR, {"kind": exc.kind, "message": str(exc),
-                                                "retryable": exc.retryable}, fid)
-                except OSError as exc:
-                    self.stats["files_refused"] += 1
-                    nospace = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                    session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
-                                                "message": f"{body.get('path')!r}: "
-                                                           f"{'disk full' if nospace else exc.strerror}"}, fid)
-            elif ftype == Frame.COMMIT:
-                self._request_commit(session, fid, body)
-            elif ftype in (Frame.ABORT, Frame.SKIP):
-                self.stats["files_aborted" if ftype == Frame.ABORT else "files_skipped"] += 1
-                session.deferred.discard(fid)
-                f = session.files.pop(fid, None)
-                if f is not None:
-                    session.settle(fid)  # its blocks may still be on their way: they are dropped
-                    self._discard(f, remove=True)
-            elif ftype == Frame.PING:
-                session.reply(Frame.PONG, body)
-            elif ftype == Frame.BYE:
-                session.reply(Frame.BYE, {})  # everything before it was handled: the sender may go
+            if batch is not None:
+                self.stats["batches_received"] += 1
+                self.stats["batched_received"] += len(batch)
+                self._batch(session, batch)
+            elif not self._control_frame(session, ftype, fid, body):
                 return
-            else:
-                raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
 
-    def _open(self, session: Session, fid: int, body: dict[str, Any]) -> None:
+    def _control_frame(self, session: Session, ftype: Frame, fid: int, body: dict[str, Any]) -> bool:
+        """Handle one frame of the control connection; False once the session ends (BYE)."""
+        if ftype == Frame.OPEN:
+            rtype, reply = self._open_reply(session, fid, body)
+            session.reply(rtype, reply, fid)
+        elif ftype == Frame.COMMIT:
+            self._request_commit(session, fid, body)
+        elif ftype in (Frame.ABORT, Frame.SKIP):
+            self.stats["files_aborted" if ftype == Frame.ABORT else "files_skipped"] += 1
+            session.deferred.discard(fid)
+            f = session.files.pop(fid, None)
+            if f is not None:
+                session.settle(fid)  # its blocks may still be on their way: they are dropped
+                self._discard(f, remove=True)
+        elif ftype == Frame.PING:
+            session.reply(Frame.PONG, body)
+        elif ftype == Frame.BYE:
+            session.reply(Frame.BYE, {})  # everything before it was handled: the sender may go
+            return False
+        else:
+            raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
+        return True
+
+    def _batch(self, session: Session, frames: list[tuple[Frame, int, dict[str, Any]]]) -> None:
+        """An OPEN_BATCH or COMMIT_BATCH (issue 29): each frame handled as if it came alone, in order; the OPENs'
+        answers go back together (one OPEN_OK_BATCH to a sender that speaks batch), and early when a batch takes
+        long (an existing copy to hash), so a file's answer never waits long for the files after it."""
+        replies: list[tuple[Frame, int, dict[str, Any]]] = []
+        since = time.monotonic()
+        for ftype, fid, body in frames:
+            if ftype == Frame.OPEN:
+                rtype, reply = self._open_reply(session, fid, body)
+                replies.append((rtype, fid, reply))
+                if time.monotonic() - since > REPLY_EARLY:
+                    self._reply_all(session, replies)
+                    replies, since = [], time.monotonic()
+            else:
+                self._request_commit(session, fid, body)
+        self._reply_all(session, replies)
+
+    def _open_reply(self, session: Session, fid: int, body: dict[str, Any]) -> tuple[Frame, dict[str, Any]]:
+        """The answer to one OPEN: OPEN_OK and its body (``_open``), or the ERROR that refuses this file only."""
+        try:
+            return Frame.OPEN_OK, self._open(session, fid, body)
+        except FStreamError as exc:
+            self.stats["files_refused"] += 1
+            return Frame.ERROR, {"kind": exc.kind, "message": str(exc), "retryable": exc.retryable}
+        except OSError as exc:
+            self.stats["files_refused"] += 1
+            nospace = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            return Frame.ERROR, {"kind": "refused", "retryable": False,
+                                 "message": f"{body.get('path')!r}: {'disk full' if nospace else exc.strerror}"}
+
+    def _open(self, session: Session, fid: int, body: dict[str, Any]) -> dict[str, Any]:
+        """Open one file (validate, admit, claim, skip check or part): the body of its OPEN_OK, which the caller
+        sends (alone, or with its batch's); a refusal is raised."""
         if fid in session.files or (fid in session.deferred and not body.get("replace")):
             raise ProtocolError(f"file id {fid} opened twice")
         rel, size, mtime_ns, algo = self._validate_open(body)
@@ -135,9 +174,7 @@ class ControlSessions(DataStreams):
                     self._busy_parts.pop(key, None)
                     self._released.notify_all()
                 session.deferred.add(fid)
-                session.reply(Frame.OPEN_OK, {"missing": [[0, size]], "resumed": 0, "existing_hash": existing_hash},
-                              fid)
-                return
+                return {"missing": [[0, size]], "resumed": 0, "existing_hash": existing_hash}
             session.deferred.discard(fid)
             ranges, tmp = self._take_over_part(session, dir_fd, dkey, base, rel, size, mtime_ns, algo)
             charge = self._quotas.settle(charge, session.key, rel, size, ranges.total())  # before the part is created
@@ -184,8 +221,7 @@ class ControlSessions(DataStreams):
         with session.lock:
             session.settled.pop(fid, None)
         session.files[fid] = f
-        session.reply(Frame.OPEN_OK, {"missing": f.ranges.missing(size), "resumed": ranges.total(),
-                                      "existing_hash": existing_hash}, fid)
+        return {"missing": f.ranges.missing(size), "resumed": ranges.total(), "existing_hash": existing_hash}
 
     def _admit(self, session: Session, rel: str, size: int) -> Charge | None:
         """Refuse an OPEN the session's key may not make, before anything is created or claimed (issue 32): a

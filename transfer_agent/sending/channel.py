@@ -15,15 +15,17 @@ from typing import Protocol
 from fstream_provider.watch.sources import SrcFile
 from transfer_agent.errors import FStreamError, NetworkError, SourceModifiedError
 from transfer_agent.sending.connector import Connector
-from transfer_agent.sending.control import ControlSession
+from transfer_agent.sending.control import KEEP_MAX_S, ControlSession
 from transfer_agent.sending.inflight import InFlight, cut_blocks, hold, release
 from transfer_agent.storage import gil_meter
+from transfer_agent.wire.batch import BATCH_MAX
 from transfer_agent.wire.protocol import MAX_BLOCK, MSG_MORE, VERSION, Frame, pack_header
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer
 
 log = logging.getLogger("fstream.sender")
 TLS_CHUNK = 1 << 20  # bytes read and encrypted per call when the channel is TLS (no zero-copy there)
 IDLE_CHECK = 0.25  # seconds: how often an idle data stream checks that its connection still stands
+KEEP_BLOCK_MAX = 256 << 10  # a stream keeps no COMMIT over a larger block (``ControlSession.all_sent``, issue 29)
 
 
 MAX_SEALED_BLOCK = MAX_BLOCK - TAG_BYTES  # a sealed block and its tag must fit the frame limit
@@ -88,15 +90,7 @@ class Channel:
         pipeline: collections.deque[InFlight] = collections.deque()
         try:
             while not self.closing and not pool.stopping.is_set():
-                cluster = self.cluster
-                while cluster is not None and len(pipeline) < self.pp + 1:
-                    sf = pool.next_file(cluster)
-                    if sf is None:
-                        break
-                    try:
-                        pipeline.append(pool.control.open(sf))
-                    except SourceModifiedError as exc:
-                        pool.unopenable(sf, exc)  # that file only; the channel goes on
+                self._refill(pipeline)
                 if not pipeline:
                     self.busy = False
                     pool.wait_for_work(0.25)
@@ -124,6 +118,34 @@ class Channel:
         finally:
             self.busy = False
             self._end_streams()
+
+    def _refill(self, pipeline: collections.deque[InFlight]) -> None:
+        """Open files ahead, up to ``pp`` beyond the one being sent, every file ready now in one write (issue 29:
+        one OPEN_BATCH with a receiver that speaks batch). Nothing waits for a batch to fill: when the next file
+        is not answered yet (the driver would wait anyway), or nothing is in the pipeline, whatever room there is
+        is filled now; while the next file is ready to go, the pipeline is topped up once a quarter of it is free,
+        so that refills carry several OPENs rather than one each."""
+        cluster = self.cluster
+        pool = self.pool
+        while cluster is not None:
+            room = self.pp + 1 - len(pipeline)
+            if room <= 0 or (pipeline and pipeline[0].opened.is_set() and room < max(1, (self.pp + 1) // 4)):
+                return
+            sfs = []
+            while len(sfs) < min(room, BATCH_MAX):
+                sf = pool.next_file(cluster)
+                if sf is None:
+                    break
+                sfs.append(sf)
+            if not sfs:
+                return
+            if len(sfs) == 1:
+                try:
+                    pipeline.append(pool.control.open(sfs[0]))
+                except SourceModifiedError as exc:
+                    pool.unopenable(sfs[0], exc)  # that file only; the channel goes on
+            else:
+                pipeline.extend(pool.control.open_many(sfs, pool.unopenable))
 
     def _end_streams(self) -> None:
         """Queue one end marker per stream, behind every block this driver queued (only the driver queues
@@ -197,6 +219,10 @@ class Channel:
         """The next block to send; while idle, notice a data connection the receiver closed and fail the
         session at once (it reconnects and resumes) instead of when the stall detector fires (issue 8, fault
         row "source modified mid-send")."""
+        try:
+            return self.blocks.get_nowait()
+        except queue.Empty:
+            self.pool.control.flush_commits()  # no block at hand: the COMMITs this stream kept go now
         poller = select.poll()
         poller.register(sock.fileno(), getattr(select, "POLLRDHUP", 0))  # POLLHUP, POLLERR: always reported
         while True:
@@ -217,12 +243,15 @@ class Channel:
             while True:
                 item = self._next_block(sock)
                 if item is None:
+                    pool.control.flush_commits()
                     return
                 f, off, length = item
                 if not hold(f):  # settled (refused, aborted): its blocks are dropped
                     continue
                 try:
                     delay = pool.pace(length)
+                    # no COMMIT kept over a wait or a long send, nor longer than KEEP_MAX_S and this block
+                    pool.control.flush_commits(0.0 if delay > 0 or length > KEEP_BLOCK_MAX else KEEP_MAX_S)
                     if delay > 0 and pool.stopping.wait(delay):  # QoS pacing; stopping cuts it short
                         return
                     sent = length
@@ -254,8 +283,8 @@ class Channel:
                     with f.lock:
                         f.blocks_left -= 1
                         last = f.blocks_left == 0
-                    if last:
-                        pool.control.all_sent(f)
+                    if last:  # its COMMIT may go with the next ones while this stream has a block at hand
+                        pool.control.all_sent(f, keep=not self.blocks.empty())
                 finally:
                     release(f)
         except SourceModifiedError as exc:

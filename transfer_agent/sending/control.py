@@ -1,4 +1,15 @@
-"""The sender's control session: OPEN/COMMIT/ABORT/SKIP over the authenticated control link, pipelined, and their answers."""
+"""The sender's control session: OPEN/COMMIT/ABORT/SKIP over the authenticated control link, pipelined, and their answers.
+
+Batches (issue 29, ``wire.batch``): with a receiver that listed "batch", the OPENs a channel's driver has ready go
+in one OPEN_BATCH (``open_many``), and COMMITs that become ready while another is being sent go together in the
+next COMMIT_BATCH (``_queue_commit``); the answers may come batched too (OPEN_OK_BATCH, COMMITTED_BATCH), each
+frame in them handled as if it came alone. With an older receiver every request goes as its own frame, as before.
+A data stream that has its next block at hand may keep the COMMIT of the file it just finished until it has no
+block at hand (``flush_commits``), or at most ``KEEP_MAX_S`` and one block, so the COMMITs of small files go
+several per frame.
+Sources of at most ``INLINE_HASH_MAX`` bytes are hashed by the driver that opened them, after their OPENs left,
+while the receiver answers (no hand-off to the hasher pool and back for a small file).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +19,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from fstream_provider.watch.sources import SrcFile
 from transfer_agent import faultpoints
@@ -25,9 +36,12 @@ from transfer_agent.errors import (
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.inflight import InFlight, hold, release, settle
 from transfer_agent.storage.checksum import hash_fd_also
+from transfer_agent.wire.batch import BATCH_MAX, INNER, Sub, pack, speaks_batch, unpack
 from transfer_agent.wire.protocol import Frame, error_from_body
 
 log = logging.getLogger("fstream.sender")
+INLINE_HASH_MAX = 64 << 10  # sources this small are hashed by the thread that opens them, not the hasher pool
+KEEP_MAX_S = 0.001  # a COMMIT kept for a stream's next write (``all_sent(keep=True)``) is sent within this at most
 
 
 class ControlSession:
@@ -44,6 +58,7 @@ class ControlSession:
     """
 
     public_algo: str | None = None  # set per session in __init__ (a class default for sessions built without it)
+    batch = False  # the receiver speaks batch frames (set in __init__ from its handshake; default: single frames)
 
     def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
                  algo: str | None = None, verify: bool = True, public_algo: str | None = None,
@@ -63,6 +78,13 @@ class ControlSession:
         if self.algo != "blake3-keyed":
             self.digest_key = None
         self.public_algo = public_algo if public_algo and self.digest_key is not None else None
+        self.batch = speaks_batch(hs.link)
+        # frames of batches sent and received, and the files in them (what tests and benchmarks look at)
+        self.stats = {"batches_sent": 0, "batched_sent": 0, "batches_received": 0, "batched_received": 0}
+        self._commits: list[Sub] = []  # COMMITs queued while another thread sends (``_queue_commit``)
+        self._commit_lock = threading.Lock()
+        self._committing = False
+        self._queued_since = 0.0  # when the oldest COMMIT queued was queued
         self._files: dict[int, InFlight] = {}
         self._lock = threading.Lock()
         self._next_id = 1
@@ -88,6 +110,29 @@ class ControlSession:
 
     def open(self, sf: SrcFile) -> InFlight:
         """Open the source, send OPEN, start its checksum; the reply arrives asynchronously."""
+        f = self._prepare(sf)
+        self._send([(Frame.OPEN, f.file_id, self._open_body(sf.rel, f.st_size, f.st_mtime_ns))])
+        self._start_hash(f)
+        return f
+
+    def open_many(self, sfs: Iterable[SrcFile], unopenable: Callable[[SrcFile, FStreamError], None]
+                  ) -> list[InFlight]:
+        """Open each source and send their OPENs in one write (batched when the receiver speaks batch), then
+        start their checksums; a source that cannot be opened goes to ``unopenable``, the others go on."""
+        files = []
+        for sf in sfs:
+            try:
+                files.append(self._prepare(sf))
+            except SourceModifiedError as exc:
+                unopenable(sf, exc)
+        if files:
+            self._send([(Frame.OPEN, f.file_id, self._open_body(f.sf.rel, f.st_size, f.st_mtime_ns)) for f in files])
+            for f in files:
+                self._start_hash(f)
+        return files
+
+    def _prepare(self, sf: SrcFile) -> InFlight:
+        """Open the source (checked by the guard) and register it under a new file id."""
         try:
             # under an agent's guard, O_NONBLOCK: a FIFO swapped in after the listing must not block the open before
             # the guard refuses it (regular files ignore the flag)
@@ -108,13 +153,33 @@ class ControlSession:
             self._next_id += 1
             f = InFlight(sf, fid, fd, st.st_size, st.st_mtime_ns)
             self._files[fid] = f
-        if self.verify:
-            f.hash_future = self.hasher.submit(self._hash, f)
-        else:
-            f.hash_future = Future()
-            f.hash_future.set_result(None)
-        self.writer.send(Frame.OPEN, self._open_body(sf.rel, st.st_size, st.st_mtime_ns), fid)
         return f
+
+    def _start_hash(self, f: InFlight) -> None:
+        """Start ``f``'s checksum: a small source here and now (its OPEN is on its way; a hand-off to the pool
+        and back would cost more than the hash), a larger one on the hasher pool."""
+        if self.verify and f.st_size > INLINE_HASH_MAX:
+            f.hash_future = self.hasher.submit(self._hash, f)
+            return
+        fut: Future = Future()
+        try:
+            fut.set_result(self._hash(f) if self.verify else None)
+        except Exception as exc:  # noqa: BLE001 - the commit reports it, as it would from the pool
+            fut.set_exception(exc)
+        f.hash_future = fut
+
+    def _send(self, subs: list[Sub]) -> None:
+        """Send per-file frames in one write: batched when the receiver speaks batch."""
+        if len(subs) == 1:
+            ftype, fid, body = subs[0]
+            self.writer.send(ftype, body, fid)
+            return
+        out = pack(subs, self.batch)
+        self.writer.send_frames(out)
+        batches = sum(1 for ftype, _body, _fid in out if ftype in INNER)
+        if batches:
+            self.stats["batches_sent"] += batches
+            self.stats["batched_sent"] += len(subs) - (len(out) - batches)
 
     def _open_body(self, rel: str, size: int, mtime_ns: int, **more: Any) -> dict[str, Any]:
         """An OPEN's body. Without verification it says so (``verify: false``): the receiver then neither
@@ -142,11 +207,18 @@ class ControlSession:
         finally:
             release(f)
 
-    def all_sent(self, f: InFlight) -> None:
-        """Every block of ``f`` is on the wire: when its checksum is ready, check the source and COMMIT."""
-        f.hash_future.add_done_callback(lambda fut: self._commit(f, fut))
+    def all_sent(self, f: InFlight, keep: bool = False) -> None:
+        """Every block of ``f`` is on the wire: when its checksum is ready, check the source and COMMIT.
 
-    def _commit(self, f: InFlight, fut: Any) -> None:
+        ``keep``: the caller (a data stream) has its next block at hand and calls ``flush_commits`` once it has
+        none, so a COMMIT ready now may wait for it (at most ``KEEP_MAX_S``) and go with the next ones."""
+        fut = f.hash_future
+        if keep and fut.done():
+            self._commit(f, fut, keep=True)
+        else:
+            fut.add_done_callback(lambda fut: self._commit(f, fut))
+
+    def _commit(self, f: InFlight, fut: Any, keep: bool = False) -> None:
         # The checksum may finish (or be cancelled) after the session settled the file — a session
         # that failed, was fenced or cancelled closes every source: nothing is left to commit then,
         # and the descriptor number may already belong to another file.
@@ -164,13 +236,59 @@ class ControlSession:
                                           + (f"size {f.st_size}→{st.st_size}" if st.st_size != f.st_size
                                              else "mtime changed") + "); not committed")
             faultpoints.hit("commit.before_send")
-            self.writer.send(Frame.COMMIT, {"hash": digest}, f.file_id)
+            self._queue_commit(f.file_id, digest, keep)
         except SourceModifiedError as exc:
             self.abort(f, exc)
         except FStreamError as exc:
             self.fail(exc)
         finally:
             release(f)
+
+    def _queue_commit(self, fid: int, digest: str | None, keep: bool = False) -> None:
+        """Send a COMMIT. With a receiver that speaks batch, COMMITs that become ready (on other streams or
+        hashers) while one thread is sending go with that thread's next write: whoever finds nobody sending sends
+        everything queued, so a COMMIT never waits for a batch to fill, nor longer than the write before it.
+        ``keep``: leave it queued for the caller's ``flush_commits`` (see ``all_sent``)."""
+        if not self.batch:
+            self.writer.send(Frame.COMMIT, {"hash": digest}, fid)
+            return
+        with self._commit_lock:
+            if not self._commits:
+                self._queued_since = time.monotonic()
+            self._commits.append((Frame.COMMIT, fid, {"hash": digest}))
+            if self._committing:
+                return  # the thread sending now takes it with its next write
+            if keep and len(self._commits) < BATCH_MAX and time.monotonic() - self._queued_since < KEEP_MAX_S:
+                return
+            self._committing = True
+        self._drain_commits()
+
+    def flush_commits(self, age: float = 0.0) -> None:
+        """Send the COMMITs kept (``all_sent(keep=True)``) now, unless another thread is sending them already;
+        with ``age``, only once the oldest of them was queued that many seconds ago (a stream asks before each
+        block it sends, so none is kept longer than ``KEEP_MAX_S`` and one block)."""
+        if not self._commits or (age and time.monotonic() - self._queued_since < age):
+            return
+        with self._commit_lock:
+            if self._committing or not self._commits:
+                return
+            self._committing = True
+        self._drain_commits()
+
+    def _drain_commits(self) -> None:
+        """Send what is queued until nothing is (the caller set ``_committing``)."""
+        try:
+            while True:
+                with self._commit_lock:
+                    subs, self._commits = self._commits, []
+                    if not subs:
+                        self._committing = False
+                        return
+                self._send(subs)
+        except BaseException:
+            with self._commit_lock:
+                self._committing = False
+            raise
 
     def skip(self, f: InFlight) -> None:
         self.writer.send(Frame.SKIP, {}, f.file_id)
@@ -209,40 +327,51 @@ class ControlSession:
                     if ev:
                         ev.set()
                     continue
-                with self._lock:
-                    f = self._files.get(fid)
-                if ftype == Frame.ERROR and fid == 0:
-                    raise error_from_body(body)
-                if f is None:
-                    # a late reply about a file already settled (e.g. a second stream's write error
-                    # after the first refused it): never a reason to fail the session's other files
-                    log.debug("reply %s for file id %d that is no longer in flight", ftype.name, fid)
+                if ftype in (Frame.OPEN_OK_BATCH, Frame.COMMITTED_BATCH):
+                    subs = unpack(ftype, body)
+                    self.stats["batches_received"] += 1
+                    self.stats["batched_received"] += len(subs)
+                    for sub in subs:
+                        self._reply(*sub)
                     continue
-                if ftype == Frame.OPEN_OK:
-                    f.reply = body
-                    f.resumed = int(body.get("resumed", 0))
-                    f.opened.set()
-                elif ftype == Frame.ERROR:
-                    err = error_from_body(body)
-                    if err.retryable:
-                        self._finish(f, "retry", err)
-                    else:
-                        self._finish(f, "failed", err)
-                elif ftype == Frame.COMMITTED:
-                    if body.get("ok"):
-                        self._finish(f, "committed", None)
-                    else:
-                        kind = body.get("kind", "")
-                        cls = ChecksumError if kind == "checksum" else RefusedError
-                        err = cls(f"receiver: {body.get('error', 'commit refused')}",
-                                  retryable=bool(body.get("retryable")))
-                        self._finish(f, "retry" if err.retryable else "failed", err)
-                else:
-                    raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
+                self._reply(ftype, fid, body)
         except FStreamError as exc:
             self.fail(exc)
         except OSError as exc:
             self.fail(NetworkError(f"control connection lost: {exc}"))
+
+    def _reply(self, ftype: Frame, fid: int, body: dict[str, Any]) -> None:
+        """One answer about file ``fid`` (alone, or out of a batch)."""
+        with self._lock:
+            f = self._files.get(fid)
+        if ftype == Frame.ERROR and fid == 0:
+            raise error_from_body(body)
+        if f is None:
+            # a late reply about a file already settled (e.g. a second stream's write error
+            # after the first refused it): never a reason to fail the session's other files
+            log.debug("reply %s for file id %d that is no longer in flight", ftype.name, fid)
+            return
+        if ftype == Frame.OPEN_OK:
+            f.reply = body
+            f.resumed = int(body.get("resumed", 0))
+            f.opened.set()
+        elif ftype == Frame.ERROR:
+            err = error_from_body(body)
+            if err.retryable:
+                self._finish(f, "retry", err)
+            else:
+                self._finish(f, "failed", err)
+        elif ftype == Frame.COMMITTED:
+            if body.get("ok"):
+                self._finish(f, "committed", None)
+            else:
+                kind = body.get("kind", "")
+                cls = ChecksumError if kind == "checksum" else RefusedError
+                err = cls(f"receiver: {body.get('error', 'commit refused')}",
+                          retryable=bool(body.get("retryable")))
+                self._finish(f, "retry" if err.retryable else "failed", err)
+        else:
+            raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
 
     def fail(self, exc: FStreamError) -> None:
         if self.error is None:

@@ -31,6 +31,10 @@ generation and why, never the other generations. A version-2 HELLO names none: i
 Versions (issue 30): a server speaks ``protocol.SUPPORTED`` (3 and 2), a client ``CLIENT_VERSION``; a peer
 speaking another version is refused naming both ("sender speaks protocol 1; this receiver speaks 3 and 2").
 
+Capabilities: HELLO and CHALLENGE list what each side speaks (``caps``: ``CLIENT_CAPS``, ``SERVER_CAPS``; bound by
+the proofs like every field); the link keeps both lists (``caps``, ``peer_caps``). Batch frames (issue 29,
+``wire.batch``) are used only on a connection where both sides listed ``"batch"``: no version bump was needed.
+
 With TLS, both sides present certificates checked against the given CA (``CERT_REQUIRED``)
 before any frame is exchanged; a shared secret, if also given, is checked on top. There is no
 unauthenticated mode. After the handshake, ``transfer_agent.wire.secure`` derives the connection's
@@ -70,6 +74,10 @@ GenLookup = Callable[[str, "str | None"], "tuple[str, bytes | None]"]
 # The protocol a client (sender) speaks. Tests set ``auth.CLIENT_VERSION = 2`` (monkeypatch) to run a sender as a
 # protocol-2 one (no ``kgen``, frames of version 2) against a receiver that speaks 3 and 2.
 CLIENT_VERSION = VERSION
+# The capabilities each side lists (HELLO ``caps``, CHALLENGE ``caps``; both bound by the proofs). Tests take one
+# away (monkeypatch, e.g. ``auth.SERVER_CAPS`` without "batch") to run that side as an older peer.
+CLIENT_CAPS: tuple[str, ...] = CAPABILITIES
+SERVER_CAPS: tuple[str, ...] = CAPABILITIES
 log = logging.getLogger("fstream.auth")
 
 
@@ -192,6 +200,12 @@ class Handshake:
     version: int = VERSION
 
 
+def peer_caps(body: dict[str, Any]) -> tuple[str, ...]:
+    """The capabilities a HELLO or CHALLENGE lists (its ``caps``; what is not a string is ignored)."""
+    caps = body.get("caps")
+    return tuple(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else ()
+
+
 def _nonce_of(body: dict[str, Any], what: str) -> bytes:
     try:
         nonce = bytes.fromhex(str(body.get("nonce", "")))
@@ -258,7 +272,7 @@ def client_handshake(sock: socket.socket, secret: bytes | None, hello: dict[str,
                         "already encrypted")
     writer = ControlWriter(sock, version)
     c_nonce = secrets.token_bytes(NONCE_BYTES)
-    sent = {**hello, "version": version, "caps": list(CAPABILITIES), "nonce": c_nonce.hex(),
+    sent = {**hello, "version": version, "caps": list(CLIENT_CAPS), "nonce": c_nonce.hex(),
             "auth": "hmac" if secret is not None else "tls", "encrypt": bool(encrypt)}
     if key_id is not None:
         sent["key"] = key_id
@@ -290,6 +304,7 @@ def client_handshake(sock: socket.socket, secret: bytes | None, hello: dict[str,
             raise AuthError(f"receiver {peer} requires a shared secret (pass --secret-file)")
         writer.send(Frame.AUTH, {})
     link = ControlLink(sock, keys, client=True, peer=f"receiver {peer}", version=version)
+    link.caps, link.peer_caps = tuple(sent["caps"]), peer_caps(chal)
     ftype, _fid, welcome = link.recv(plain_error=True)
     if ftype == Frame.ERROR:
         raise error_from_body(welcome)
@@ -386,7 +401,7 @@ def server_handshake(sock: socket.socket, secret: bytes | None = None, tls: bool
         _refuse(writer, "auth", msg)
         raise AuthError(f"{peer}: refused: {msg}")
     s_nonce = secrets.token_bytes(NONCE_BYTES)
-    body: dict[str, Any] = {"version": version, "caps": list(CAPABILITIES), "nonce": s_nonce.hex(),
+    body: dict[str, Any] = {"version": version, "caps": list(SERVER_CAPS), "nonce": s_nonce.hex(),
                             "auth": "hmac" if secret is not None else "tls", "encrypt": encrypt}
     keys: SessionKeys | None = None
     if secret is not None:
@@ -410,5 +425,6 @@ def server_handshake(sock: socket.socket, secret: bytes | None = None, tls: bool
             raise AuthError(f"{peer}: {msg}" + (f" ({unknown})" if unknown else ""))
         keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt)
     link = ControlLink(sock, keys, client=False, peer=f"sender {peer}", version=version)
+    link.caps, link.peer_caps = tuple(body["caps"]), peer_caps(hello)
     return Handshake(hello, keys, link, key_id=key_id, generation=generation if secret is not None else None,
                      version=version)

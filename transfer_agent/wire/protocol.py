@@ -39,7 +39,7 @@ MAX_JSON_DEPTH = 32  # control bodies are flat; deeper nesting is refused before
 MAX_BLOCK = 64 << 20
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # header and payload leave in one segment where supported
 CAPABILITIES = ("sendfile", "ranges", "pipelining", "xxh3_128", "blake3", "blake3-keyed", "chacha20-poly1305",
-                "group-commit")
+                "group-commit", "batch")  # batch: the batch frames below (issue 29; ``wire.batch``)
 
 
 class Frame(IntEnum):
@@ -56,6 +56,11 @@ class Frame(IntEnum):
     COMMITTED = 13
     ABORT = 14
     SKIP = 15
+    # issue 29 (``wire.batch``): envelopes of per-file frames, sent only to a peer that listed "batch"
+    OPEN_BATCH = 16  # OPENs
+    OPEN_OK_BATCH = 17  # their answers: OPEN_OK or a per-file ERROR
+    COMMIT_BATCH = 18  # COMMITs
+    COMMITTED_BATCH = 19  # COMMITTEDs (e.g. of one group commit)
     DATA = 20
     BYE = 30
     PING = 31
@@ -284,10 +289,17 @@ class ControlWriter:
         self.version = version
         self._lock = threading.Lock()
 
-    def send(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
-        data = pack_control(ftype, body, file_id, self.version)
+    caps: tuple[str, ...] = ()  # what this side listed in its handshake, and the peer (``wire.auth`` sets them)
+    peer_caps: tuple[str, ...] = ()
+
+    def send(self, ftype: Frame, body: dict[str, Any] | bytes, file_id: int = 0) -> None:
+        self.send_frames([(ftype, body, file_id)])
+
+    def send_frames(self, frames: list[tuple[Frame, dict[str, Any] | bytes, int]]) -> None:
+        """Send (type, body, file id) frames in one write (a body given as bytes is its JSON encoding)."""
+        data = b"".join(pack_control(ftype, body, file_id, self.version) for ftype, body, file_id in frames)
         with self._lock:
             try:
                 self.sock.sendall(data)
             except (ConnectionError, TimeoutError, OSError) as exc:
-                raise NetworkError(f"connection lost while sending {ftype.name}: {exc}") from exc
+                raise NetworkError(f"connection lost while sending {frames[0][0].name}: {exc}") from exc

@@ -120,6 +120,9 @@ class ControlLink:
     :param version: the protocol version the connection's HELLO stated (issue 30): its frames carry it.
     """
 
+    caps: tuple[str, ...] = ()  # what this side listed in the handshake (set by ``wire.auth``; ``wire.batch``)
+    peer_caps: tuple[str, ...] = ()  # and what the peer listed
+
     def __init__(self, sock: Any, keys: SessionKeys | None, *, client: bool, peer: str = "peer",
                  version: int = VERSION) -> None:
         self.sock, self.keys, self.peer, self.version = sock, keys, peer, version
@@ -143,23 +146,32 @@ class ControlLink:
         canon = body if isinstance(body, bytes) else canonical(body)
         return hmac.digest(key, self._aad(seq, ftype, fid) + canon, "sha256")[:MAC_BYTES].hex()
 
-    def send(self, ftype: Frame, body: dict[str, Any], file_id: int = 0) -> None:
+    def send(self, ftype: Frame, body: dict[str, Any] | bytes, file_id: int = 0) -> None:
+        """Send one frame; ``body`` may be given as its canonical encoding (bytes), which is then MAC'd or sealed
+        as it is."""
+        self.send_frames([(ftype, body, file_id)])
+
+    def send_frames(self, frames: list[tuple[Frame, dict[str, Any] | bytes, int]]) -> None:
+        """Send (type, body, file id) frames in one write, each MAC'd or sealed under its own sequence number."""
         with self._lock:
             seq = self._send_seq
-            if self.keys is None:
-                wire = body
-            elif self._seal is not None:
-                wire = {"sealed": base64.b64encode(self._seal.seal(canonical(body),
-                                                                   self._aad(seq, ftype, file_id))).decode()}
-            else:  # the canonical encoding the MAC covers is the payload too, with the MAC added last
-                canon = canonical(body)
-                wire = with_mac(canon, self._mac(self._mac_out, seq, ftype, file_id, canon))
-            data = pack_control(ftype, wire, file_id, self.version)
+            parts = []
+            for ftype, body, file_id in frames:
+                wire: dict[str, Any] | bytes = body
+                if self.keys is not None:
+                    canon = body if isinstance(body, bytes) else canonical(body)
+                    if self._seal is not None:
+                        sealed = self._seal.seal(canon, self._aad(seq, ftype, file_id))
+                        wire = {"sealed": base64.b64encode(sealed).decode()}
+                    else:  # the canonical encoding the MAC covers is the payload too, with the MAC added last
+                        wire = with_mac(canon, self._mac(self._mac_out, seq, ftype, file_id, canon))
+                parts.append(pack_control(ftype, wire, file_id, self.version))
+                seq += 1
             try:
-                self.sock.sendall(data)
+                self.sock.sendall(parts[0] if len(parts) == 1 else b"".join(parts))
             except (ConnectionError, TimeoutError, OSError) as exc:
-                raise NetworkError(f"connection lost while sending {ftype.name}: {exc}") from exc
-            self._send_seq = seq + 1
+                raise NetworkError(f"connection lost while sending {frames[0][0].name}: {exc}") from exc
+            self._send_seq = seq
 
     def read_ahead(self) -> None:
         """From now on read frames through a buffer (``FrameBuffer``): for a session's control connection
