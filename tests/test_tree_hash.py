@@ -163,3 +163,23 @@ def test_a_keyed_transfer_is_verified_from_blocks_as_they_arrive(tmp_path: Path,
         assert rx.stats["files_checksum_mismatch"] == 0
     finally:
         rx.stop()
+
+
+@native
+def test_where_splice_is_missing_the_native_loop_receives_writes_and_hashes(tmp_path: Path, secret: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentkit import make_files, send, start_receiver, trees_identical
+    from transfer_agent.receiving import data
+
+    monkeypatch.delattr(data.os, "splice")  # the receiver's data loop falls back to recv; the sender uses sendfile
+    sizes = {"big.bin": 6 * MiB + 3, "small.bin": 4000}
+    src = make_files(tmp_path / "src", sizes)
+    rx = start_receiver(tmp_path / "dst", secret)
+    try:
+        res = send(src, rx.port, secret, cc=1, p=3, block_size=MiB)
+        assert res.ok and res.verified_files == 2, res.failures[:3]
+        assert trees_identical(src, tmp_path / "dst" / "out")
+        assert rx.stats["bytes_hashed_arriving"] == sum(sizes.values())
+        assert rx.stats["bytes_hashed_read_back"] == 0
+    finally:
+        rx.stop()

@@ -246,6 +246,43 @@ impl BlockTree {
         Ok(())
     }
 
+    /// Hash the block's next `length` bytes (at most 1 MiB) as they are in `fd` right after they were written
+    /// there (spliced into the page cache: read back while they are still in the CPU's cache), without the
+    /// GIL. Returns the bytes hashed; raises OSError, or EOFError if the file is shorter.
+    fn feed_fd(&mut self, py: Python<'_>, fd: i32, length: usize) -> PyResult<usize> {
+        let want = length.min(BUF_LEN).min((self.p.end - self.p.pos) as usize);
+        let p = &mut self.p;
+        let res: Result<usize, i32> = py.detach(move || {
+            BUFFER.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                let mut got = 0usize;
+                while got < want {
+                    let n = unsafe {
+                        libc::pread(fd, buf[got..want].as_mut_ptr() as *mut libc::c_void, want - got, (p.pos + got as u64) as libc::off_t)
+                    };
+                    if n < 0 {
+                        let e = errno();
+                        if e == libc::EINTR {
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                    if n == 0 {
+                        return Err(0);
+                    }
+                    got += n as usize;
+                }
+                p.feed(&buf[..want]);
+                Ok(want)
+            })
+        });
+        match res {
+            Ok(n) => Ok(n),
+            Err(0) => Err(PyEOFError::new_err(format!("file shorter than expected (block at {})", self.p.pos))),
+            Err(e) => Err(PyOSError::new_err((e, std::io::Error::from_raw_os_error(e).to_string()))),
+        }
+    }
+
     /// The block's next offset (what was received so far ends here).
     #[getter]
     fn position(&self) -> u64 {

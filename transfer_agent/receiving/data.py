@@ -72,10 +72,10 @@ class DataStreams(GroupCommit):
                 try:
                     if sealer is not None:
                         self._open_sealed(f, conn, sealer, off, length, wire, version)
-                    elif f.tree is not None and not isinstance(conn, ssl.SSLSocket):
-                        self._pump_block(f, conn, off, length)
                     elif pipe is not None:
                         self._splice_block(f, conn, pipe, off, length)
+                    elif f.tree is not None and not isinstance(conn, ssl.SSLSocket):
+                        self._pump_block(f, conn, off, length)  # plain TCP where splice(2) is missing
                     else:
                         self._recv_block(f, conn, off, length)
                 finally:
@@ -171,10 +171,17 @@ class DataStreams(GroupCommit):
         The part's fd is borrowed per chunk, not for the whole block: a stream waiting for a slow
         sender never keeps a failed file's part (and the disk space it holds) open. Chunks of a
         file that failed or closed meanwhile are read and dropped.
+
+        A file hashed as it arrives (``f.tree``, issue 29) has each chunk hashed right after it was
+        spliced, read back while it is still in the CPU's cache, in native code without the GIL (a
+        recv into memory and a pwrite, ``_pump_block``, cost the receiver more CPU per GB on loopback:
+        BENCHMARKS §12). A piece of the tree is kept only while every chunk before it was written.
         """
         r, w = pipe
         got, err = 0, None
+        block = f.tree.block(off, length) if f.tree is not None else None
         while got < length:
+            t = gil_meter.clock()
             try:
                 n = os.splice(conn.fileno(), w, min(PIPE_SIZE, length - got))
             except OSError as exc:
@@ -187,14 +194,25 @@ class DataStreams(GroupCommit):
                 try:
                     while m < n:
                         m += os.splice(r, fd, n - m, offset_dst=off + got + m)
+                    if block is not None:
+                        block.feed_fd(fd, n)
+                        f.tree.add(block.take())
                 except OSError as exc:
-                    self._write_failed(f, exc)
+                    if m == n:  # written, but not hashed: the commit reads it back
+                        block = None
+                    else:
+                        self._write_failed(f, exc)
+                except EOFError:
+                    block = None
                 finally:
                     f.unuse()
             elif fd >= 0:
                 f.unuse()
+            gil_meter.add(gil_meter.clock() - t)
             if m == n:
                 self._written(f, off + got, n)
+            else:
+                block = None  # a chunk not written: no piece after it is kept
             while m < n:  # nothing to write into (or the write failed): drop what is in the pipe
                 m += len(os.read(r, n - m))
             got += n
