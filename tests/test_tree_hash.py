@@ -183,3 +183,61 @@ def test_where_splice_is_missing_the_native_loop_receives_writes_and_hashes(tmp_
         assert rx.stats["bytes_hashed_read_back"] == 0
     finally:
         rx.stop()
+
+
+@native
+def test_a_spliced_block_lands_in_the_file_and_is_hashed_on_the_way(tmp_path: Path) -> None:
+    from transfer_agent.receiving.data import _pipe
+
+    data = random.Random(5).randbytes(3 * MiB + 17)
+    key = os.urandom(32)
+    a, b = socket.socketpair()
+    sender = threading.Thread(target=a.sendall, args=(data,))
+    sender.start()
+    r, w = _pipe()
+    fd = os.open(tmp_path / "part", os.O_RDWR | os.O_CREAT, 0o600)
+    tree = tree_hash.TreeDigest(len(data), key)
+    try:
+        block, got = tree.block(0, len(data)), 0
+        while got < len(data):
+            n, written, werr, rerr = block.splice(b.fileno(), r, w, fd, len(data) - got)
+            assert (written, werr, rerr) == (n, 0, 0)
+            tree.add(block.take())
+            got += n
+        sender.join()
+        assert (tmp_path / "part").read_bytes() == data
+        assert tree.bytes_hashed == len(data) and tree.digest(fd) == _reference(data, key)
+    finally:
+        for x in (fd, r, w):
+            os.close(x)
+        a.close()
+        b.close()
+
+
+@native
+def test_a_chunk_not_written_stops_the_blocks_hashing_and_the_commit_reads_it_back(tmp_path: Path) -> None:
+    data = random.Random(6).randbytes(2 * MiB)
+    a, b = socket.socketpair()
+    sender = threading.Thread(target=a.sendall, args=(data,))
+    sender.start()
+    path = tmp_path / "part"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    tree = tree_hash.TreeDigest(len(data), None)
+    try:
+        block = tree.block(0, len(data))
+        n1, w1, _, _ = block.pump(b.fileno(), -1, 64 * KiB)  # a file given up: read and dropped, not written
+        assert (n1, w1) == (64 * KiB, 0)
+        got = n1
+        while got < len(data):
+            n, written, _, _ = block.pump(b.fileno(), fd, len(data) - got)
+            assert written == n
+            tree.add(block.take())
+            got += n
+        sender.join()
+        assert tree.bytes_hashed == 0  # nothing after the dropped chunk was kept as a piece
+        os.pwrite(fd, data[:64 * KiB], 0)  # the bytes a resumed session would have written
+        assert tree.digest(fd) == _reference(data, None)  # read back whole
+    finally:
+        os.close(fd)
+        a.close()
+        b.close()

@@ -197,9 +197,82 @@ fn pwrite_all(fd: i32, data: &[u8], off: u64) -> (usize, i32) {
 }
 
 /// One data block [offset, offset + length) of a file of `size` bytes, hashed into tree pieces as it passes.
+///
+/// `at` is where the next byte of the block goes; the pieces follow it as long as every byte was written. A
+/// chunk that was not written (a file given up, a failed write) stops the hashing for the rest of the block:
+/// no piece after it is ever returned, and the commit reads those bytes back.
 #[pyclass(module = "transfer_agent.storage._blake3tree")]
 struct BlockTree {
     p: Pieces,
+    at: u64,
+    dead: bool,
+}
+
+impl BlockTree {
+    fn landed(&mut self, data: &[u8], written: bool) {
+        if written && !self.dead {
+            self.p.feed(data);
+        } else {
+            self.dead = true;
+            self.p.cur = None;
+        }
+        self.at += data.len() as u64;
+    }
+}
+
+/// splice(2) without offsets, retrying on EINTR: bytes moved, or an errno.
+fn splice_in(from: i32, to: i32, len: usize) -> Result<usize, i32> {
+    loop {
+        let n = unsafe { libc::splice(from, std::ptr::null_mut(), to, std::ptr::null_mut(), len, libc::SPLICE_F_MOVE) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = errno();
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    }
+}
+
+/// Move `n` bytes from the pipe into `fd` at `off`: (bytes moved, errno).
+fn splice_out(pipe_r: i32, fd: i32, off: u64, n: usize) -> (usize, i32) {
+    let mut m = 0usize;
+    while m < n {
+        let mut o = (off + m as u64) as libc::loff_t;
+        let k = unsafe { libc::splice(pipe_r, std::ptr::null_mut(), fd, &mut o, n - m, libc::SPLICE_F_MOVE) };
+        if k < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return (m, e);
+        }
+        if k == 0 {
+            return (m, libc::EIO);
+        }
+        m += k as usize;
+    }
+    (m, 0)
+}
+
+/// pread exactly `buf.len()` bytes at `off`: 0, or an errno (EIO for a file that ends first).
+fn pread_all(fd: i32, buf: &mut [u8], off: u64) -> i32 {
+    let mut got = 0usize;
+    while got < buf.len() {
+        let k = unsafe { libc::pread(fd, buf[got..].as_mut_ptr() as *mut libc::c_void, buf.len() - got, (off + got as u64) as libc::off_t) };
+        if k < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return e;
+        }
+        if k == 0 {
+            return libc::EIO;
+        }
+        got += k as usize;
+    }
+    0
 }
 
 #[pymethods]
@@ -212,81 +285,107 @@ impl BlockTree {
         })?;
         Ok(BlockTree {
             p: Pieces { key: parse_key(key)?, size, end, pos: offset, cur: None, done: Vec::new() },
+            at: offset,
+            dead: false,
         })
     }
 
     /// Receive up to `want` bytes (at most 1 MiB) of the block from socket `sock`, write them into `fd` at
     /// their offset (`fd` < 0: drop them) and hash them, all without the GIL. Returns (received, written,
     /// write errno, recv errno): a recv errno of -1 is the peer's end of stream, ETIMEDOUT the socket's
-    /// timeout (`timeout_ms`, -1 for none). Bytes received after a failed write are hashed, not written.
+    /// timeout (`timeout_ms`, -1 for none).
     #[pyo3(signature = (sock, fd, want, timeout_ms=-1))]
     fn pump(&mut self, py: Python<'_>, sock: i32, fd: i32, want: usize, timeout_ms: i32) -> (usize, usize, i32, i32) {
-        let want = want.min(BUF_LEN).min((self.p.end - self.p.pos) as usize);
-        let p = &mut self.p;
-        py.detach(move || {
+        let want = want.min(BUF_LEN).min((self.p.end - self.at) as usize);
+        py.detach(|| {
             BUFFER.with(|cell| {
                 let mut buf = cell.borrow_mut();
                 let (got, rerr) = recv_full(sock, &mut buf[..want], timeout_ms);
-                let (written, werr) = if fd >= 0 && got > 0 { pwrite_all(fd, &buf[..got], p.pos) } else { (0, 0) };
-                p.feed(&buf[..got]);
+                let (written, werr) = if fd >= 0 && got > 0 { pwrite_all(fd, &buf[..got], self.at) } else { (0, 0) };
+                self.landed(&buf[..got], fd >= 0 && written == got);
                 (got, written, werr, rerr)
             })
         })
     }
 
-    /// Hash bytes of the block already in memory (a TLS or sealed block), in order, without the GIL.
+    /// Move up to `want` bytes of the block socket → pipe → file with splice(2), each chunk hashed right after
+    /// it landed (read back while it is still in the CPU's cache), the whole call without the GIL. `fd` < 0:
+    /// the bytes are read and dropped (a file given up). Returns (moved, written, write errno, recv errno):
+    /// moved bytes left the socket, written ones are in the file; a recv errno of -1 is the peer's end of
+    /// stream. After a failed write the call drops the rest of what it moves.
+    fn splice(&mut self, py: Python<'_>, sock: i32, pipe_r: i32, pipe_w: i32, fd: i32, want: usize) -> (usize, usize, i32, i32) {
+        let want = want.min((self.p.end - self.at) as usize);
+        py.detach(|| {
+            BUFFER.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                let (mut moved, mut written, mut werr, mut rerr) = (0usize, 0usize, 0i32, 0i32);
+                while moved < want {
+                    let n = match splice_in(sock, pipe_w, (want - moved).min(BUF_LEN)) {
+                        Ok(0) => {
+                            rerr = -1;
+                            break;
+                        }
+                        Ok(n) => n,
+                        Err(e) => {
+                            rerr = e;
+                            break;
+                        }
+                    };
+                    let mut m = 0usize;
+                    let mut hashable = false;
+                    if fd >= 0 && werr == 0 {
+                        let (k, e) = splice_out(pipe_r, fd, self.at, n);
+                        m = k;
+                        werr = e;
+                        if k == n {
+                            written += n;
+                            // read back what just landed, while it is still in the CPU's cache
+                            hashable = !self.dead && pread_all(fd, &mut buf[..n], self.at) == 0;
+                        }
+                    }
+                    while m < n {
+                        // nothing to write into, or the write failed: drop what is in the pipe
+                        let k = unsafe { libc::read(pipe_r, buf.as_mut_ptr() as *mut libc::c_void, (n - m).min(BUF_LEN)) };
+                        if k < 0 && errno() == libc::EINTR {
+                            continue;
+                        }
+                        if k <= 0 {
+                            break;
+                        }
+                        m += k as usize;
+                    }
+                    if hashable {
+                        self.landed(&buf[..n], true);
+                    } else {
+                        self.dead = true;
+                        self.p.cur = None;
+                        self.at += n as u64;
+                    }
+                    moved += n;
+                }
+                (moved, written, werr, rerr)
+            })
+        })
+    }
+
+    /// Hash bytes of the block already in memory (a TLS or sealed block, written), in order, without the GIL.
     fn feed(&mut self, py: Python<'_>, data: PyBuffer<u8>) -> PyResult<()> {
         if !data.is_c_contiguous() {
             return Err(PyValueError::new_err("blake3 tree: feed needs a contiguous buffer"));
         }
         // SAFETY: the buffer is held (and its exporter's memory pinned) until this function returns
         let bytes = unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes()) };
-        let p = &mut self.p;
-        py.detach(move || p.feed(bytes));
-        Ok(())
-    }
-
-    /// Hash the block's next `length` bytes (at most 1 MiB) as they are in `fd` right after they were written
-    /// there (spliced into the page cache: read back while they are still in the CPU's cache), without the
-    /// GIL. Returns the bytes hashed; raises OSError, or EOFError if the file is shorter.
-    fn feed_fd(&mut self, py: Python<'_>, fd: i32, length: usize) -> PyResult<usize> {
-        let want = length.min(BUF_LEN).min((self.p.end - self.p.pos) as usize);
-        let p = &mut self.p;
-        let res: Result<usize, i32> = py.detach(move || {
-            BUFFER.with(|cell| {
-                let mut buf = cell.borrow_mut();
-                let mut got = 0usize;
-                while got < want {
-                    let n = unsafe {
-                        libc::pread(fd, buf[got..want].as_mut_ptr() as *mut libc::c_void, want - got, (p.pos + got as u64) as libc::off_t)
-                    };
-                    if n < 0 {
-                        let e = errno();
-                        if e == libc::EINTR {
-                            continue;
-                        }
-                        return Err(e);
-                    }
-                    if n == 0 {
-                        return Err(0);
-                    }
-                    got += n as usize;
-                }
-                p.feed(&buf[..want]);
-                Ok(want)
-            })
-        });
-        match res {
-            Ok(n) => Ok(n),
-            Err(0) => Err(PyEOFError::new_err(format!("file shorter than expected (block at {})", self.p.pos))),
-            Err(e) => Err(PyOSError::new_err((e, std::io::Error::from_raw_os_error(e).to_string()))),
+        if self.at + bytes.len() as u64 > self.p.end {
+            return Err(PyValueError::new_err("blake3 tree: more bytes than the block holds"));
         }
+        py.detach(|| self.landed(bytes, true));
+        Ok(())
     }
 
     /// The block's next offset (what was received so far ends here).
     #[getter]
     fn position(&self) -> u64 {
-        self.p.pos
+        self.at
     }
 
     /// The pieces finished since the last call: [(start, length, 32-byte value, is the root)].

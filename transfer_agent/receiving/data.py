@@ -25,6 +25,7 @@ from transfer_agent.wire.secure import TAG_BYTES, DataSealer, SessionKeys
 PIPE_SIZE = 1 << 20
 HASH_AHEAD_STEP = 16 << 20  # a file hashed while it arrives is hashed on in steps this large
 DROP_CHUNK = 1 << 20
+NATIVE_CALL = 4 << 20  # bytes of a block a native call takes in at most (it holds the part's fd meanwhile)
 
 
 def _pipe() -> tuple[int, int]:
@@ -72,10 +73,10 @@ class DataStreams(GroupCommit):
                 try:
                     if sealer is not None:
                         self._open_sealed(f, conn, sealer, off, length, wire, version)
+                    elif f.tree is not None and not isinstance(conn, ssl.SSLSocket):
+                        self._hashed_block(f, conn, pipe, off, length)
                     elif pipe is not None:
                         self._splice_block(f, conn, pipe, off, length)
-                    elif f.tree is not None and not isinstance(conn, ssl.SSLSocket):
-                        self._pump_block(f, conn, off, length)  # plain TCP where splice(2) is missing
                     else:
                         self._recv_block(f, conn, off, length)
                 finally:
@@ -171,17 +172,10 @@ class DataStreams(GroupCommit):
         The part's fd is borrowed per chunk, not for the whole block: a stream waiting for a slow
         sender never keeps a failed file's part (and the disk space it holds) open. Chunks of a
         file that failed or closed meanwhile are read and dropped.
-
-        A file hashed as it arrives (``f.tree``, issue 29) has each chunk hashed right after it was
-        spliced, read back while it is still in the CPU's cache, in native code without the GIL (a
-        recv into memory and a pwrite, ``_pump_block``, cost the receiver more CPU per GB on loopback:
-        BENCHMARKS §12). A piece of the tree is kept only while every chunk before it was written.
         """
         r, w = pipe
         got, err = 0, None
-        block = f.tree.block(off, length) if f.tree is not None else None
         while got < length:
-            t = gil_meter.clock()
             try:
                 n = os.splice(conn.fileno(), w, min(PIPE_SIZE, length - got))
             except OSError as exc:
@@ -194,25 +188,14 @@ class DataStreams(GroupCommit):
                 try:
                     while m < n:
                         m += os.splice(r, fd, n - m, offset_dst=off + got + m)
-                    if block is not None:
-                        block.feed_fd(fd, n)
-                        f.tree.add(block.take())
                 except OSError as exc:
-                    if m == n:  # written, but not hashed: the commit reads it back
-                        block = None
-                    else:
-                        self._write_failed(f, exc)
-                except EOFError:
-                    block = None
+                    self._write_failed(f, exc)
                 finally:
                     f.unuse()
             elif fd >= 0:
                 f.unuse()
-            gil_meter.add(gil_meter.clock() - t)
             if m == n:
                 self._written(f, off + got, n)
-            else:
-                block = None  # a chunk not written: no piece after it is kept
             while m < n:  # nothing to write into (or the write failed): drop what is in the pipe
                 m += len(os.read(r, n - m))
             got += n
@@ -267,16 +250,19 @@ class DataStreams(GroupCommit):
             f.tree.add(block.take())
         self._written(f, off, n)
 
-    def _pump_block(self, f: RecvFile, conn: socket.socket, off: int, length: int) -> None:
-        """Receive one block into memory, write it and hash it into the file's tree as it passes (issue 29),
-        in native code with the GIL released, a buffer (1 MiB) at a time.
+    def _hashed_block(self, f: RecvFile, conn: socket.socket, pipe: tuple[int, int] | None, off: int,
+                      length: int) -> None:
+        """Take in one block of a file hashed as it arrives (``f.tree``, issue 29): native code moves it socket →
+        pipe → file with splice(2) and hashes each chunk right after it landed (read back while it is still in
+        the CPU's cache), or, where splice is missing, receives it into memory, writes and hashes it; either
+        way ``NATIVE_CALL`` bytes per call with the GIL released.
 
-        Like ``_splice_block`` the part's fd is borrowed per buffer, and a file that failed or closed
-        meanwhile has the rest of its block read and dropped. A piece of the tree is kept only if every
-        byte of the block up to its end was written: anything else the commit reads back.
+        Like ``_splice_block`` the part's fd is borrowed per call, and a file that failed or closed meanwhile
+        has the rest of its block read and dropped. A chunk not written stops the block's hashing (the commit
+        reads the rest back).
         """
         block = f.tree.block(off, length)
-        sock, got, clean, rerr = conn.fileno(), 0, True, 0
+        sock, got, rerr = conn.fileno(), 0, 0
         while got < length and not rerr:
             fd = f.acquire()
             if fd >= 0 and (f.failed or f.done):
@@ -284,18 +270,19 @@ class DataStreams(GroupCommit):
                 fd = -1
             t = gil_meter.clock()
             try:
-                n, written, werr, rerr = block.pump(sock, fd, length - got)
+                want = min(NATIVE_CALL, length - got)
+                if pipe is not None:
+                    n, written, werr, rerr = block.splice(sock, pipe[0], pipe[1], fd, want)
+                else:
+                    n, written, werr, rerr = block.pump(sock, fd, want)
             finally:
                 gil_meter.add(gil_meter.clock() - t)
                 if fd >= 0:
                     f.unuse()
-            if fd < 0 or written < n:
-                clean = False
-            if clean:
-                f.tree.add(block.take())
+            f.tree.add(block.take())
             if werr:
                 self._write_failed(f, OSError(werr, os.strerror(werr)))
-            elif fd >= 0 and written:
+            if written:
                 self._written(f, off + got, written)
             got += n
         if got < length:
