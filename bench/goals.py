@@ -17,6 +17,9 @@ from fstream_bench.goal_readers import (
     sim_default_vs_oracle, sim_mix_recovery, sim_oracle, steal_with_batch, trigger_latency, trust_modes,
 )
 from fstream_bench.drain_bench import drain_goal  # issue 30: the reader sits beside the summary it reads
+from fstream_bench.goal_readers_datapath import (
+    cpu_vs_fast, flow_small, gil_receiver, per_file, receiver_core, startup, wan_no_regression,
+)
 from fstream_bench.goal_readers_ops import doctor_goal, metrics_overhead, rotation_goal
 from fstream_bench.goal_readers_scale import (
     facility_goal, history_cache_goal, retention_goal, sched_cycle_goal, stream_goal, stream_redis_goal,
@@ -173,6 +176,21 @@ GOALS: list[Goal] = [
     Goal("28", "200 deferred transfer tasks on one triggerer: Redis connections bounded (≤ 5, our bound) and CPU "
          "measured against one client per trigger", "bench/results/triggerer-*.json",
          "fstream bench triggerer --tasks 200", measure=triggerer_goal),
+    Goal("29", "CPU both sides per GB, keyed checksum on, ≤ 1.25× GridFTP `-fast` (1 GiB, p = 1 and 4; pinned "
+         "loopback)", LOOPBACK, "fstream bench loopback --repeat 5", measure=cpu_vs_fast,
+         was=("1.76–1.94×", "no")),
+    Goal("29", "receiver, 1 GiB at p = 4, checksum on: ≥ 12 Gbit/s on its one core (pinned loopback)", LOOPBACK,
+         "fstream bench loopback --repeat 5", measure=receiver_core, was=("≈ 8", "no")),
+    Goal("29", "per file without data: sender ≤ 120 µs; 2000 × 256 KiB ≥ 1.0× GridFTP `-fast` (pinned loopback)",
+         LOOPBACK, "fstream bench loopback --repeat 5", measure=per_file, was=("215 µs; 0.65×", "no")),
+    Goal("29", "`fstream send` of one 1-byte file ≤ 0.12 CPU-s (pinned loopback)", LOOPBACK,
+         "fstream bench loopback --repeat 5", measure=startup, was=("0.2", "no")),
+    Goal("29", "GIL-held time ≤ 0.05 s per GB on the receiver (or a multi-process receiver)", "bench/results/gil-*.json",
+         "fstream bench gil --repeat 5", measure=gil_receiver),
+    Goal("29", "flow ≥ 0.97 of plain `send` on small files (loopback, pinned)", "bench/results/flow-*",
+         "fstream bench flow", doc="results.json", measure=flow_small, was=("0.92", "no")),
+    Goal("29", "WAN, no regression: large files ≥ 0.95 of `iperf3 -P 16`, 1000 × 1 MiB ≥ 0.85 of the link",
+         "bench/results/pathfill-*.json", WAN + "fstream bench pathfill", measure=wan_no_regression),
     Goal("30", "drain: SIGTERM during a 1,000-file transfer → exit within the grace (code 0), 0 files lost or "
          "duplicated, a second agent finishes re-sending ≤ one block per file open at the cut (WAN; and a grace "
          "short enough to cut)", "bench/results/drain-*", WAN + "fstream bench drain", measure=drain_goal,

@@ -136,7 +136,10 @@ def cases_for(small_count: int, pp: int) -> list[tuple[str, str, dict, str]]:
     ]
 
 
-TMPFS_TOOLS = ("fstream", "fstream-nofsync", "fstream-noverify", "gridftp", "gridftp+md5", "iperf3")
+# fstream-readback: the receiver without the native module (FSTREAM_NATIVE=0): the file read back and hashed at
+# commit, as before issue 29, so the one-pass hashing is compared with it in the same run
+TMPFS_TOOLS = ("fstream", "fstream-readback", "fstream-nofsync", "fstream-noverify", "gridftp", "gridftp+md5",
+               "iperf3")
 
 
 def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: int = 2000,
@@ -227,7 +230,9 @@ def _one(tool: str, sites: Sites, workdir: Path, dest: Path, src: Path, dataset:
     if tool.startswith("fstream"):
         extra = ("--no-fsync",) if tool == "fstream-nofsync" else ()
         options = {**knobs, "no_verify": tool == "fstream-noverify"}  # the checksum's own cost, measured
-        with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=root, extra_args=extra) as rx:
+        env = {"FSTREAM_NATIVE": "0"} if tool == "fstream-readback" else None
+        with fs_peer.FStreamReceiver(sites=sites, workdir=workdir / "fstream", root=root, extra_args=extra,
+                                     env=env) as rx:
             meter = ServerCpu(rx.proc.pid).start()
             srcs = [src / dataset] if dataset in ("small", "bytes") else files
             r = fs_peer.send(rx, srcs, "in", tuner="fixed", options=options, label=tool)

@@ -63,10 +63,13 @@ class FStreamReceiver:
     :param workdir: directory for the secret file and the log.
     :param root: destination root the receiver writes under.
     :param extra_args: more ``receive`` options.
+    :param env: more environment for the receiver (``FSTREAM_NATIVE=0``: without the native module).
     """
 
-    def __init__(self, *, sites: Sites, workdir: Path, root: Path, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, *, sites: Sites, workdir: Path, root: Path, extra_args: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> None:
         self.sites = sites
+        self.env = dict(env or {})
         self.workdir = Path(workdir)
         self.root = Path(root)
         self.extra_args = list(extra_args)
@@ -88,7 +91,7 @@ class FStreamReceiver:
         argv = [*fstream_argv(), "receive", "--listen", f"{self.sites.dst_host}:0", "--root", str(self.root),
                 "--secret-file", str(self.secret), *self.extra_args]
         self.proc = spawn(self.sites, "dst", argv, log_path=self.log, stdout=subprocess.PIPE,
-                          env={**os.environ, "FSTREAM_STATE_DIR": str(self.workdir / "state")})
+                          env={**os.environ, "FSTREAM_STATE_DIR": str(self.workdir / "state"), **self.env})
         try:
             self.port = self._wait_port(timeout=30.0)
         except BaseException:

@@ -40,6 +40,10 @@ MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it
 FREE_CHECK_MIN = 1 << 20  # larger files always re-read free space; smaller ones use the running estimate
 HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
+# files this large are hashed block by block as they land (storage.tree_hash); smaller ones once at commit, read
+# back while their pages are still cached: hashing a 256 KiB file in its data stream's thread cost 2000 such
+# files 13 % of their throughput at the same CPU (BENCHMARKS §12, issue 29)
+TREE_MIN = 1 << 20
 FENCE_WAIT = 5.0  # how long an OPEN waits for a fenced stale holder to release the file
 REPLY_EARLY = 0.002  # seconds: answers to a batch's OPENs held longer than this go at once, not with the rest
 
@@ -202,7 +206,7 @@ class ControlSessions(DataStreams):
                          quota=charge, resumed=ranges.total())
             charge = None  # the file carries it from here (given back if it is not committed)
             f.dirty = True
-            if verify and tree_hash.usable(algo):
+            if verify and tree_hash.usable(algo) and size >= TREE_MIN:
                 f.tree = TreeDigest(size, digest_key)  # hashed as blocks arrive; a taken-over part is read back
             elif size >= HASH_AHEAD_MIN and verify:
                 f.hasher = PrefixHasher(algo, digest_key, size)  # reads from disk: a taken-over part is hashed with this key
