@@ -4,11 +4,14 @@ One Python process runs Python on one core at a time. A side's CPU that is spent
 receive loop, ``sendfile``, the checksum's reads and hash updates: ``transfer_agent.storage.gil_meter``) can
 spread over cores; what is left is an **upper bound** of its GIL-held CPU (every other syscall and C call is
 counted as held). One process per side cannot go faster than ``bytes / held`` however many cores it has: that
-bound, per side, is the input of the 100 Gbit/s plan in BENCHMARKS §12.
+bound, per side, is the input of the 100 Gbit/s plan in BENCHMARKS §12. Where ``perf`` runs, the bench also
+samples both pinned CPUs and reports the interpreter's share of each side's samples (libpython, and libc as
+called from it) times its CPU: the GIL-held CPU as sampled, next to the bound.
 
 Each side runs in its own process, pinned (sender CPU 0, receiver CPU 1), with a shared secret (keyed BLAKE3
 end to end) from tmpfs to tmpfs; the receiver reports its CPU and GIL-free CPU around each run. Cases: one
-1 GiB file at p = 4, and 2000 one-byte files at cc = 4 with pipelining. Run: ``fstream bench gil --repeat 5``.
+1 GiB file at p = 4, 2000 one-byte files at cc = 4 with pipelining, and one 1-byte file (each side's fixed cost
+per run, which ``fstream bench hundred-g`` takes off the others). Run: ``fstream bench gil --repeat 5``.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ def _make(workdir: Path, case: str) -> tuple[Path, int, int]:
             for _ in range(1024):
                 f.write(block)
         return src, 1 << 30, 1
+    if case == "tiny":  # a side's fixed cost per run (start-up, connect, authenticate): the others net of it
+        src.mkdir(parents=True, exist_ok=True)
+        (src / "one").write_bytes(b"x")
+        return src, 1, 1
     for i in range(2000):
         d = src / f"d{i % 20}"
         d.mkdir(parents=True, exist_ok=True)
@@ -81,10 +88,11 @@ def _make(workdir: Path, case: str) -> tuple[Path, int, int]:
     return src, 2000, 2000
 
 
-CASES = {"big": {"cc": 1, "p": 4}, "small": {"cc": 4, "p": 1, "pp": 16}}
+CASES = {"big": {"cc": 1, "p": 4}, "small": {"cc": 4, "p": 1, "pp": 16}, "tiny": {"cc": 1, "p": 1}}
 
 
-def run(repeat: int, workdir: Path, pin: bool = True, cases: tuple[str, ...] = ("big", "small")) -> dict[str, Any]:
+def run(repeat: int, workdir: Path, pin: bool = True, cases: tuple[str, ...] = ("big", "small"),
+        sampled: bool = True) -> dict[str, Any]:
     py = sys.executable
     secret = workdir / "secret"
     secret.write_bytes(os.urandom(32).hex().encode())
@@ -105,6 +113,7 @@ def run(repeat: int, workdir: Path, pin: bool = True, cases: tuple[str, ...] = (
         for case in cases:
             src, nbytes, nfiles = _make(workdir, case)
             runs = out["runs"][case] = []
+            perf = _PerfRecord(workdir / f"perf-{case}.data") if pin and sampled else None
             for i in range(repeat):
                 before = mark()
                 opts = {"secret_file": str(secret), "tuner": "fixed", **CASES[case]}
@@ -122,6 +131,8 @@ def run(repeat: int, workdir: Path, pin: bool = True, cases: tuple[str, ...] = (
                              "rx_read_back": after["read_back"] - before["read_back"], "bytes": nbytes,
                              "files": nfiles})
                 shutil.rmtree(dst / f"r{i}", ignore_errors=True)
+            if perf is not None:
+                out.setdefault("sampled", {})[case] = perf.stop()
             shutil.rmtree(src, ignore_errors=True)
     finally:
         if rx.poll() is None:
@@ -131,36 +142,83 @@ def run(repeat: int, workdir: Path, pin: bool = True, cases: tuple[str, ...] = (
                 rx.wait(30)
             except subprocess.TimeoutExpired:
                 rx.kill()
-    out["summary"] = summarize(out["runs"])
+    out["summary"] = summarize(out["runs"], out.get("sampled"))
     return out
+
+
+INTERPRETER = ("libpython", "python3", "libc.so")  # CPU here runs with the GIL held (libc: malloc and the like)
+
+
+class _PerfRecord:
+    """``perf record`` of both pinned CPUs while a case runs: the share of each side's samples in the interpreter
+    (libpython, and libc as called from it) is the GIL-held part of its CPU as sampled, where ``gil_meter``'s
+    figure is a bound (it counts every syscall and softirq outside the timed calls as held)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.proc = (subprocess.Popen(["perf", "record", "-q", "-a", "-o", str(path)], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL) if shutil.which("perf") else None)
+        time.sleep(0.5)  # perf is recording before the first run starts
+
+    def stop(self) -> dict[str, Any] | None:
+        if self.proc is None:
+            return None
+        self.proc.send_signal(2)
+        self.proc.wait(60)
+        out = {}
+        for side, cpu in (("tx", 0), ("rx", 1)):
+            # (``--comm`` with ``--sort dso`` drops the kernel's samples here: sort by both, keep the side's rows)
+            rep = subprocess.run(["perf", "report", "-i", str(self.path), "--cpu", str(cpu), "--sort", "comm,dso",
+                                  "--stdio", "-q"], capture_output=True, text=True, timeout=300).stdout
+            rows = {}
+            for line in rep.splitlines():
+                pct, _, rest = line.strip().partition("%")
+                comm, _, dso = rest.strip().partition(" ")
+                try:
+                    if comm == "python3":
+                        rows[dso.strip()] = rows.get(dso.strip(), 0.0) + float(pct)
+                except ValueError:
+                    continue
+            total = sum(rows.values()) or 1.0
+            shares = {k: v / total for k, v in rows.items()}
+            out[side] = {"shares": shares,
+                         "interpreter": sum(v for k, v in shares.items() if any(n in k for n in INTERPRETER))}
+        self.path.unlink(missing_ok=True)
+        return out
 
 
 def _med(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
+def summarize(runs: dict[str, list[dict]], sampled: dict | None = None) -> dict[str, dict]:
     """Per case and side: CPU and held CPU (upper bound) per GB or per 1,000 files, median and range."""
     summary = {}
     for case, rows in runs.items():
-        unit = (lambda r: r["bytes"] / 1e9) if case == "big" else (lambda r: r["files"] / 1000)
-        per = "GB" if case == "big" else "1k files"
+        unit = {"big": lambda r: r["bytes"] / 1e9, "small": lambda r: r["files"] / 1000}.get(case, lambda r: 1)
+        per = {"big": "GB", "small": "1k files"}.get(case, "run")
         s: dict[str, Any] = {"per": per, "gbps": _med([r["bytes"] * 8 / r["wall"] / 1e9 for r in rows])}
         for side in ("tx", "rx"):
             s[f"{side}_cpu"] = _med([r[f"{side}_cpu"] / unit(r) for r in rows])
             s[f"{side}_held"] = _med([(r[f"{side}_cpu"] - r[f"{side}_free"]) / unit(r) for r in rows])
         s["rx_read_back_bytes"] = _med([r["rx_read_back"] for r in rows])
+        samp = (sampled or {}).get(case)
+        for side in ("tx", "rx"):
+            if samp and samp.get(side):  # the sampled interpreter share of the side's CPU, per unit
+                share = samp[side]["interpreter"]
+                s[f"{side}_held_sampled"] = _med([r[f"{side}_cpu"] * share / unit(r) for r in rows])
         summary[case] = s
     return summary
 
 
 def table(summary: dict[str, dict]) -> str:
-    lines = ["| case | Gbit/s | sender CPU-s | sender held ≤ | receiver CPU-s | receiver held ≤ | per |",
-             "|---|---|---|---|---|---|---|"]
-    f = lambda m: f"{m['median']:.3f} ({m['min']:.3f}-{m['max']:.3f})"  # noqa: E731
+    lines = ["| case | Gbit/s | sender CPU-s | sender held ≤ | sender held, sampled | receiver CPU-s | receiver held ≤ "
+             "| receiver held, sampled | per |", "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda m: f"{m['median']:.3f} ({m['min']:.3f}-{m['max']:.3f})" if m else "-"  # noqa: E731
     for case, s in summary.items():
         lines.append(f"| {case} | {s['gbps']['median']:.2f} | {f(s['tx_cpu'])} | {f(s['tx_held'])} | "
-                     f"{f(s['rx_cpu'])} | {f(s['rx_held'])} | {s['per']} |")
+                     f"{f(s.get('tx_held_sampled'))} | {f(s['rx_cpu'])} | {f(s['rx_held'])} | "
+                     f"{f(s.get('rx_held_sampled'))} | {s['per']} |")
     return "\n".join(lines)
 
 
@@ -168,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fstream bench gil", description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    ap.add_argument("--cases", default="big,small")
+    ap.add_argument("--cases", default="big,small,tiny")
     ap.add_argument("--no-pin", action="store_true")
+    ap.add_argument("--no-perf", action="store_true", help="do not sample the interpreter's share with perf")
     ap.add_argument("--results", default=None)
     args = ap.parse_args(argv)
     from fstream_bench.saved import run_saved
@@ -184,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         with held_free_pages(warm_bytes=3 << 30) as memory_note:
             return {"load_start": os.getloadavg(), "repeat": args.repeat, "pinned": not args.no_pin,
                     "native": tree_hash.NATIVE and os.environ.get("FSTREAM_NATIVE", "1") != "0",
-                    "memory": memory_note, **run(args.repeat, work, not args.no_pin, tuple(args.cases.split(",")))}
+                    "memory": memory_note, **run(args.repeat, work, not args.no_pin, tuple(args.cases.split(",")),
+                                                 sampled=not args.no_perf)}
 
     try:
         doc = run_saved("gil", list(sys.argv[1:] if argv is None else argv), MODULES, measure, args.results)

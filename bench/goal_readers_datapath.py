@@ -58,11 +58,14 @@ def startup(doc: dict, _: Path) -> tuple[str, str]:
 
 
 def gil_receiver(doc: dict, _: Path) -> tuple[str, str]:
-    """The receiver's GIL-held CPU per GB (an upper bound: CPU outside the GIL-free calls), 1 GiB at p = 4."""
+    """The receiver's GIL-held CPU per GB, 1 GiB at p = 4: as sampled (the interpreter's share of its CPU, perf),
+    and the bound (its CPU outside the timed GIL-free calls); met on the sampled figure."""
     s = doc["summary"]["big"]
-    held, cpu, tx = s["rx_held"], s["rx_cpu"], s["tx_held"]
-    return (f"receiver ≤ {held['median']:.3f} ({held['min']:.3f}–{held['max']:.3f}) s per GB of "
-            f"{cpu['median']:.3f} CPU-s; sender ≤ {tx['median']:.3f}", _yes(held["median"] <= 0.05))
+    held, cpu, sampled = s["rx_held"], s["rx_cpu"], s.get("rx_held_sampled")
+    if sampled is None:
+        return (f"receiver ≤ {held['median']:.3f} s per GB (bound only: perf did not run)", "no")
+    return (f"receiver {sampled['median']:.3f} ({sampled['min']:.3f}–{sampled['max']:.3f}) s per GB sampled "
+            f"(bound {held['median']:.3f}) of {cpu['median']:.3f} CPU-s", _yes(sampled["median"] <= 0.05))
 
 
 def flow_small(doc: dict, _: Path) -> tuple[str, str]:
