@@ -34,12 +34,17 @@ HARP_RERUN = ("fstream bench harp --history-csv bench/results/harp-20261124-0815
               "--conditions quiet,background,buffer --tuners static,harp,fstream,fstream+harp --repeat 3")
 LOOPBACK = "bench/results/loopback-*.json"
 
+
+def FULL_LOOPBACK(doc: dict) -> bool:  # noqa: N802 - a constant-like predicate
+    """A pinned run with GridFTP in it (not a partial A/B such as ``--no-pin --tools fstream,fstream-readback``)."""
+    return bool(doc.get("pinned", True)) and any(r.get("tool") == "gridftp" for r in doc.get("results", []))
+
 GOALS: list[Goal] = [
     Goal("2 (a)", "≥ 1.5× GridFTP, 1 GiB at p=4, checksums on (loopback, pinned since issue 13)", LOOPBACK,
-         "fstream bench loopback --repeat 5", measure=loopback_throughput("a: 1 GiB, p=4"),
+         "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=loopback_throughput("a: 1 GiB, p=4"),
          was=("0.43×; 0.65× without the checksum (medians of 5)", "no")),
     Goal("2 (b)", "≥ 1.5× GridFTP, 2000 × 256 KiB at cc=4 (loopback, pinned since issue 13)", LOOPBACK,
-         "fstream bench loopback --repeat 5", measure=loopback_throughput("b: 2000 files, cc=4, pp"),
+         "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=loopback_throughput("b: 2000 files, cc=4, pp"),
          was=("0.65×; 0.78× without the checksum (medians of 5)", "no")),
     Goal("2 (c)", "RSS < 500 MB at 100k files; scan cost grows with new files", "bench/results/scale-*.json",
          "fstream bench scale", measure=scale, was=("83 / 35 MiB; idle scan 7 ms at every size (a watcher module since removed)",
@@ -127,11 +132,11 @@ GOALS: list[Goal] = [
          "jobs resend nothing", "bench/results/sched-wan-*", WAN + "fstream bench sched-wan", measure=sched_burst,
          was=("STEAL 0.83–0.87 (fifo 0.84–0.87); Jain 0.994–1.000; 6 / 6", "2 of 3")),
     Goal("13", "CPU both sides per GB, checksum on, ≤ GridFTP `-fast` (1 GiB, p = 1 and 4)", LOOPBACK,
-         "fstream bench loopback --repeat 5", measure=loopback_cpu(["a: 1 GiB, p=1", "a: 1 GiB, p=4"]),
+         "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=loopback_cpu(["a: 1 GiB, p=1", "a: 1 GiB, p=4"]),
          was=("1.78× / 1.94× (without the checksum 0.99× / 0.91×, net)", "no (bound)")),
-    Goal("13", "CPU per 1,000 × 256 KiB ≤ GridFTP `-cc 4 -pp`", LOOPBACK, "fstream bench loopback --repeat 5",
+    Goal("13", "CPU per 1,000 × 256 KiB ≤ GridFTP `-cc 4 -pp`", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK,
          measure=loopback_cpu(["b: 2000 files, cc=4, pp"]), was=("1.69× (1.18× without the checksum)", "no")),
-    Goal("13", "on disk with fsync ≥ 0.9 of `dd conv=fdatasync`", LOOPBACK, "fstream bench loopback --repeat 5",
+    Goal("13", "on disk with fsync ≥ 0.9 of `dd conv=fdatasync`", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK,
          measure=loopback_disk, was=("0.45 / 0.16 of this VM's 11.8 Gbit/s (CPU-bound)", "no")),
     Goal("17", "flow latency, file closed → landed record: p50 ≤ 0.1 s, p99 ≤ 0.5 s (inotify)",
          "bench/results/flow-*", "fstream bench flow", doc="results.json", measure=flow_latency,
@@ -179,14 +184,14 @@ GOALS: list[Goal] = [
          "measured against one client per trigger", "bench/results/triggerer-*.json",
          "fstream bench triggerer --tasks 200", measure=triggerer_goal),
     Goal("29", "CPU both sides per GB, keyed checksum on, ≤ 1.25× GridFTP `-fast` (1 GiB, p = 1 and 4; pinned "
-         "loopback)", LOOPBACK, "fstream bench loopback --repeat 5", measure=cpu_vs_fast,
+         "loopback)", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=cpu_vs_fast,
          was=("1.76–1.94×", "no")),
     Goal("29", "receiver, 1 GiB at p = 4, checksum on: ≥ 12 Gbit/s on its one core (pinned loopback)", LOOPBACK,
-         "fstream bench loopback --repeat 5", measure=receiver_core, was=("≈ 8", "no")),
+         "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=receiver_core, was=("≈ 8", "no")),
     Goal("29", "per file without data: sender ≤ 120 µs; 2000 × 256 KiB ≥ 1.0× GridFTP `-fast` (pinned loopback)",
-         LOOPBACK, "fstream bench loopback --repeat 5", measure=per_file, was=("215 µs; 0.65×", "no")),
+         LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=per_file, was=("215 µs; 0.65×", "no")),
     Goal("29", "`fstream send` of one 1-byte file ≤ 0.12 CPU-s (pinned loopback)", LOOPBACK,
-         "fstream bench loopback --repeat 5", measure=startup, was=("0.2", "no")),
+         "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=startup, was=("0.2", "no")),
     Goal("29", "GIL-held time ≤ 0.05 s per GB on the receiver (or a multi-process receiver)", "bench/results/gil-*.json",
          "fstream bench gil --repeat 5", measure=gil_receiver),
     Goal("29", "flow ≥ 0.97 of plain `send` on small files (loopback, pinned)", "bench/results/flow-*",
