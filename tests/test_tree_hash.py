@@ -245,3 +245,33 @@ def test_a_chunk_not_written_stops_the_blocks_hashing_and_the_commit_reads_it_ba
         os.close(fd)
         a.close()
         b.close()
+
+
+def test_without_the_native_module_a_keyed_transfer_verifies_by_reading_back(tmp_path: Path, secret: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback in one process: ``NATIVE`` off, the receiver makes no ``TreeDigest`` and verifies each file by
+    reading it back (``PrefixHasher`` for the large one, ``hash_fd`` at commit for the others): same files."""
+    from agentkit import make_files, send, start_receiver, trees_identical
+
+    from transfer_agent.receiving import commit
+    from transfer_agent.storage.checksum import PrefixHasher
+
+    monkeypatch.setattr(tree_hash, "NATIVE", False)
+    read_back: list[str] = []
+    real_hash_fd, real_finish = commit.hash_fd, PrefixHasher.finish
+    monkeypatch.setattr(commit, "hash_fd", lambda fd, size, *a: read_back.append("whole") or real_hash_fd(fd, size, *a))
+    monkeypatch.setattr(PrefixHasher, "finish", lambda self, fd, size: read_back.append("prefix") or
+                        real_finish(self, fd, size))
+    sizes = {"big.bin": 40 * MiB + 3, "mid.bin": 3 * MiB, "s.dat": 1000}
+    src = make_files(tmp_path / "src", sizes)
+    rx = start_receiver(tmp_path / "dst", secret)
+    try:
+        res = send(src, rx.port, secret, cc=1, p=4, block_size=MiB)
+        assert res.ok and res.verified_files == 3, res.failures[:3]
+        assert trees_identical(src, tmp_path / "dst" / "out")
+        assert rx.stats["files_committed"] == 3
+        # each file was verified by reading it back: the large one hashed ahead (PrefixHasher), the others at commit
+        assert sorted(read_back) == ["prefix", "whole", "whole"]
+        assert rx.stats["bytes_hashed_arriving"] == 0  # and no TreeDigest was made
+    finally:
+        rx.stop()
