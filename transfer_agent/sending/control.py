@@ -42,6 +42,7 @@ from transfer_agent.wire.protocol import Frame, error_from_body
 log = logging.getLogger("fstream.sender")
 INLINE_HASH_MAX = 64 << 10  # sources this small are hashed by the thread that opens them, not the hasher pool
 KEEP_MAX_S = 0.001  # a COMMIT kept for a stream's next write (``all_sent(keep=True)``) is sent within this at most
+PEER_REASON_WAIT_S = 0.5  # a data stream that lost its connection waits this long for the receiver's reason
 
 
 class ControlSession:
@@ -377,6 +378,14 @@ class ControlSession:
         if self.error is None:
             self.error = exc
         self.failed.set()
+
+    def data_lost(self, exc: FStreamError) -> None:
+        """A data connection broke. The receiver that closes one (a block that failed authentication, a refused
+        write) first says why on the control connection: give that reason ``PEER_REASON_WAIT_S`` to arrive, so
+        the session fails with it, not with the broken pipe its consequence was (seen under load in
+        ``test_encrypted_payload_tampering_detected``). A path cut for real fails the session that much later."""
+        if not self.failed.wait(PEER_REASON_WAIT_S):
+            self.fail(exc)
 
     def close(self, graceful: bool = True) -> list[InFlight]:
         """Close the connection; return the files whose outcome never arrived (their fds are closed)."""
