@@ -134,6 +134,11 @@ class ControlSessions(DataStreams):
             return Frame.ERROR, {"kind": exc.kind, "message": str(exc), "retryable": exc.retryable}
         except OSError as exc:
             self.stats["files_refused"] += 1
+            if self._stop.is_set() or exc.errno == errno.EBADF:
+                # the receiver is stopping and closed its root under this OPEN: not the file's fault, so never a
+                # terminal refusal (a --watch stream gave such a file up for good; tests/test_watch_outage.py)
+                return Frame.ERROR, {"kind": "network", "retryable": True,
+                                     "message": f"{body.get('path')!r}: the receiver is stopping ({exc.strerror})"}
             nospace = exc.errno in (errno.ENOSPC, errno.EDQUOT)
             return Frame.ERROR, {"kind": "refused", "retryable": False,
                                  "message": f"{body.get('path')!r}: {'disk full' if nospace else exc.strerror}"}

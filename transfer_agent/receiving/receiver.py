@@ -433,6 +433,8 @@ class Receiver(ControlSessions):
                 return
             session.closed = True
             socks, threads = list(session.data_socks), list(session.data_threads)
+        if self._stop.is_set() and session.sock is not None:
+            socks.append(session.sock)  # stopping: the control connection ends too, no OPEN is taken after it
         for s in socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
