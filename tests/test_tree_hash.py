@@ -4,6 +4,7 @@ package works the same without the native module (FSTREAM_NATIVE=0)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -86,31 +87,39 @@ def test_the_senders_block_layout_is_hashed_whole_without_reading_back(tmp_path:
     assert sum(n for _o, n in blocks) == 9 * MiB - 100_000
 
 
-@native
-def test_a_block_pumped_from_a_socket_is_written_and_hashed(tmp_path: Path) -> None:
-    data = random.Random(3).randbytes(5 * MiB + 123)
-    key = os.urandom(32)
+@contextlib.contextmanager
+def _streaming(tmp_path: Path, data: bytes):
+    """``data`` sent into one end of a socket pair by a thread; yields (the other end's fd, an open part file's fd,
+    its path, a function that waits for the sender), and closes them all afterwards."""
     a, b = socket.socketpair()
     sender = threading.Thread(target=a.sendall, args=(data,))
     sender.start()
     path = tmp_path / "part"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    tree = tree_hash.TreeDigest(len(data), key)
     try:
-        block, got = tree.block(0, len(data)), 0
-        while got < len(data):
-            n, written, werr, rerr = block.pump(b.fileno(), fd, len(data) - got)
-            assert (written, werr, rerr) == (n, 0, 0)
-            tree.add(block.take())
-            got += n
-        sender.join()
-        assert path.read_bytes() == data
-        assert tree.bytes_hashed == len(data)
-        assert tree.digest(fd) == _reference(data, key)
+        yield b.fileno(), fd, path, sender.join
     finally:
         os.close(fd)
         a.close()
         b.close()
+
+
+@native
+def test_a_block_pumped_from_a_socket_is_written_and_hashed(tmp_path: Path) -> None:
+    data = random.Random(3).randbytes(5 * MiB + 123)
+    key = os.urandom(32)
+    tree = tree_hash.TreeDigest(len(data), key)
+    with _streaming(tmp_path, data) as (sock, fd, path, sent):
+        block, got = tree.block(0, len(data)), 0
+        while got < len(data):
+            n, written, werr, rerr = block.pump(sock, fd, len(data) - got)
+            assert (written, werr, rerr) == (n, 0, 0)
+            tree.add(block.take())
+            got += n
+        sent()
+        assert path.read_bytes() == data
+        assert tree.bytes_hashed == len(data)
+        assert tree.digest(fd) == _reference(data, key)
 
 
 @native
@@ -195,56 +204,42 @@ def test_a_spliced_block_lands_in_the_file_and_is_hashed_on_the_way(tmp_path: Pa
 
     data = random.Random(5).randbytes(3 * MiB + 17)
     key = os.urandom(32)
-    a, b = socket.socketpair()
-    sender = threading.Thread(target=a.sendall, args=(data,))
-    sender.start()
-    r, w = _pipe()
-    fd = os.open(tmp_path / "part", os.O_RDWR | os.O_CREAT, 0o600)
     tree = tree_hash.TreeDigest(len(data), key)
+    r, w = _pipe()
     try:
-        block, got = tree.block(0, len(data)), 0
-        while got < len(data):
-            n, written, werr, rerr = block.splice(b.fileno(), r, w, fd, len(data) - got)
-            assert (written, werr, rerr) == (n, 0, 0)
-            tree.add(block.take())
-            got += n
-        sender.join()
-        assert (tmp_path / "part").read_bytes() == data
-        assert tree.bytes_hashed == len(data) and tree.digest(fd) == _reference(data, key)
+        with _streaming(tmp_path, data) as (sock, fd, path, sent):
+            block, got = tree.block(0, len(data)), 0
+            while got < len(data):
+                n, written, werr, rerr = block.splice(sock, r, w, fd, len(data) - got)
+                assert (written, werr, rerr) == (n, 0, 0)
+                tree.add(block.take())
+                got += n
+            sent()
+            assert path.read_bytes() == data
+            assert tree.bytes_hashed == len(data) and tree.digest(fd) == _reference(data, key)
     finally:
-        for x in (fd, r, w):
-            os.close(x)
-        a.close()
-        b.close()
+        os.close(r)
+        os.close(w)
 
 
 @native
 def test_a_chunk_not_written_stops_the_blocks_hashing_and_the_commit_reads_it_back(tmp_path: Path) -> None:
     data = random.Random(6).randbytes(2 * MiB)
-    a, b = socket.socketpair()
-    sender = threading.Thread(target=a.sendall, args=(data,))
-    sender.start()
-    path = tmp_path / "part"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     tree = tree_hash.TreeDigest(len(data), None)
-    try:
+    with _streaming(tmp_path, data) as (sock, fd, _path, sent):
         block = tree.block(0, len(data))
-        n1, w1, _, _ = block.pump(b.fileno(), -1, 64 * KiB)  # a file given up: read and dropped, not written
+        n1, w1, _, _ = block.pump(sock, -1, 64 * KiB)  # a file given up: read and dropped, not written
         assert (n1, w1) == (64 * KiB, 0)
         got = n1
         while got < len(data):
-            n, written, _, _ = block.pump(b.fileno(), fd, len(data) - got)
+            n, written, _, _ = block.pump(sock, fd, len(data) - got)
             assert written == n
             tree.add(block.take())
             got += n
-        sender.join()
+        sent()
         assert tree.bytes_hashed == 0  # nothing after the dropped chunk was kept as a piece
         os.pwrite(fd, data[:64 * KiB], 0)  # the bytes a resumed session would have written
         assert tree.digest(fd) == _reference(data, None)  # read back whole
-    finally:
-        os.close(fd)
-        a.close()
-        b.close()
 
 
 def test_without_the_native_module_a_keyed_transfer_verifies_by_reading_back(tmp_path: Path, secret: Path,
