@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 import configparser
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _listed_packages() -> set[str]:
+def _setup_cfg() -> configparser.ConfigParser:
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    return {p.strip() for p in cfg["options"]["packages"].split() if p.strip()}
+    return cfg
+
+
+def _listed_packages() -> set[str]:
+    return {p.strip() for p in _setup_cfg()["options"]["packages"].split() if p.strip()}
+
+
+def test_python_floor_is_the_native_modules_abi3_floor() -> None:
+    """setup.cfg's python_requires and native/Cargo.toml's pyo3 ``abi3-pyXY`` name one Python: a lower
+    python_requires installs where the native module cannot build (it is optional, so silently)."""
+    cfg = _setup_cfg()
+    floor = re.fullmatch(r">=\s*3\.(\d+)", cfg["options"]["python_requires"].strip())
+    assert floor, f"python_requires should be '>=3.N', is {cfg['options']['python_requires']!r}"
+    cargo = tomllib.loads((ROOT / "native" / "Cargo.toml").read_text())
+    abi3 = [f for f in cargo["dependencies"]["pyo3"]["features"] if f.startswith("abi3-py")]
+    assert len(abi3) == 1, f"pyo3 features should name one abi3-pyXY: {abi3}"
+    assert abi3[0] == f"abi3-py3{floor.group(1)}", (
+        f"setup.cfg python_requires >=3.{floor.group(1)} but native/Cargo.toml builds {abi3[0]}")
+    minors = sorted(int(m) for m in re.findall(r"Programming Language :: Python :: 3\.(\d+)",
+                                               cfg["metadata"]["classifiers"]))
+    assert minors and minors[0] == int(floor.group(1)), f"the classifiers name 3.{minors}, not from the floor on"
+    assert minors == list(range(minors[0], minors[-1] + 1)), f"classifiers skip a version: {minors}"
 
 
 def test_every_package_directory_is_listed() -> None:
