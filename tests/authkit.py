@@ -20,9 +20,18 @@ def key_file() -> str:
     d.mkdir(mode=0o700, exist_ok=True)
     p = d / "submitter.key"
     if not p.exists():
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
+        # written whole under a private name, then linked in: two processes making it at once (pytest-xdist
+        # workers) both end up with the one that won, and none ever reads it half written
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".submitter.key.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            try:
+                os.link(tmp, p)
+            except FileExistsError:
+                pass  # another process linked its key first: use that one
+        finally:
+            os.unlink(tmp)
     return str(p)
 
 

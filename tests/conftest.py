@@ -9,13 +9,36 @@ from pathlib import Path
 
 import pytest
 
+# The variables below that this file made, not the user: an xdist worker inherits them from the controlling
+# process (which imports this file first) and makes its own instead, so the workers share no Airflow home and no
+# state dir (each worker is its own process, but the environment it starts with is the controller's).
+_MADE = "FSTREAM_TESTS_MADE_ENV"
+
+
+def _private_dir(name: str, prefix: str) -> None:
+    """Point ``name`` at a fresh temp dir, unless the user set it (kept, as before) or this process already did."""
+    made = set(filter(None, os.environ.get(_MADE, "").split(",")))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # set by xdist before a worker imports this file
+    if name in os.environ and not (worker and name in made):
+        return
+    os.environ[name] = tempfile.mkdtemp(prefix=f"{prefix}{worker}-" if worker else prefix)
+    os.environ[_MADE] = ",".join(sorted(made | {name}))
+
+
 # no test may touch ~/airflow: every Airflow import in this session sees a private home
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="fstream-airflow-home-"))
+_private_dir("AIRFLOW_HOME", "fstream-airflow-home-")
 # nor the user's FStream state dir (landed journals of --watch streams, default secrets)
-os.environ.setdefault("FSTREAM_STATE_DIR", tempfile.mkdtemp(prefix="fstream-state-"))
+_private_dir("FSTREAM_STATE_DIR", "fstream-state-")
 
 from fstream_provider.bus.client import connect  # noqa: E402
 from fstream_provider.bus.embedded import RedisServer  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # .ci/pytest.sh runs the suite in two phases: `-n 2 -m "not serial"` under pytest-xdist, then `-m serial` alone
+    config.addinivalue_line(
+        "markers", "serial: unsafe next to another test (the one emulated WAN, a wall-time or rate goal a busy "
+                   "core would bend); .ci/pytest.sh runs these after the parallel phase, one at a time")
 
 
 @pytest.fixture
