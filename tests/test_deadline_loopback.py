@@ -19,6 +19,7 @@ def rig(tmp_path):
     rx.stop()
 
 
+@pytest.mark.serial  # a latency goal: paced to land within 6 s of wall time, neither late nor flat out
 def test_a_deadline_paces_the_transfer_to_land_before_it(rig):
     tmp, secret, rx = rig
     src = make_files(tmp / "src", {f"f{i:02d}.bin": 1_000_000 for i in range(40)})  # 320 Mbit

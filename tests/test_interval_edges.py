@@ -141,6 +141,7 @@ def paced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[tuple[str
     return res, events, paced_blocks
 
 
+@pytest.mark.serial  # the module's paced transfer: 0.2 s intervals within 5 % of the target rate
 def test_paced_blocks_are_cut_to_the_bucket_depth(paced):
     """The real sender cuts paced files into 576 KiB blocks (47 ms at 100 Mbit/s), so no 4 MiB burst leaves at once."""
     _res, _events, blocks = paced
@@ -148,6 +149,7 @@ def test_paced_blocks_are_cut_to_the_bucket_depth(paced):
     assert max(blocks) == paced_block_size(4 * MiB, TARGET) == 576 << 10
 
 
+@pytest.mark.serial  # the module's paced transfer: 0.2 s intervals within 5 % of the target rate
 def test_no_paced_interval_exceeds_the_target_not_even_the_last(paced):
     """Every interval, the last partial one included, holds at most what the token bucket allows.
 
@@ -216,6 +218,7 @@ def test_each_tuning_reason_is_printed_once():
     assert "cc/p/pp small 3/1/0" in lines[4] and "tuner:" not in lines[4]  # the new layout, without "settings changed"
 
 
+@pytest.mark.serial  # reads the same paced transfer (a module fixture: built once, in the serial phase)
 def test_a_real_transfers_task_log_says_each_reason_once(paced):
     """The sender's own events (through JSON, as on the bus): each tuning reason is on one line, its ``tuning:`` line."""
     res, events, _blocks = paced

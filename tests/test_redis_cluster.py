@@ -215,6 +215,7 @@ def test_migrate_keys_cli_on_a_standalone_server(redis_url, redis_client, capsys
 
 
 # ------------------------------------------------------------------------------------------------ failover
+@pytest.mark.serial  # a race against the clock: the failover (~2 s) must end inside a ~5 s paced transfer
 def test_master_killed_during_a_running_transfer_loses_no_job_and_no_file_record(rc, client, tmp_path):
     from transfer_agent.daemon.worker import Agent
 

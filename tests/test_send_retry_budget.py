@@ -86,6 +86,7 @@ def mute_receiver() -> Iterator[int]:
         lsock.close()
 
 
+@pytest.mark.serial  # a wall-time budget that includes a Python start-up: a busy core stretches it
 def test_closed_port_exits_75_quickly_naming_address_and_reason(tmp_path: Path, secret: Path,
                                                                  closed_port: int) -> None:
     src = make_files(tmp_path / "s", {"a": 100})
@@ -101,6 +102,7 @@ def test_closed_port_exits_75_quickly_naming_address_and_reason(tmp_path: Path, 
     assert json.loads(r.stdout)["retryable"] is True
 
 
+@pytest.mark.serial  # 2-8 s of wall time, a Python start-up included: a busy core stretches it
 def test_blackholed_receiver_times_out_at_the_connect_timeout(tmp_path: Path, secret: Path, blackhole: int) -> None:
     src = make_files(tmp_path / "s", {"a": 100})
     r, took = _send(str(src), "--to", f"fstream://127.0.0.1:{blackhole}/o", "--secret-file", str(secret),
@@ -112,6 +114,7 @@ def test_blackholed_receiver_times_out_at_the_connect_timeout(tmp_path: Path, se
             in last), last
 
 
+@pytest.mark.serial  # 0.5-3 s of wall time: a busy core stretches it
 def test_mute_receiver_is_bounded_by_the_connect_timeout_and_named(tmp_path: Path, secret: Path,
                                                                    mute_receiver: int) -> None:
     """TCP connects, the handshake gets no answer: the same timeout ends it, and the message names the peer."""
@@ -125,6 +128,7 @@ def test_mute_receiver_is_bounded_by_the_connect_timeout_and_named(tmp_path: Pat
         in res.error, res.error
 
 
+@pytest.mark.serial  # 2-4 s of wall time for a 2 s retry budget: a busy core stretches it
 def test_retry_for_bounds_one_outage_in_time(tmp_path: Path, secret: Path, closed_port: int) -> None:
     src = make_files(tmp_path / "s", {"a": 100})
     events: list[dict] = []

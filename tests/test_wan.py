@@ -19,6 +19,10 @@ from fstream_bench.wan import cli, netns
 from fstream_bench.wan.background import set_background
 from fstream_bench.wan.netns import WanError
 
+# serial: the emulated WAN (namespaces, TUN delay line, cgroup write caps) is one per machine at a time, and it
+# measures rates and delays that a busy second core would bend
+pytestmark = pytest.mark.serial
+
 RATE, RTT = "200Mbit", "20ms"
 
 

@@ -19,6 +19,9 @@ import pytest
 from faultkit import Agents, wait_for, write_files
 from invariants import check, manifest
 
+# serial: one emulated WAN at a time (namespaces, TUN delay line), and its stall and black-hole timings
+pytestmark = pytest.mark.serial
+
 STALL_S = 8.0
 BLACKHOLE_S = 30.0
 
