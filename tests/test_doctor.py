@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -244,6 +245,42 @@ def test_the_text_report_ends_with_the_verdict(tmp_path, rx, secret):
     assert lines[0] == f"fstream doctor: fstream://127.0.0.1:{rx.port}"
     assert any(line.split()[:1] == ["RTT"] for line in lines) and "ADVICE" in cp.stdout
     assert lines[-1].startswith("VERDICT: ")
+
+
+@pytest.mark.parametrize("native_off", ["receiver", "this host"])
+def test_doctor_reports_whether_each_end_hashes_natively(tmp_path, secret, native_off):
+    """Issue 39: a real ``fstream receive`` and ``fstream doctor``, one of them with ``FSTREAM_NATIVE=0``: the
+    report says which end reads each received file back, and why."""
+    import importlib.util
+
+    built = importlib.util.find_spec("transfer_agent.storage._blake3tree") is not None
+    base = {k: v for k, v in os.environ.items() if k != "FSTREAM_NATIVE"}
+    off = {"FSTREAM_NATIVE": "0"}
+    rx_env = {**base, **(off if native_off == "receiver" else {}), "FSTREAM_STATE_DIR": str(tmp_path / "rstate")}
+    proc = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "receive", "--listen", "127.0.0.1:0",
+                             "--root", str(tmp_path / "dst"), "--secret-file", str(secret)],
+                            env=rx_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(proc.stdout.readline().rsplit(":", 1)[1])  # "listening on 127.0.0.1:PORT"
+        env = {**base, **(off if native_off == "this host" else {}), "FSTREAM_STATE_DIR": str(tmp_path / "state")}
+        args = [sys.executable, "-m", "transfer_agent.cli", "doctor", "--to", f"fstream://127.0.0.1:{port}",
+                "--secret-file", str(secret), "--no-disk", *QUICK[:4]]
+        js = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=60, env=env)
+        text = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(20)
+    assert js.returncode in (0, 1) and text.returncode in (0, 1), js.stderr + text.stderr
+    doc = json.loads(js.stdout)
+    ends = {"receiver": doc["receiver"]["native_hashing"], "this host": doc["native_hashing"]}
+    assert ends[native_off] == {"in_use": False, "why_not": "FSTREAM_NATIVE=0", "read_back_per_file": True}
+    other = ends["this host" if native_off == "receiver" else "receiver"]
+    assert other["in_use"] is built and other["read_back_per_file"] is not built
+    lines = [line.strip() for line in text.stdout.splitlines()]
+    at = next(i for i, line in enumerate(lines) if line.startswith("native hashing"))
+    said = [lines[at].removeprefix("native hashing").strip(), lines[at + 1]]  # the receiver's row, then ours
+    assert [s.split(":")[0] for s in said] == ["receiver", "this host"], text.stdout
+    assert f"{native_off}: not in use (FSTREAM_NATIVE=0): one read-back per received file" in said, text.stdout
 
 
 @pytest.mark.skipif(subprocess.run(["which", "openssl"], capture_output=True).returncode != 0,

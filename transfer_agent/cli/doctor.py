@@ -97,6 +97,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from fstream_provider.model.units import parse_rate
     from fstream_provider.tuning.host_advice import diagnose, secret_advice
     from transfer_agent.sending.doctor_probe import PathProbe
+    from transfer_agent.storage.tree_hash import native_status
     from transfer_agent.wire.auth import TLSConfig, load_secret
 
     dest = Destination.parse(args.destination)
@@ -107,7 +108,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     files = _key_files(args)
     keyfiles = _modes(files)
     doc: dict[str, Any] = {"destination": f"fstream://{dest.host}:{dest.port}",
-                           "secrets": [_secret_row(s) for s in keyfiles]}
+                           "secrets": [_secret_row(s) for s in keyfiles], "native_hashing": native_status()}
     refused = [s for s in keyfiles if s.what == "secret file" and s.mode & 0o077]
     if refused:  # fail closed: such a secret is not used; say so with the advice, and stop
         doc.update(advice=[asdict(a) for a in secret_advice(keyfiles)], verdict=None)
@@ -227,6 +228,15 @@ def _measurements(doc: dict[str, Any], row: Any) -> None:
     row("route MTU", f"{str(snd.get('route_mtu')):<34}{rcv.get('route_mtu')}")
 
 
+def native_text(status: Any) -> str:
+    """``tree_hash.native_status()`` (this host's, or a receiver's FACTS) as the report says it."""
+    if not isinstance(status, dict) or not isinstance(status.get("in_use"), bool):
+        return "unknown (a receiver older than this report)"
+    if status["in_use"]:
+        return "in use: received files are verified from their blocks as they land"
+    return f"not in use ({status.get('why_not')}): one read-back per received file"
+
+
 def render(doc: dict[str, Any]) -> str:
     """The human report: measurements, both ends side by side, key files, ADVICE, VERDICT."""
     lines = [f"fstream doctor: {doc['destination']}"]
@@ -236,6 +246,9 @@ def render(doc: dict[str, Any]) -> str:
 
     if "rtt" in doc:
         _measurements(doc, row)
+    if "rtt" in doc:  # issue 39: the receiver verifies without reading files back, or not (and why)
+        row("native hashing", f"receiver: {native_text(doc['receiver'].get('native_hashing'))}")
+    row("native hashing" if "rtt" not in doc else "", f"this host: {native_text(doc.get('native_hashing'))}")
     for s in doc.get("secrets", []):
         row(s["what"], f"{s['path']} (mode {s['mode']}{'' if s['ok'] else ': group or others may read it'})")
     advice = doc.get("advice") or []

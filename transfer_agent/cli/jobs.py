@@ -101,6 +101,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     from transfer_agent.cli.options import history_from_args
     from transfer_agent.daemon.worker import default_agent_name
+    from transfer_agent.storage.tree_hash import native_line
 
     from fstream_provider.tuning.scheduler import SealConfig
 
@@ -136,6 +137,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: agent.stop())
     how = "" if args.scheduler == "fifo" else f" (scheduler {args.scheduler})"
     print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}{how}", file=sys.stderr, flush=True)
+    print(f"fstream agent {agent.name}: {native_line()}", file=sys.stderr, flush=True)  # issue 39: once, at start
     from transfer_agent.cli.reload import AGENT_LIVE, Reloader, agent_apply
 
     reloader = None

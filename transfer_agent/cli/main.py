@@ -47,6 +47,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
     from fstream_provider.model.units import parse_duration
     from transfer_agent.receiving.keyring import DEFAULT_KEY, ReceiverKey, load_keyring
     from transfer_agent.receiving.receiver import Receiver
+    from transfer_agent.storage import tree_hash
 
     max_age = parse_duration(args.max_part_age)
     if args.clean:
@@ -89,6 +90,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
     try:
         service.start(rcv)  # issue 30: /metrics, /healthz and /readyz on --metrics-listen (nothing without it)
         reloader = Reloader(args, RECEIVER_LIVE, receiver_apply(rcv, service, args)).install()  # SIGHUP
+        print(f"fstream receive: {tree_hash.native_line()}", file=sys.stderr, flush=True)  # issue 39: once
         print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)  # ready: SIGHUP is handled from here
         sdnotify.ready(f"listening on {rcv.listen_addr[0]}:{rcv.port}, root {args.root}")
         stop.wait()

@@ -5,9 +5,9 @@ after the handshake, so an unauthenticated peer gets nothing); it opens no sessi
 
 * ``probe: "control"``: requests on the control link, one at a time: ``PING`` → ``PONG`` with this host's wall
   clock (the doctor's clock skew), ``FACTS`` → sysctls, free space of the root, the interface the connection
-  arrived on and its MTU, TCP_INFO (``wire.hostnet``), ``DISK`` → a write of at most ``DISK_MAX_BYTES`` within
-  ``DISK_MAX_S`` with fdatasync into a temp file under the key's subtree, removed after (one at a time per
-  receiver), ``BYE`` ends it; so does ``IDLE_S`` without a request.
+  arrived on and its MTU, TCP_INFO (``wire.hostnet``), native hashing in use or not (``tree_hash``), ``DISK`` →
+  a write of at most ``DISK_MAX_BYTES`` within ``DISK_MAX_S`` with fdatasync into a temp file under the key's
+  subtree, removed after (one at a time per receiver), ``BYE`` ends it; so does ``IDLE_S`` without a request.
 * ``probe: "sink"``: after WELCOME the client streams raw bytes; they are read and dropped for ``seconds`` (at most
   ``SINK_MAX_S``) from the first byte, then ``BYE`` reports the bytes and when they arrived (this host's monotonic
   clock, one sample per ``SAMPLE_S``); the client stops sending when it sees the report, and what was still on
@@ -36,6 +36,7 @@ from typing import Any
 
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError
 from transfer_agent.receiving.keyring import ReceiverKey
+from transfer_agent.storage import tree_hash
 from transfer_agent.storage.paths import open_parent
 from transfer_agent.wire import hostnet
 from transfer_agent.wire.protocol import Frame
@@ -271,7 +272,8 @@ class DoctorService:
             if ftype == Frame.PING:
                 link.send(Frame.PONG, {"n": body.get("n"), "clock": time.time()})
             elif ftype == Frame.FACTS:
-                link.send(Frame.FACTS, {**hostnet.host_facts(conn), "root": hostnet.free_space(self.root)})
+                link.send(Frame.FACTS, {**hostnet.host_facts(conn), "root": hostnet.free_space(self.root),
+                                        "native_hashing": tree_hash.native_status()})
             elif ftype == Frame.DISK:
                 link.send(Frame.DISK, self._disk_probe(body, key, peer))
             elif ftype == Frame.BYE:

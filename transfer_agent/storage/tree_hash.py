@@ -24,12 +24,32 @@ from transfer_agent.storage import gil_meter
 TREE_ALGOS = ("blake3", "blake3-keyed")
 
 _native = None
+WHY_NOT = "FSTREAM_NATIVE=0"
+"""Why ``NATIVE`` is False (empty when it is True): what the start line and ``fstream doctor`` say."""
 if os.environ.get("FSTREAM_NATIVE", "1") != "0":
     try:
         from transfer_agent.storage import _blake3tree as _native  # type: ignore[no-redef]
-    except ImportError:
-        _native = None
+        WHY_NOT = ""
+    except ModuleNotFoundError:
+        WHY_NOT = "module transfer_agent.storage._blake3tree not installed: the package was built without it"
+    except ImportError as exc:  # present but not loadable (another platform's build, a broken file)
+        WHY_NOT = f"module transfer_agent.storage._blake3tree does not load: {exc}"
 NATIVE = _native is not None
+
+
+def native_status() -> dict[str, object]:
+    """Whether this process hashes received blocks natively, and if not why and what it costs (JSON-able)."""
+    if NATIVE:
+        return {"in_use": True, "why_not": None, "read_back_per_file": False}
+    return {"in_use": False, "why_not": WHY_NOT, "read_back_per_file": True}
+
+
+def native_line() -> str:
+    """One line for a daemon's start and ``fstream doctor``: native hashing in use, or not, why, and the cost."""
+    if NATIVE:
+        return "native BLAKE3 tree hashing in use: received files are verified from their blocks as they land"
+    return (f"native BLAKE3 tree hashing not in use ({WHY_NOT}): each received file is read back once at commit "
+            "to verify it")
 CHUNK = 1024
 
 
