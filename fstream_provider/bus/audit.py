@@ -6,8 +6,9 @@ claimed (submitter, sources, destination, key, ``accepted`` or ``refused`` with 
 lines go to the agent's log. ``fstream audit`` lists and filters the stream. With the Redis ACLs of
 ``fstream_provider.bus.acl`` only agents may write it.
 
-The replay guard records the first use of each submitter nonce (``Keys.nonce``) with ``SET NX GET`` (one
-atomic command): the value names the job id and stream entry that used it, so the same job delivered again (a
+The replay guard records the first use of each submitter nonce (``Keys.nonce``) in one Lua script (``FIRST_USE``:
+atomic on every supported server; ``SET NX GET`` would be one command, but Redis takes ``NX`` with ``GET`` only
+from 7.0 and the floor is 6.2, ``bus.server_floor``): the value names the job id and stream entry that used it, so the same job delivered again (a
 retry, a reclaim, a preempted job resumed) passes and a copy of it under a new entry is a replay;
 ``fstream reconcile --repair`` moves the binding when it re-enqueues a job under a new entry.
 """
@@ -73,16 +74,29 @@ class AuditLog:
         return out
 
 
+# KEYS[1] the nonce, ARGV[1] the binding, ARGV[2] the expiry in seconds. Sets the binding if the nonce is new;
+# renews the expiry if it is already this binding; returns the binding found before (false when there was none).
+FIRST_USE = """
+local previous = redis.call('GET', KEYS[1])
+if not previous then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+elseif previous == ARGV[1] then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+return previous
+"""
+
+
 def first_use(client: Any, keys: Keys, submitter: str, nonce: str, binding: str, ttl_s: float) -> tuple[str, str]:
-    """Record that ``binding`` (``"<job id> <entry id>"``) uses this nonce, in one ``SET NX GET``.
+    """Record that ``binding`` (``"<job id> <entry id>"``) uses this nonce, atomically (``FIRST_USE``).
 
     Returns ``("first", "")`` on the first use, ``("again", "")`` when the same job is delivered again (its
-    expiry is renewed: a long stream keeps its record), or ``("replay", <the earlier binding>)``."""
+    expiry is renewed in the same script: a long stream keeps its record), or ``("replay", <the earlier
+    binding>)``."""
     key, ttl = keys.nonce(submitter, nonce), max(1, int(ttl_s))
-    previous = client.set(key, binding, nx=True, get=True, ex=ttl)
+    previous = client.eval(FIRST_USE, 1, key, binding, ttl)
     if previous is None:
         return "first", ""
     if previous == binding:
-        client.expire(key, ttl)
         return "again", ""
     return "replay", str(previous)

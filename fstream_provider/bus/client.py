@@ -11,6 +11,8 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
+from fstream_provider.bus import server_floor
+
 SOCKET_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
 HEALTH_CHECK_INTERVAL_S = 15
@@ -103,6 +105,7 @@ def connect(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect_timeo
 
     url, wait = _wait_option(url)
     opts = _options(socket_timeout, connect_timeout, retries)
+    opts["redis_connect_func"] = server_floor.check_connection  # the floor, on every connection (issue 39)
     client = _client(url, opts, redis.Redis, Sentinel, RedisCluster, ClusterNode)
     client.fstream_wait = wait
     return client
@@ -118,6 +121,7 @@ def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect
     url, _wait = _wait_option(url)  # the async side (triggers) writes no job state that WAIT protects
     opts = _options(socket_timeout, connect_timeout, retries)
     opts["retry"] = AsyncRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
+    opts["redis_connect_func"] = server_floor.check_connection_async
     return _client(url, opts, redis.asyncio.Redis, Sentinel, RedisCluster, ClusterNode)
 
 
@@ -196,7 +200,17 @@ def _client(url: str, opts: dict[str, Any], redis_cls: Any, sentinel_cls: Any, c
         if scheme.startswith("rediss"):
             opts["ssl"] = True
         nodes = [node_cls(h, p or 6379) for h, p in hosts]
-        return cluster_cls(startup_nodes=nodes, **opts, **_auth(user, password))
+        connect_func = opts.pop("redis_connect_func")
+        if connect_func is server_floor.check_connection:  # RedisCluster calls it after its own on_connect
+            opts["redis_connect_func"] = server_floor.check_cluster_connection
+        client = cluster_cls(startup_nodes=nodes, **opts, **_auth(user, password))
+        if connect_func is server_floor.check_connection_async:
+            # redis.asyncio's cluster takes no such argument: its nodes' connections are made from these kwargs
+            # (the startup nodes kept a copy of their own); no connection exists yet, they open lazily
+            client.nodes_manager.connection_kwargs["redis_connect_func"] = connect_func
+            for node in client.nodes_manager.startup_nodes.values():
+                node.connection_kwargs["redis_connect_func"] = connect_func
+        return client
     raise ValueError(
         f"Redis URL {url!r}: unsupported scheme {scheme or 'none'!r} "
         "(use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)"

