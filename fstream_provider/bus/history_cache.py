@@ -32,8 +32,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pandas as pd
+from fstream_provider.extras import agent_only
+
+try:
+    import numpy as np
+    import pandas as pd
+except ImportError as exc:  # a provider-only install (issue 39)
+    raise agent_only(exc, "HARP's transfer-history cache") from exc
 
 from fstream_provider.bus.transfer_history import FLOAT_FIELDS, INT_FIELDS, STR_FIELDS, entry_id, parse_columns
 from fstream_provider.tuning.harp_fits import GroupFitCache

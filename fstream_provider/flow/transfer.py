@@ -221,7 +221,12 @@ def _src(p: Path, rel: str) -> SrcFile:
 
 
 def _in_process(spec: TransferSpec, sub: Subscription, inp: Pipe, out: Outbox, rel: Any) -> None:
-    from transfer_agent.sending.sender import Transfer
+    from fstream_provider.extras import agent_only
+
+    try:
+        from transfer_agent.sending.sender import Transfer
+    except ImportError as exc:  # a provider-only install (issue 39): send through an agent (redis=...) instead
+        raise agent_only(exc, "transfer() in this process (no redis= given)") from exc
 
     feed = FlowFeed()
     cancel = threading.Event()

@@ -21,7 +21,12 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
-import numpy as np
+from fstream_provider.extras import agent_only
+
+try:
+    import numpy as np
+except ImportError as exc:  # a provider-only install (issue 39)
+    raise agent_only(exc, "HARP's fit cache") from exc
 
 FIT_CACHE_SIZE = 2048  # fitted groups kept (a model is a few kB; a 200,000-row history fits a few hundred)
 

@@ -33,13 +33,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import numpy as np
-import pandas as pd
-from sklearn.cluster import DBSCAN
-from sklearn.linear_model import LinearRegression
-from sklearn.metrics import r2_score
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import PolynomialFeatures, StandardScaler
+from fstream_provider.extras import agent_only
+
+try:
+    import numpy as np
+    import pandas as pd
+    from sklearn.cluster import DBSCAN
+    from sklearn.linear_model import LinearRegression
+    from sklearn.metrics import r2_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import PolynomialFeatures, StandardScaler
+except ImportError as exc:  # a provider-only install (issue 39)
+    raise agent_only(exc, "HARP's regression") from exc
 
 from fstream_provider.tuning.harp_fits import rows_digest
 from fstream_provider.tuning.harp_similarity import GROUP_WINDOW_S, WEIGHTS, HarpRequest, group_rows, select_similar

@@ -28,8 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import pandas as pd
+from fstream_provider.extras import agent_only
+
+try:
+    import numpy as np
+    import pandas as pd
+except ImportError as exc:  # a provider-only install (issue 39)
+    raise agent_only(exc, "HARP's similar-transfer selection") from exc
 
 from fstream_provider.tuning.harp_history import CHUNK_ORDINAL, CHUNKS, bdp_buffer_ratio
 

@@ -24,7 +24,12 @@ from typing import Any
 
 
 def _np() -> Any:
-    import numpy  # here, not at import: a plain ``fstream send`` never needs it (start-up time)
+    try:
+        import numpy  # here, not at import: a plain ``fstream send`` never needs it (start-up time)
+    except ImportError as exc:  # a provider-only install (issue 39)
+        from fstream_provider.extras import agent_only
+
+        raise agent_only(exc, "a seen set held in this process (send --watch, a channel's watch_path)") from exc
 
     return numpy
 

@@ -347,6 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FStreamError, ValueError, FileNotFoundError) as exc:
         print(f"fstream {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a provider-only install asked to run the agent's code (issue 39)
+        from fstream_provider.extras import agent_only
+
+        hint = agent_only(exc, "this command")
+        if hint is exc:
+            raise
+        print(f"fstream {args.command}: error: {hint}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
