@@ -116,3 +116,10 @@ def tls_binary() -> str:
                 return binary
     _require("no redis-server built with TLS here (Debian's redis-server is)")
     return ""
+
+
+def chosen_version() -> str:
+    """The version of the server the fixtures start (``find_redis_server``): for version-dependent ACL rules."""
+    from fstream_provider.bus.embedded import find_redis_server
+
+    return version_of(find_redis_server())

@@ -186,7 +186,10 @@ def test_a_deleted_or_recreated_stream_is_read_again(redis_client, store):
     for i, eid in enumerate(ids[-3:]):
         redis_client.xadd(key, {"row": json.dumps(row(900 + i, group="job4:all").to_dict())}, id=eid)
     r = cache.refresh(redis_client)
-    assert r.reloaded and "the stream was recreated (3 entries ever added where 10 were expected)" in r.why
+    if "entries-added" in redis_client.xinfo_stream(key):  # Redis >= 7.0, Valkey: the count gives it away
+        assert r.reloaded and "the stream was recreated (3 entries ever added where 10 were expected)" in r.why
+    else:  # Redis 6.2 has no such count: the last entry read, rewritten, gives it away (issue 39's floor)
+        assert r.reloaded and "the last entry read was rewritten" in r.why
     assert_same_as_full_reload(cache, redis_client)
     # an entry deleted in the middle (XDEL; FStream never does it) of a cache holding the whole stream
     redis_client.xdel(key, ids[-2])

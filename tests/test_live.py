@@ -16,6 +16,7 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.live import airflow_ref, job_detail, job_row, overview
 from fstream_provider.model.spec import TransferSpec
 import authkit
+import serverkit
 from agentkit import wait_until
 
 ETA = {"s": 42.0, "lo": 30.5, "hi": 61.0, "rate_bps": 8e8, "basis": "bytes"}
@@ -364,7 +365,7 @@ def test_it_only_reads_what_the_viewer_role_may_and_the_submitter_role_sees_jobs
     redis_client.hset(keys.sched_tasks(), job_id, json.dumps({"state": "running"}))
     users = {}
     for role in ("viewer", "submitter"):
-        redis_client.execute_command("ACL", "SETUSER", f"{role}-u", *acl_rules(role, keys.namespace),
+        redis_client.execute_command("ACL", "SETUSER", f"{role}-u", *acl_rules(role, keys.namespace, serverkit.chosen_version()),
                                      f">{role}-pw-0123456789")
         users[role] = connect(redis_url.replace("redis://", f"redis://{role}-u:{role}-pw-0123456789@"))
     try:

@@ -23,6 +23,12 @@ their own, ``{N:watch:*}:seen``, ``{N:history}``, ``{N:pool:*}``, ...: ``Keys.ow
     (``PSUBSCRIBE`` only to the pattern ``{N}:*`` itself: Redis compares patterns literally).
     may not: write anything, run scripts, publish.
 
+Redis 6.2 (the floor, ``bus.server_floor``) has no read-only or write-only key patterns (``%R~``/``%RW~``) and
+no selectors (``clearselectors``), both from 7.0: for a server older than 7.0 (``server_version``) the rules give
+plain ``~`` patterns instead. The commands still bound each role (the viewer has only ``@read`` commands, so it
+writes nothing), but the submitter's read-only keys (the agents' heartbeats, the dead letters) become writable by
+the submitter's write commands. Use Redis >= 7.0 or Valkey where that separation matters.
+
 Lua scripts: Redis 7 checks the keys an ``EVAL``/``EVALSHA`` declares as read *and* written, and
 every command a script calls against the caller's rules, so a role with scripts can do inside a
 script exactly what it could do outside one. All roles can still see key *names* of other
@@ -96,8 +102,42 @@ def _check_role(role: str) -> None:
         raise ValueError(f"Redis ACL role {role!r}: unknown (accepted: {', '.join(ROLES)})")
 
 
-def acl_rules(role: str, namespace: str = "fstream") -> list[str]:
+def _before_7(server_version: str) -> bool:
+    parts = re.match(r"(\d+)", server_version or "")
+    if not parts:
+        raise ValueError(f"server version {server_version!r}: expected a version such as 6.2 or 7.0")
+    return int(parts.group(1)) < 7
+
+
+# commands a Redis 6.2 does not know (an ACL rule naming one is an error there): nothing to grant or deny
+_SINCE_7 = {"cluster|shards", "function", "fcall", "fcall_ro", "ssubscribe", "sunsubscribe"}
+
+
+def _legacy(rules: list[str]) -> list[str]:
+    """The rules for a Redis 6.2: no selectors, key permissions as plain ``~`` patterns (each kept once), no
+    rule about a command 6.2 does not have."""
+    out: list[str] = []
+    for rule in rules:
+        if rule == "clearselectors" or (rule[:1] in "+-" and rule[1:] in _SINCE_7):
+            continue
+        if rule.startswith("-script|"):  # 6.2 cannot take a subcommand away: no SCRIPT but what redis-py uses
+            rule = "-script"
+            for keep in ("-script", "+script|load", "+script|exists"):
+                if keep not in out:
+                    out.append(keep)
+            continue
+        if rule.startswith(("%R~", "%W~", "%RW~")):
+            rule = rule[rule.index("~"):]
+        if rule not in out:
+            out.append(rule)
+    return out
+
+
+def acl_rules(role: str, namespace: str = "fstream", server_version: str = "7.0") -> list[str]:
     """The ACL rule tokens of ``role`` in ``namespace``, without user name or password.
+
+    ``server_version``: the Redis the rules are for; below 7.0 they are written without what 7.0 added (see the
+    module's docstring). Valkey's versions (7.2 on) take the full rules.
 
     Usable after ``ACL SETUSER <name>`` (the tokens reset the user's keys, channels, selectors and
     commands, so applying them again to an existing user replaces its rights and keeps its password)
@@ -120,7 +160,7 @@ def acl_rules(role: str, namespace: str = "fstream") -> list[str]:
         rules += [f"%R~{p}*", *(f"%R~{pattern}" for pattern in own.values()), f"&{p}*", *_CONNECT, "+@read",
                   "-@dangerous", "+time"]
         rules += ["+" + c for c in _VIEWER_COMMANDS]
-    return rules
+    return _legacy(rules) if _before_7(server_version) else rules
 
 
 def password_hash(password: str) -> str:
@@ -129,7 +169,7 @@ def password_hash(password: str) -> str:
 
 
 def acl_setuser_line(role: str, user: str, password: str | None = None, namespace: str = "fstream",
-                     password_hash: str | None = None) -> str:
+                     password_hash: str | None = None, server_version: str = "7.0") -> str:
     """One ACL file line, ``user NAME on >pw|#hash ~... +...``, for ``role`` in ``namespace``.
 
     ``password_hash`` (64 hex digits, ``password_hash()``) wins over ``password``; prefer it, so the ACL
@@ -139,7 +179,7 @@ def acl_setuser_line(role: str, user: str, password: str | None = None, namespac
     _check_role(role)
     if not user or _TOKEN_BAD.search(user):
         raise ValueError(f"Redis ACL user name {user!r}: must be non-empty, without whitespace or control characters")
-    rules = acl_rules(role, namespace)
+    rules = acl_rules(role, namespace, server_version)
     if password_hash is not None:
         if not re.fullmatch(r"[0-9a-fA-F]{64}", password_hash):
             raise ValueError("password hash: expected 64 hex digits (SHA-256)")

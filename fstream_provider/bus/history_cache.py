@@ -184,6 +184,7 @@ class HistoryCache:
         self._window_s = GROUP_WINDOW_S
         self._base = 0
         self._added: int | None = None  # XINFO's entries-added when the last entry read was the stream's last
+        self._last_fields: dict | None = None  # the fields of the last entry read (a rewrite of it means recreated)
         self.generation = 0
         self.entries_read = 0  # over the cache's life (a positive count of what Redis sent)
         self.reloads = 0
@@ -279,12 +280,14 @@ class HistoryCache:
             while True:
                 if chunk:
                     cols.append(parse_columns(chunk), self._room(len(cols) + len(chunk)))
+                    self._last_fields = chunk[-1][1]
                 if len(chunk) < self.batch:  # the stream's end as this XINFO saw it
                     break
                 chunk, info = self._read(client, "(" + _id_text(chunk[-1][0]), "+", self.batch)
         else:  # newest first, each batch put before the one read before it
             want = min(self.batch, self.limit)
             chunk, info = self._read(client, "-", "+", want, reverse=True)
+            self._last_fields = chunk[0][1] if chunk else None
             target = min(self.limit, int(info["length"])) if info else 0  # entries there are at most
             cols = _Columns(self._room(target), at=target)
             while chunk:
@@ -327,6 +330,9 @@ class HistoryCache:
         elif complete and None not in (self._added, _added(info)) and _added(info) != self._added + len(chunk):
             why = (f"the stream was recreated ({_added(info)} entries ever added where {self._added + len(chunk)} "
                    "were expected)")
+        elif self._last_fields is not None and still[0][1] != self._last_fields:
+            # what gives a recreation away where XINFO has no entries-added (Redis 6.2, issue 39's floor)
+            why = "the last entry read was rewritten (the stream was recreated with the same ids)"
         else:
             first = entry_id(info["first-entry"][0])
             trimmed = cols.before(*first)
@@ -367,6 +373,7 @@ class HistoryCache:
     def _append(self, cols: _Columns, chunk: list) -> int:
         self._changed()
         cols.append(parse_columns(chunk), self._room(len(cols) + len(chunk)))
+        self._last_fields = chunk[-1][1]
         self._track(cols, cols.end - len(chunk), cols.end, +1)  # after the append: a compaction moves rows
         return len(chunk)
 

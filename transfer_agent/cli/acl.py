@@ -31,6 +31,9 @@ def add_acl_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--password-file", metavar="FILE",
                    help="the user's password (mode 0600; the line carries its SHA-256). Without it the user "
                         "exists but cannot log in until a password is added")
+    p.add_argument("--server-version", default="7.0", metavar="X.Y",
+                   help="the Redis the line is for (default 7.0, also right for every Valkey). 6.2 gets a line "
+                        "without 7.0's read-only key patterns and selectors: docs/redis-keys.md")
     p.set_defaults(func=cmd_redis_acl)
     return p
 
@@ -57,7 +60,12 @@ def cmd_redis_acl(args: argparse.Namespace) -> int:
     from fstream_provider.bus.acl import acl_setuser_line, password_hash
 
     digest = password_hash(read_password_file(args.password_file)) if args.password_file else None
-    print(acl_setuser_line(args.role, args.user, namespace=args.namespace, password_hash=digest))
+    try:
+        line = acl_setuser_line(args.role, args.user, namespace=args.namespace, password_hash=digest,
+                                server_version=args.server_version)
+    except ValueError as exc:
+        raise FStreamError(str(exc)) from None
+    print(line)
     if digest is None:
         print(f"fstream redis-acl: no --password-file: user {args.user} cannot log in until a password is added",
               file=sys.stderr)
