@@ -253,3 +253,25 @@ def test_agent_code_on_a_provider_only_install_names_the_extra(tmp_path) -> None
     r = subprocess.run([sys.executable, "-c", code, ",".join(REFUSED)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and ("ModuleNotFoundError: HARP's regression needs numpy, which a provider-only "
                                   "install of fstream leaves out: pip install 'fstream[agent]'") in r.stderr, r.stderr
+
+
+def test_a_provider_only_build_skips_the_rust_module(tmp_path) -> None:
+    """``FSTREAM_NATIVE_BUILD=0`` (setup.py): a pure-Python wheel, no cargo run, no native module in it."""
+    import os
+    import shutil
+    import zipfile
+
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    src = tmp_path / "src"
+    for rel in filter(None, files.split("\0")):
+        if (ROOT / rel).is_file() and not rel.startswith(("bench/results/", "tests/")):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    env = dict(os.environ, FSTREAM_NATIVE_BUILD="0", PATH="/usr/bin:/bin", CARGO="/nonexistent/cargo")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "out"),
+                        str(src)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (wheel,) = (tmp_path / "out").glob("*.whl")
+    assert wheel.name == "fstream-0.1.0-py3-none-any.whl"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "transfer_agent/storage/tree_hash.py" in names and not [n for n in names if n.endswith(".so")]
