@@ -11,7 +11,7 @@ SNAKEMAKE_VENV  ?= $(VENV)-snakemake
 SNAKEMAKE_SPEC  ?= snakemake>=8,<10
 SNAKEMAKE_STAMP := $(SNAKEMAKE_VENV)/.installed-stamp
 
-.PHONY: demo test install bench-deps bench clean lint goals-check
+.PHONY: demo test test-servers install bench-deps bench clean lint goals-check
 
 # The native data path (native/, Rust via setuptools-rust; issue 29) is built by cargo from rustup's usual place
 # when it is not on PATH already. Without cargo the package installs without it (same digests, one more read).
@@ -33,8 +33,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fstream demo
 
+# The whole suite on the embedded default (the bundled Valkey 9), then the bus's tests once more on each other
+# supported server present (Redis 6.2, 7.0: test-servers). With PYTEST_ARGS only what they name runs.
 test: $(STAMP) $(SNAKEMAKE_STAMP) lint goals-check
 	FSTREAM_SNAKEMAKE=$(SNAKEMAKE_VENV)/bin/snakemake bash .ci/pytest.sh $(PYTEST_ARGS)
+	@if [ -z "$(PYTEST_ARGS)" ]; then bash .ci/servers.sh; fi
+
+test-servers: $(STAMP)
+	bash .ci/servers.sh
 
 # The rooms' allowed arrows (.importlinter, docs/architecture.md): CI fails on a broken contract.
 lint: $(STAMP)

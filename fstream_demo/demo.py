@@ -75,7 +75,8 @@ def run_demo(files: int = 0, airflow: bool = True) -> int:
         was_running = emb.running()
         emb.start()
         url = emb.url
-        con.print(f"Redis bus: embedded redis-server ({find_redis_server()}) on 127.0.0.1:{emb.port}, "
+        con.print(f"Redis bus: embedded {os.path.basename(find_redis_server())} ({find_redis_server()}) on "
+                  f"127.0.0.1:{emb.port}, "
                   f"AOF under {emb.dir}{' (reused)' if was_running else ''}")
     secret_file = create_secret_file(base / "secret")
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(secret_file)).start()

@@ -21,16 +21,20 @@ import wankit
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _ci_run(tmp_path: Path, *, uid: int, apt: bool, install_ok: bool) -> tuple[subprocess.CompletedProcess, Path]:
+def _ci_run(tmp_path: Path, *, uid: int, apt: bool, install_ok: bool,
+            new_user_ok: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
     """Run a copy of ``.ci/run`` with stand-ins; return the result and the log the stand-ins wrote."""
     repo, stubs, tools = tmp_path / "repo", tmp_path / "stubs", tmp_path / "tools"
     for d in (repo / ".ci", repo / "bench", stubs, tools):
         d.mkdir(parents=True)
     shutil.copy2(REPO / ".ci" / "run", repo / ".ci" / "run")
     log = tmp_path / "log"
+    (repo / ".ci" / "new-user.sh").write_text(  # stand-in: creates no user here
+        f'echo "new-user" >> "{log}"\n' + ("" if new_user_ok else "exit 3\n"))
     (repo / "bench" / "install-deps.sh").write_text(
         f'echo install >> "{log}"\n' + ("exit 0\n" if install_ok else 'echo "E: apt failed" >&2\nexit 100\n'))
-    stub = {"id": f'echo {uid}\n', "make": f'echo "make $* REQUIRE=${{FSTREAM_REQUIRE_WAN:-}}" >> "{log}"\n'}
+    stub = {"id": f'echo {uid}\n',
+            "make": f'echo "make $* REQUIRE=${{FSTREAM_REQUIRE_WAN:-}}${{FSTREAM_REQUIRE_SERVERS:-}}" >> "{log}"\n'}
     if apt:
         stub["apt-get"] = "exit 0\n"
     for name, body in stub.items():
@@ -59,14 +63,21 @@ def test_a_failed_install_as_root_with_apt_fails_ci_loudly_before_the_tests(tmp_
 def test_a_good_install_runs_the_tests_requiring_the_wan_tools(tmp_path):
     cp, log = _ci_run(tmp_path, uid=0, apt=True, install_ok=True)
     assert cp.returncode == 0, cp.stderr
-    assert _log(log) == ["install", "make test REQUIRE=1"]
+    assert _log(log) == ["install", "new-user", "make test REQUIRE=11"]  # WAN tools and the server matrix
 
 
-@pytest.mark.parametrize("uid, apt", [(1000, True), (0, False)], ids=["not-root", "no-apt-get"])
-def test_without_root_or_apt_nothing_is_installed_and_the_wan_tests_may_skip(tmp_path, uid, apt):
+@pytest.mark.parametrize("uid, apt, first", [(1000, True, []), (0, False, ["new-user"])],
+                         ids=["not-root", "no-apt-get"])
+def test_without_root_or_apt_nothing_is_installed_and_the_wan_tests_may_skip(tmp_path, uid, apt, first):
     cp, log = _ci_run(tmp_path, uid=uid, apt=apt, install_ok=False)
     assert cp.returncode == 0, cp.stderr
-    assert _log(log) == ["make test REQUIRE="]
+    assert _log(log) == [*first, "make test REQUIRE="]
+
+
+def test_a_failed_new_user_demo_fails_ci_before_the_tests(tmp_path):
+    cp, log = _ci_run(tmp_path, uid=0, apt=True, install_ok=True, new_user_ok=False)
+    assert cp.returncode != 0 and "make demo failed as a new user" in cp.stderr
+    assert _log(log) == ["install", "new-user"], "the tests ran after the new user's demo failed"
 
 
 # -- the skip guard ---------------------------------------------------------------------------
