@@ -355,6 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"fstream {args.command}: error: {hint}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a Redis below the floor (issue 39): what to do, not a traceback
+        floor = sys.modules.get("fstream_provider.bus.server_floor")  # loaded with any Redis client; else not it
+        if floor is None or not isinstance(exc, floor.UnsupportedServerError):
+            raise
+        print(f"fstream {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
