@@ -164,6 +164,9 @@ def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_pl
         assert status == 200 and ctype.startswith("text/html") and "<h1>" in body.decode() and "FStream" in body.decode()
         assert http(base + "/fstream/docs/img/live-job.png", tok)[2][:4] == b"\x89PNG"
         assert http(base + "/fstream/docs/..%2Fsecret", tok)[0] == 404
+        providers = json.loads(http(base + "/api/v2/providers", tok)[2])["providers"]
+        (fstream,) = [p for p in providers if p["package_name"] == "fstream"]
+        assert fstream["documentation_url"] == "fstream/docs/index.md"  # the Providers page's link (ui.doc_link)
         plugins = json.loads(http(base + "/api/v2/plugins", tok)[2])["plugins"]
         (ours,) = [p for p in plugins if p["name"] == "fstream"]
         views = {v["name"]: v for v in ours["external_views"]}

@@ -275,3 +275,32 @@ def test_a_provider_only_build_skips_the_rust_module(tmp_path) -> None:
     assert wheel.name == "fstream-0.1.0-py3-none-any.whl"
     names = zipfile.ZipFile(wheel).namelist()
     assert "transfer_agent/storage/tree_hash.py" in names and not [n for n in names if n.endswith(".so")]
+    metadata = zipfile.ZipFile(wheel).read("fstream-0.1.0.dist-info/METADATA").decode()
+    assert "Requires-Python: >=3.11" in metadata
+    for line in metadata.splitlines():  # what an index reads: every URL absolute
+        if line.startswith("Project-URL:"):
+            label, _, url = line.removeprefix("Project-URL:").partition(",")
+            _assert_absolute(f"Project-URL {label.strip()}", url.strip())
+        elif line.startswith(("Home-page:", "Download-URL:")):
+            key, _, url = line.partition(":")
+            _assert_absolute(key, url.strip())
+
+
+def _assert_absolute(label: str, url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    assert parts.scheme in ("http", "https") and parts.netloc, (
+        f"{label} = {url!r}: a project URL must be an absolute http(s) URL (a package index refuses others; the "
+        "Providers page's link to the how-to pages is the UI plugin's: fstream_provider/ui/doc_link.py)")
+
+
+def test_every_project_url_is_absolute() -> None:
+    meta = _setup_cfg()["metadata"]
+    for line in meta.get("project_urls", "").strip().splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            label, _, url = line.partition("=")
+            _assert_absolute(f"project_urls {label.strip()}", url.strip())
+    for key in ("url", "download_url"):
+        if meta.get(key):
+            _assert_absolute(key, meta[key])

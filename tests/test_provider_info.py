@@ -163,23 +163,17 @@ DOCS_URL = "fstream/docs/index.md"
 api-server's base URL path) to the how-to pages the provider's Airflow plugin serves under its mount."""
 
 
-def _setup_cfg_documentation_url() -> str:
-    import configparser
-
-    cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.cfg"))
-    urls = dict(line.split("=", 1) for line in cfg["metadata"]["project_urls"].strip().splitlines())
-    return {k.strip(): v.strip() for k, v in urls.items()}["Documentation"]
-
-
 def test_the_providers_page_links_fstream_to_its_own_docs(tmp_path):
     """The Providers page (ui/dist: the package-name cell of the providers table) links a provider to the
     ``documentation_url`` of ``GET /api/v2/providers``, and where that is null to
     ``https://airflow.apache.org/docs/<package>/<version>/``, a page Apache does not publish for ``fstream``.
     Airflow takes that URL from the distribution's ``Project-URL: Documentation``
     (``_shared/providers_discovery/providers_discovery.py``, overwriting any ``documentation-url`` of the
-    provider info), so setup.cfg sets it. Asked of the ProvidersManager and the providers API's own mapper, in
-    a directory without the checkout's ``fstream.egg-info`` (what an installed Airflow sees)."""
+    provider info). setup.cfg names none (no web site; project URLs must be absolute: tests/test_packaging.py),
+    so the plugin's root middleware sets it as the api-server builds it (``fstream_provider.ui.doc_link``).
+    Asked of Airflow's plugin loading (the middlewares built as the api-server builds them), the ProvidersManager
+    and the providers API's own mapper, in a directory without the checkout's ``fstream.egg-info`` (what an
+    installed Airflow sees), starting from the null a distribution without the URL gives."""
     import subprocess
     import sys
     from urllib.parse import urljoin
@@ -187,16 +181,16 @@ def test_the_providers_page_links_fstream_to_its_own_docs(tmp_path):
     from fstream_provider.model.plot import PLOT_MOUNT
     from fstream_provider.provider_info import DOC_PAGES, docs_dir
 
-    assert _setup_cfg_documentation_url() == DOCS_URL
-    code = ("import json; from airflow.providers_manager import ProvidersManager as P; "
+    code = ("import json; from airflow import plugins_manager; from airflow.providers_manager import ProvidersManager as P; "
             "from airflow.api_fastapi.core_api.services.public.providers import _provider_mapper; "
+            "P().providers['fstream'].data['documentation-url'] = None; "  # no Project-URL: Documentation
+            "_apps, middlewares = plugins_manager.get_fastapi_plugins(); "
+            "built = [m['middleware'](None) for m in middlewares]; "  # as the api-server's add_middleware does
             "print(json.dumps(_provider_mapper(P().providers['fstream']).model_dump()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
                          env=dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False"))
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["documentation_url"] == DOCS_URL, (
-        f"Airflow reports {got['documentation_url']!r}: the installed metadata is older than setup.cfg "
-        "(reinstall: make install)")
+    assert got["documentation_url"] == DOCS_URL, f"Airflow reports {got['documentation_url']!r}"
     # the href the UI renders, resolved as the browser does against the page's <base href>
     href = got["documentation_url"] or f"https://airflow.apache.org/docs/{got['package_name']}/{got['version']}/"
     for base in ("http://airflow.example.org:8080/", "https://example.org/airflow/"):

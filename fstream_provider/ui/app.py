@@ -13,7 +13,7 @@ user who may not see a DAG sees none of its transfers; the overview by the plugi
   (server-sent events fed by the job's Redis event stream).
 - ``GET /fstream/docs/{page}`` (and ``/fstream/docs/img/{name}``): the provider's how-to pages (the installed
   ``docs/airflow``), rendered, for any signed-in user: the Providers page links ``fstream/docs/index.md``
-  (``setup.cfg``'s Documentation URL) instead of an apache.org path that does not exist.
+  (set by ``doc_link``) instead of an apache.org path that does not exist.
 """
 
 from __future__ import annotations

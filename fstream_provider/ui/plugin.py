@@ -7,6 +7,8 @@ point (a provider-info ``plugins`` entry is not loaded under lazy provider disco
   the scheduler board; issue 27), and a "Transfer" tab on every task instance framing the job's live view
   with its plot (a task that ran no FStream job shows a one-line note saying so, and picks the job up when
   the task submits one).
+- ``fastapi_root_middlewares``: ``doc_link.ProvidersPageLink``, which links ``fstream`` on the Providers page to
+  the plugin's how-to pages as the api-server starts (setup.cfg names no Documentation URL: no web site).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from fstream_provider.ui.app import MOUNT, app
+from fstream_provider.ui.doc_link import ProvidersPageLink
 from fstream_provider.ui.live_routes import NAV_ROUTE, TAB_ROUTE
 
 
 class FStreamPlugin(AirflowPlugin):
     name = "fstream"
     fastapi_apps = [{"app": app, "url_prefix": MOUNT, "name": "FStream"}]
+    fastapi_root_middlewares = [{"middleware": ProvidersPageLink, "name": "FStream: the Providers page's link"}]
     external_views = [
         {
             "name": "FStream",
