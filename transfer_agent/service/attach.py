@@ -85,7 +85,9 @@ class AgentService(_Service):
 
     @staticmethod
     def check(url: str, keys: Any, policy: Any) -> int:
-        return print_checks(agent_readiness(url, keys, list(policy.roots.roots))())
+        """``--check`` (a unit's ``ExecStartPre``): before the agent runs, so a bus with no jobs stream or group yet
+        passes (the agent creates them when it starts: the first start, or Redis lost its data)."""
+        return print_checks(agent_readiness(url, keys, list(policy.roots.roots), first_start=True)())
 
     def start(self, agent: Any, url: str, keys: Any) -> None:
         if self.listen is None:

@@ -4,7 +4,8 @@ and what ``--check`` prints once.
 Each check is real, never inferred: a data root is writable when a temporary file could be created in it and
 removed again; its free space is ``statvfs`` against ``--free-space-floor``; a source root is readable when it
 could be opened and listed; Redis is reachable when it answered ``PING`` within the timeout; the jobs consumer
-group is present when ``XINFO GROUPS`` of the jobs stream lists it. Every result names what was checked and,
+group is present when ``XINFO GROUPS`` of the jobs stream lists it (``--check``, run before the agent starts,
+also passes when there is no stream or group yet: the agent creates them). Every result names what was checked and,
 when it failed, why. Nothing secret is shown (Redis URLs are printed with their password masked).
 
 ``CachedReadiness`` is what ``/readyz`` asks: the checks run at most once per period, one at a time, so a flood
@@ -147,8 +148,13 @@ def _size(n: float) -> str:
 
 
 # -- Redis -------------------------------------------------------------------------------------------------
-def redis_checks(client: Any, url: str, keys: Any) -> list[Check]:
-    """Redis answers ``PING``; the jobs stream's consumer group (the agents') exists."""
+def redis_checks(client: Any, url: str, keys: Any, first_start: bool = False) -> list[Check]:
+    """Redis answers ``PING``; the jobs stream's consumer group (the agents') exists.
+
+    ``first_start`` (``fstream agent --check``, before the agent runs): a bus with no jobs stream or no ``agents``
+    group yet passes, saying the agent creates them when it starts (a fresh Redis, or one that lost its data). A
+    running agent's ``/readyz`` keeps failing without the group. Anything else Redis answers (a refused command:
+    the ACL user may not read the stream; a key of another type) fails, naming the key and Redis's reason."""
     import redis
 
     from fstream_provider.bus.client import describe
@@ -161,16 +167,25 @@ def redis_checks(client: Any, url: str, keys: Any) -> list[Check]:
                 Check("jobs consumer group present", False, "Redis unreachable")]
     stream, group = keys.jobs_stream(), keys.jobs_group()
     checks = [Check("redis reachable", True, f"{where} answered PING")]
+    name = "jobs consumer group present"
     try:
         names = [g.get("name") for g in client.xinfo_groups(stream)]
-    except redis.ResponseError:
-        names = []  # no such stream
+    except redis.ResponseError as exc:
+        if "no such key" not in str(exc).lower():  # NOPERM (the ACL), WRONGTYPE, ...: a real problem
+            return [*checks, Check(name, False, f"XINFO GROUPS {stream} refused: {type(exc).__name__}: {exc}")]
+        if first_start:
+            return [*checks, Check(name, True, f"no stream {stream!r} yet (first start on this bus, or Redis lost "
+                                               f"its data): the agent creates it and group {group!r} when it starts")]
+        names = []
     except redis.RedisError as exc:
-        return [*checks, Check("jobs consumer group present", False, f"{type(exc).__name__}: {exc}")]
+        return [*checks, Check(name, False, f"{type(exc).__name__}: {exc}")]
     if group in names:
-        checks.append(Check("jobs consumer group present", True, f"group {group!r} on stream {stream!r}"))
+        checks.append(Check(name, True, f"group {group!r} on stream {stream!r}"))
+    elif first_start:
+        checks.append(Check(name, True, f"no group {group!r} on stream {stream!r} yet (no agent has started on this "
+                                        "namespace): the agent creates it when it starts"))
     else:
-        checks.append(Check("jobs consumer group present", False,
+        checks.append(Check(name, False,
                             f"no group {group!r} on stream {stream!r} (no agent has started on this namespace yet, "
                             "or Redis lost its data)"))
     return checks
@@ -192,9 +207,10 @@ def receiver_readiness(roots: list[str], floor: int, draining: Any = None) -> Re
 
 
 def agent_readiness(url: str, keys: Any, source_roots: list[str], timeout: float = 1.0,
-                    client: Any = None) -> Readiness:
-    """The agent's checks: Redis reachable within ``timeout``, the jobs consumer group present, each source root
-    readable. Uses its own client (short timeouts, no retries), made on first use."""
+                    client: Any = None, first_start: bool = False) -> Readiness:
+    """The agent's checks: Redis reachable within ``timeout``, the jobs consumer group present (with
+    ``first_start``, before the agent runs: or not made yet, ``redis_checks``), each source root readable. Uses
+    its own client (short timeouts, no retries), made on first use."""
     holder = {"client": client}
 
     def checks() -> list[Check]:
@@ -205,7 +221,7 @@ def agent_readiness(url: str, keys: Any, source_roots: list[str], timeout: float
                 holder["client"] = connect(url, socket_timeout=timeout, connect_timeout=timeout, retries=0)
             except ValueError as exc:
                 return [Check("redis reachable", False, str(exc))]
-        out = redis_checks(holder["client"], url, keys)
+        out = redis_checks(holder["client"], url, keys, first_start)
         if not source_roots:
             out.append(Check("source roots", False, "none configured (every job would be refused)"))
         return out + [source_readable(root) for root in source_roots]

@@ -33,7 +33,8 @@ def add_service_options(p: argparse.ArgumentParser, *, receiver: bool) -> None:
                             f"(default {DEFAULT_FREE_SPACE_FLOOR})")
         what = "the root is writable (a file created and removed) and has free space above --free-space-floor"
     else:
-        what = "Redis is reachable, the jobs consumer group exists and every source root is readable"
+        what = ("Redis is reachable and may read the jobs stream, its consumer group exists or none does yet (the "
+                "agent creates it when it starts), and every source root is readable")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=None,
                    help="what the daemon logs (default: -v's, else warning); SIGHUP applies a new one")
     p.add_argument("--check", action="store_true",
