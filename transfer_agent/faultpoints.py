@@ -16,14 +16,24 @@ dict. Points in use:
   next rename, the sidecar removal and the directory fsync.
 - ``commit.before_send`` (sender): every block of a file is sent and its checksum is ready;
   COMMIT not sent yet.
+
+A stall point (``stall(name)``, issue 39) wedges a daemon's loop instead, for the watchdog tests: with
+``FSTREAM_STALL=name=PATH`` (several comma-separated), the thread that passes ``name`` blocks there for as long
+as the file ``PATH`` exists, printing to stderr when it stalls and when it goes on. Points in use:
+
+- ``agent.loop``: a pass of the agent's main loop (the one that sends systemd's ``WATCHDOG=1``).
+- ``receiver.flush``: a pass of the receiver's flush loop (the receiver's ``WATCHDOG=1``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 
 ENV = "FSTREAM_FAULTPOINT"
+STALL_ENV = "FSTREAM_STALL"
 
 
 def parse(text: str) -> dict[str, int]:
@@ -49,3 +59,30 @@ def hit(name: str) -> None:
     if left <= 1:
         os.kill(os.getpid(), signal.SIGKILL)
     _armed[name] = left - 1
+
+
+def parse_stalls(text: str) -> dict[str, str]:
+    """``"a=/x,b=/y"`` → ``{"a": "/x", "b": "/y"}`` (items without a path are ignored)."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        name, _, path = item.strip().partition("=")
+        if name and path:
+            out[name] = path
+    return out
+
+
+_stalls: dict[str, str] = parse_stalls(os.environ.get(STALL_ENV, ""))
+
+
+def stall(name: str) -> None:
+    """Block the calling thread at point ``name`` while its file exists (``FSTREAM_STALL``): a hung loop."""
+    if not _stalls:
+        return
+    path = _stalls.get(name)
+    if path is None or not os.path.exists(path):
+        return
+    print(f"fault point {name}: stalled while {path} exists", file=sys.stderr, flush=True)
+    pause = threading.Event()
+    while os.path.exists(path):
+        pause.wait(0.02)
+    print(f"fault point {name}: going on", file=sys.stderr, flush=True)

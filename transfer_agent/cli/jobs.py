@@ -101,6 +101,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     from transfer_agent.cli.options import history_from_args
     from transfer_agent.daemon.worker import default_agent_name
+    from transfer_agent.service.sdnotify import Watchdog
     from transfer_agent.storage.tree_hash import native_line
 
     from fstream_provider.tuning.scheduler import SealConfig
@@ -130,7 +131,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   claim_idle_ms=int(parse_duration(args.claim_idle) * 1000), max_deliveries=args.max_deliveries,
                   max_retries=args.max_retries, keys=Keys(args.namespace),
                   drain_grace=parse_duration(args.drain_grace), job_retention_s=args.job_retention,
-                  history=history_from_args(args, keys=Keys(args.namespace), source=name))
+                  history=history_from_args(args, keys=Keys(args.namespace), source=name),
+                  watchdog=Watchdog.from_env())  # a unit's WatchdogSec= (issue 39)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("transfer_agent.daemon").setLevel(args.log_level.upper() if args.log_level else logging.INFO)

@@ -83,7 +83,8 @@ def cmd_receive(args: argparse.Namespace) -> int:
                    fsync=not args.no_fsync, handshake_timeout=parse_duration(args.handshake_timeout),
                    part_max_age=max_age, max_unauth=args.max_unauth,
                    max_unauth_per_addr=args.max_unauth_per_addr,
-                   require_encryption=args.require_encryption, keyring=keyring).start()
+                   require_encryption=args.require_encryption, keyring=keyring,
+                   watchdog=sdnotify.Watchdog.from_env()).start()  # a unit's WatchdogSec= (issue 39)
     from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, receiver_apply
 
     reloader = None
@@ -93,6 +94,9 @@ def cmd_receive(args: argparse.Namespace) -> int:
         print(f"fstream receive: {tree_hash.native_line()}", file=sys.stderr, flush=True)  # issue 39: once
         print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)  # ready: SIGHUP is handled from here
         sdnotify.ready(f"listening on {rcv.listen_addr[0]}:{rcv.port}, root {args.root}")
+        if rcv.watchdog is not None:
+            print(f"fstream receive: systemd watchdog: {rcv.watchdog.describe()}, from the flush loop",
+                  file=sys.stderr, flush=True)
         stop.wait()
     finally:
         if reloader is not None:

@@ -51,7 +51,8 @@ class JobRunnerMixin:
 
     Uses the agent's settings (``name``, ``keys``, ``authorizer``, ``audit``, ``max_deliveries``, ``max_retries``,
     ``retry_base_s``, ``retry_cap_s``, ``flush_interval``, ``redis_outage_s``, ``transfer_factory``,
-    ``rng``), its ``counters``, ``log``, ``_client``, ``_store``, ``_stop``, ``_current`` and ``_note_fence``.
+    ``rng``), its ``counters``, ``log``, ``_client``, ``_store``, ``_stop``, ``_current``, ``_note_fence`` and
+    ``_alive`` (pings systemd's watchdog from the job's events and retries).
     """
 
     def _handle(self, entry_id: str, fields: dict | None) -> None:
@@ -155,6 +156,7 @@ class JobRunnerMixin:
             self.counters["redis_outage_retries"] += 1
 
         def retrying(n: int, exc: BaseException, delay: float) -> None:
+            self._alive()
             self.log.warning("job %s attempt %d: Redis unreachable while %s (%s); retrying in %.1f s",
                              run.job_id, run.attempt, what, exc, delay)
 
@@ -215,6 +217,7 @@ class JobRunnerMixin:
         jlog = PrefixedLog(log, {"name": f"{self.name} job {run.job_id}#{run.attempt}"})
 
         def on_event(kind: str, data: dict) -> None:
+            self._alive()  # the transfer's loop runs on the agent's main thread: its records ping the watchdog
             if kind == "log":
                 jlog.info("%s", data.get("message", data))
             run.add(kind, data)
@@ -224,6 +227,7 @@ class JobRunnerMixin:
                              cap_s=self.retry_cap_s, attempts=self.max_retries + 1)
 
         def retrying(n: int, exc: BaseException, delay: float) -> None:
+            self._alive()
             error = exc.error if isinstance(exc, RetryableFailure) else str(exc)
             run.add("retry", {"attempt": run.attempt, "try": n, "delay": delay, "message": error})
             jlog.warning("retryable failure (%s); try %d of %d in %.1f s", error, n, self.max_retries, delay)

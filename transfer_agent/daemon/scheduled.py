@@ -52,11 +52,11 @@ def task_size(spec: TransferSpec) -> tuple[float, str]:
 
 class SchedulingMixin:
     """Scheduled intake for ``transfer_agent.daemon.worker.Agent`` (uses its ``_board``, ``sched_interval``,
-    ``preempt_wait_s`` and what ``IntakeMixin`` and ``JobRunnerMixin`` use)."""
+    ``preempt_wait_s``, ``_block_ms`` and what ``IntakeMixin`` and ``JobRunnerMixin`` use)."""
 
     def _scheduled_iteration(self) -> bool:
         # own pending entries read but not admitted (a crash between), dead agents' jobs, new ones (``intake``)
-        entries = self._intake(max(1, int(self.sched_interval * 1000)), count=50)
+        entries = self._intake(self._block_ms(max(1, int(self.sched_interval * 1000))), count=50)
         admitted = [self._admit(entry_id, fields) for entry_id, fields in entries]
         if self._stop.is_set():
             return bool(entries)

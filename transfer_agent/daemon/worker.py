@@ -32,6 +32,7 @@ from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.daemon.runner import REDIS_BACKOFF, JobRunnerMixin
 from transfer_agent.daemon.scheduled import SchedulingMixin
+from transfer_agent import faultpoints
 from transfer_agent.service import sdnotify
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     :param drain_grace: seconds ``drain()`` (SIGTERM) gives the running job before it is cut at its checkpoint.
     :param job_retention_s: how long the jobs this agent finishes (succeeded, failed, refused, cancelled,
         dead-lettered) keep their hash, events and idempotency key (the TTL its terminal writes set).
+    :param watchdog: systemd's watchdog (``service.sdnotify.Watchdog``, from ``WatchdogSec=``): pinged from the
+        thread that runs ``run()``, on every pass of its loop, while it waits out a backoff, and at each event
+        of the job it runs (its interval records, its retries); so a main loop that hangs stops the pings.
     """
 
     def __init__(self, redis_url: str, *, name: str | None = None, policy: AgentPolicy | None = None,
@@ -106,7 +110,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                  transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None,
                  scheduler: str = "fifo", sched_config: Any = None, sched_interval: float = 0.5,
                  preempt_wait_s: float = 30.0, drain_grace: float = 30.0,
-                 job_retention_s: float = JOB_RETENTION_S) -> None:
+                 job_retention_s: float = JOB_RETENTION_S, watchdog: sdnotify.Watchdog | None = None) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"agent scheduler {scheduler!r}: must be one of {', '.join(SCHEDULERS)}")
         self.redis_url = redis_url
@@ -144,6 +148,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self.preempt_wait_s = preempt_wait_s
         self.drain_grace = drain_grace
         self.job_retention_s = check_retention(job_retention_s, "agent job_retention_s")
+        self.watchdog = watchdog
         self._drain_timer: threading.Timer | None = None
         self._board: Any = None
         self.observer: Any = None  # the agent's metrics (transfer_agent.service.metrics): ``job(spec)`` per job
@@ -208,6 +213,39 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     def stopped(self) -> bool:
         return self._stop.is_set()
 
+    def _alive(self) -> None:
+        """Ping systemd's watchdog if one is due (only the loop's own thread counts: ``Watchdog.kick``)."""
+        if self.watchdog is not None:
+            self.watchdog.kick()
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds``, or until stopped (True), pinging the watchdog meanwhile: a backoff is not a hang."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            step = left if self.watchdog is None else min(left, max(0.001, self.watchdog.due_in()))
+            if self._stop.wait(step):
+                return True
+            self._alive()
+        return self._stop.is_set()
+
+    def _block_ms(self, block_ms: int) -> int:
+        """A blocking read's time, cut to when the watchdog's next ping is due (at least 1 ms: 0 blocks for ever)."""
+        if self.watchdog is None:
+            return block_ms
+        return max(1, min(block_ms, int(self.watchdog.due_in() * 1000) + 1))
+
+    def _first_start(self) -> None:
+        """Make the jobs stream and its ``agents`` group if missing (the first agent on a bus, or Redis lost its
+        data: what ``--check`` said the agent would do), before telling systemd it is ready. Redis unreachable
+        now is left to the loop, which retries and makes them on its first read."""
+        try:
+            self._store.ensure_group()
+        except REDIS_UNREACHABLE:
+            pass
+        except redis.ResponseError as exc:  # e.g. NOPERM: the loop's reads will fail and be logged the same way
+            self.log.error("cannot create the consumer group %r on %s: %s", self.keys.jobs_group(),
+                           self.keys.jobs_stream(), exc)
+
     def run(self, once: bool = False) -> None:
         """Consume jobs until ``stop()`` (or SIGTERM); with ``once``, one iteration that re-raises errors."""
         if self.transfer_factory is None:
@@ -228,6 +266,9 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             cfg = dataclasses.replace(cfg, steal=self.scheduler == "steal", resize_running=False)
             self._board = SchedBoard(self._client, self.keys, cfg)
         self._started_at = time.time()
+        if self.watchdog is not None:
+            self.watchdog.own()  # this thread's loop keeps the daemon alive
+        self._first_start()
         previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, lambda *_: self.drain())
@@ -239,11 +280,15 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             self.log.info("consuming %s on %s; serving %s", self.keys.jobs_stream(), describe(self.redis_url),
                           self.policy.describe())
             sdnotify.ready(f"agent {self.name} consuming {self.keys.jobs_stream()} on {describe(self.redis_url)}")
+            if self.watchdog is not None:
+                self.log.info("systemd watchdog: %s, from the main loop", self.watchdog.describe())
             if not self.policy.roots.roots:
                 self.log.warning("no source roots configured: every job will be refused (default deny); give "
                                  "--root DIR or a policy file")
             failures = 0
             while not self._stop.is_set():
+                self._alive()
+                faultpoints.stall("agent.loop")
                 try:
                     self._iteration()
                     failures = 0
@@ -254,7 +299,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                         raise
                     delay = REDIS_BACKOFF.delay(failures - 1, self.rng)
                     self.log.warning("Redis unreachable (%s); reconnecting in %.1f s", exc, delay)
-                    self._stop.wait(delay)
+                    self._pause(delay)
                 except Exception:
                     self.counters["exceptions"] += 1
                     failures += 1
@@ -262,7 +307,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                                        failures, self.counters["exceptions"])
                     if once:
                         raise
-                    ITERATION_BACKOFF.pause(failures - 1, self._stop, self.rng)
+                    self._pause(ITERATION_BACKOFF.delay(failures - 1, self.rng))
                 if once:
                     break
         finally:
@@ -286,7 +331,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         if self._board is not None:
             return self._scheduled_iteration()
         # our own pending entries, dead agents' jobs, new jobs (``intake``: the first two when due)
-        entries = self._intake(self.block_ms, count=1)
+        entries = self._intake(self._block_ms(self.block_ms), count=1)
         for entry_id, fields in entries:
             if self._stop.is_set():
                 break

@@ -28,7 +28,9 @@ import socket
 import ssl
 import threading
 import time
+from typing import TYPE_CHECKING
 
+from transfer_agent import faultpoints
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError, RefusedError
 from transfer_agent.receiving.control import ControlSessions
 from transfer_agent.receiving.doctor import DoctorService
@@ -39,6 +41,9 @@ from transfer_agent.storage import durable as storage
 from transfer_agent.wire.auth import TLSConfig, server_handshake
 from transfer_agent.wire.protocol import MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, recv_frame
 from transfer_agent.wire.watchdog import Deadlines, PreAuthLimits
+
+if TYPE_CHECKING:
+    from transfer_agent.service.sdnotify import Watchdog
 
 HANDSHAKE_TIMEOUT = 10.0  # total, from accept to authenticated (issue 8, defect 3)
 MAX_UNAUTH = 64  # unauthenticated connections held at once
@@ -83,6 +88,9 @@ class Receiver(ControlSessions):
     :param max_unauth_per_addr: the same, per source address.
     :param part_max_age: orphaned ``.part``/``.meta`` files untouched this many seconds are removed
         by the sweep (at start and every ``sweep_interval``); None disables the sweep.
+    :param watchdog: systemd's watchdog (``service.sdnotify.Watchdog``, from ``WatchdogSec=``): pinged by the flush
+        loop, the receiver's periodic loop (it takes the receiver's lock and persists every in-flight file's
+        ranges), so a receiver whose lock or disk hangs stops the pings.
     """
 
     def __init__(self, *, listen: tuple[str, int] = ("127.0.0.1", 0), root: str, secret: bytes | None = None,
@@ -90,7 +98,8 @@ class Receiver(ControlSessions):
                  log: logging.Logger | None = None, handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  max_unauth: int = MAX_UNAUTH, max_unauth_per_addr: int = MAX_UNAUTH_PER_ADDR,
                  part_max_age: float | None = PART_MAX_AGE, sweep_interval: float = SWEEP_INTERVAL,
-                 require_encryption: bool = False, keyring: Keyring | None = None) -> None:
+                 require_encryption: bool = False, keyring: Keyring | None = None,
+                 watchdog: Watchdog | None = None) -> None:
         if keyring is not None and secret is not None:
             raise FStreamError("receiver: give a shared secret or a keyring, not both (add the secret to the "
                                "keyring as key 'default')")
@@ -119,6 +128,7 @@ class Receiver(ControlSessions):
         self._doctor = DoctorService(root=self.root, stop=self._stop, log=self.log,  # `fstream doctor` (issue 30)
                                      quota_used=self._quotas.used)
         self.draining = threading.Event()  # ``drain()``: no new sessions
+        self.watchdog = watchdog
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "Receiver":
@@ -408,9 +418,23 @@ class Receiver(ControlSessions):
             self.swept.set()
 
     def _flush_loop(self) -> None:
-        """Every ``flush_interval``, persist the ranges of every in-flight file; every ``sweep_interval``, sweep."""
+        """Every ``flush_interval``, persist the ranges of every in-flight file; every ``sweep_interval``, sweep;
+        ping systemd's watchdog on every pass (waking up for it when it is due before the next flush)."""
         next_sweep = time.monotonic() + self.sweep_interval
-        while not self._stop.wait(self.flush_interval):
+        next_flush = time.monotonic() + self.flush_interval
+        wd = self.watchdog.own() if self.watchdog is not None else None
+        while True:
+            if wd is not None:
+                wd.kick()
+            faultpoints.stall("receiver.flush")
+            wait = next_flush - time.monotonic()
+            if wd is not None:
+                wait = min(wait, max(0.001, wd.due_in()))
+            if self._stop.wait(max(0.0, wait)):
+                return
+            if time.monotonic() < next_flush:
+                continue  # woken for the watchdog only
+            next_flush = time.monotonic() + self.flush_interval
             if self.part_max_age is not None and time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + self.sweep_interval
                 self._sweep(whole_tree=False)
