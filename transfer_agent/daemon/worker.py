@@ -24,6 +24,7 @@ from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.client import REDIS_UNREACHABLE, connect, describe
 from fstream_provider.bus.jobs import JobStore, check_retention
 from fstream_provider.bus.keys import JOB_RETENTION_S, Keys
+from fstream_provider.bus.server_floor import UnsupportedServerError
 from fstream_provider.model.policy import KeyEntry
 from transfer_agent.daemon.authorize import AgentPolicy, Authorizer
 from transfer_agent.daemon.heartbeat import HeartbeatMixin
@@ -300,6 +301,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                     delay = REDIS_BACKOFF.delay(failures - 1, self.rng)
                     self.log.warning("Redis unreachable (%s); reconnecting in %.1f s", exc, delay)
                     self._pause(delay)
+                except UnsupportedServerError:
+                    raise  # not an outage: a server below the floor (a failover to an old one); the agent stops
                 except Exception:
                     self.counters["exceptions"] += 1
                     failures += 1
