@@ -3,7 +3,8 @@
 #   1. every test not marked `serial`, on FSTREAM_TEST_WORKERS (default 2) pytest-xdist workers;
 #   2. the `serial` ones (the emulated WAN, wall-time and rate goals: tests/conftest.py), one at a time.
 # Phase 1 hands out whole files (--dist loadfile), so a module fixture (a migrated Airflow home with its
-# api-server, the Redis Cluster, a paced transfer) is built once, on one worker, not once per worker.
+# api-server, the Redis Cluster, a paced transfer) is built once, on one worker, not once per worker; in
+# collection order (--no-loadscope-reorder), where tests/conftest.py puts the files with a `slow` test first.
 # Arguments go to both phases (`make test PYTEST_ARGS=tests/test_jobs.py` runs that file's tests in the phase
 # their marker says). A phase that collects nothing (pytest's exit 5) is fine while the other ran tests;
 # the whole run collecting nothing is a failure, as is either phase failing.
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 WORKERS=${FSTREAM_TEST_WORKERS:-2}
 
-parallel=(-n "$WORKERS" --dist loadfile)
+parallel=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
 if [ "$WORKERS" -le 1 ] 2>/dev/null; then
   parallel=()
 elif ! "$PY" -c "import xdist" 2>/dev/null; then

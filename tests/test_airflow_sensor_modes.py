@@ -105,6 +105,7 @@ class _Grower(threading.Thread):
                 fh.flush()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["deferred", "poke", "reschedule"])
 def test_the_sensor_reports_complete_files_once_and_a_growing_one_only_when_it_stops(mode, airflow_env, tmp_path,
                                                                                      redis_url):

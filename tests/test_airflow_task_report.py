@@ -140,6 +140,7 @@ def retrying_agent(redis_url, secret_file):
         t.join(timeout=30)
 
 
+@pytest.mark.slow
 def test_dag_test_retry_and_error_events_are_warnings(airflow_env, redis_url, secret_file, retrying_agent, tmp_path):
     _dataset(tmp_path / "src", n=1)
     dead = "fstream://127.0.0.1:9/nowhere"  # nothing listens on port 9 (discard): a retryable connection failure

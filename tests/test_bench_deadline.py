@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fstream_bench.deadline_bench import eta_points, main, stream_seconds
 
 
+@pytest.mark.slow
 def test_sim_part_writes_rows_summary_and_provenance(tmp_path, capsys):
     assert main(["sim", "--workloads", "w1", "--seeds", "1", "--scale", "0.05", "--results", str(tmp_path)]) == 0
     doc = json.loads(next(tmp_path.glob("deadline-sim-*.json")).read_text())

@@ -124,6 +124,7 @@ def test_result_that_lacks_what_the_goal_reads_fails(world):
     assert row.status == "broken" and "does not hold what the goal reads (KeyError" in row.problem
 
 
+@pytest.mark.slow
 def test_repository_goals_table_matches_its_results():
     """What CI checks (``make test`` runs the command too): the committed table is what the results say."""
     out = subprocess.run([sys.executable, "-m", "fstream_bench.cli", "report", "--check",

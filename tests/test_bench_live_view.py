@@ -13,6 +13,7 @@ pytest.importorskip("airflow")
 pytest.importorskip("playwright")
 
 
+@pytest.mark.slow
 def test_live_view_bench_measures_both_views_and_three_cpu_phases(tmp_path):
     from fstream_bench.live_view_bench import CHROMIUM, main
 

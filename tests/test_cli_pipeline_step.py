@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import xxhash
 
 from agentkit import make_files, trees_identical, wait_until
@@ -92,6 +93,7 @@ def test_hash_fd_also_digests_the_same_bytes_in_one_pass(tmp_path: Path) -> None
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_unreachable_receiver_exits_retryable(tmp_path: Path, secret: Path) -> None:
     import socket
 

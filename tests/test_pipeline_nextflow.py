@@ -35,6 +35,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import xxhash
 from agentkit import make_files
 
@@ -176,6 +177,7 @@ def test_script_blocks_ship_batches_and_catalog_their_manifests(tmp_path: Path, 
     assert sorted(rows) == sorted([p, str(r["size"]), r["algo"], r["checksum"]] for p, r in by_path.items())
 
 
+@pytest.mark.slow
 def test_ship_exits_with_the_status_its_error_strategy_retries(tmp_path: Path, secret: Path) -> None:
     strategy = re.search(r"errorStrategy\s*\{\s*task\.exitStatus\s*==\s*(\d+)\s*\?\s*'retry'\s*:\s*'terminate'\s*\}",
                          PROCESSES["SHIP"].body)

@@ -17,6 +17,7 @@ import pytest
 from fstream_bench.stream_million import run
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_100k_file_stream_lands_everything_once_and_a_restart_skips_it(tmp_path: Path) -> None:
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path

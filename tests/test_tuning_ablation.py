@@ -10,6 +10,7 @@ from fstream_provider.tuning.variants import DEFAULT, THESIS
 GRID = ((2, 4, 8, 16, 32), (1, 4, 16), (0, 4, 32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["w1", "w3", "sra", "lcls", "mix"])
 def test_default_reaches_0_9_of_the_grid_oracle_when_backlogged(name):
     setup = A.Setup()  # full size: short runs are dominated by start-up, not by tuning

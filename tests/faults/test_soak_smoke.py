@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 from faultkit import CLI
 
 
+@pytest.mark.slow
 def test_loopback_soak_holds_invariants_under_every_fault_kind(tmp_path):
     results = tmp_path / "results"
     cp = subprocess.run([*CLI, "bench", "soak", "--loopback", "--minutes", "0.4", "--seed", "3", "--rate", "48Mbit",
