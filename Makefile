@@ -17,7 +17,7 @@ SNAKEMAKE_STAMP := $(SNAKEMAKE_VENV)/.installed-stamp
 # when it is not on PATH already. Without cargo the package installs without it (same digests, one more read).
 export PATH := $(PATH):$(HOME)/.cargo/bin
 
-$(STAMP): setup.cfg pyproject.toml native/Cargo.toml native/Cargo.lock native/src/lib.rs
+$(STAMP): setup.cfg setup.py pyproject.toml native/Cargo.toml native/Cargo.lock native/src/lib.rs
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q -e '.[all]'

@@ -270,3 +270,17 @@ def test_a_running_agent_stops_when_its_bus_comes_back_as_a_redis_5(tmp_path, mo
         if old is not None:
             old.stop()
         good.stop()
+
+
+def test_a_cli_command_with_no_redis_there_says_so_in_one_line(tmp_path):
+    """Nothing listens where the URL points: one line naming the address and what to check, exit 2 (was a
+    traceback)."""
+    from fstream_provider.bus.embedded import free_port
+
+    port = free_port()
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state"), "FSTREAM_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    cp = subprocess.run([sys.executable, "-m", "transfer_agent.cli.main", "status"], env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert cp.stderr.startswith("fstream status: error: Redis unreachable (ConnectionError:"), cp.stderr[-2000:]
+    assert f"127.0.0.1:{port}" in cp.stderr and "Traceback" not in cp.stderr, cp.stderr[-2000:]

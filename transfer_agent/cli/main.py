@@ -359,12 +359,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"fstream {args.command}: error: {hint}", file=sys.stderr)
         return 2
-    except Exception as exc:  # a Redis below the floor (issue 39): what to do, not a traceback
+    except Exception as exc:  # a Redis below the floor, or none there (issue 39): what to do, not a traceback
         floor = sys.modules.get("fstream_provider.bus.server_floor")  # loaded with any Redis client; else not it
-        if floor is None or not isinstance(exc, floor.UnsupportedServerError):
-            raise
-        print(f"fstream {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        bus = sys.modules.get("fstream_provider.bus.client")
+        if floor is not None and isinstance(exc, floor.UnsupportedServerError):
+            print(f"fstream {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        if bus is not None and isinstance(exc, bus.REDIS_UNREACHABLE):
+            print(f"fstream {args.command}: error: Redis unreachable ({type(exc).__name__}: {exc}); is it running? "
+                  "--redis or FSTREAM_REDIS_URL say where it is (unset: the embedded server)", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":
