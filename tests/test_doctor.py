@@ -117,6 +117,7 @@ def test_steady_rate_leaves_slow_start_out_and_adds_streams_on_one_clock():
 
 
 # -- the receiver's probes ---------------------------------------------------------------------------------------
+@pytest.mark.serial  # the samples must span 0.3 s within 50 ms: a thread starved by a busy core misses that
 def test_the_sink_counts_its_seconds_from_the_first_byte_and_waits_for_one_at_most_sink_wait(monkeypatch):
     a, b = socket.socketpair()
     stop = threading.Event()
@@ -354,6 +355,7 @@ def test_a_bad_url_exits_2(tmp_path, secret):
 
 # -- the emulated WAN --------------------------------------------------------------------------------------------
 @pytest.mark.wan
+@pytest.mark.serial  # one emulated WAN at a time (namespaces, TUN delay line)
 def test_doctor_names_a_small_buffer_as_the_buffer_cap_on_the_wan(tmp_path, monkeypatch):
     import wankit
 
