@@ -106,7 +106,12 @@ def _judge(where: str, fields: dict[str, str]) -> None:
         raise refusal(where, why)
 
 
-def _cannot_tell(where: str, exc: redis.exceptions.ResponseError) -> None:
+def _hello_failed(where: str, exc: redis.exceptions.ResponseError) -> None:
+    """Our own ``HELLO`` was refused: raise the floor's refusal if only an old server refuses it so, else warn once
+    (an ACL user without ``HELLO``: the version cannot be read) and let the connection through."""
+    refused = _from_error(where, exc)
+    if refused:
+        raise refused from None
     if where not in _warned:
         _warned.add(where)
         log.warning("Redis server %s: cannot read its version (%s); cannot check it is %s", where, exc, floor_text())
@@ -129,10 +134,7 @@ def check_connection(conn: Any, *, initialise: bool = True) -> None:
             conn.send_command("HELLO")
             reply = conn.read_response()
         except redis.exceptions.ResponseError as exc:
-            refused = _from_error(where, exc)
-            if refused:
-                raise refused from None
-            _cannot_tell(where, exc)
+            _hello_failed(where, exc)
             return
     _judge(where, hello_fields(reply))
 
@@ -155,9 +157,6 @@ async def check_connection_async(conn: Any) -> None:
             await conn.send_command("HELLO")
             reply = await conn.read_response()
         except redis.exceptions.ResponseError as exc:
-            refused = _from_error(where, exc)
-            if refused:
-                raise refused from None
-            _cannot_tell(where, exc)
+            _hello_failed(where, exc)
             return
     _judge(where, hello_fields(reply))
