@@ -9,17 +9,29 @@ once with it (``pip wheel .``) for the DTNs' platform and Python.
 """
 
 import os
+import sys
 
 from setuptools import setup
-from setuptools_rust import Binding, RustExtension
 
-NATIVE = RustExtension(
-    "transfer_agent.storage._blake3tree",
-    path="native/Cargo.toml",
-    binding=Binding.PyO3,
-    py_limited_api="auto",  # abi3-py311 in native/Cargo.toml: setup.cfg's python_requires says the same
-    optional=True,
-    debug=False,  # release build also for editable installs (setuptools-rust builds those in debug mode by default)
-)
 
-setup(rust_extensions=[] if os.environ.get("FSTREAM_NATIVE_BUILD", "1") == "0" else [NATIVE])
+def native() -> list:
+    """The Rust extension, or none: ``FSTREAM_NATIVE_BUILD=0``, or no setuptools-rust (pyproject's build requirements
+    bring it; a build without isolation, ``pip wheel --no-build-isolation``, may not have it)."""
+    if os.environ.get("FSTREAM_NATIVE_BUILD", "1") == "0":
+        return []
+    try:
+        from setuptools_rust import Binding, RustExtension
+    except ImportError:
+        print("fstream: setuptools-rust is not installed: building without the native module", file=sys.stderr)
+        return []
+    return [RustExtension(
+        "transfer_agent.storage._blake3tree",
+        path="native/Cargo.toml",
+        binding=Binding.PyO3,
+        py_limited_api="auto",  # abi3-py311 in native/Cargo.toml: setup.cfg's python_requires says the same
+        optional=True,
+        debug=False,  # release build also for editable installs (setuptools-rust builds those in debug mode)
+    )]
+
+
+setup(rust_extensions=native())

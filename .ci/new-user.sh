@@ -12,9 +12,10 @@ if [ "$(id -u)" != "0" ]; then
 fi
 user="${FSTREAM_CI_USER:-fstream-newuser}"
 id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+pkill -u "$user" 2>/dev/null || true  # what an earlier run of this user left (its demo's embedded server)
 home="$(getent passwd "$user" | cut -d: -f6)"
 clone="$home/fstream"
-rm -rf "$clone" "$home/.local/state/fstream" "$home/.shim"
+rm -rf "$clone" "$home/.local" "$home/.cache" "$home/.shim"  # a fresh home each run: no state, no pip cache
 git clone -q "$PWD" "$clone"
 [ -d ../shared ] && ln -sfn "$(cd ../shared && pwd)" "$home/shared"
 mkdir -p "$home/.shim"
@@ -30,6 +31,9 @@ env -i HOME="$home" USER="$user" LOGNAME="$user" LANG=C.UTF-8 TERM=dumb \
     setpriv --reuid="$user" --regid="$user" --init-groups \
     bash -c 'cd "$HOME/fstream" && make demo' 2>&1 | tee "$home/demo.log"
 rc=${PIPESTATUS[0]}
+# the demo leaves its embedded server running for the user's next command; this run has none: stop it
+env -i HOME="$home" PATH="/usr/bin:/bin" setpriv --reuid="$user" --regid="$user" --init-groups \
+    bash -c 'cd "$HOME/fstream" && .venv/bin/fstream redis stop' || true
 echo ".ci/new-user.sh: make demo as $user in a fresh clone: exit $rc in $(( $(date +%s) - start )) s"
 if [ "$rc" != 0 ]; then exit "$rc"; fi
 grep -q "byte-for-byte identical: yes" "$home/demo.log" || {

@@ -193,7 +193,7 @@ def test_a_provider_only_install_submits_follows_and_senses(tmp_path, redis_url)
     from transfer_agent.daemon.worker import Agent
     from transfer_agent.receiving.receiver import Receiver
 
-    key = os.urandom(32)
+    key = os.urandom(32).hex().encode()  # text: a secret file is read stripped (random bytes may end in a newline)
     (tmp_path / "secret").write_bytes(key)
     (tmp_path / "secret").chmod(0o600)
     src, watch = tmp_path / "src", tmp_path / "watch"
