@@ -189,3 +189,72 @@ def test_agent_pings_while_its_main_thread_runs_a_job(tmp_path: Path, redis_url:
         if d is not None:
             d.close()
         rcv.stop()
+
+
+def test_listing_a_jobs_sources_feeds_the_watchdog(tmp_path: Path, redis_url: str, redis_client: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listing a job's sources runs on the agent's main thread before any progress record: millions of files on a
+    slow file system would outlast WatchdogSec and get a working agent killed. The listing feeds the watchdog
+    (``watch.sources.listing_progress``): with a clock on which every kick is due, pings are sent while the real
+    agent's job lists its 40 directories, once per directory at least."""
+    from fstream_provider.watch import sources
+    from transfer_agent.daemon.worker import Agent
+
+    secret = write_secret(tmp_path / "secret")
+    src = make_files(tmp_path / "src", {f"d{i:02d}/f{j}.bin": 1024 for i in range(40) for j in range(2)}, seed=5)
+    rcv = start_receiver(tmp_path / "dst", secret)
+    listing, pings = [False], []
+    real_walk = sources.walk_files
+
+    def walk(root: str):  # the real listing, seen from outside: while it runs, `listing` is set
+        listing[0] = True
+        try:
+            yield from real_walk(root)
+        finally:
+            listing[0] = False
+
+    monkeypatch.setattr(sources, "walk_files", walk)
+    now = [0.0]
+
+    def clock() -> float:  # ten seconds pass between two looks: every kick finds a ping due
+        now[0] += 10.0
+        return now[0]
+
+    wd = Watchdog(2_000_000, send=lambda: pings.append(listing[0]), clock=clock)
+    keys = Keys("wdlist")
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
+    job_id, _ = store.submit(TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/out",
+                                          tuner="fixed", cc=1, p=1, pp=1))
+    try:
+        Agent(redis_url, name="wd-list", keys=keys, policy=authkit.policy(str(secret)), watchdog=wd,
+              block_ms=100).run(once=True)
+    finally:
+        rcv.stop()
+    assert store.get(job_id).state == "succeeded"
+    assert sum(pings) >= 41, f"{sum(pings)} of {len(pings)} pings while listing"  # 40 directories and the root
+
+
+def test_listings_tick_per_directory_and_per_1024_entries_only_inside_the_block(tmp_path: Path) -> None:
+    """``listing_progress``: the one-shot listing (``expand_sources``) and the stream's lister (``TreeLister``) call
+    the tick once per directory and every 1,024 entries of one, on this thread only, and not after the block."""
+    from fstream_provider.watch.sources import PROGRESS_EVERY, expand_sources, listing_progress
+    from fstream_provider.watch.tree import TreeLister
+
+    big = tmp_path / "src" / "big"
+    big.mkdir(parents=True)
+    for i in range(2500):
+        (big / f"f{i:04d}").touch()
+    (tmp_path / "src" / "small").mkdir()
+    (tmp_path / "src" / "small" / "one").touch()
+    ticks: list[str] = []
+    with listing_progress(lambda: ticks.append(threading.current_thread().name)):
+        assert len(expand_sources([str(tmp_path / "src")], "/out")) == 2501
+        assert len(ticks) == 3 + 2500 // PROGRESS_EVERY  # src, big, small; two full runs of 1,024 entries in big
+        elsewhere = threading.Thread(target=lambda: expand_sources([str(tmp_path / "src")], "/out"), name="other")
+        elsewhere.start()
+        elsewhere.join()
+        ticks.clear()
+        assert len(TreeLister([str(tmp_path / "src")], "/out", use_inotify=False).scan()) == 2501
+        assert len(ticks) == 3 + 2500 // PROGRESS_EVERY and set(ticks) == {threading.current_thread().name}
+    expand_sources([str(tmp_path / "src")], "/out")
+    assert len(ticks) == 3 + 2500 // PROGRESS_EVERY  # nothing after the block

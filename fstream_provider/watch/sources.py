@@ -7,11 +7,13 @@ it; a glob match that is a directory lands as ``DEST/<dirname>/...``.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import stat
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from fstream_provider.tuning.base import FileInfo
 
@@ -69,14 +71,42 @@ def source_roots(sources: Iterable[str], dest_prefix: str) -> Iterator[tuple[str
                 raise ValueError(f"source {m!r}: not a regular file or directory")
 
 
+# what a listing calls as it goes on (``listing_progress``): set per thread (a context variable), unset by default
+_progress: ContextVar[Callable[[], object] | None] = ContextVar("fstream_listing_progress", default=None)
+PROGRESS_EVERY = 1024  # entries of one directory between two calls (and one call per directory)
+
+
+@contextlib.contextmanager
+def listing_progress(tick: Callable[[], object]) -> Iterator[None]:
+    """Within this block, on this thread, listings call ``tick()`` as they go: once per directory and every
+    ``PROGRESS_EVERY`` entries. A daemon's loop that lists sources (a job's files, their size for the scheduler)
+    keeps systemd's watchdog fed this way, so a listing of millions of files on a slow file system is not taken
+    for a hung loop (issue 39); the tick itself decides whether a ping is due."""
+    token = _progress.set(tick)
+    try:
+        yield
+    finally:
+        _progress.reset(token)
+
+
+def listing_tick() -> Callable[[], object] | None:
+    """The ``listing_progress`` tick of this thread, if any (what a listing loop calls as it goes)."""
+    return _progress.get()
+
+
 def walk_files(root: str) -> Iterator[os.DirEntry]:
     """Regular files under ``root`` (symlinks to files too), directories not followed; vanished ones skipped."""
+    tick = _progress.get()
     stack = [root]
     while stack:
         d = stack.pop()
+        if tick is not None:
+            tick()
         try:
             with os.scandir(d) as it:
-                for e in it:
+                for n, e in enumerate(it, 1):
+                    if tick is not None and not n % PROGRESS_EVERY:
+                        tick()
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
                     elif e.is_file(follow_symlinks=True):

@@ -14,7 +14,7 @@ import select
 import stat
 from typing import Callable, Collection
 
-from fstream_provider.watch.sources import join_dest, source_roots
+from fstream_provider.watch.sources import PROGRESS_EVERY, join_dest, listing_tick, source_roots
 from fstream_provider.watch.stability import FileStat
 
 log = logging.getLogger("fstream.scanner")
@@ -115,8 +115,11 @@ class TreeLister:
         """List the directories under ``path`` whose mtime changed; return how many entries were listed."""
         listed = 0
         stack = [path]
+        tick = listing_tick()
         while stack:
             d = stack.pop()
+            if tick is not None:
+                tick()
             try:
                 dst = os.stat(d)
             except FileNotFoundError:
@@ -135,6 +138,8 @@ class TreeLister:
                 with os.scandir(d) as it:
                     for e in it:
                         listed += 1
+                        if tick is not None and not listed % PROGRESS_EVERY:
+                            tick()
                         if e.is_dir(follow_symlinks=False):
                             subdirs.append(e.path)
                             stack.append(e.path)

@@ -14,6 +14,7 @@ from fstream_provider.bus.client import REDIS_UNREACHABLE, redis_unreachable
 from fstream_provider.bus.job_state import Claim
 from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
+from fstream_provider.watch.sources import listing_progress
 from transfer_agent.daemon.authorize import Decision, Guard
 from transfer_agent.daemon.jobrun import JobRun, PrefixedLog
 from transfer_agent.errors import FStreamError
@@ -256,7 +257,8 @@ class JobRunnerMixin:
                                              cancel=run.cancel, redis=self._client, log=jlog, history=self.history,
                                              guard=guard, drain=run.drain)
             run.poke = getattr(transfer, "wake", None)
-            result = transfer.run()
+            with listing_progress(self._alive):  # listing the job's sources (this thread) feeds the watchdog too
+                result = transfer.run()
             result_dict = result.to_dict()
             if result.ok:
                 return "succeeded", None, result_dict

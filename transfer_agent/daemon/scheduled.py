@@ -24,6 +24,7 @@ import time
 from fstream_provider.bus.job_state import TERMINAL_STATES
 from fstream_provider.bus.sched_board import Decision
 from fstream_provider.model.spec import TransferSpec
+from fstream_provider.watch.sources import listing_progress
 from transfer_agent.daemon.jobrun import JobRun
 
 # a job whose size cannot be known when it is admitted (remote sources, a stream still being written)
@@ -98,7 +99,8 @@ class SchedulingMixin:
         if spec is None:
             return False
         src, dst = task_ends(spec)
-        size, why = task_size(spec)  # the spec the policy accepted, not a copy read before or after
+        with listing_progress(self._alive):  # sizing lists the sources on the main loop: it feeds the watchdog
+            size, why = task_size(spec)  # the spec the policy accepted, not a copy read before or after
         if not self._board.admit(job_id, entry_id, src=src, dst=dst, size=size, klass=spec.priority_class,
                                  arrival=float(created or 0)):
             return False
