@@ -74,6 +74,8 @@ class PartStore:
 
     def _discard(self, f: RecvFile, remove: bool) -> None:
         if remove:
+            with f.lock:  # a flush writing its ranges now ends first; one that borrowed the fd before sees this
+                f.failed = True  # and writes no sidecar after the unlink below (an orphan .meta otherwise)
             self._remove_part(f.dir_fd, f.part_key[0], f.base, f.tmp)
         self._release(f, removed=remove)
 
