@@ -278,7 +278,8 @@ def test_a_cli_command_with_no_redis_there_says_so_in_one_line(tmp_path):
     from fstream_provider.bus.embedded import free_port
 
     port = free_port()
-    env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state"), "FSTREAM_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state"),
+           "FSTREAM_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
     cp = subprocess.run([sys.executable, "-m", "transfer_agent.cli.main", "status"], env=env, capture_output=True,
                         text=True, timeout=120)
     assert cp.returncode == 2, cp.stdout + cp.stderr

