@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+
+import unitkit
 
 NATIVE_BUILT = importlib.util.find_spec("transfer_agent.storage._blake3tree") is not None
 IN_USE = "native BLAKE3 tree hashing in use: received files are verified from their blocks as they land"
@@ -63,40 +64,28 @@ class _Stderr:
 
     def stop(self) -> list[str]:
         """Stop the process (SIGINT) and return all it wrote to stderr."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        unitkit.interrupt(self.proc)
         self.reader.join(10)
         return self.lines
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_fstream_receive_says_once_at_start_whether_native_hashing_is_in_use(tmp_path, secret, case):
-    proc, expected = _start(tmp_path, case, "receive", "--listen", "127.0.0.1:0", "--root", str(tmp_path / "dst"),
-                            "--secret-file", str(secret))
-    err = _Stderr(proc, "fstream receive: ")
+@pytest.mark.parametrize("daemon", ["receive", "agent"])
+def test_the_daemon_says_once_at_start_whether_native_hashing_is_in_use(tmp_path, secret, redis_url, daemon, case):
+    if daemon == "receive":
+        args, prefix = ("receive", "--listen", "127.0.0.1:0", "--root", str(tmp_path / "dst"), "--secret-file",
+                        str(secret)), "fstream receive: "
+    else:
+        (tmp_path / "src").mkdir()
+        args, prefix = ("agent", "--redis", redis_url, "--root", str(tmp_path / "src"), "--namespace", "nativeline",
+                        "--name", "native-line"), "fstream agent native-line: "
+    proc, expected = _start(tmp_path, case, *args)
+    err = _Stderr(proc, prefix)
     try:
         err.wait()
     finally:
         lines = err.stop()
     said = [line for line in lines if "native BLAKE3" in line]
-    assert said == [f"fstream receive: {expected}"], lines  # once
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_fstream_agent_says_once_at_start_whether_native_hashing_is_in_use(tmp_path, redis_url, case):
-    (tmp_path / "src").mkdir()
-    proc, expected = _start(tmp_path, case, "agent", "--redis", redis_url, "--root", str(tmp_path / "src"),
-                            "--namespace", "nativeline", "--name", "native-line")
-    err = _Stderr(proc, "fstream agent native-line: ")
-    try:
-        err.wait()
-    finally:
-        lines = err.stop()
-    said = [line for line in lines if "native BLAKE3" in line]
-    assert said == [f"fstream agent native-line: {expected}"], lines  # once
-    assert proc.returncode == 0, lines
+    assert said == [f"{prefix}{expected}"], lines  # once
+    if daemon == "agent":
+        assert proc.returncode == 0, lines

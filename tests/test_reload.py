@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import unitkit
 from agentkit import make_files, trees_identical, wait_until, write_secret
 
 from fstream_provider.model.spec import TransferSpec
@@ -44,13 +45,7 @@ class Daemon:
         return next((x for x in list(self.lines) if text in x), None)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        unitkit.interrupt(self.proc)
 
 
 def _env(tmp_path: Path, config: Path) -> dict[str, str]:

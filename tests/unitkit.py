@@ -8,6 +8,7 @@ import os
 import pwd
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -281,6 +282,17 @@ class Output:
     def text(self) -> str:
         with self._cond:
             return "\n".join(line for _, line in self.lines)
+
+
+def interrupt(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 20) -> None:
+    """Send ``sig`` to ``proc`` if it still runs and wait for it; kill it if it has not exited within ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def stop(proc: subprocess.Popen) -> None:
