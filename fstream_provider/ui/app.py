@@ -13,7 +13,8 @@ user who may not see a DAG sees none of its transfers; the overview by the plugi
   (server-sent events fed by the job's Redis event stream).
 - ``GET /fstream/docs/{page}`` (and ``/fstream/docs/img/{name}``): the provider's how-to pages (the installed
   ``docs/airflow``), rendered, for any signed-in user: the Providers page links ``fstream/docs/index.md``
-  (set by ``doc_link``) instead of an apache.org path that does not exist.
+  (set by ``doc_link``) instead of an apache.org path that does not exist; ``/fstream/docs/project/{page}``: the
+  project's pages they link to (``docs/*.md``), links rewritten to where they are served (``doc_pages``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from airflow.api_fastapi.core_api.security import requires_access_dag, requires_
 
 from fstream_provider.model.plot import PLOT_MOUNT
 from fstream_provider.provider_info import DOC_PAGES, docs_dir
-from fstream_provider.ui import plots
+from fstream_provider.ui import doc_pages, plots
 from fstream_provider.ui.live_routes import router as live_router
 
 MOUNT = PLOT_MOUNT
@@ -58,9 +59,18 @@ def doc_page(page: str) -> HTMLResponse:
     """One how-to page (``docs/airflow/*.md``, the installed copy), rendered with markdown-it (rich's)."""
     if page not in DOC_PAGES:
         raise HTTPException(status_code=404, detail=f"no FStream page {page!r} (pages: {', '.join(DOC_PAGES)})")
-    from markdown_it import MarkdownIt
+    return _html(page, doc_pages.render("airflow/" + page))
 
-    body = MarkdownIt("commonmark").enable("table").render((docs_dir() / page).read_text())
+
+@app.get("/docs/" + doc_pages.PROJECT + "/{page}", dependencies=SIGNED_IN, response_class=HTMLResponse)
+def project_doc_page(page: str) -> HTMLResponse:
+    """One of the project's pages the how-to pages link to (``docs/*.md``: architecture, authorization, ...)."""
+    if doc_pages.project_page(page) is None:
+        raise HTTPException(status_code=404, detail=f"no FStream page {page!r}")
+    return _html(page, doc_pages.render(page))
+
+
+def _html(page: str, body: str) -> HTMLResponse:
     return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>FStream: {html.escape(page)}"
                         f"</title></head><body style='font-family:sans-serif;max-width:60em'>{body}</body></html>")
 
