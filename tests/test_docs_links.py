@@ -28,7 +28,8 @@ def _links(path: Path) -> list[str]:
     out = []
     for tok in _tokens(path):
         for kid in tok.children or []:
-            href = kid.attrGet("href") if kid.type == "link_open" else kid.attrGet("src") if kid.type == "image" else None
+            attr = {"link_open": "href", "image": "src"}.get(kid.type)
+            href = kid.attrGet(attr) if attr else None
             if href:
                 out.append(str(href))
     return out
