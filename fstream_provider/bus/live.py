@@ -76,6 +76,7 @@ def job_row(job: JobState, now: float | None = None, spark: list[float] | None =
         "job_id": job.job_id, "state": job.state, "label": spec.label, "submitter": job.submitter,
         "worker": job.worker, "attempt": job.attempt, "created_at": job.created_at, "updated_at": job.updated_at,
         "age_s": round(max(0.0, now - job.updated_at), 3) if job.updated_at else None,
+        "interval_s": spec.sample_interval_s,  # how often a running job's numbers are renewed (the pages' staleness)
         "error": job.error, "destination": spec.destination, "sources": list(spec.sources), "tuner": spec.tuner,
         "cancel_requested": job.cancel_requested, "airflow": airflow_ref(job.idempotency_key),
     }

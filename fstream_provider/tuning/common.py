@@ -40,7 +40,8 @@ def fmt_bps(bps: float) -> str:
 
 
 def fmt_size(n: float) -> str:
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """Human-readable size in binary units, e.g. ``"4.19 MiB"``: as ``model.units.format_bytes`` and the UI."""
+    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= div:
             return f"{n / div:.3g} {unit}"
     return f"{n:.0f} B"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import math
 
 from fstream_provider.tuning.base import FileInfo, Observation, Suggestion, Tuner
-from fstream_provider.tuning.common import fmt_bps
+from fstream_provider.tuning.common import fmt_bps, fmt_size
 from fstream_provider.tuning.eta import Eta, EtaEstimator
 from fstream_provider.tuning.granted import fit_streams
 
@@ -82,7 +82,7 @@ def plan(*, t: float, deadline_t: float, remaining_bytes: float, remaining_files
                                                       else f"{-left:.1f} s after the deadline"))
     if left <= 0:
         return DeadlineStatus("missed", None, float("inf"), best_bps, left,
-                              f"deadline passed {-left:.1f} s ago with {remaining_bytes / 1e6:.1f} MB left: "
+                              f"deadline passed {-left:.1f} s ago with {fmt_size(remaining_bytes)} left: "
                               "filling the path")
     per_file = eta.per_file_s if eta is not None else 0.0
     # aim ``margin`` of the whole span early: recomputing "what is left over the time left" at every step
@@ -101,7 +101,7 @@ def plan(*, t: float, deadline_t: float, remaining_bytes: float, remaining_files
     state = "at-risk" if behind else "on-track"
     what = (f"ETA up to {eta.hi:.0f} s at {fmt_bps(eta.rate_bps)} passes it: " if behind and eta else "")
     return DeadlineStatus(state, target, need, best_bps, left,
-                          f"deadline in {left:.0f} s, {remaining_bytes / 1e6:.1f} MB left: {what}"
+                          f"deadline in {left:.0f} s, {fmt_size(remaining_bytes)} left: {what}"
                           f"target {fmt_bps(target)} (to land {margin * deadline_t:.0f} s early)")
 
 

@@ -35,7 +35,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 
 from fstream_provider.bus.live import job_detail, overview
 from fstream_provider.ui import access, bus_conn, plots, sse
-from fstream_provider.ui.overview_feed import feed_for
+from fstream_provider.ui.overview_feed import REFRESH_S, feed_for
 
 PAGES = Path(__file__).resolve().parent / "pages"
 TAB_ROUTE = "fstream-transfer"  # the task-instance tab's url_route (``plugin.FStreamPlugin``)
@@ -97,7 +97,8 @@ async def live_page(conn_id: str | None = None) -> HTMLResponse:
     bus = await asyncio.to_thread(bus_conn.resolve, conn_id)
     q = f"?conn_id={quote(bus.conn_id, safe='')}" if conn_id else ""
     return render("live.html", {"stream": "live/stream" + q, "data": "live/data" + q, "root": "../",
-                                "page": "page/", "tab_route": TAB_ROUTE, "conn_id": bus.conn_id},
+                                "page": "page/", "tab_route": TAB_ROUTE, "conn_id": bus.conn_id,
+                                "refresh_s": REFRESH_S},
                   "FStream transfers")
 
 

@@ -6,6 +6,10 @@ event loop) reads it every ``POLL_S`` while at least one page listens, in a work
 blocking), and bumps its ``version`` when something a page shows changed (ages aside), or every
 ``REFRESH_S`` so heartbeat ages stay honest. Each page's stream waits for a new version and filters the
 shared snapshot for its user (``access.visible_overview``).
+
+While reads fail (Redis down) the feed keeps the last overview it read (its ``generated_at`` says when), and
+``error``/``error_since`` say why and since when (server clock), so a page can mark what it shows as stale; the
+next good read clears both (issue 41).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import time
 from typing import Any
 
+from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.live import SparkTrail, overview
 from fstream_provider.ui import bus_conn
 
@@ -33,13 +38,15 @@ def _signature(ov: dict) -> str:
 
 
 class OverviewFeed:
-    """The latest overview of one bus (``data``, or ``error`` when Redis could not be read) and its version."""
+    """The latest overview of one bus (``data``; ``error`` and ``error_since`` while Redis cannot be read) and its
+    version."""
 
     def __init__(self, bus: bus_conn.Bus, reader: Any = None) -> None:
         self.bus = bus
         self.version = 0
         self.data: dict | None = None
         self.error: str | None = None
+        self.error_since: float | None = None  # UNIX time of the first failed read of the current outage
         self.reads = 0  # how many overviews were read (tests and the log)
         trail = SparkTrail()  # sparklines read incrementally between polls (the plugin's main cost otherwise)
         self._reader = reader or (lambda: overview(bus_conn.client(bus), bus.keys, trail=trail))
@@ -79,13 +86,18 @@ class OverviewFeed:
                 ov, err = await asyncio.to_thread(self._reader), None
                 sig = _signature(ov)
             except Exception as exc:  # Redis down, a bad connection: shown on the page, read again next time
-                ov, err = None, f"{type(exc).__name__}: {exc}"
+                what = "Redis unreachable" if isinstance(exc, REDIS_UNREACHABLE) else "reading the bus failed"
+                ov, err = None, f"{what}: {type(exc).__name__}: {exc}"
                 sig = "error:" + err
+                if self.error_since is None:
+                    self.error_since = time.time()
             self.reads += 1
             now = time.monotonic()
             if sig != self._signature or now - self._pushed >= REFRESH_S:
                 self._signature, self._pushed = sig, now
                 self.data, self.error = (ov, None) if err is None else (self.data, err)
+                if err is None:
+                    self.error_since = None
                 self.version += 1
                 self._changed.set()
             await asyncio.sleep(POLL_S)

@@ -9,7 +9,9 @@
   and continues after that id, so nothing is missed or repeated; a reload starts again from a snapshot.
   A new attempt (an agent restarted) is just more events on the same stream. After the ``done`` event
   (or when the job turns out finished or gone) the stream says ``end`` and closes.
-- ``overview_stream``: the overview (``overview_feed``), filtered for the user, whenever it changed.
+- ``overview_stream``: the overview (``overview_feed``), filtered for the user, whenever it changed, with
+  ``sent_at`` (the server's clock, so a page can age what it shows); while Redis cannot be read, a ``problem``
+  (``message`` and ``since``) before the last overview read, which a page marks stale until a newer one comes.
 
 Both send keep-alive comments, stop when the client is gone (``request.is_disconnected``), and hold one
 of ``MAX_STREAMS`` slots per process while open (``SLOTS``; the routes answer 503 when none is free).
@@ -219,9 +221,9 @@ async def overview_stream(request: Any, feed: OverviewFeed, dag_ids: Callable[[]
             if now - read_at >= DAG_IDS_REFRESH_S:
                 readable, read_at = await asyncio.to_thread(dag_ids), now
             if feed.error is not None:
-                yield frame("problem", {"message": feed.error})
+                yield frame("problem", {"message": feed.error, "since": feed.error_since})
             if feed.data is not None:
-                yield frame("overview", visible_overview(feed.data, readable))
+                yield frame("overview", {**visible_overview(feed.data, readable), "sent_at": time.time()})
             beat = now
     finally:
         feed.unsubscribe()

@@ -10,7 +10,7 @@ const FS = (() => {
     for (const [u, s] of [['Gbit/s', 1e9], ['Mbit/s', 1e6], ['kbit/s', 1e3]]) if (v >= s) return (v / s).toFixed(2) + ' ' + u;
     return v.toFixed(0) + ' bit/s';
   }
-  function bytes(n) {  // as model.units.format_bytes
+  function bytes(n) {  // as model.units.format_bytes: binary (KiB, MiB, GiB, TiB) everywhere, docs/airflow/live.md
     const v = num(n);
     if (v === null) return '-';
     for (const [u, s] of [['TiB', 2 ** 40], ['GiB', 2 ** 30], ['MiB', 2 ** 20], ['KiB', 2 ** 10]]) if (v >= s) return (v / s).toFixed(2) + ' ' + u;
@@ -53,9 +53,18 @@ const FS = (() => {
     if (!r || (none(r.cc) && none(r.p) && none(r.pp))) return '-';
     return [r.cc, r.p, r.pp].map(text).join('/');
   }
-  function when(ts) {
+  // A time as Airflow's UI shows it: UTC, 24-hour, HH:MM:SS, with the date (YYYY-MM-DD) unless it is today (UTC).
+  function when(ts, now) {
     const v = num(ts);
-    return v === null ? '-' : new Date(v * 1000).toLocaleTimeString();
+    if (v === null) return '-';
+    const iso = new Date(v * 1000).toISOString();  // YYYY-MM-DDTHH:MM:SS.sssZ
+    const today = new Date(num(now) === null ? Date.now() : num(now) * 1000).toISOString().slice(0, 10);
+    return (iso.slice(0, 10) === today ? '' : iso.slice(0, 10) + ' ') + iso.slice(11, 19);
+  }
+  // How old a value is, once it is older than two of its intervals ("12 s old"); '' while it is fresh.
+  function staleness(ageS, intervalS) {
+    const a = num(ageS), i = num(intervalS);
+    return a === null || i === null || a <= 2 * i ? '' : dur(a) + ' old';
   }
   function files(r) {
     if (!r) return '-';
@@ -127,6 +136,6 @@ const FS = (() => {
   }
   window.fstreamSeen = [];  // when a value reached the page (tests measure freshness with it)
   const seen = rec => window.fstreamSeen.push({...rec, at: Date.now()});
-  return {none, num, text, rate, bytes, dur, eta, lag, deadline, risky, layout, when, files, el, svg, spark, uiLink,
-          stream, seen};
+  return {none, num, text, rate, bytes, dur, eta, lag, deadline, risky, layout, when, staleness, files, el, svg, spark,
+          uiLink, stream, seen};
 })();
