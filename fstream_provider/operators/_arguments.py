@@ -119,7 +119,7 @@ def is_template(value: Any) -> bool:
 # argument -> how its value is checked (the conversions ``execute`` applies once Airflow rendered it)
 _INTS = ("cc", "p", "pp", "max_cc")
 _BOOLS = ("watch", "verify")
-_DURATIONS = ("interval", "idle_exit", "agent_timeout", "rtt")
+_DURATIONS = ("interval", "idle_exit", "agent_timeout", "redis_outage_timeout", "rtt")
 _RATES = ("target_throughput", "bandwidth")
 
 

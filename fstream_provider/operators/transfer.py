@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskD
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.model.options import TunerOptions
 from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, live_agents, start_agent_hint
+from fstream_provider.bus.client import REDIS_UNREACHABLE
+from fstream_provider.bus.outage import BusOutageError, Outage
 from fstream_provider.model.units import parse_duration, parse_rate
 from fstream_provider.tuning.registry import check_options
 from fstream_provider.model.tasklog import build_report, live_event_line, summary_table, target_warnings
@@ -100,6 +103,10 @@ class FStreamTransferOperator(BaseOperator):
         the bus (``5m`` default; None waits for ever); a warning at submit already says how to start one.
     :param cancel_on_kill: cancel the job when the task is killed or marked failed/success (default);
         False leaves it running.
+    :param redis_outage_timeout: how long one Redis outage may last (``10m`` default, as the agent's
+        ``redis_outage_s``; None waits for ever) while the task submits, follows or reads its job: it waits with
+        backoff and goes on where it was (``bus.outage``), so a Redis restart or failover does not fail a task
+        whose transfer succeeds. Past it the task fails with one line naming the Redis and the outage's length.
     :param poll_interval: seconds one poll may block in non-deferrable mode.
     :param plot_dir: also write the PNG plot here when the task finishes: a directory or an ``ObjectStoragePath``
         URL (``s3://``, ``file://``). Default none: the plot is drawn by the provider's Airflow plugin when first
@@ -109,7 +116,7 @@ class FStreamTransferOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "sources", "destination", "tuner", "target_throughput", "max_cc", "bandwidth", "rtt", "cc", "p", "pp",
         "watch", "until", "idle_exit", "interval", "verify", "key", "tuner_options", "agent_timeout",
-        "plot_dir", "priority_class", "deadline", "on_deadline_risk",
+        "plot_dir", "priority_class", "deadline", "on_deadline_risk", "redis_outage_timeout",
     )
     ui_color = "#c8e6f5"
     operator_extra_links = (FStreamPlotLink(),)
@@ -143,6 +150,7 @@ class FStreamTransferOperator(BaseOperator):
         plot_dir: str | None = None,
         agent_timeout: str | float | None = "5m",
         cancel_on_kill: bool = True,
+        redis_outage_timeout: str | float | None = "10m",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -172,6 +180,7 @@ class FStreamTransferOperator(BaseOperator):
         self.plot_dir = plot_dir
         self.agent_timeout = agent_timeout
         self.cancel_on_kill = cancel_on_kill
+        self.redis_outage_timeout = redis_outage_timeout
         self._job_id: str | None = None
         self._check_options()
 
@@ -183,7 +192,8 @@ class FStreamTransferOperator(BaseOperator):
         checked by ``build_spec`` at execute, before anything is submitted.
         """
         check_known_arguments(self.task_id, {n: getattr(self, n) for n in (
-            "cc", "p", "pp", "max_cc", "watch", "verify", "interval", "idle_exit", "agent_timeout", "rtt",
+            "cc", "p", "pp", "max_cc", "watch", "verify", "interval", "idle_exit", "agent_timeout",
+            "redis_outage_timeout", "rtt",
             "target_throughput", "bandwidth", "until")})
         try:
             opts = self.tuner_options
@@ -315,6 +325,25 @@ class FStreamTransferOperator(BaseOperator):
         except ValueError as exc:
             raise AirflowException(f"{self.task_id}: agent_timeout {self.agent_timeout!r}: {exc}") from None
 
+    def _outage_timeout(self) -> float | None:
+        if self.redis_outage_timeout in (None, "", "None"):
+            return None
+        try:
+            return parse_duration(self.redis_outage_timeout)
+        except ValueError as exc:
+            raise AirflowException(f"{self.task_id}: redis_outage_timeout {self.redis_outage_timeout!r}: {exc}"
+                                   ) from None
+
+    def _through_outage(self, what: str, fn: Any) -> Any:
+        """``fn()``, riding out a Redis outage (``bus.outage``); past the budget one line, no traceback."""
+        from fstream_provider.bus.client import describe
+
+        outage = Outage(self._outage_timeout(), what, self.log, where=f"Redis {describe(self.hook.settings.redis_url)}")
+        try:
+            return outage.call(fn)
+        except BusOutageError as exc:
+            raise AirflowException(str(exc)) from None
+
     def _agent_hint(self) -> str:
         from fstream_provider.bus.client import describe
 
@@ -323,7 +352,7 @@ class FStreamTransferOperator(BaseOperator):
     # -- running ------------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
         spec = self.build_spec(context)
-        job_id = self._job_id = self.submit(spec, context)
+        job_id = self._job_id = self._through_outage("submitting the FStream job", lambda: self.submit(spec, context))
         context["ti"].xcom_push(key="job_id", value=job_id)
         context["ti"].xcom_push(key="fstream_conn_id", value=self.fstream_conn_id)  # the plugin's plot reads it
         if self.deferrable:
@@ -333,7 +362,8 @@ class FStreamTransferOperator(BaseOperator):
                 trigger=FStreamTransferTrigger(job_id=job_id, fstream_conn_id=self.fstream_conn_id,
                                                target_throughput_bps=spec.target_throughput_bps,
                                                agent_timeout=self._agent_timeout(), agent_hint=self._agent_hint(),
-                                               cancel_on_kill=bool(self.cancel_on_kill)),
+                                               cancel_on_kill=bool(self.cancel_on_kill),
+                                               redis_outage_timeout=self._outage_timeout()),
                 method_name="execute_complete",
                 timeout=self.execution_timeout,
             )
@@ -359,11 +389,27 @@ class FStreamTransferOperator(BaseOperator):
             if state.state == "queued":  # only then is a missing agent a reason to give up
                 watch.check(job_id, state.state, len(live_agents(self.hook.client, self.hook.keys)))
 
+        from fstream_provider.bus.client import describe
+
+        outage = Outage(self._outage_timeout(), f"following FStream job {job_id}", self.log,
+                        where=f"Redis {describe(self.hook.settings.redis_url)}")
+
+        def recovered(state: Any) -> None:
+            outage.recovered()
+            on_idle(state)
+
         try:
-            follow_job(self.hook.store, job_id, on_event=on_event, block_ms=max(1, int(self.poll_interval * 1000)),
-                       on_idle=on_idle)
+            while True:  # an outage: wait, then follow on from the last event handled (none lost or repeated)
+                try:
+                    follow_job(self.hook.store, job_id, on_event=on_event, after=seen[-1][0] if seen else "0-0",
+                               block_ms=max(1, int(self.poll_interval * 1000)), on_idle=recovered)
+                    break
+                except REDIS_UNREACHABLE as exc:
+                    time.sleep(outage.failed(exc))
+        except BusOutageError as exc:
+            raise AirflowException(str(exc)) from None
         except NoAgentError as exc:
-            self.hook.cancel(job_id, str(exc))
+            self._through_outage(f"cancelling FStream job {job_id}", lambda: self.hook.cancel(job_id, str(exc)))
             raise AirflowException(str(exc)) from None
         except LookupError as exc:  # JobLostError (or JobNotFoundError): its state vanished from the bus
             raise AirflowException(f"FStream job {job_id} disappeared from the bus while running: its state "
@@ -382,8 +428,11 @@ class FStreamTransferOperator(BaseOperator):
         job_id = event.get("job_id") or self._job_id
         if not job_id:
             raise AirflowException(f"{self.task_id}: trigger returned no job id ({event.get('message')})")
-        events = self.hook.all_events(job_id)
-        target = _spec_field(getattr(self.hook.get_job(job_id), "spec", None), "target_throughput_bps")
+        if event.get("outage"):  # the trigger already waited out its budget: say so in one line
+            raise AirflowException(event.get("message") or f"Redis unreachable while following FStream job {job_id}")
+        events = self._through_outage(f"reading FStream job {job_id}'s events", lambda: self.hook.all_events(job_id))
+        job = self._through_outage(f"reading FStream job {job_id}", lambda: self.hook.get_job(job_id))
+        target = _spec_field(getattr(job, "spec", None), "target_throughput_bps")
         if event.get("status") != "success" and not any(e.get("kind") == "done" for _, e in events):
             raise AirflowException(event.get("message") or f"FStream job {job_id} failed")
         return self._finish(job_id, events, target, context)
@@ -397,7 +446,7 @@ class FStreamTransferOperator(BaseOperator):
         from fstream_provider.model.plot import plot_png
         from fstream_provider.model.tasklog import intervals_from_events
 
-        job = self.hook.get_job(job_id)
+        job = self._through_outage(f"reading FStream job {job_id}", lambda: self.hook.get_job(job_id))
         report = build_report(job_id, events, target_bps, _spec_field(getattr(job, "spec", None), "destination"))
         report["agent"] = getattr(job, "worker", None)
         intervals = intervals_from_events(events)

@@ -12,6 +12,8 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException
 
+from fstream_provider.bus.client import REDIS_UNREACHABLE
+from fstream_provider.bus.outage import BusOutageError, Outage
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.hooks.sftp import Scanner
 from fstream_provider.watch.location import Location, default_poll_interval, default_scope
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 LOOKS_MAX = 10_000  # files whose last look is kept in Redis between pokes (~1 MB of JSON at most)
+ACK_OUTAGE_S = 60.0  # how long execute_complete waits out a Redis outage to acknowledge its batch
 
 
 class FStreamNewFilesSensor(BaseSensorOperator):
@@ -120,6 +123,17 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         )
 
     def poke(self, context: Context) -> PokeReturnValue:
+        """One look (``_look``); while Redis is unreachable a poke finds nothing and says so (a WARNING), so a
+        Redis restart or failover costs a few pokes, never the task: the sensor's ``timeout`` still bounds it."""
+        try:
+            return self._look()
+        except REDIS_UNREACHABLE as exc:
+            self.log.warning("Redis unreachable while watching %s (%s: %s); poking again in %s s", self.path,
+                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "no message",
+                             self.poke_interval)
+            return PokeReturnValue(is_done=False)
+
+    def _look(self) -> PokeReturnValue:
         """One look. The previous look (what makes a file "held still") is kept in Redis, not in this
         object: with ``mode="reschedule"`` every poke runs in a new process, and a sensor that kept it
         in memory never saw a file twice, so it timed out on a complete file.
@@ -152,6 +166,11 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         if event.get("status") != "success":
             raise AirflowException(event.get("message") or "new-files trigger failed")
         if event.get("batch_id"):  # the task resumed with it: delivered (the trigger is not run again to ack it)
-            self.hook.client.hdel(self.hook.keys.pending(self.effective_scope()), event["batch_id"])
+            pending, bid = self.hook.keys.pending(self.effective_scope()), event["batch_id"]
+            try:
+                Outage(ACK_OUTAGE_S, f"acknowledging batch {bid}", self.log).call(
+                    lambda: self.hook.client.hdel(pending, bid))
+            except BusOutageError as exc:  # the files are this task's; unacknowledged, they may come again later
+                self.log.warning("%s; the batch stays pending and may be delivered again (at-least-once)", exc)
         self.log.info("%s: %s", event.get("message"), ", ".join(event.get("files", [])[:10]))
         return list(event.get("files", []))

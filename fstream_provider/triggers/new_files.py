@@ -22,6 +22,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 from redis.exceptions import RedisError
 
+from fstream_provider.bus.outage import Outage
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.hooks.fstream_async import FStreamAsyncHook
 from fstream_provider.hooks.sftp import Scanner
@@ -135,16 +136,21 @@ class NewFilesProducer(SharedStreamProducer):
             yield payload, payload["batch_id"]
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Acknowledge the batches whose events Airflow stored; release the others for redelivery."""
+        """Acknowledge the batches whose events Airflow stored; release the others for redelivery.
+
+        A Redis outage is waited out (``bus.outage``) for up to ``redeliver_after``: after that the batch would be
+        delivered again anyway, so waiting longer buys nothing (the error then reaches Airflow's manager)."""
         assert self.watch is not None and self.watch.store is not None
+        store = self.watch.store
         for item in batch:
             batch_id, outcome = item.broker_payload, item.outcome
+            outage = Outage(float(self.trigger.redeliver_after), f"acknowledging batch {batch_id}", self.trigger.log)
             if outcome.acked > 0:  # some subscriber's event for it is stored: delivered
-                await self.watch.store.ack(batch_id)
+                await outage.acall(lambda: store.ack(batch_id))
             else:  # not stored, or nobody was listening: deliver it again
                 self.trigger.log.warning("batch %s was not stored by Airflow (%s): releasing it for re-delivery",
                                          batch_id, outcome)
-                await self.watch.store.release(batch_id)
+                await outage.acall(lambda: store.release(batch_id))
             self.inflight.discard(batch_id)
 
     async def aclose(self) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, alive_agents
+from fstream_provider.bus.client import REDIS_UNREACHABLE, describe
 from fstream_provider.bus.follow_async import afollow_job
 from fstream_provider.bus.job_state import JobLostError, JobNotFoundError
+from fstream_provider.bus.outage import DEFAULT_OUTAGE_S, BusOutageError, Outage
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.model.tasklog import live_event_line
 
@@ -33,12 +36,18 @@ class FStreamTransferTrigger(BaseTrigger):
         error (and cancels the job); None waits for ever. Counted from when this trigger (re)started.
     :param agent_hint: how to start an agent, for that error.
     :param cancel_on_kill: cancel the job when the user kills the deferred task (mark failed/success, clear).
+    :param redis_outage_timeout: seconds one Redis outage may last before the trigger fires an error
+        (``bus.outage``); meanwhile it waits with backoff and then follows on from the last event it handled,
+        so no event is lost or repeated and the task's state is the job's outcome (None: wait for ever).
     """
 
     def __init__(self, *, job_id: str, fstream_conn_id: str = DEFAULT_CONN_ID, last_event_id: str = "0-0",
                  target_throughput_bps: float | None = None, block_ms: int = 5000,
-                 agent_timeout: float | None = None, agent_hint: str = "", cancel_on_kill: bool = True) -> None:
+                 agent_timeout: float | None = None, agent_hint: str = "", cancel_on_kill: bool = True,
+                 redis_outage_timeout: float | None = DEFAULT_OUTAGE_S) -> None:
         super().__init__()
+        self.redis_outage_timeout = redis_outage_timeout
+        self._prev: dict[str, Any] | None = None  # the last interval record logged (for the next line's change)
         self.agent_timeout = agent_timeout
         self.agent_hint = agent_hint
         self.cancel_on_kill = cancel_on_kill
@@ -60,6 +69,7 @@ class FStreamTransferTrigger(BaseTrigger):
                 "agent_timeout": self.agent_timeout,
                 "agent_hint": self.agent_hint,
                 "cancel_on_kill": self.cancel_on_kill,
+                "redis_outage_timeout": self.redis_outage_timeout,
             },
         )
 
@@ -70,8 +80,18 @@ class FStreamTransferTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
+        outage = Outage(self.redis_outage_timeout, f"following FStream job {self.job_id}", self.log)
         try:
-            event = await self._follow(hook)
+            outage.where = f"Redis {describe((await hook.get_settings()).redis_url)}"
+            while True:
+                try:
+                    event = await self._follow(hook, outage)
+                    break
+                except REDIS_UNREACHABLE as exc:  # wait, then follow on from the last event handled
+                    await asyncio.sleep(outage.failed(exc))
+        except BusOutageError as exc:
+            event = {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
+                     "outage": True, "message": str(exc)}
         except Exception as exc:
             event = {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
                      "message": f"following FStream job {self.job_id} failed: {type(exc).__name__}: {exc}"}
@@ -79,17 +99,14 @@ class FStreamTransferTrigger(BaseTrigger):
             await hook.close()
         yield TriggerEvent(event)
 
-    async def _follow(self, hook: Any) -> dict[str, Any]:
-        prev: dict[str, Any] | None = None
-
+    async def _follow(self, hook: Any, outage: Outage) -> dict[str, Any]:
         def on_event(eid: str, ev: dict[str, Any]) -> None:
-            nonlocal prev
             self.last_event_id = eid
-            line = live_event_line(ev, self.target_throughput_bps, prev)
+            line = live_event_line(ev, self.target_throughput_bps, self._prev)
             if line is not None:
                 self.log.log(*line)
             if ev.get("kind") == "interval":
-                prev = ev
+                self._prev = ev
 
         watch = NoAgentWatch(self.agent_timeout, self.agent_hint)
 
@@ -100,26 +117,36 @@ class FStreamTransferTrigger(BaseTrigger):
 
         try:
             async with hook.event_reader(self.job_id, self.last_event_id) as read_events:
-                eid, done = await afollow_job(hook.get_state, read_events, self.job_id, on_event=on_event,
+                async def read(*args: Any, **kwargs: Any) -> Any:
+                    batch = await read_events(*args, **kwargs)
+                    outage.recovered()  # the follow reads again: an outage in progress is over
+                    return batch
+
+                eid, done = await afollow_job(hook.get_state, read, self.job_id, on_event=on_event,
                                               after=self.last_event_id, block_ms=self.block_ms, on_idle=on_idle)
         except NoAgentError as exc:
-            await hook.request_cancel(self.job_id, str(exc))
+            await outage.acall(lambda: hook.request_cancel(self.job_id, str(exc)))
             return {"status": "error", "job_id": self.job_id, "state": "cancelled",
                     "last_event_id": self.last_event_id, "message": str(exc)}
         except JobNotFoundError:
+            if outage.outages:  # it was there before the outage: Redis came back without it
+                return self._lost()
             return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
                     "message": f"FStream job {self.job_id} does not exist on the bus (expired or wrong connection)"}
         except JobLostError:
-            return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
-                    "message": f"FStream job {self.job_id} disappeared from the bus while running: its "
-                               "state vanished from Redis (flushed, or restarted without its data); "
-                               "`fstream reconcile` reports what is left, a task retry resubmits it"}
+            return self._lost()
         state = done.get("state")
         ok = state == "succeeded"
         msg = (f"FStream job {self.job_id} {state}" if ok
                else f"FStream job {self.job_id} {state}: {done.get('error') or 'no error text'}")
         return {"status": "success" if ok else "error", "message": msg, "job_id": self.job_id,
                 "state": state, "last_event_id": eid}
+
+    def _lost(self) -> dict[str, Any]:
+        return {"status": "error", "job_id": self.job_id, "state": None, "last_event_id": self.last_event_id,
+                "message": f"FStream job {self.job_id} disappeared from the bus while running: its "
+                           "state vanished from Redis (flushed, or restarted without its data); "
+                           "`fstream reconcile` reports what is left, a task retry resubmits it"}
 
     async def on_kill(self) -> None:
         """The user killed the deferred task (mark failed/success, clear): cancel the job too (unless
