@@ -308,3 +308,43 @@ def test_the_sensor_pokes_through_an_outage_and_finds_the_files_after_it(conn, s
         server.start()
     up = sensor.poke({})
     assert up.is_done is True and up.xcom_value == [str(tmp_path / "a.dat")]
+
+
+def test_the_event_triggers_acknowledgement_waits_for_redis_so_a_stored_batch_is_not_delivered_again(conn, server,
+                                                                                                   tmp_path):
+    """Airflow stored the batch's event, then Redis restarted before the ack: the ack waits and goes through (it
+    raised before, leaving the batch pending, to be delivered a second time after ``redeliver_after``)."""
+    from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
+
+    from fstream_provider.triggers.new_files import FStreamNewFilesTrigger, NewFilesProducer
+
+    (tmp_path / "a.dat").write_bytes(b"x" * 10)
+    trigger = FStreamNewFilesTrigger(path=str(tmp_path), pattern="*.dat", scope="ack", min_age=1e-9,
+                                     poll_interval=0.05, redeliver_after=60)
+    producer = NewFilesProducer(trigger)
+
+    async def scenario() -> str:
+        stream = producer.open_stream()
+        payload, batch_id = await asyncio.wait_for(stream.__anext__(), 30)
+        assert payload["files"] == [str(tmp_path / "a.dat")]
+        assert await asyncio.to_thread(_pending, conn, "ack") == 1  # claimed, not yet acknowledged
+        await asyncio.to_thread(server._reap, signal.SIGTERM)
+        restart = asyncio.get_running_loop().call_later(DOWN_S, server.start)
+        try:
+            await producer.advance([AdvanceItem(batch_id, AdvanceOutcome(acked=1, failed=0))])
+        finally:
+            restart.cancel()
+            await stream.aclose()
+            await producer.aclose()
+        return batch_id
+
+    asyncio.run(scenario())
+    assert _pending(conn, "ack") == 0  # acknowledged: never delivered again
+
+
+def _pending(url: str, scope: str) -> int:
+    client = connect(url)
+    try:
+        return client.hlen(Keys().pending(scope))
+    finally:
+        client.close()

@@ -29,6 +29,7 @@ from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.pools import StreamPools
 from fstream_provider.bus.sched_board import SchedBoard
+from fstream_provider.model.intervals import fold_slivers
 
 # ``dag_id/run_id/task_id/map_index`` (the operator's key), then ``#tryN`` or ``#tryN.R`` on a redo; no part
 # holds a '/' (Airflow forbids it in dag, task and run ids), a run id may hold ':' and '+'
@@ -40,14 +41,15 @@ PROGRESS_FIELDS = ("throughput_bps", "cc", "p", "pp", "clusters", "files_done", 
 # what the agents add for issue 27, passed through untouched: eta {s, lo, hi, rate_bps, basis},
 # lag {oldest_s, p50_s, p99_s, landed}, deadline {at, target_bps, state, message}
 LIVE_FIELDS = ("eta", "lag", "deadline")
-INTERVAL_FIELDS = ("t", "throughput_bps", "cc", "p", "pp", "target_bps", "reason")
+INTERVAL_FIELDS = ("t", "dt", "bytes", "throughput_bps", "cc", "p", "pp", "target_bps", "reason")  # dt, bytes: to fold
 FILE_FIELDS = ("path", "source", "status", "size", "checksum", "algo", "reason", "resumed")
 
 INDEX_SCAN = 10_000  # newest jobs of the index looked at for the overview (a job's state: one HMGET field)
 SPARK_READS = (4, 16, 64)  # events read per wanted point, pass by pass (file events sit between intervals)
 _ROW_HASH_FIELDS = ("job_id", "state", "attempt", "spec", "worker", "created_at", "updated_at", "error",
                     "idempotency_key", "deliveries", "cancel_requested", "progress", "preemptions",
-                    "preempt_reason", "auth")  # no ``result``: a finished job's holds every interval record
+                    "preempt_reason", "auth", "totals")  # no ``result``: a finished job's holds every interval
+# record; ``totals`` (``JobStore.finish``) are its sums, the average rate among them
 
 
 def airflow_ref(idempotency_key: str | None) -> dict | None:
@@ -67,7 +69,9 @@ def job_row(job: JobState, now: float | None = None, spark: list[float] | None =
 
     The progress fields are the latest interval record's (None when the agent did not report one);
     ``eta``, ``lag`` and ``deadline`` pass through as the agent wrote them. A finished job whose record
-    lacks the rate or bytes gets them from its result (the average over the run) when the job carries one.
+    lacks the rate or bytes gets them from its result when the job carries one, and its rate is always the
+    average over the run, never its last (often a sliver's) interval: the overview reads the job's ``totals``
+    instead of its whole result.
     """
     now = time.time() if now is None else now
     prog = job.progress if isinstance(job.progress, dict) else {}
@@ -191,6 +195,8 @@ def _read_jobs(client: Any, keys: Keys, ids: list[str]) -> list[JobState]:
     out = []
     for values in pipe.execute():
         h = {k: v for k, v in zip(_ROW_HASH_FIELDS, values) if v is not None}
+        if h.get("totals"):  # what ``job_row`` reads of a finished job's result: its average, not its last sliver
+            h["result"] = h["totals"]
         if "job_id" not in h or "spec" not in h:
             continue  # expired or deleted between the two reads
         try:
@@ -307,7 +313,8 @@ def job_detail(store: JobStore, job_id: str, *, after: str = "0-0") -> dict | No
     table holds one row per path, its latest status, in the order the paths first appeared; ``retries``
     counts the file's earlier failed attempts and the retry/log messages that name it. ``done`` is the
     job's terminal state once it ended (the hash is read before the events, so the events read hold its
-    ``done`` event then).
+    ``done`` event then). A sliver (an interval under a tenth of the job's) is folded into the interval
+    before it (``model.intervals.fold_slivers``), as every other view shows the timeline.
     """
     job = store.get(job_id)
     if job is None:
@@ -340,6 +347,7 @@ def job_detail(store: JobStore, job_id: str, *, after: str = "0-0") -> dict | No
         elif kind == "done":
             done = ev.get("state") or done
     _count_retries(files, messages)
+    intervals = fold_slivers(intervals)  # the last sliver folded, as the task log, summary, XCom and plot show it
     spark = [_float(r.get("throughput_bps")) or 0.0 for r in intervals[-30:]]
     row = job_row(job, spark=spark)
     if not row["reason"] and reason:

@@ -11,6 +11,8 @@ import io
 import os
 from typing import Any
 
+from fstream_provider.model.intervals import fold_slivers
+
 PANELS = ("throughput", "channels", "pending")
 PLOT_MOUNT = "/fstream"  # where the provider's Airflow plugin serves plots (``fstream_provider.ui``)
 
@@ -64,10 +66,12 @@ def render_plot(intervals: list[dict[str, Any]], target_bps: float | None = None
 
     Panels: throughput (Mbit/s) and the target; channels (cc) and TCP streams (cc×p) per cluster, with
     integer ticks; files pending. A dotted vertical line marks each tuner decision in every panel, with
-    its reason (shortened, numbered; the full text is in the task log) on the throughput panel.
+    its reason (shortened, numbered; the full text is in the task log) on the throughput panel. A last sliver
+    is folded into the interval before it (``model.intervals``), as the log and the live views show it.
     """
     if not intervals:
         return None
+    intervals = fold_slivers(intervals)
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator

@@ -7,8 +7,10 @@
   ``event`` whose SSE ``id`` is its Redis stream id, followed by the job's fresh ``row`` (state, attempt,
   ETA, lag, deadline from the job hash). A browser that reconnects sends ``Last-Event-ID``: the stream then says ``resume``
   and continues after that id, so nothing is missed or repeated; a reload starts again from a snapshot.
-  A new attempt (an agent restarted) is just more events on the same stream. After the ``done`` event
-  (or when the job turns out finished or gone) the stream says ``end`` and closes.
+  A new attempt (an agent restarted) is just more events on the same stream. An interval shorter than a tenth
+  of the one before (the sliver that ends a transfer) comes as ``fold``: the two as one interval
+  (``model.intervals``), which replaces the page's last one, so the chart shows no dip the log does not.
+  After the ``done`` event (or when the job turns out finished or gone) the stream says ``end`` and closes.
 - ``overview_stream``: the overview (``overview_feed``), filtered for the user, whenever it changed, with
   ``sent_at`` (the server's clock, so a page can age what it shows); while Redis cannot be read, a ``problem``
   (``message`` and ``since``) before the last overview read, which a page marks stale until a newer one comes.
@@ -31,6 +33,7 @@ from fastapi.responses import StreamingResponse
 from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.job_state import TERMINAL_STATES, JobState, decode_event
 from fstream_provider.bus.live import job_detail, job_row
+from fstream_provider.model.intervals import LiveFold
 from fstream_provider.ui import bus_conn
 from fstream_provider.ui.access import visible_overview
 from fstream_provider.ui.overview_feed import OverviewFeed
@@ -122,6 +125,25 @@ def _slim(ev: dict, eid: str) -> dict:
     return out
 
 
+def _event_frame(live: LiveFold, eid: str, ev: dict) -> str:
+    """An ``event`` message; for an interval that is a sliver of the one before (``model.intervals``), a ``fold``
+    message instead: that interval and the sliver as one, which replaces the page's last interval (issue 41)."""
+    if ev.get("kind") == "interval":
+        folded = live.add(ev)
+        if folded is not None:
+            return frame("fold", _slim(folded, eid), id=eid)
+    return frame("event", _slim(ev, eid), id=eid)
+
+
+async def _last_interval(aclient: Any, keys: Any, job_id: str, upto: str) -> dict | None:
+    """The job's newest interval event up to ``upto`` (a resumed stream folds a sliver into it), or None."""
+    try:
+        entries = await aclient.xrevrange(keys.job_events(job_id), max=upto, count=RECENT * 4)
+    except REDIS_UNREACHABLE:
+        return None
+    return next((decode_event(eid, f)[1] for eid, f in entries if f.get("kind") == "interval"), None)
+
+
 _RESULT_TOTALS = ("bytes", "files", "verified_files", "skipped_files", "failed_files", "throughput_bps", "elapsed_s")
 
 
@@ -139,11 +161,13 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
     """The SSE messages of one job (see the module docstring)."""
     keys = bus.keys
     aclient = bus_conn.async_client(bus)
+    live = LiveFold()  # the last interval the page has, into which a sliver is folded
     try:
         yield frame("hello", {"job_id": job_id}, retry=RETRY_MS)
         if last_event_id:
             after = last_event_id
             yield frame("resume", {"job_id": job_id, "after": after})
+            live.last = await _last_interval(aclient, keys, job_id, after)
         else:
             try:
                 detail = await asyncio.to_thread(_snapshot, bus_conn.store(bus), job_id)
@@ -155,6 +179,7 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
                                     "the bus (expired or removed)"})
                 return
             after = detail["events_last_id"]
+            live.last = (detail.get("intervals") or [None])[-1]
             yield frame("snapshot", detail, id=after)
             if detail.get("done"):
                 yield frame("end", {"job_id": job_id, "state": detail.get("done")})
@@ -171,7 +196,7 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
             if entries:
                 out, done = [], False
                 for eid, ev in entries:
-                    out.append(frame("event", _slim(ev, eid), id=eid))
+                    out.append(_event_frame(live, eid, ev))
                     after = eid
                     done = done or ev.get("kind") == "done"
                 row = await _row(aclient, keys, job_id)
