@@ -89,8 +89,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 
 @contextlib.contextmanager
-def browser_page(base: str, jwt: str) -> Iterator[object]:
-    """A headless Debian Chromium page (Playwright) logged in to the api-server's UI with ``jwt`` (its cookie)."""
+def browser_page(base: str, jwt: str, **context: object) -> Iterator[object]:
+    """A headless Debian Chromium page (Playwright) logged in to the api-server's UI with ``jwt`` (its cookie);
+    ``context``: options of Playwright's ``new_context`` (``viewport``, ``timezone_id``, ``locale``)."""
     import shutil
 
     import pytest
@@ -103,7 +104,7 @@ def browser_page(base: str, jwt: str) -> Iterator[object]:
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=shutil.which(CHROMIUM) or CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            ctx = b.new_context()
+            ctx = b.new_context(**context)
             ctx.add_cookies([{"name": "_token", "value": jwt, "url": base}])
             yield ctx.new_page()
         finally:
