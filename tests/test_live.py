@@ -103,8 +103,10 @@ def test_overview_orders_running_then_queued_then_newest_finished(store, jobs, r
     assert (row["label"], row["worker"], row["attempt"], row["tuner"]) == ("c", "agent-a", 1, "fixed")
     assert row["sources"] == ["/data/c"] and row["destination"] == "fstream://127.0.0.1:9/dst"
     assert row["submitter"] == authkit.SUBMITTER
-    finished = snap["jobs"][3]  # the overview reads no result (it holds every interval): the row says so
-    assert finished["throughput_bps"] is None and finished["bytes_done"] is None
+    finished = snap["jobs"][3]  # not the result (it holds every interval): its totals, the average rate (issue 41)
+    assert finished["throughput_bps"] == 8000.0 and finished["bytes_done"] == 1000
+    assert (finished["files_done"], finished["files_failed"]) == (4, 0)
+    assert "intervals" not in json.loads(redis_client.hget(keys.job(d), "totals"))  # the sums, no interval record
     json.dumps(snap)  # JSON-able as it is
 
 

@@ -119,10 +119,12 @@ return {1, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested') or '0')}
 """
 
 # KEYS: job, events, jobs stream, [idem]
-# ARGV: attempt, state, error, result_json, now, group, entry_id, retention, maxlen
+# ARGV: attempt, state, error, result_json, now, group, entry_id, retention, maxlen, [totals_json]
+# (totals: the result's sums, which the overview reads instead of the whole result)
 FINISH = _FINISH_FN + _FENCE + """
 if not fenced(ARGV[1]) then return 0 end
 finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[8], ARGV[9], KEYS[4])
+if ARGV[10] and ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'totals', ARGV[10]) end
 redis.call('XACK', KEYS[3], ARGV[6], ARGV[7])
 return 1
 """

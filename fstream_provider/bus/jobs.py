@@ -19,6 +19,9 @@ from fstream_provider.model.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.validation import SpecError
 
+# a finished job's sums the hash keeps beside its result (``finish``): what a row of it shows
+RESULT_TOTALS = ("bytes", "files", "seconds", "throughput_bps", "verified_files", "skipped_files", "failed_files")
+
 
 class JobStore:
     """Jobs on Redis: the client side (submit, get, events, cancel, wait, list) and the worker side.
@@ -231,15 +234,20 @@ class JobStore:
 
     def finish(self, job_id: str, attempt: int, entry_id: str, *, state: str, error: str | None = None,
                result: dict | None = None) -> bool:
-        """Record a terminal state, emit ``done`` and ``XACK`` the entry, atomically, if ``attempt`` is current."""
+        """Record a terminal state, emit ``done`` and ``XACK`` the entry, atomically, if ``attempt`` is current.
+
+        The hash keeps ``result`` and, beside it, its ``totals`` (``RESULT_TOTALS``: bytes, files, seconds, the
+        average rate): the overview reads those, not a result that holds every interval record.
+        """
         if state not in TERMINAL_STATES:
             raise ValueError(f"finish job {job_id}: state {state!r} is not terminal ({', '.join(TERMINAL_STATES)})")
         k = self.keys
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream()] + self._idem_key(job_id)
+        totals = {name: result[name] for name in RESULT_TOTALS if name in result} if isinstance(result, dict) else {}
         out = self._replicated(self._finish, keys, [attempt, state, error or "",
                                                     json.dumps(result, default=str) if result is not None else "",
                                                     now_text(), k.jobs_group(), entry_id, self.retention_s,
-                                                    self.events_maxlen])
+                                                    self.events_maxlen, json.dumps(totals) if totals else ""])
         return bool(int(out))
 
     def release(self, job_id: str, attempt: int, reason: str) -> bool:

@@ -9,6 +9,7 @@ import logging
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
+from fstream_provider.model.intervals import fold_slivers, is_sliver
 from fstream_provider.model.live_text import deadline_text, live_text
 from fstream_provider.model.plot import decisions, layout_key, save_plot  # noqa: F401 - save_plot re-exported
 from fstream_provider.model.units import format_bytes, format_rate
@@ -70,13 +71,13 @@ def format_interval(rec: dict[str, Any], target_bps: float | None = None, prev: 
 
 
 def intervals_from_events(events: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The interval records of a job, in order."""
+    """The interval records of a job, in order, a last sliver folded into the one before (``model.intervals``)."""
     out = []
     for _id, ev in events:
         if ev.get("kind") == "interval":
             rec = ev.get("interval") if isinstance(ev.get("interval"), dict) else ev
             out.append({k: v for k, v in rec.items() if k not in ("kind", "ts")})
-    return out
+    return fold_slivers(out)
 
 
 def done_event(events: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
@@ -92,12 +93,25 @@ def live_event_line(ev: dict[str, Any], target_bps: float | None = None,
 
     Intervals and tuning decisions at INFO; a retry or an error of the job at WARNING (the job may still
     succeed: the task fails, if it does, with the error as its message); a file that failed for good at
-    ERROR; the agent's ``log`` events (a session reconnecting) at the level the agent gave them. The trigger (deferred) and the operator's poll loop (not deferred) log these live; the summary
-    written when the task resumes does not repeat them.
+    ERROR; the agent's ``log`` events (a session reconnecting) at the level the agent gave them. The trigger
+    (deferred) and the operator's poll loop (not deferred) log these live; the summary written when the task
+    resumes does not repeat them.
+
+    An interval shorter than a tenth of ``prev``'s (the sliver the agent records when a transfer ends) gets no
+    line of its own: ``prev``'s line is already written, and the summary's timeline folds the sliver into it
+    (``model.intervals.fold_slivers``), so the log's lines are the summary's intervals. A reason it alone
+    carries (no ``tuning:`` line gave it) is still logged.
     """
     kind = ev.get("kind")
     if kind == "interval":
         rec = ev.get("interval") if isinstance(ev.get("interval"), dict) else ev
+        if prev is not None:
+            before = prev.get("interval") if isinstance(prev.get("interval"), dict) else prev
+            if is_sliver(rec, before.get("dt")):
+                reason = rec.get("reason")
+                if reason and not rec.get("tuning_event") and reason != before.get("reason"):
+                    return logging.INFO, f"tuner: {reason}"
+                return None
         return logging.INFO, format_interval(rec, target_bps, prev)
     if kind == "tuning":
         return logging.INFO, f"tuning: {ev.get('reason', '')}".rstrip()
@@ -135,6 +149,7 @@ def target_warnings(result: dict[str, Any], intervals: list[dict[str, Any]], tar
     """
     if not target_bps:
         return []
+    intervals = fold_slivers(intervals)
     achieved = _num(result.get("throughput_bps"))
     if achieved >= 0.95 * target_bps:
         return []
@@ -182,6 +197,7 @@ def interval_stats(intervals: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if not intervals:
         return {"intervals": 0}
+    intervals = fold_slivers(intervals)  # (a no-op on records already folded)
     tp = [_num(r.get("throughput_bps")) for r in intervals]
     return {
         "intervals": len(intervals),
@@ -273,7 +289,7 @@ def build_report(job_id: str, events: list[tuple[str, dict[str, Any]]], target_b
     """
     done = done_event(events) or {}
     result = dict(done.get("result") or {})
-    intervals = intervals_from_events(events) or list(result.get("intervals") or [])
+    intervals = intervals_from_events(events) or fold_slivers(list(result.get("intervals") or []))
     landed = landed_files(events, destination)
     return {
         "job_id": job_id,
