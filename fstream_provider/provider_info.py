@@ -96,7 +96,7 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
     "hidden-fields": [],
     "relabeling": {
         "host": "Redis host",
-        "port": "Redis port",
+        "port": "Redis port (required: 6379 is Redis's; Test connection fails without it)",
         "schema": "Redis database",
         "login": "Redis user (ACL, optional)",
         "password": "Redis password (optional)",

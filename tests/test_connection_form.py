@@ -145,6 +145,16 @@ def test_an_empty_form_keeps_the_defaults(extra):
     assert (s.submitter, s.submitter_secret, s.submitter_key_file) == (None, None, None)
 
 
+def test_the_form_says_the_port_is_required():
+    """Issue 41 item 13: Airflow 3.3's Test button sends ``port: Number(null)`` = 0 for a saved connection without a
+    port, which the API refuses (400: "the host or port to test differs from the stored connection") before the hook
+    runs; the provider cannot default a standard field, so the form says the port is required."""
+    from fstream_provider.provider_info import UI_FIELD_BEHAVIOUR
+
+    assert "required" in UI_FIELD_BEHAVIOUR["relabeling"]["port"]
+    assert UI_FIELD_BEHAVIOUR["placeholders"]["port"] == "6379"
+
+
 def _get(url: str, token: str | None = None):
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(req, timeout=10) as r:
