@@ -19,6 +19,7 @@ import re
 import signal
 import threading
 import time
+from urllib.parse import urlencode
 
 import pytest
 
@@ -348,3 +349,56 @@ def _pending(url: str, scope: str) -> int:
         return client.hlen(Keys().pending(scope))
     finally:
         client.close()
+
+
+def test_the_transfer_trigger_follows_a_sentinel_failover_and_fires_the_jobs_outcome(tmp_path, monkeypatch):
+    """The master is SIGKILLed mid-follow; the sentinel promotes the replica; the trigger finds the new master
+    through the Sentinel URL and goes on from the last event it handled (the job's writes wait for the replica)."""
+    from sentinelkit import SentinelGroup
+
+    group = SentinelGroup(tmp_path / "sentinel").start()
+    url = group.url + "&wait_replicas=1"
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", "fstream://?" + urlencode({"url": url}) + "&"
+                       + authkit.conn_query())
+    try:
+        op, trigger = _deferred()
+        trigger.block_ms = 200
+        records = _lines(trigger)
+        agent = _Agent(url, trigger.job_id)
+
+        async def scenario() -> dict:
+            task = asyncio.ensure_future(_run_trigger(trigger, within=120))
+            await asyncio.to_thread(agent.interval, 1)
+            deadline = time.monotonic() + 30
+            while not any("Mbit" in r.getMessage() for r in records):
+                assert time.monotonic() < deadline and not task.done(), [r.getMessage() for r in records]
+                await asyncio.sleep(0.02)
+            old = group.master().port
+            await asyncio.to_thread(group.failover)
+            assert group.master().port != old
+            await asyncio.to_thread(_through_failover, agent.interval, 2)
+            await asyncio.to_thread(_through_failover, agent.finish)
+            return await task
+
+        try:
+            event = asyncio.run(scenario())
+        finally:
+            agent.close()
+        assert event["status"] == "success" and event["state"] == "succeeded", event
+        text = [r.getMessage() for r in records]
+        assert len([t for t in text if "Mbit" in t]) == 2, text  # both intervals, once each
+    finally:
+        group.stop()
+
+
+def _through_failover(write, *args, timeout: float = 30.0) -> None:
+    """The agent's side writes as the agent does across a failover: an unreachable error is tried again."""
+    from fstream_provider.bus.client import REDIS_UNREACHABLE
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return write(*args)
+        except REDIS_UNREACHABLE:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)  # the agent's backoff, shortened

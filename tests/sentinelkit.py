@@ -1,0 +1,130 @@
+"""A real Redis Sentinel group for tests: a master, a replica, one sentinel (quorum 1), and a failover on demand.
+
+Both servers keep an AOF (``appendfsync always``); the sentinel notices a dead master after ``down-after`` ms and
+promotes the replica. ``failover()`` SIGKILLs the master, waits until the sentinel names the replica, then starts
+the old master again on its port as a replica of the new one (what the sentinel would do to it, done at once). Clients follow the
+change through ``url`` (``redis+sentinel://…/m1``), as a deployment's would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from fstream_provider.bus.client import connect
+from fstream_provider.bus.embedded import RedisServer, find_redis_server, free_port
+
+MASTER_NAME = "m1"
+
+
+def _poll(pred, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = pred()
+        except Exception:  # noqa: BLE001 - a server starting or failing over answers with errors meanwhile
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)  # polling other processes with a deadline
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class SentinelGroup:
+    """A master and a replica (``RedisServer``, AOF) watched by one sentinel.
+
+    :param directory: where the three keep their data, configs and logs.
+    :param down_after_ms: how long the master must be unreachable before the sentinel fails over.
+    """
+
+    def __init__(self, directory: Path, *, down_after_ms: int = 1000) -> None:
+        self.dir = Path(directory)
+        self.servers = [RedisServer(str(self.dir / "a"), appendonly=True),
+                        RedisServer(str(self.dir / "b"), appendonly=True)]
+        self.down_after_ms = down_after_ms
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.failovers = 0
+
+    @property
+    def url(self) -> str:
+        """The Sentinel URL clients use (``bus.client``): it names the sentinel and the master's name."""
+        return f"redis+sentinel://127.0.0.1:{self.port}/{MASTER_NAME}?db=0"
+
+    def start(self) -> "SentinelGroup":
+        master, replica = (s.start() for s in self.servers)
+        c = connect(replica.url)
+        try:
+            c.execute_command("REPLICAOF", "127.0.0.1", str(master.port))
+            _poll(lambda: c.info("replication").get("master_link_status") == "up", "the replica in sync")
+        finally:
+            c.close()
+        self.port = free_port()
+        conf = self.dir / "sentinel.conf"
+        conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
+                        f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master.port} 1\n"
+                        f"sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}\n"
+                        f"sentinel failover-timeout {MASTER_NAME} 10000\n")
+        log = open(self.dir / "sentinel.log", "ab")
+        self.proc = subprocess.Popen([find_redis_server(), str(conf), "--sentinel"], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        _poll(lambda: self.master_port() == master.port, "the sentinel to name the master")
+        _poll(lambda: self._sentinel().execute_command("SENTINEL", "REPLICAS", MASTER_NAME), "the sentinel to see "
+              "the replica")
+        return self
+
+    def _sentinel(self):
+        return connect(f"redis://127.0.0.1:{self.port}/0", retries=0)
+
+    def master_port(self) -> int | None:
+        """The master's port as the sentinel names it now."""
+        c = self._sentinel()
+        try:
+            addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME)
+        finally:
+            c.close()
+        return int(addr[1]) if addr else None
+
+    def master(self) -> RedisServer:
+        port = self.master_port()
+        return next(s for s in self.servers if s.port == port)
+
+    def failover(self, timeout: float = 60.0) -> float:
+        """SIGKILL the master; wait until the sentinel promoted the replica; start the old master again (it becomes
+        a replica). Returns the seconds the group had no master the sentinel named."""
+        old = self.master()
+        started = time.monotonic()
+        old.kill()
+        new_port = _poll(lambda: (p := self.master_port()) != old.port and p, "the sentinel to promote the replica",
+                         timeout)
+        promoted = time.monotonic() - started
+        new = next(s for s in self.servers if s.port == new_port)
+        c = connect(new.url)
+        try:
+            _poll(lambda: c.info("replication").get("role") == "master", "the replica to act as master", timeout)
+        finally:
+            c.close()
+        old.start()
+        o = connect(old.url)
+        try:
+            # what the sentinel does to a master that comes back, done at once (it may take it a while)
+            o.execute_command("REPLICAOF", "127.0.0.1", str(new_port))
+            _poll(lambda: o.info("replication").get("master_link_status") == "up", "the old master back as a "
+                  "replica in sync", timeout)
+        finally:
+            o.close()
+        self.failovers += 1
+        return promoted
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for s in self.servers:
+            s.stop()
