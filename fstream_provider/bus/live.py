@@ -37,12 +37,13 @@ _AIRFLOW_KEY = re.compile(r"^([^/#]+)/([^/]+)/([^/#]+)/(-?\d+)(?:#try\d+(?:\.\d+
 
 # the interval record's fields a row carries (absent from an older agent's record: None)
 PROGRESS_FIELDS = ("throughput_bps", "cc", "p", "pp", "clusters", "files_done", "files_pending", "files_failed",
-                   "files_total", "bytes_done", "bytes_total", "target_bps", "t")
+                   "files_total", "bytes_done", "bytes_total", "target_bps", "t", "dt",
+                   "active_files", "bytes_left")  # in flight: opened, not landed; sent = total - left
 # what the agents add for issue 27, passed through untouched: eta {s, lo, hi, rate_bps, basis},
 # lag {oldest_s, p50_s, p99_s, landed}, deadline {at, target_bps, state, message}
 LIVE_FIELDS = ("eta", "lag", "deadline")
 INTERVAL_FIELDS = ("t", "dt", "bytes", "throughput_bps", "cc", "p", "pp", "target_bps", "reason")  # dt, bytes: to fold
-FILE_FIELDS = ("path", "source", "status", "size", "checksum", "algo", "reason", "resumed")
+FILE_FIELDS = ("path", "source", "status", "size", "checksum", "algo", "reason", "resumed", "seconds")
 
 INDEX_SCAN = 10_000  # newest jobs of the index looked at for the overview (a job's state: one HMGET field)
 SPARK_READS = (4, 16, 64)  # events read per wanted point, pass by pass (file events sit between intervals)

@@ -14,6 +14,7 @@ from typing import Any
 from fstream_provider.model.intervals import fold_slivers
 
 PANELS = ("throughput", "channels", "pending")
+HEADROOM = 0.15  # the throughput panel's top: this much above the highest line (target or throughput)
 PLOT_MOUNT = "/fstream"  # where the provider's Airflow plugin serves plots (``fstream_provider.ui``)
 
 
@@ -85,7 +86,8 @@ def render_plot(intervals: list[dict[str, Any]], target_bps: float | None = None
     if target_bps:
         ax_tp.axhline(target_bps / 1e6, color="tab:red", linestyle="--", label="target")
     ax_tp.set_ylabel("Mbit/s")
-    ax_tp.set_ylim(bottom=0)
+    top = max([_num(r.get("throughput_bps")) / 1e6 for r in intervals] + [(target_bps or 0) / 1e6])
+    ax_tp.set_ylim(bottom=0, top=top * (1 + HEADROOM) if top > 0 else None)  # lines never on the frame
     ax_tp.set_title(title)
     names = sorted({k for r in intervals for k in _clusters(r)})
     for i, name in enumerate(names):

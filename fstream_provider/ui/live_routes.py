@@ -79,6 +79,19 @@ def _job_of(ti: plots.TaskRef) -> tuple[str, str]:
         return plots.job_of(ti, session)
 
 
+def _finished(conn_id: str, job_id: str) -> bool:
+    """The job had ended when the page was drawn (its plot in the page is then the final one: the page does
+    not fetch it again); False when that cannot be read now."""
+    from fstream_provider.bus.client import REDIS_UNREACHABLE
+    from fstream_provider.bus.job_state import TERMINAL_STATES
+
+    try:
+        bus = bus_conn.resolve(conn_id)
+        return bus_conn.client(bus).hget(bus.keys.job(job_id), "state") in TERMINAL_STATES
+    except (HTTPException, *REDIS_UNREACHABLE):
+        return False
+
+
 def _last_event_id(request: Request) -> str | None:
     value = request.headers.get("last-event-id") or ""
     return value if _STREAM_ID.match(value) else None
@@ -122,15 +135,16 @@ async def live_stream(request: Request, user: GetUserDep, conn_id: str | None = 
 async def job_page(dag_id: str, run_id: str, task_id: str, map_index: str) -> HTMLResponse:
     ti = plots.TaskRef.parse(dag_id, run_id, task_id, map_index)
     try:
-        job_id, _conn = await asyncio.to_thread(_job_of, ti)
+        job_id, conn_id = await asyncio.to_thread(_job_of, ti)
         note = None
     except plots.PlotUnavailable as exc:
-        job_id, note = None, str(exc)
+        job_id, conn_id, note = None, None, str(exc)
+    final = bool(job_id) and await asyncio.to_thread(_finished, conn_id, job_id)
     parts = _parts(ti)
     # relative to this page (``/fstream/page/d/r/t/m``), so an Airflow served under a sub-path works too
     plot = "../../../../plot/" + parts + ".png"
     cfg = {"job_id": job_id, "note": note, "stream": "../../../../stream/" + parts, "plot": plot,
-           "root": "../../../../../", "log": ui_task_path(ti),
+           "root": "../../../../../", "log": ui_task_path(ti), "final": final,
            "task": {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index}}
     img = ""
     if job_id:  # the plot in the HTML itself (shown before the script runs, and without it)

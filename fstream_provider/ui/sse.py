@@ -11,6 +11,10 @@
   of the one before (the sliver that ends a transfer) comes as ``fold``: the two as one interval
   (``model.intervals``), which replaces the page's last one, so the chart shows no dip the log does not.
   After the ``done`` event (or when the job turns out finished or gone) the stream says ``end`` and closes.
+  While Redis cannot be read the stream stays open and says ``problem`` (``message``, and ``since``: when it
+  last read Redis, UNIX seconds, None before its first read) every ``block_ms``; the first read that succeeds
+  after that (or the first of a resumed stream) says ``ok`` (``at``), so the page can mark its numbers stale
+  and clear it.
 - ``overview_stream``: the overview (``overview_feed``), filtered for the user, whenever it changed, with
   ``sent_at`` (the server's clock, so a page can age what it shows); while Redis cannot be read, a ``problem``
   (``message`` and ``since``) before the last overview read, which a page marks stale until a newer one comes.
@@ -162,6 +166,12 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
     keys = bus.keys
     aclient = bus_conn.async_client(bus)
     live = LiveFold()  # the last interval the page has, into which a sliver is folded
+    read_at: float | None = None  # when Redis was last read (a ``problem`` says since when it is not)
+    healthy = False  # the page was told the reads succeed (a snapshot, or an ``ok``)
+
+    def problem(exc: BaseException) -> str:
+        return frame("problem", {"message": f"Redis unreachable: {exc}", "since": read_at})
+
     try:
         yield frame("hello", {"job_id": job_id}, retry=RETRY_MS)
         if last_event_id:
@@ -172,8 +182,9 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
             try:
                 detail = await asyncio.to_thread(_snapshot, bus_conn.store(bus), job_id)
             except REDIS_UNREACHABLE as exc:  # the browser reconnects after ``retry`` and tries again
-                yield frame("problem", {"message": f"Redis unreachable: {exc}"})
+                yield problem(exc)
                 return
+            read_at, healthy = time.time(), True
             if detail is None:
                 yield frame("end", {"job_id": job_id, "state": None, "message": f"FStream job {job_id} is not on "
                                     "the bus (expired or removed)"})
@@ -188,18 +199,26 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
         while not await request.is_disconnected():
             try:
                 resp = await aclient.xread({keys.job_events(job_id): after}, count=500, block=block_ms)
+                entries = [decode_event(eid, fields) for _s, es in resp or [] for eid, fields in es]
+                done = any(ev.get("kind") == "done" for _eid, ev in entries)
+                row = await _row(aclient, keys, job_id) if entries else None
+                state = None if entries else await aclient.hget(keys.job(job_id), "state")
+                if not entries and (state is None or state in TERMINAL_STATES):
+                    row = await _row(aclient, keys, job_id) if state else None
             except REDIS_UNREACHABLE as exc:
-                yield frame("problem", {"message": f"Redis unreachable: {exc}"})
+                healthy = False
+                yield problem(exc)
                 await asyncio.sleep(block_ms / 1000)
                 continue
-            entries = [decode_event(eid, fields) for _s, es in resp or [] for eid, fields in es]
+            read_at = time.time()
+            out = []
+            if not healthy:
+                out.append(frame("ok", {"at": read_at}))
+                healthy = True
             if entries:
-                out, done = [], False
                 for eid, ev in entries:
                     out.append(_event_frame(live, eid, ev))
                     after = eid
-                    done = done or ev.get("kind") == "done"
-                row = await _row(aclient, keys, job_id)
                 if row is not None:
                     out.append(frame("row", row))
                 if done:
@@ -209,15 +228,17 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
                 if done:
                     return
                 continue
-            state = await aclient.hget(keys.job(job_id), "state")
             if state is None or state in TERMINAL_STATES:  # gone, or finished before ``after`` (a late resume)
-                row = await _row(aclient, keys, job_id) if state else None
                 if row is not None:
-                    yield frame("row", row)
-                yield frame("end", {"job_id": job_id, "state": state,
-                                    "message": None if state else f"FStream job {job_id} is no longer on the bus"})
+                    out.append(frame("row", row))
+                gone = None if state else f"FStream job {job_id} is no longer on the bus"
+                out.append(frame("end", {"job_id": job_id, "state": state, "message": gone}))
+                yield "".join(out)
                 return
-            if time.monotonic() - beat >= KEEPALIVE_S:
+            if out:
+                yield "".join(out)
+                beat = time.monotonic()
+            elif time.monotonic() - beat >= KEEPALIVE_S:
                 yield KEEPALIVE
                 beat = time.monotonic()
     finally:
