@@ -1,10 +1,10 @@
 """The live views' routes on the plugin's app (issue 27); ``app`` includes ``router`` under ``/fstream``.
 
 Overview (the top-level "FStream" page), behind ``requires_access_view(AccessView.PLUGINS)``, showing only
-the jobs of DAGs the user may read (``access``):
+the jobs of DAGs the user may read, or every job to those who may read the bus's connection (``access``):
 
 - ``GET /fstream/live``: the page (``pages/live.html``); ``?conn_id=`` picks another ``fstream``
-  connection than ``fstream_default`` (it must exist: ``bus_conn``).
+  connection than ``fstream_default``: one the user may read (else 403) and that exists (``bus_conn``).
 - ``GET /fstream/live/data``: the same data as JSON, once; ``GET /fstream/live/stream``: as server-sent events.
 
 Job view (the task instance's "Transfer" tab), behind ``requires_access_dag`` on the task instance's DAG;
@@ -106,8 +106,8 @@ def _take_slot() -> None:
 
 # ---------------------------------------------------------------------------------------------------- overview
 @router.get("/live", dependencies=VIEW, response_class=HTMLResponse)
-async def live_page(conn_id: str | None = None) -> HTMLResponse:
-    bus = await asyncio.to_thread(bus_conn.resolve, conn_id)
+async def live_page(user: GetUserDep, conn_id: str | None = None) -> HTMLResponse:
+    bus = await asyncio.to_thread(access.bus_for, user, conn_id)
     q = f"?conn_id={quote(bus.conn_id, safe='')}" if conn_id else ""
     return render("live.html", {"stream": "live/stream" + q, "data": "live/data" + q, "root": "../",
                                 "page": "page/", "tab_route": TAB_ROUTE, "conn_id": bus.conn_id,
@@ -117,17 +117,17 @@ async def live_page(conn_id: str | None = None) -> HTMLResponse:
 
 @router.get("/live/data", dependencies=VIEW)
 async def live_data(user: GetUserDep, conn_id: str | None = None) -> JSONResponse:
-    bus = await asyncio.to_thread(bus_conn.resolve, conn_id)
+    bus = await asyncio.to_thread(access.bus_for, user, conn_id)
     ov = await asyncio.to_thread(overview, bus_conn.client(bus), bus.keys)
-    readable = await asyncio.to_thread(access.readable_dag_ids, user)
+    readable = await asyncio.to_thread(access.scope, user, bus.conn_id)
     return JSONResponse(access.visible_overview(ov, readable), headers={"Cache-Control": "no-store"})
 
 
 @router.get("/live/stream", dependencies=VIEW)
 async def live_stream(request: Request, user: GetUserDep, conn_id: str | None = None) -> StreamingResponse:
-    bus = await asyncio.to_thread(bus_conn.resolve, conn_id)
+    bus = await asyncio.to_thread(access.bus_for, user, conn_id)
     _take_slot()
-    return sse.response(sse.overview_stream(request, feed_for(bus), lambda: access.readable_dag_ids(user)))
+    return sse.response(sse.overview_stream(request, feed_for(bus), lambda: access.scope(user, bus.conn_id)))
 
 
 # ---------------------------------------------------------------------------------------------------- one job
