@@ -77,6 +77,7 @@ class Airflow:
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
             AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
             AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD=f"{triggerer_health_s:g}",
+            PYTHONUNBUFFERED="1",  # a component's log is read while it runs (and kept whole when it is killed)
             **(env or {}))
         self.procs: dict[str, subprocess.Popen] = {}
         self._token: str | None = None
@@ -124,9 +125,13 @@ class Airflow:
             pass
         p.wait(10)
 
-    def restart(self, name: str, *, kill: bool = False) -> None:
-        """Stop (or ``kill``) ``name`` and start it again; an api-server is waited for."""
-        (self.kill if kill else self.stop)(name)
+    def restart(self, name: str, *, kill: bool = False, stop_timeout: float = 30) -> None:
+        """Stop (SIGKILL after ``stop_timeout`` s) or ``kill`` ``name``, and start it again; an api-server is
+        waited for."""
+        if kill:
+            self.kill(name)
+        else:
+            self.stop(name, stop_timeout)
         self.start(name)
         if name == "api-server":
             self.wait_api()
@@ -232,6 +237,18 @@ class Airflow:
             if f.is_file():
                 out.append(f"--- {f.relative_to(self.home)}\n{f.read_text(errors='replace')[-4000:]}")
         return "\n".join(out)
+
+    def trigger_logs(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1,
+                     map_index: int = -1) -> dict[int, str]:
+        """What each triggerer logged for the task's trigger, by the triggerer's job id (a triggerer that took the
+        trigger over after another died writes a file of its own)."""
+        d = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        if map_index >= 0:
+            d = d / f"map_index={map_index}"
+        out = {}
+        for f in d.glob(f"attempt={try_number}.log.trigger.*.log"):
+            out[int(f.name.rsplit(".", 2)[-2])] = f.read_text(errors="replace")
+        return dict(sorted(out.items()))
 
     def failed_task_logs(self) -> str:
         """The logs of failed task instances (why a run failed)."""
