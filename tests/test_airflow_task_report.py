@@ -200,7 +200,7 @@ def test_live_lines_levels():
         logging.INFO, "scheduler: steal: start j cc=4")
     assert live_event_line({"kind": "preempted", "reason": "steal: preempt j for k", "by": "k",
                             "committed_bytes": 38_797_312}) == (
-        logging.WARNING, "preempted: steal: preempt j for k; 38.8 MB committed stay and are not sent again")
+        logging.WARNING, "preempted: steal: preempt j for k; 37.00 MiB committed stay and are not sent again")
 
 
 def _timeline():

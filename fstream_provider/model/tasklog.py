@@ -130,7 +130,7 @@ def live_event_line(ev: dict[str, Any], target_bps: float | None = None,
         return logging.INFO, f"claimed by agent {ev.get('worker') or ev.get('agent') or '?'}"
     if kind == "preempted":  # the agents' scheduler stopped it at its checkpoint; it resumes from there
         moved = ev.get("committed_bytes")
-        kept = f"; {_num(moved) / 1e6:.1f} MB committed stay and are not sent again" if moved is not None else ""
+        kept = f"; {format_bytes(_num(moved))} committed stay and are not sent again" if moved is not None else ""
         return logging.WARNING, f"preempted: {ev.get('reason', '')}{kept}"
     if kind == "scheduled":
         return logging.INFO, f"scheduler: {ev.get('reason', '')}"
