@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -143,6 +144,39 @@ def test_an_empty_form_keeps_the_defaults(extra):
     assert (s.redis_url, s.namespace, s.agent_group) == ("redis://redis.example.org:6380/2", "fstream", None)
     assert s.key in (None, "default")  # None: the agents' default key, which is named "default"
     assert (s.submitter, s.submitter_secret, s.submitter_key_file) == (None, None, None)
+
+
+TEXT_EXTRAS = ("url", "redis_url", "namespace", "secret_file", "agent_group", "tls_cert", "tls_key", "tls_ca",
+               "submitter", "submitter_secret", "submitter_key_file", "key")
+"""Every extra ``settings_from_connection`` reads as text."""
+
+
+@pytest.mark.parametrize("connection_class", ["airflow.models.connection.Connection", "airflow.sdk.Connection"])
+@pytest.mark.parametrize("unset", ["", None, "   ", " \t\n "], ids=["empty", "null", "blanks", "whitespace"])
+def test_empty_null_and_blank_extras_read_as_unset(connection_class, unset):
+    """Issue 41 item 13: Airflow's form saves every declared extra, an empty one as ``""`` or ``null``, and keeps the
+    blanks a user typed. On real ``Connection`` objects (the api-server's and the task SDK's) each of these reads as
+    unset: the settings are exactly those of a connection without extras (blanks were read as a Redis URL ``"   "``,
+    a namespace, a submitter, key files that submit then refused)."""
+    import importlib
+
+    from fstream_provider.hooks.fstream import FStreamSettings, settings_from_connection
+
+    module, name = connection_class.rsplit(".", 1)
+    conn = getattr(importlib.import_module(module), name)(
+        conn_id="fstream_blank", conn_type="fstream", host="redis.example.org", port=6380, schema="2",
+        extra=json.dumps({f: unset for f in (*TEXT_EXTRAS, "ssl")}))
+    assert settings_from_connection(conn) == FStreamSettings(redis_url="redis://redis.example.org:6380/2",
+                                                             source="connection 'fstream_blank'")
+
+
+def test_extras_with_surrounding_blanks_are_read_without_them():
+    from fstream_provider.hooks.fstream import settings_from_connection
+
+    s = settings_from_connection(_connection(url=" redis://other.example.org:6390/5\n", submitter=" lcls-daq ",
+                                             key="beamline7 ", namespace="\tbeamline7"))
+    assert (s.redis_url, s.submitter, s.key, s.namespace) == ("redis://other.example.org:6390/5", "lcls-daq",
+                                                              "beamline7", "beamline7")
 
 
 def test_the_form_says_the_port_is_required():
@@ -286,6 +320,70 @@ def test_the_add_connection_form_in_a_browser(api_server):
             assert link.evaluate("e => e.href") == f"{api_server}/{DOCS_URL}"
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_a_connection_saved_by_the_form_with_empty_fields_tests_and_reads_as_the_defaults(api_server, redis_url,
+                                                                                           monkeypatch):
+    """Issue 41 item 13, in Chromium against the real api-server and a real Redis: save a connection with the optional
+    extra fields left empty (as pre-filled), cleared, or holding blanks; the REST API gives back what Airflow stored,
+    every declared field with ``""``, ``null`` or the blanks (Airflow has no way to leave a key out); the row's Test
+    button runs the hook on the api-server and it answers PING on the Redis of host and port; and the hook in a task
+    reads the stored connection as the defaults."""
+    from urllib.parse import urlparse
+
+    from fstream_provider.bus.client import describe
+    from fstream_provider.hooks.fstream import FStreamHook, FStreamSettings
+
+    redis = urlparse(redis_url)
+    conn_id = "fstream_form_empties"
+    token = _get(api_server + "/auth/token")["access_token"]
+    with airflowkit.browser_page(api_server, token, viewport={"width": 1400, "height": 2400}) as page:
+        page.goto(api_server + "/connections", wait_until="networkidle")
+        page.get_by_role("button", name="Add Connection").click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_role("combobox").first.fill("FStream")
+        page.keyboard.press("Enter")
+        dialog.locator("input[name=connection_id]").fill(conn_id)
+        dialog.locator("input[name=host]").fill(redis.hostname)
+        dialog.locator("input[name=port]").fill(str(redis.port))
+        if redis.password:
+            dialog.locator("input[name=password]").fill(redis.password)
+        dialog.get_by_role("button", name="Extra Fields", exact=True).click()
+        dialog.locator("#element_url").fill("   ")  # blanks typed into the URL
+        dialog.locator("#element_key").fill(" ")
+        for name in ("namespace", "agent_group"):  # typed into, then cleared
+            dialog.locator(f"#element_{name}").fill("x")
+            dialog.locator(f"#element_{name}").fill("")
+        with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/api/v2/connections")) as rs:
+            dialog.get_by_role("button", name="Save").click()
+        assert rs.value.status == 201, rs.value.text()
+
+        saved = _get(f"{api_server}/api/v2/connections/{conn_id}", token)
+        assert json.loads(saved["extra"]) == {"url": "   ", "submitter": "", "submitter_secret": None,
+                                              "submitter_key_file": "", "key": " ", "namespace": None,
+                                              "agent_group": None, "ssl": False}
+
+        page.goto(api_server + "/connections", wait_until="networkidle")
+        row = page.get_by_role("row").filter(has_text=conn_id)
+        row.get_by_role("button", name="Test Connection").click()
+        title = page.get_by_text(re.compile(r"^Test Connection (Successful|Failed)$"))
+        title.wait_for(timeout=30_000)
+        shown = title.locator("xpath=..").inner_text()  # the toast: its title and the hook's message
+        assert "Test Connection Successful" in shown, shown
+        assert f"Redis {describe(redis_url)} answered PING (namespace 'fstream'); 0 live agent(s)" in shown, shown
+
+    stored = {"conn_type": "fstream", "host": saved["host"], "port": saved["port"], "extra": json.loads(saved["extra"])}
+    if redis.password:
+        stored["password"] = redis.password
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(stored))
+    hook = FStreamHook(fstream_conn_id=conn_id)
+    try:
+        assert hook.settings == FStreamSettings(redis_url=redis_url, source=f"connection {conn_id!r}")
+        ok, message = hook.test_connection()
+        assert ok, message
+    finally:
+        hook.close()
 
 
 def _form_hook(monkeypatch, redis_url: str, conn_id: str, **extra: str):

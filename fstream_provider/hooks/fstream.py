@@ -38,6 +38,15 @@ def _truthy(v: Any) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
+def _text(v: Any) -> str | None:
+    """A connection field's text without surrounding blanks, or None where it is unset: missing, ``null``, ``""``
+    or only whitespace. Airflow 3.3's form saves every declared extra field, an empty one as ``""`` (its
+    pre-fill) or ``null`` (cleared), and a field can hold the blanks a user typed (docs/airflow/connection.md)."""
+    if v is None:
+        return None
+    return str(v).strip() or None
+
+
 @dataclass(frozen=True)
 class FStreamSettings:
     """What an ``fstream`` connection resolves to.
@@ -83,32 +92,37 @@ class FStreamSettings:
 
 
 def settings_from_connection(conn: Any) -> FStreamSettings:
-    """Map an Airflow ``Connection`` of type ``fstream`` to :class:`FStreamSettings`."""
+    """Map an Airflow ``Connection`` of type ``fstream`` to :class:`FStreamSettings`.
+
+    Every extra reads ``""``, ``null`` and whitespace as unset (``_text``), so a connection saved by Airflow's form
+    with its optional fields empty gets the defaults; so do the host and database.
+    """
     extra = conn.extra_dejson or {}
-    url = extra.get("url") or extra.get("redis_url")
+    url = _text(extra.get("url")) or _text(extra.get("redis_url"))
     if not url:
-        if not conn.host:
+        host = _text(conn.host)
+        if not host:
             raise ValueError(f"connection {conn.conn_id!r}: no Redis host (set host/port or the 'url' extra)")
         scheme = "rediss" if _truthy(extra.get("ssl", "false")) else "redis"
         auth = ""
         if conn.login or conn.password:
             auth = f"{quote(conn.login or '', safe='')}:{quote(conn.password or '', safe='')}@"
-        db = str(conn.schema or "0").strip() or "0"
+        db = _text(conn.schema) or "0"
         if not db.isdigit():
             raise ValueError(f"connection {conn.conn_id!r}: schema {db!r} must be a Redis database number")
-        url = f"{scheme}://{auth}{conn.host}:{conn.port or 6379}/{db}"
+        url = f"{scheme}://{auth}{host}:{conn.port or 6379}/{db}"
     return FStreamSettings(
         redis_url=url,
-        namespace=extra.get("namespace") or DEFAULT_NAMESPACE,
-        secret_file=extra.get("secret_file") or None,
-        agent_group=extra.get("agent_group") or None,
-        tls_cert=extra.get("tls_cert") or None,
-        tls_key=extra.get("tls_key") or None,
-        tls_ca=extra.get("tls_ca") or None,
-        submitter=extra.get("submitter") or None,
-        submitter_secret=extra.get("submitter_secret") or None,
-        submitter_key_file=extra.get("submitter_key_file") or None,
-        key=extra.get("key") or None,
+        namespace=_text(extra.get("namespace")) or DEFAULT_NAMESPACE,
+        secret_file=_text(extra.get("secret_file")),
+        agent_group=_text(extra.get("agent_group")),
+        tls_cert=_text(extra.get("tls_cert")),
+        tls_key=_text(extra.get("tls_key")),
+        tls_ca=_text(extra.get("tls_ca")),
+        submitter=_text(extra.get("submitter")),
+        submitter_secret=_text(extra.get("submitter_secret")),
+        submitter_key_file=_text(extra.get("submitter_key_file")),
+        key=_text(extra.get("key")),
         source=f"connection {conn.conn_id!r}",
     )
 
