@@ -89,7 +89,8 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
 """The ``fstream`` connection's extra fields, in Airflow's ``conn-fields`` form (stored in ``Connection.extra``).
 
 Airflow 3.3's form pre-fills the Extra Fields JSON with every field's ``default`` (``null`` where there is
-none) and saves it as shown; the hook reads ``""`` and ``null`` alike as unset.
+none) and saves it as shown, a field cleared as ``null``; a provider cannot make it leave a key out. The hook reads
+``""``, ``null`` and blanks alike as unset (``docs/airflow/connection.md``).
 """
 
 UI_FIELD_BEHAVIOUR: dict[str, Any] = {
