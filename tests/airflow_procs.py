@@ -105,8 +105,9 @@ class Airflow:
         if "api-server" in names:
             self.wait_api(timeout)
 
-    def stop(self, name: str, timeout: float = 30) -> None:
-        """SIGTERM ``name``'s process group (Airflow's graceful shutdown), SIGKILL after ``timeout`` seconds."""
+    def stop(self, name: str, timeout: float = 30) -> bool:
+        """SIGTERM ``name``'s process group (Airflow's graceful shutdown), SIGKILL after ``timeout`` seconds.
+        True when it exited by itself."""
         p = self.procs.pop(name)
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -115,6 +116,8 @@ class Airflow:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+                return False
+        return True
 
     def kill(self, name: str) -> None:
         """SIGKILL ``name``'s whole process group (a crash, an OOM kill): nothing of it runs on."""
@@ -125,16 +128,18 @@ class Airflow:
             pass
         p.wait(10)
 
-    def restart(self, name: str, *, kill: bool = False, stop_timeout: float = 30) -> None:
+    def restart(self, name: str, *, kill: bool = False, stop_timeout: float = 30) -> bool:
         """Stop (SIGKILL after ``stop_timeout`` s) or ``kill`` ``name``, and start it again; an api-server is
-        waited for."""
+        waited for. True when the stop ended it (by itself, not killed)."""
+        graceful = False
         if kill:
             self.kill(name)
         else:
-            self.stop(name, stop_timeout)
+            graceful = self.stop(name, stop_timeout)
         self.start(name)
         if name == "api-server":
             self.wait_api()
+        return graceful
 
     def stop_all(self) -> None:
         for name in list(self.procs):
