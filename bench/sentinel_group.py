@@ -1,13 +1,17 @@
-"""A real Redis Sentinel group for tests: a master, a replica, one sentinel (quorum 1), and a failover on demand.
+"""A real Redis Sentinel group for tests and benchmarks: a master, a replica, one sentinel (quorum 1), a failover and an
+outage on demand.
 
 Both servers keep an AOF (``appendfsync always``); the sentinel notices a dead master after ``down-after`` ms and
 promotes the replica. ``failover()`` SIGKILLs the master, waits until the sentinel names the replica, then starts
-the old master again on its port as a replica of the new one (what the sentinel would do to it, done at once). Clients follow the
-change through ``url`` (``redis+sentinel://…/m1``), as a deployment's would.
+the old master again on its port as a replica of the new one (what the sentinel would do to it, done at once);
+``outage()`` stops both for a while. Clients follow the changes through ``url`` (``redis+sentinel://…/m1``), as a
+deployment's would. Used by tests/test_airflow_bus_outage.py, tests/test_airflow_faults.py and
+``fstream bench airflow-soak``.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -117,6 +121,25 @@ class SentinelGroup:
             o.close()
         self.failovers += 1
         return promoted
+
+    def outage(self, seconds: float, timeout: float = 60.0) -> None:
+        """Stop both servers (SIGTERM: each finishes its AOF) for ``seconds``, then start the master and the replica
+        again in their roles: Redis is simply gone for a while (the sentinel's failover finds no replica to
+        promote), as in a facility-wide restart."""
+        master = self.master()
+        replica = next(s for s in self.servers if s is not master)
+        replica._reap(signal.SIGTERM)
+        master._reap(signal.SIGTERM)
+        time.sleep(seconds)  # the fault: no Redis at all for this long
+        master.start()
+        replica.start()
+        c = connect(replica.url)
+        try:
+            c.execute_command("REPLICAOF", "127.0.0.1", str(master.port))
+            _poll(lambda: c.info("replication").get("master_link_status") == "up", "the replica in sync", timeout)
+        finally:
+            c.close()
+        _poll(lambda: self.master_port() == master.port, "the sentinel to name the master again", timeout)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
