@@ -34,6 +34,7 @@ from fstream_provider.bus.keys import Keys  # noqa: E402
 from fstream_provider.bus.outage import BusOutageError, Outage  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator  # noqa: E402
 from fstream_provider.sensors.new_files import FStreamNewFilesSensor  # noqa: E402
+from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E402
 
 import authkit  # noqa: E402
 from test_airflow_operator_correctness import DEST, _TI  # noqa: E402
@@ -151,7 +152,7 @@ def _deferred(**kw) -> tuple[FStreamTransferOperator, object]:
 
 def _lines(trigger) -> list[logging.LogRecord]:
     """Keep the trigger's log records (its logger is set as Airflow's ``LoggingMixin`` caches it)."""
-    handler, log = _Keep(), logging.getLogger(f"trigger-{trigger.job_id}")
+    handler, log = _Keep(), logging.getLogger(f"trigger-{trigger.job_id}-{id(trigger)}")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     trigger._log = log
@@ -402,3 +403,56 @@ def _through_failover(write, *args, timeout: float = 30.0) -> None:
         except REDIS_UNREACHABLE:
             assert time.monotonic() < deadline
             time.sleep(0.2)  # the agent's backoff, shortened
+
+
+class _TaskInstance:
+    """What a triggerer sets as ``trigger.task_instance``: the ids of the deferred task try."""
+
+    dag_id, run_id, task_id, map_index, try_number = "d", "manual__1", "transfer", -1, 1
+
+
+def test_a_triggerer_taking_over_does_not_repeat_the_lines_the_first_one_logged(conn, server):
+    """Airflow rebuilds a trigger from the kwargs it deferred with (``last_event_id`` 0-0), so the triggerer that
+    takes it over after the first died re-read every event and logged every interval line a second time (seen in
+    tests/test_airflow_faults.py). Now it logs on after the last line the first one recorded (``job_followed``)."""
+    _, first = _deferred()
+    first.block_ms = 200
+    first.task_instance = _TaskInstance()
+    kwargs = first.serialize()[1]  # what Airflow stored at deferral
+    first_lines = _lines(first)
+    agent = _Agent(conn, first.job_id)
+
+    async def until_killed() -> None:
+        task = asyncio.ensure_future(_run_trigger(first, within=60))
+        for step in (1, 2):
+            await asyncio.to_thread(agent.interval, step)
+        deadline = time.monotonic() + 30
+        while sum("Mbit" in r.getMessage() for r in first_lines) < 2:
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # its next read records how far it logged
+        task.cancel()  # the first triggerer dies
+        await asyncio.gather(task, return_exceptions=True)
+
+    second = FStreamTransferTrigger(**kwargs)
+    second.task_instance = _TaskInstance()
+    second_lines = _lines(second)
+    try:
+        asyncio.run(until_killed())
+        agent.interval(3)
+        agent.finish()
+        event = asyncio.run(_run_trigger(second, within=60))
+    finally:
+        agent.close()
+    assert event["status"] == "success", event
+    first_text = [r.getMessage() for r in first_lines if "Mbit" in r.getMessage()]
+    second_text = [r.getMessage() for r in second_lines if "Mbit" in r.getMessage()]
+    assert len(first_text) == 2 and len(second_text) == 1, (first_text, second_text)  # each interval once in all
+    assert "files 3 done" in second_text[0]
+    assert any(r.getMessage().startswith("A triggerer before this one logged FStream job") for r in second_lines)
+    # another try of the task (a retry re-attaching to the job) logs the job's story in its own log, in full
+    retry = FStreamTransferTrigger(**kwargs)
+    retry.task_instance = type("Retry", (_TaskInstance,), {"try_number": 2})()
+    retry_lines = _lines(retry)
+    asyncio.run(_run_trigger(retry, within=60))
+    assert len([r for r in retry_lines if "Mbit" in r.getMessage()]) == 3

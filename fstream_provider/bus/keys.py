@@ -35,6 +35,8 @@ job(id)                 {ns}                    hash         job_id, state, atte
 job_events(id)          {ns}                    stream       ``kind``, ``ts``, ``data`` (JSON); kinds: queued, claimed,  JobStore, Agent      CLI, Airflow trigger   MAXLEN ~ 100,000; 7 days after terminal
                                                              interval, tuning, file, log, error, retry, cancel,
                                                              released, requeued, done (always last)
+job_followed(id)        {ns}                    hash         per deferred task try (``dag/run/task/map#try``): the last  Airflow trigger      Airflow trigger (a     7 days after its last write
+                                                             event id its trigger logged                                                       triggerer taking over)
 job_index()             {ns}                    sorted set   job ids scored by created_at                                JobStore.submit      JobStore.list          entries older than 7 days dropped on
                                                                                                                                                                      submit
 idempotency(key)        {ns}                    string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state
@@ -142,6 +144,10 @@ class Keys:
 
     def job_events(self, job_id: str) -> str:
         return self.prefix + "job:" + _part(job_id) + ":events"
+
+    def job_followed(self, job_id: str) -> str:
+        """A hash: how far each deferred task's trigger has logged the job's events (``FStreamTransferTrigger``)."""
+        return self.prefix + "job:" + _part(job_id) + ":followed"
 
     def job_index(self) -> str:
         return self.prefix + "jobs:index"

@@ -11,10 +11,14 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, alive_agents
 from fstream_provider.bus.client import REDIS_UNREACHABLE, describe
 from fstream_provider.bus.follow_async import afollow_job
+from fstream_provider.bus.follow_mux import stream_id
 from fstream_provider.bus.job_state import JobLostError, JobNotFoundError
 from fstream_provider.bus.outage import DEFAULT_OUTAGE_S, BusOutageError, Outage
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.model.tasklog import live_event_line
+
+
+FOLLOWED_TTL_S = 7 * 86400  # ``job_followed`` outlives the follow as long as a job's record does
 
 
 class FStreamTransferTrigger(BaseTrigger):
@@ -24,8 +28,9 @@ class FStreamTransferTrigger(BaseTrigger):
     through the triggerer loop's one blocking ``XREAD`` for every followed job (``bus.follow_mux``: a few
     Redis connections per triggerer, not one per deferred task), logs one line per interval, and fires
     when the ``done`` event arrives. If the triggerer restarts, the trigger is rebuilt from ``serialize()``
-    and re-reads from ``last_event_id``: nothing is missed, and the log lines are rebuilt in full
-    by ``execute_complete`` anyway.
+    and re-reads from ``last_event_id``: nothing is missed, and lines a triggerer before it already logged for this
+    task try (``Keys.job_followed``) are not logged again. During a Redis outage (a restart, a Sentinel or Cluster
+    failover) it waits with backoff for ``redis_outage_timeout`` and follows on from the last event it handled.
 
     :param job_id: the job to follow.
     :param fstream_conn_id: the ``fstream`` connection.
@@ -48,6 +53,9 @@ class FStreamTransferTrigger(BaseTrigger):
         super().__init__()
         self.redis_outage_timeout = redis_outage_timeout
         self._prev: dict[str, Any] | None = None  # the last interval record logged (for the next line's change)
+        self._looked_back = False  # read how far an earlier triggerer logged this task's lines (once)
+        self._logged_upto: str | None = None  # ... up to this id: not logged again
+        self._persisted: str | None = None  # the last id written to ``job_followed``
         self.agent_timeout = agent_timeout
         self.agent_hint = agent_hint
         self.cancel_on_kill = cancel_on_kill
@@ -99,11 +107,44 @@ class FStreamTransferTrigger(BaseTrigger):
             await hook.close()
         yield TriggerEvent(event)
 
+    def _follower(self) -> str:
+        """This deferred task try, as ``job_followed`` names it (``-`` outside a triggerer, as in tests)."""
+        ti = getattr(self, "task_instance", None)
+        if ti is None:
+            return "-"
+        map_index = getattr(ti, "map_index", -1)
+        return (f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
+                f"#{getattr(ti, 'try_number', 0)}")
+
+    async def _look_back(self, hook: Any) -> None:
+        """Airflow rebuilds a trigger from the kwargs it deferred with, so a triggerer that takes it over (the first
+        one died) starts at the old ``last_event_id``: the lines the first one logged would all come again. Each
+        trigger records how far it logged (``job_followed``); the next one logs on after that."""
+        client, keys = await hook.get_client(), await hook.get_keys()
+        logged = await client.hget(keys.job_followed(self.job_id), self._follower())
+        self._looked_back = True
+        if logged and stream_id(logged) > stream_id(self.last_event_id):
+            self._logged_upto = self._persisted = logged
+            self.log.info("A triggerer before this one logged FStream job %s's events up to %s: following on after "
+                          "them without repeating their lines (the summary at the end counts every interval)",
+                          self.job_id, logged)
+
+    async def _record_logged(self, hook: Any) -> None:
+        if self.last_event_id == self._persisted or self.last_event_id == "0-0":
+            return
+        client, keys = await hook.get_client(), await hook.get_keys()
+        key = keys.job_followed(self.job_id)
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(key, self._follower(), self.last_event_id)
+        pipe.expire(key, FOLLOWED_TTL_S)
+        await pipe.execute()
+        self._persisted = self.last_event_id
+
     async def _follow(self, hook: Any, outage: Outage) -> dict[str, Any]:
         def on_event(eid: str, ev: dict[str, Any]) -> None:
             self.last_event_id = eid
             line = live_event_line(ev, self.target_throughput_bps, self._prev)
-            if line is not None:
+            if line is not None and not (self._logged_upto and stream_id(eid) <= stream_id(self._logged_upto)):
                 self.log.log(*line)
             if ev.get("kind") == "interval":
                 self._prev = ev
@@ -115,9 +156,12 @@ class FStreamTransferTrigger(BaseTrigger):
                 alive = await alive_agents(await hook.get_client(), await hook.get_keys())
                 watch.check(self.job_id, state.state, len(alive))
 
+        if not self._looked_back:
+            await self._look_back(hook)
         try:
             async with hook.event_reader(self.job_id, self.last_event_id) as read_events:
                 async def read(*args: Any, **kwargs: Any) -> Any:
+                    await self._record_logged(hook)  # the batch before was logged: say so (one round trip)
                     batch = await read_events(*args, **kwargs)
                     outage.recovered()  # the follow reads again: an outage in progress is over
                     return batch
