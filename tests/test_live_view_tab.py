@@ -270,6 +270,51 @@ def test_the_tuners_last_reason_stays_and_a_finished_job_has_no_eta(site, redis)
         job.close()
 
 
+# ---------------------------------------------------------------------------------------------------- item 4
+# what a tab shows of a job's numbers: the chart's throughput line, its last point, and every value of the summary
+_SHOWN = """() => ({line: document.querySelector('#chart polyline.thr').getAttribute('points'),
+  last: document.querySelector('#chart circle.thr title').textContent,
+  summary: [...document.querySelectorAll('#summary dt')].map(t => t.textContent + ': ' + t.nextSibling.textContent)})"""
+
+
+def test_an_open_tab_folds_the_last_sliver_as_a_reload_shows_it(site, redis):
+    """The transfer's last interval lasts 0.08 s (a sliver, its rate a dip): the stream sends it folded into the
+    interval before it, and the open tab shows what a freshly loaded tab shows: the same line with the merged last
+    point (replaced, not added), the same numbers; finished, the same average."""
+    from fstream_provider.model.intervals import fold
+
+    job = _job(site, redis, 3)
+    try:
+        job.claim()
+        job.interval(1e8)
+        job.interval(2e8)
+        with browser_page(site["base"], site["admin"]) as page:
+            page.goto(_tab(site, map_index=3))
+            _text_is(page, "#summary dd.rate", format_rate(2e8))
+            before = page.evaluate(_SHOWN)
+            job.interval(5e7, t=2.08, dt=0.08)  # the sliver that ends the transfer
+            merged = fold({"dt": 1.0, "throughput_bps": 2e8}, {"dt": 0.08, "throughput_bps": 5e7})["throughput_bps"]
+            _text_is(page, "#chart circle.thr title", format_rate(merged))
+            shown = page.evaluate(_SHOWN)
+            assert len(shown["line"].split()) == len(before["line"].split()) == 2, (before, shown)
+            assert f"throughput: {format_rate(merged)}" in shown["summary"], shown  # no dip to 50 Mbit/s
+            reloaded = page.context.new_page()
+            reloaded.goto(_tab(site, map_index=3))
+            _text_is(reloaded, "#chart circle.thr title", format_rate(merged))
+            assert reloaded.evaluate(_SHOWN) == shown
+            average = (1e8 + 2e8 + 5e7 * 0.08) / 2.08
+            assert job.store.finish(job.job_id, job.attempt, job.entry, state="succeeded",
+                                    result={"files": 10, "bytes": int(average * 2.08 / 8), "seconds": 2.08,
+                                            "throughput_bps": average, "verified_files": 10, "failed_files": 0})
+            _text_is(page, "#status", "finished: succeeded")
+            _text_is(page, "#summary dd.rate", format_rate(average))
+            reloaded.reload()
+            _text_is(reloaded, "#status", "finished: succeeded")
+            assert reloaded.evaluate(_SHOWN) == page.evaluate(_SHOWN)
+    finally:
+        job.close()
+
+
 # ---------------------------------------------------------------------------------------------------- items 3, 5
 def test_files_show_their_rate_and_the_files_in_flight_are_counted(site, redis):
     job = _job(site, redis, 2)
