@@ -337,3 +337,52 @@ def test_every_link_on_the_served_docs_pages_resolves(site):
                 todo.append(page)
     assert not bad, bad
     assert {f"{base}/fstream/docs/project/architecture.md", f"{base}/fstream/docs/project/authorization.md"} <= seen
+
+
+@pytest.mark.slow
+def test_no_attempt_0_no_zero_error_bar_and_a_finished_job_has_no_eta(site, job, redis):
+    """Item 6 on this page, as the Transfer tab shows it: an idle agent (its heartbeat as the agent writes it) and a
+    job nobody claimed yet show no "attempt 0"; a steady rate's ETA has no "± 0.0 s" (an uncertain one keeps its
+    error bar); a finished job's ETA says "finished", not "0.0 s ± 0.0 s"."""
+    from fstream_provider.model.spec import TransferSpec
+    from transfer_agent.daemon.worker import Agent
+
+    store, keys = job.store, job.store.keys
+    spec = TransferSpec(sources=["/data/run0043"], destination="fstream://127.0.0.1:9/landed", label="item 6")
+    ids = {what: store.submit(spec)[0] for what in ("queued", "steady", "finished")}
+    entries = {f["job_id"]: eid for eid, f in job.client.xrange(keys.jobs_stream()) if f.get("job_id") in ids.values()}
+    idle = Agent(redis.url, name="idle-agent-9", heartbeat_ttl=60)
+    idle._client, idle._started_at = job.client, time.time()
+    try:
+        idle._beat()  # an agent's heartbeat while it runs no job: job "", attempt 0
+        for what in ("steady", "finished"):
+            claim = store.claim(ids[what], entries[ids[what]], worker=f"dtn08-{what}", max_deliveries=9)
+            rec = {"t": 5.0, "dt": 1.0, "throughput_bps": 3e8, "files_done": 5, "files_total": 10,
+                   "eta": {"s": 0.0 if what == "finished" else 12.0, "lo": 0.0 if what == "finished" else 12.0,
+                           "hi": 0.0 if what == "finished" else 12.0, "rate_bps": 3e8, "basis": "rolling"}}
+            assert store.publish(ids[what], claim.attempt, [("interval", time.time(), rec)],
+                                 fields={"progress": json.dumps(rec)})[0]
+        assert store.finish(ids["finished"], 1, entries[ids["finished"]], state="succeeded",
+                            result={"files": 10, "bytes": 10 * 2**20, "seconds": 5.0, "throughput_bps": 3e8,
+                                    "verified_files": 10, "failed_files": 0})
+        with browser_page(site["base"], site["admin"], viewport={"width": 1400, "height": 1000}) as page:
+            page.goto(site["base"] + "/fstream/live")
+            for job_id in ids.values():
+                page.locator(f"tr[data-job='{job_id}']").wait_for(timeout=30_000)
+            page.locator("#agents tr", has_text="idle-agent-9").wait_for(timeout=30_000)
+
+            def cell(job_id: str, css: str) -> str:
+                return page.locator(f"tr[data-job='{job_id}'] td.{css}").inner_text()
+
+            assert cell(ids["steady"], "agent").split("\n") == ["running", "dtn08-steady", "attempt 1"]
+            assert cell(ids["queued"], "agent").split("\n") == ["queued", "not claimed yet"]
+            assert page.locator(f"tr[data-job='{ids['steady']}'] .eta").inner_text() == "12 s"
+            assert page.locator(f"tr[data-job='{job.job_id}'] .eta").inner_text() == "26 s ± 7.0 s"
+            assert page.locator(f"tr[data-job='{ids['finished']}'] .eta").inner_text() == "finished"
+            agent = page.locator("#agents tr", has_text="idle-agent-9").locator("td").all_inner_texts()
+            assert agent[3:6] == ["yes", "idle", "-"], agent  # alive, no job, no attempt
+            assert "attempt 0" not in page.locator("body").inner_text()
+    finally:  # the other tests of the module see the task's job only
+        job.client.delete(keys.agent(idle.name), *(k for j in ids.values() for k in (keys.job(j), keys.job_events(j))))
+        job.client.srem(keys.agents(), idle.name)
+        job.client.zrem(keys.job_index(), *ids.values())

@@ -24,13 +24,20 @@ const FS = (() => {
     if (a < 3600) return sign + Math.floor(a / 60) + ' min ' + Math.floor(a % 60) + ' s';
     return sign + Math.floor(a / 3600) + ' h ' + Math.floor((a % 3600) / 60) + ' min';
   }
-  function eta(e) {
+  const TERMINAL = ['succeeded', 'failed', 'cancelled'];  // bus.job_state.TERMINAL_STATES
+  const finished = state => TERMINAL.includes(state);
+  // ETA ± its error: a finished job has none ("finished"), and no "± 0.0 s" when the error rounds to nothing
+  function eta(e, done) {
+    if (done) return 'finished';
     if (!e || typeof e !== 'object' || num(e.s) === null) return '-';
-    let t = dur(e.s);
-    const lo = num(e.lo), hi = num(e.hi);
-    if (lo !== null && hi !== null) t += ' ± ' + dur(Math.max(0, (hi - lo) / 2));
-    return t;
+    const lo = num(e.lo), hi = num(e.hi), pm = lo !== null && hi !== null ? dur(Math.max(0, (hi - lo) / 2)) : null;
+    return dur(e.s) + (pm !== null && pm !== dur(0) ? ' ± ' + pm : '');
   }
+  // An attempt, counted from 1 at the first claim: null before one (a queued job's and an idle agent's 0)
+  const attempt = n => { const v = num(n); return v !== null && v > 0 ? v : null; };
+  // Who holds a job: its agent; nobody before a claim ("not claimed yet"; "-" once it ended unclaimed)
+  const holder = (r, done) => none(r.worker) && attempt(r.attempt) === null ? (done ? '-' : 'not claimed yet')
+    : text(r.worker);
   function lag(l) {
     if (!l || typeof l !== 'object') return '-';
     const out = [];
@@ -136,6 +143,6 @@ const FS = (() => {
   }
   window.fstreamSeen = [];  // when a value reached the page (tests measure freshness with it)
   const seen = rec => window.fstreamSeen.push({...rec, at: Date.now()});
-  return {none, num, text, rate, bytes, dur, eta, lag, deadline, risky, layout, when, staleness, files, el, svg, spark,
+  return {none, num, text, rate, bytes, dur, finished, eta, attempt, holder, lag, deadline, risky, layout, when, staleness, files, el, svg, spark,
           uiLink, stream, seen};
 })();
