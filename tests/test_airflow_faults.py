@@ -15,20 +15,20 @@ import collections
 import threading
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 
 pytest.importorskip("airflow")
 
 from fstream_provider.bus.client import connect  # noqa: E402
-from fstream_provider.bus.embedded import RedisServer  # noqa: E402
 from fstream_provider.bus.jobs import JobStore  # noqa: E402
+from fstream_bench.sentinel_group import SentinelGroup  # noqa: E402
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 import authkit  # noqa: E402
 from agentkit import PacedReceiver, make_files, part_files, start_receiver, trees_identical, write_secret  # noqa: E402
-from airflow_procs import Airflow, wait  # noqa: E402
+from fstream_bench.airflow_procs import Airflow, wait  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # four Airflow processes and a paced transfer: not beside others
 
@@ -92,6 +92,10 @@ class Run:
         assert n < self.files, f"the transfer ended before the fault ({n} of {self.files} files): pace it slower"
         return n
 
+    def trigger_log(self) -> str:
+        """Every triggerer's log of this run's trigger, concatenated."""
+        return "\n".join(self.rig.af.trigger_logs(DAG_ID, self.run_id, TASK).values())
+
     def check(self, before_fault: int, timeout: float = 240) -> None:
         """The run finished; the task's state is its job's outcome; every file landed once, some after the fault."""
         af = self.rig.af
@@ -120,10 +124,10 @@ class Run:
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
-    server = RedisServer(str(tmp / "redis"))
-    server.start()
+    group = SentinelGroup(tmp / "redis").start()  # the bus: a master, a replica and a sentinel, as in production
+    bus = group.url + "&wait_replicas=1"
     secret = write_secret(tmp / "secret")
-    agent = Agent(server.url, policy=authkit.policy(str(secret)), name="faults-agent", block_ms=200,
+    agent = Agent(bus, policy=authkit.policy(str(secret)), name="faults-agent", block_ms=200,
                   poll_interval=0.1, flush_interval=0.2)
     agent_thread = threading.Thread(target=agent.run, name="agent", daemon=True)
     agent_thread.start()
@@ -132,8 +136,9 @@ def rig(tmp_path_factory):
     (dags / "fstream_faults.py").write_text(DAGS)
     af = Airflow(tmp / "airflow", dags, {
         "FSTREAM_STATE_DIR": str(tmp / "state"),
-        "AIRFLOW_CONN_FSTREAM_DEFAULT": server.url.replace("redis://", "fstream://", 1) + "?" + authkit.conn_query()})
-    r = Rig(af, server.url, secret, tmp)
+        "AIRFLOW_CONN_FSTREAM_DEFAULT": "fstream://?" + urlencode({"url": bus}) + "&" + authkit.conn_query()})
+    r = Rig(af, bus, secret, tmp)
+    r.group = group
     try:
         af.migrate()
         af.start_all()
@@ -144,7 +149,31 @@ def rig(tmp_path_factory):
         r.client.close()
         agent.stop()
         agent_thread.join(timeout=30)
-        server.stop()
+        group.stop()
+
+
+def test_redis_stopped_for_30_s_mid_transfer(rig):
+    """The issue's report: Redis stopped 31 s mid-transfer failed the task (the trigger fired a ConnectionError ~2 s
+    in) while the agent rode it out and the job succeeded. Now the task waits it out too and ends as its job did."""
+    run = rig.transfer("redis-outage", files=40, size=256 * 1024, rate=256 * 1024)  # ~40 s of transfer
+    before = run.moving()
+    t0 = time.monotonic()
+    rig.group.outage(30.0)  # both servers stopped (SIGTERM, AOF kept) for 30 s, then back in their roles
+    run.check(before)
+    log = run.trigger_log()
+    assert "unreachable while following FStream job" in log and " is back after " in log, log[-3000:]
+    print(f"\nRedis down 30 s at {before} of {run.files} files; run finished {time.monotonic() - t0:.1f} s after "
+          "the outage began")
+
+
+def test_a_sentinel_failover_mid_transfer(rig):
+    run = rig.transfer("failover", files=24, size=512 * 1024, rate=512 * 1024)
+    before = run.moving()
+    old = rig.group.master().port
+    promoted = rig.group.failover()  # the master SIGKILLed; the sentinel promotes the replica
+    assert rig.group.master().port != old
+    run.check(before)
+    print(f"\nfailover at {before} of {run.files} files; the sentinel promoted the replica in {promoted:.1f} s")
 
 
 def test_the_triggerer_killed_and_restarted_mid_transfer(rig):
@@ -196,6 +225,9 @@ def test_the_api_server_restarted_while_a_transfer_tab_is_open(rig):
         # SIGTERM, start again, wait until it answers. (It does not exit by itself while a stream is open: uvicorn
         # waits for open responses, up to [api] worker_timeout, 120 s by default; SIGKILL after 10 s here.)
         graceful = af.restart("api-server", stop_timeout=10)
+        # the open tab's stream ended when the api-server was asked to stop (ui.shutdown); before, uvicorn waited
+        # for it for [api] worker_timeout (120 s), and a restart took two minutes while anyone watched a transfer
+        assert graceful, "the api-server did not exit within 10 s of SIGTERM with a Transfer tab open"
         restart_s = time.monotonic() - t0
         back = tab.evaluate("() => Date.now()")
         # the tab reconnects by itself and shows records it had not shown, published after the restart

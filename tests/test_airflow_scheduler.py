@@ -21,7 +21,7 @@ from transfer_agent.receiving.receiver import Receiver  # noqa: E402
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 import authkit  # noqa: E402
-from airflow_procs import Airflow, wait as _wait  # noqa: E402
+from fstream_bench.airflow_procs import Airflow, wait as _wait  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

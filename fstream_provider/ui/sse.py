@@ -19,7 +19,8 @@
   ``sent_at`` (the server's clock, so a page can age what it shows); while Redis cannot be read, a ``problem``
   (``message`` and ``since``) before the last overview read, which a page marks stale until a newer one comes.
 
-Both send keep-alive comments, stop when the client is gone (``request.is_disconnected``), and hold one
+Both send keep-alive comments, stop when the client is gone (``request.is_disconnected``) or the api-server is
+asked to stop (``shutdown.STOPPING``: the browser reconnects to the next one and resumes), and hold one
 of ``MAX_STREAMS`` slots per process while open (``SLOTS``; the routes answer 503 when none is free).
 """
 
@@ -38,7 +39,7 @@ from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.job_state import TERMINAL_STATES, JobState, decode_event
 from fstream_provider.bus.live import job_detail, job_row
 from fstream_provider.model.intervals import LiveFold
-from fstream_provider.ui import bus_conn
+from fstream_provider.ui import bus_conn, shutdown
 from fstream_provider.ui.access import visible_overview
 from fstream_provider.ui.overview_feed import OverviewFeed
 
@@ -88,6 +89,7 @@ SLOTS = Slots()
 def response(stream: AsyncIterator[str], slots: Slots = SLOTS) -> StreamingResponse:
     """A ``text/event-stream`` response of ``stream`` holding one slot (taken by the caller) until it ends."""
     async def body() -> AsyncIterator[str]:
+        shutdown.install()  # on the server's loop (its main thread), after the server installed its handlers
         try:
             async for chunk in stream:
                 yield chunk
@@ -196,7 +198,7 @@ async def job_stream(request: Any, bus: bus_conn.Bus, job_id: str, last_event_id
                 yield frame("end", {"job_id": job_id, "state": detail.get("done")})
                 return
         beat = time.monotonic()
-        while not await request.is_disconnected():
+        while not shutdown.STOPPING.is_set() and not await request.is_disconnected():
             try:
                 resp = await aclient.xread({keys.job_events(job_id): after}, count=500, block=block_ms)
                 entries = [decode_event(eid, fields) for _s, es in resp or [] for eid, fields in es]
@@ -255,7 +257,7 @@ async def overview_stream(request: Any, feed: OverviewFeed, dag_ids: Callable[[]
         readable = await asyncio.to_thread(dag_ids)
         read_at = beat = time.monotonic()
         version = 0
-        while not await request.is_disconnected():
+        while not shutdown.STOPPING.is_set() and not await request.is_disconnected():
             new = await feed.wait(version, check_s)
             now = time.monotonic()
             if new == version:
