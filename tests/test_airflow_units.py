@@ -307,6 +307,9 @@ def test_interval_line_and_summary_are_readable(tmp_path):
     for part in ("t=   12.0s", "812.40 Mbit/s", "target 800.00 Mbit/s, 102%", "small 3/1/16", "large 1/4/1",
                  "120 done, 30 pending", "QoS: below target"):
         assert part in line, (part, line)
+    # the files handed to channels and not committed yet are counted too (issue 41: a small transfer said
+    # "0 pending" from its first second to its end, all its files being in flight)
+    assert "120 done, 32 in flight, 30 pending" in format_interval({**rec, "active_files": 32}, 800e6)
     result = {"files": 150, "bytes": 2**30, "seconds": 10.0, "throughput_bps": 6e8, "verified_files": 150,
               "failed_files": 0}
     table = summary_table(result, [rec], 800e6, job_id="j1")

@@ -41,7 +41,8 @@ def format_clusters(rec: dict[str, Any]) -> str:
 def format_interval(rec: dict[str, Any], target_bps: float | None = None, prev: dict[str, Any] | None = None) -> str:
     """One log line for an interval record.
 
-    Example: ``t=  12.0s  812.40 Mbit/s (target 800.00 Mbit/s, 102%)  cc/p/pp small 4/1/8  files 120 done, 30 pending``
+    Example: ``t=  12.0s  812.40 Mbit/s (target 800.00 Mbit/s, 102%)  cc/p/pp small 4/1/8  files 120 done, 32 in
+    flight, 30 pending``
     followed by ``  tuner: <reason>`` when the tuner changed something (or gave a reason). A reason that a
     ``tuning`` event already carried (the record says ``tuning_event``) is not repeated: its ``tuning:`` line
     is just above; a reason no such event carried (the tuner failed and the layout was kept) stays here.
@@ -53,9 +54,11 @@ def format_interval(rec: dict[str, Any], target_bps: float | None = None, prev: 
     if target:
         line += f" (target {format_rate(float(target))}, {100.0 * bps / float(target):.0f}%)"
     line += f"  cc/p/pp {format_clusters(rec)}"
-    done, pending = rec.get("files_done"), rec.get("files_pending")
+    done, pending, active = rec.get("files_done"), rec.get("files_pending"), rec.get("active_files")
     if done is not None or pending is not None:
-        line += f"  files {int(_num(done))} done, {int(_num(pending))} pending"
+        # in flight: handed to a channel, not committed yet (all of a small transfer from its first second on)
+        flight = f"{int(_num(active))} in flight, " if active is not None else ""
+        line += f"  files {int(_num(done))} done, {flight}{int(_num(pending))} pending"
     live = live_text(rec)  # ETA, lag and deadline (issue 27) when the agent reports them
     if live:
         line += f"  {live}"
