@@ -16,6 +16,7 @@ from fstream_bench.goal_readers import (
     pools_two_agents, qos_default, qos_issue4, qos_thesis, scale, sched_burst, seal_vs_baselines, selfcheck,
     sim_default_vs_oracle, sim_mix_recovery, sim_oracle, steal_with_batch, trigger_latency, trust_modes,
 )
+from fstream_bench.airflow_soak import soak_goal  # issue 41: the reader beside the soak it reads
 from fstream_bench.drain_bench import drain_goal  # issue 30: the reader sits beside the summary it reads
 from fstream_bench.goal_readers_datapath import (
     cpu_vs_fast, flow_small, gil_receiver, per_file, receiver_core, startup, wan_no_regression,
@@ -213,4 +214,8 @@ GOALS: list[Goal] = [
     Goal("32", "authorization off the critical path: the source guard ≤ 1.05× sender CPU per small file, a job's "
          "decision ≤ 1 ms p99 (loopback, pinned; our goal, the issue sets none)", "bench/results/authz-*",
          "fstream bench authz", measure=authz_cost),
+    Goal("41", "a 30-minute Airflow soak (Redis outages of 30 s, Sentinel failovers, triggerer SIGKILLs, scheduler "
+         "and api-server restarts, agent drains, key rotations under a steady stream of DAG runs): 0 tasks whose "
+         "state differs from their job's outcome, 0 files lost or duplicated", "bench/results/airflow-soak-*.json",
+         "fstream bench airflow-soak --minutes 30", measure=soak_goal),
 ]

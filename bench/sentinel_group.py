@@ -96,36 +96,22 @@ class SentinelGroup:
         return next(s for s in self.servers if s.port == port)
 
     def failover(self, timeout: float = 60.0) -> float:
-        """SIGKILL the master; wait until the sentinel promoted the replica; start the old master again (it becomes
-        a replica). Returns the seconds the group had no master the sentinel named."""
+        """SIGKILL the master; wait until the sentinel promoted the replica; start the old master again and wait until
+        the group is whole (``settle``). Returns the seconds until the sentinel named a new master."""
         old = self.master()
         started = time.monotonic()
         old.kill()
-        new_port = _poll(lambda: (p := self.master_port()) != old.port and p, "the sentinel to promote the replica",
-                         timeout)
+        _poll(lambda: (p := self.master_port()) != old.port and p, "the sentinel to promote the replica", timeout)
         promoted = time.monotonic() - started
-        new = next(s for s in self.servers if s.port == new_port)
-        c = connect(new.url)
-        try:
-            _poll(lambda: c.info("replication").get("role") == "master", "the replica to act as master", timeout)
-        finally:
-            c.close()
         old.start()
-        o = connect(old.url)
-        try:
-            # what the sentinel does to a master that comes back, done at once (it may take it a while)
-            o.execute_command("REPLICAOF", "127.0.0.1", str(new_port))
-            _poll(lambda: o.info("replication").get("master_link_status") == "up", "the old master back as a "
-                  "replica in sync", timeout)
-        finally:
-            o.close()
+        self.settle(timeout)
         self.failovers += 1
         return promoted
 
     def outage(self, seconds: float, timeout: float = 60.0) -> None:
-        """Stop both servers (SIGTERM: each finishes its AOF) for ``seconds``, then start the master and the replica
-        again in their roles: Redis is simply gone for a while (the sentinel's failover finds no replica to
-        promote), as in a facility-wide restart."""
+        """Stop both servers (SIGTERM: each finishes its AOF) for ``seconds``, then start the master first and the
+        replica after it: Redis is simply gone for a while (the sentinel's failover finds no replica to promote),
+        as in a facility-wide restart; then wait until the group is whole (``settle``)."""
         master = self.master()
         replica = next(s for s in self.servers if s is not master)
         replica._reap(signal.SIGTERM)
@@ -133,13 +119,34 @@ class SentinelGroup:
         time.sleep(seconds)  # the fault: no Redis at all for this long
         master.start()
         replica.start()
-        c = connect(replica.url)
-        try:
-            c.execute_command("REPLICAOF", "127.0.0.1", str(master.port))
-            _poll(lambda: c.info("replication").get("master_link_status") == "up", "the replica in sync", timeout)
-        finally:
-            c.close()
-        _poll(lambda: self.master_port() == master.port, "the sentinel to name the master again", timeout)
+        self.settle(timeout)
+
+    def settle(self, timeout: float = 60.0) -> int:
+        """Wait until the sentinel names a master that acts as one and the other server replicates it in sync; returns
+        the master's port. What the sentinel does to a server that comes back (``REPLICAOF`` the master) is done at
+        once, and again whenever the roles changed meanwhile: on a loaded host the sentinel may fail over a second
+        time (a just-promoted master slow to answer its PING within ``down-after``), and the group must end whole
+        whichever server is master."""
+        def whole() -> int | None:
+            port = self.master_port()
+            if port is None:
+                return None
+            master = next(s for s in self.servers if s.port == port)
+            other = next(s for s in self.servers if s is not master)
+            m, o = connect(master.url, retries=0), connect(other.url, retries=0)
+            try:
+                if m.info("replication").get("role") != "master":
+                    return None
+                info = o.info("replication")
+                if info.get("role") != "slave" or int(info.get("master_port") or 0) != port:
+                    o.execute_command("REPLICAOF", "127.0.0.1", str(port))
+                    return None
+                return port if info.get("master_link_status") == "up" else None
+            finally:
+                m.close()
+                o.close()
+
+        return _poll(whole, "the group whole again (a master the sentinel names, its replica in sync)", timeout)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,6 +1,6 @@
 """Faults in a real Airflow while its deferred FStream transfer runs: the task ends as its job did, files land once.
 
-One Airflow 3 (api-server, scheduler, dag-processor and triggerer as four processes: tests/airflow_procs.py)
+One Airflow 3 (api-server, scheduler, dag-processor and triggerer as four processes: bench/airflow_procs.py)
 runs ``FStreamTransferOperator(deferrable=True)`` for every test, through a real agent and a real receiver on
 loopback. The receiver writes at a fixed rate (``PacedReceiver``), so a transfer lasts long enough for the fault
 to land while files are still moving: each test checks that some files were committed after the fault. Each

@@ -1,4 +1,4 @@
-"""A real Airflow (tests/airflow_procs.py, four processes) runs the asset pipeline once per batch, not twice a file."""
+"""A real Airflow (bench/airflow_procs.py, four processes) runs the asset pipeline once per batch, not twice a file."""
 
 from __future__ import annotations
 
