@@ -3,7 +3,10 @@
 ``fstream bench airflow-soak [--minutes 30] [--every 10s] [--files 16] [--fault-every 100s] [--seed S]``
 
 - a real Airflow 3 (api-server, scheduler, dag-processor, triggerer as four processes: ``airflow_procs``) runs a
-  DAG whose ``FStreamTransferOperator(deferrable=True, retries=0)`` sends one new source directory per run;
+  DAG whose ``FStreamTransferOperator(deferrable=True, retries=R)`` sends one new source directory per run
+  (``--retries``, default 2 as docs/airflow/operators.md advises for deferred transfers: Airflow 3.3 fails a
+  deferred task whose trigger fires before the scheduler saw its worker exit, apache/airflow#71580 and #72716;
+  ``--retries 0`` shows how often);
 - the bus is a Redis Sentinel group (``sentinel_group``: master, replica, one sentinel), reached by everyone
   through its Sentinel URL with ``wait_replicas=1``; a real ``fstream agent`` process and a real ``fstream
   receive`` process move the files;
@@ -51,7 +54,7 @@ DAG_ID, TASK, SUBMITTER = "fstream_soak", "transfer", "soak"
 OUTCOME = {"succeeded": "success", "failed": "failed", "cancelled": "failed"}  # a job's state -> its task's
 DAG = '''
 """The DAG of fstream bench airflow-soak: one deferred transfer per run, its source and destination from the conf."""
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -60,7 +63,7 @@ from fstream_provider.operators.transfer import FStreamTransferOperator
 with DAG("fstream_soak", schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=32):
     FStreamTransferOperator(task_id="transfer", sources="{{ dag_run.conf['source'] }}",
                             destination="{{ dag_run.conf['destination'] }}", tuner="fixed", cc=2, p=1,
-                            deferrable=True, retries=0)
+                            deferrable=True, retries=RETRIES, retry_delay=timedelta(seconds=5))
 '''
 
 
@@ -126,7 +129,7 @@ class Soak:
         self.agent: Daemon | None = None
         dags = work / "dags"
         dags.mkdir()
-        (dags / "fstream_soak.py").write_text(DAG)
+        (dags / "fstream_soak.py").write_text(DAG.replace("RETRIES", str(int(args.retries))))
         self.af_cls, self.dags = Airflow, dags
         self.af: Any = None
         self.runs: list[dict] = []
@@ -259,6 +262,20 @@ class Soak:
                 return
             time.sleep(2.0)  # polling Airflow's database with a deadline
 
+    def _retry_causes(self, run_id: str) -> list[str]:
+        """Why Airflow ended a try of this run's task early, from the scheduler's log: Airflow 3.3's race (a
+        deferred task's worker exit seen after its trigger fired: "finished with state success, but the task
+        instance's state attribute is queued"), an executor failure before the task ran, or a failed try."""
+        out = []
+        for line in self.af.log("scheduler").splitlines():
+            if f"run_id='{run_id}'" not in line and f" {run_id} [" not in line and f"run_id={run_id}," not in line:
+                continue
+            if "finished with state success, but the task instance's state attribute is" in line:
+                out.append("airflow_defer_race")
+            elif "finished with state failed, but the task instance's state attribute is" in line:
+                out.append("executor_failed_before_run")
+        return out
+
     def check(self) -> dict:
         from fstream_provider.bus.client import connect
         from fstream_provider.bus.jobs import JobStore
@@ -293,6 +310,7 @@ class Soak:
                     never_ran = "FStreamTransferOperator" not in self.af.task_logs(DAG_ID, r["run_id"], TASK)
                     ok_state = never_ran
                 row = {"run_id": r["run_id"], "task": ti_state, "tries": tries, "jobs": len(jobs),
+                       "retried_for": self._retry_causes(r["run_id"]) if tries > 1 or ti_state == "failed" else [],
                        "job": last.state if last else None, "job_error": (last.error if last else None),
                        "files": len(r["digests"]), "missing": len(missing), "duplicated": dup, "parts": len(parts),
                        "state_matches": ok_state, "failed_before_operator_ran": never_ran}
@@ -308,6 +326,8 @@ class Soak:
                 "files_lost": lost, "files_duplicated": duplicated,
                 "jobs_not_succeeded": sum(1 for r in rows if r["jobs"] and r["job"] != "succeeded"),
                 "failed_before_operator_ran": sum(1 for r in rows if r["failed_before_operator_ran"]),
+                "retried": sum(1 for r in rows if r["tries"] > 1),
+                "retry_causes": dict(collections.Counter(c for r in rows for c in r["retried_for"])),
                 "tasks_failed": sum(1 for r in rows if r["task"] == "failed")}
 
 
@@ -331,6 +351,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--fault-every", default="100s", help="a fault this often, jittered ±30%% (default 100s)")
     ap.add_argument("--outage", default="30s", help="how long a redis_outage lasts (default 30s)")
     ap.add_argument("--settle", default="10m", help="how long the end waits for the last runs (default 10m)")
+    ap.add_argument("--retries", type=int, default=2, help="the transfer task's retries (default 2, as the docs advise)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--results", default=str(RESULTS))
@@ -384,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 def _markdown(doc: dict) -> str:
     r, a = doc["result"], doc["args"]
     lines = [f"# Airflow soak ({a['minutes']:g} min, a run every {a['every']}, {a['files']} files each, "
+             f"retries {a.get('retries', 0)}, "
              f"a fault every ~{a['fault_every']}, seed {a['seed']})", "",
              "| measure | goal | measured |", "|---|---|---|",
              f"| tasks whose state differs from their job's outcome (or never finished) | 0 | "
@@ -392,7 +414,9 @@ def _markdown(doc: dict) -> str:
              f"({r['files_lost']} lost, {r['files_duplicated']} duplicated) |",
              f"| jobs that did not succeed (their tasks failed with them) | - | {r['jobs_not_succeeded']} |",
              f"| tasks Airflow failed before the operator ran (no job; e.g. its task runner met a restarting "
-             f"api-server) | - | {r['failed_before_operator_ran']} |", "",
+             f"api-server) | - | {r['failed_before_operator_ran']} |",
+             f"| tasks that took more than one try (retries {a['retries']}); Airflow's reasons, from its scheduler "
+             f"log | - | {r['retried']}: {r['retry_causes'] or '-'} |", "",
              "Faults: " + ", ".join(f"{k} x{n}" for k, n in sorted(doc["fault_counts"].items()))
              + f"; the sentinel changed masters {doc['sentinel_switches']} times in all", ""]
     if doc["errors"]:

@@ -282,6 +282,74 @@ def test_the_polling_operator_rides_out_a_redis_restart_mid_follow(conn, server)
         agent.close()
 
 
+def test_the_polling_operator_gives_each_outage_the_whole_budget_while_its_job_is_busy(conn, server):
+    """Two outages 6 s apart, each shorter than the budget, the job writing events all along. The outage clock
+    ended only on an empty read, which a busy job never gives: the second outage counted from the first and
+    failed the task at once (found in review). Now any event ends an outage."""
+    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination=DEST, deferrable=False,
+                                 poll_interval=1.0, redis_outage_timeout="9s")
+    ti, out, errors = _TI(1), [], []
+
+    def run() -> None:
+        try:
+            out.append(op.execute({"ti": ti}))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while "job_id" not in ti.xcom:
+        assert time.monotonic() < deadline and not errors, errors
+        time.sleep(0.02)
+    agent = _Agent(conn, ti.xcom["job_id"])
+    busy, steps = threading.Event(), [0]
+
+    def publish() -> None:  # an interval every 0.3 s, as a busy agent's job writes (through the outages)
+        while not busy.is_set():
+            steps[0] += 1
+            _through_failover(agent.interval, steps[0], timeout=60)
+            busy.wait(0.3)
+
+    writer = threading.Thread(target=publish, daemon=True)
+    writer.start()
+    try:
+        time.sleep(2)
+        _outage(server, 5.0)
+        time.sleep(6)
+        _outage(server, 5.0)
+        time.sleep(2)
+        busy.set()
+        writer.join(60)
+        _through_failover(agent.finish)
+        worker.join(60)
+        assert not worker.is_alive() and not errors, errors
+        assert out[0]["state"] == "succeeded" and out[0]["timeline"]["intervals"] >= steps[0] - 1
+    finally:
+        busy.set()
+        agent.close()
+
+
+def test_a_poke_that_claimed_a_batch_returns_it_when_redis_goes_before_it_kept_its_looks(conn, server, tmp_path,
+                                                                                          monkeypatch):
+    """The claim (SADD) went through, then Redis went before the looks were kept: the poke used to end as
+    'nothing found', and the claimed files were never reported (found in review). Now they are returned. The
+    failure between the two commands is injected on the client (an outage cannot be timed between them)."""
+    import redis
+
+    (tmp_path / "a.dat").write_bytes(b"x" * 10)
+    sensor = FStreamNewFilesSensor(task_id="files", path=str(tmp_path), pattern="*.dat", min_age=1e-9,
+                                   deferrable=False)
+    client = sensor.hook.client
+
+    def gone(*args, **kwargs):
+        raise redis.ConnectionError("Connection refused (injected after the claim)")
+
+    monkeypatch.setattr(client, "set", gone)
+    got = sensor.poke({})
+    assert got.is_done is True and got.xcom_value == [str(tmp_path / "a.dat")]
+
+
 def test_submitting_waits_for_redis_and_a_submission_is_never_doubled(conn, server):
     """Redis down when the task starts: the submission waits, then goes through once (its idempotency key)."""
     server._reap(signal.SIGTERM)
@@ -342,6 +410,14 @@ def test_the_event_triggers_acknowledgement_waits_for_redis_so_a_stored_batch_is
 
     asyncio.run(scenario())
     assert _pending(conn, "ack") == 0  # acknowledged: never delivered again
+
+
+def _hget(url: str, key: str, field: str) -> str | None:
+    client = connect(url)
+    try:
+        return client.hget(key, field)
+    finally:
+        client.close()
 
 
 def _pending(url: str, scope: str) -> int:
@@ -430,7 +506,12 @@ def test_a_triggerer_taking_over_does_not_repeat_the_lines_the_first_one_logged(
         while sum("Mbit" in r.getMessage() for r in first_lines) < 2:
             assert time.monotonic() < deadline and not task.done()
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.5)  # its next read records how far it logged
+        # it records how far it logged (at most every FOLLOWED_EVERY_S): wait until the record names the newest event
+        newest = agent.events()[-1][0]
+        key, field = Keys().job_followed(first.job_id), first._follower()
+        while await asyncio.to_thread(_hget, conn, key, field) != newest:
+            assert time.monotonic() < deadline + 30, "the first trigger never recorded how far it logged"
+            await asyncio.sleep(0.05)
         task.cancel()  # the first triggerer dies
         await asyncio.gather(task, return_exceptions=True)
 

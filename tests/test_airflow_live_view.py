@@ -605,16 +605,18 @@ def test_the_overview_hides_what_would_name_a_hidden_job():
           "agents": [{"name": "a1", "job_id": "j-secret"}, {"name": "a2", "job_id": "j-open"}, {"name": "a3"}],
           "jobs": [{"job_id": "j-secret", "airflow": {"dag_id": "secret_dag"}},
                    {"job_id": "j-open", "airflow": {"dag_id": "open_dag"}}, {"job_id": "j-cli", "airflow": None}],
-          "pools": [{"src": "s", "dst": "d", "grants": {"j-secret": {"streams": 2}, "j-open": {"streams": 3}}}],
+          "pools": [{"src": "s", "dst": "d", "grants": {"j-secret": {"streams": 2}, "j-open": {"streams": 3},
+                                                        "j-unlisted": {"streams": 1}}}],
           "board": {"j-secret": {"state": "running"}, "j-open": {"state": "waiting"}, "j-unknown": {}}}
     seen = visible_overview(ov, {"open_dag"})  # a job without a task (j-cli): the bus's readers only
     assert [j["job_id"] for j in seen["jobs"]] == ["j-open"]
     assert [a.get("job_id") for a in seen["agents"]] == [HIDDEN, "j-open", None]
-    assert seen["pools"][0]["grants"] == {HIDDEN: {"streams": 2}, "j-open": {"streams": 3}}
+    # a grant of a job the listing does not hold is masked too (deny by default, as agents and the board)
+    assert seen["pools"][0]["grants"] == {HIDDEN: {"streams": 3}, "j-open": {"streams": 3}}
     assert set(seen["board"]) == {"j-open"} and seen["hidden"] == {"jobs": 2, "board": 2}
     everything = visible_overview(ov, Scope(frozenset(), whole_bus=True))
     assert [j["job_id"] for j in everything["jobs"]] == ["j-secret", "j-open", "j-cli"]
-    assert everything["hidden"]["jobs"] == 0
+    assert everything["hidden"]["jobs"] == 0 and "j-unlisted" in everything["pools"][0]["grants"]
     assert ov["jobs"][0]["job_id"] == "j-secret"  # the shared snapshot is not changed
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -72,16 +71,16 @@ class Outage:
             self.since, self.tries, self._last_line = now, 0, now
             self.outages += 1
             self.log.warning("%s unreachable while %s (%s: %s); waiting for it to come back (up to %s)",
-                             self.where, self.what, type(exc).__name__, _first_line(exc), _budget(self.budget_s))
+                             self.where, self.what, type(exc).__name__, first_line(exc), _budget(self.budget_s))
         elif now - self._last_line >= REPEAT_EVERY_S:
             self._last_line = now
             self.log.warning("%s still unreachable while %s, for %.0f s (%s)", self.where, self.what,
-                             now - self.since, _first_line(exc))
+                             now - self.since, first_line(exc))
         lasted = now - self.since
         if self.budget_s is not None and lasted >= self.budget_s:
             raise BusOutageError(f"{self.where} unreachable for {lasted:.0f} s while {self.what} "
                                  f"(redis_outage_timeout {self.budget_s:g} s): {type(exc).__name__}: "
-                                 f"{_first_line(exc)}")
+                                 f"{first_line(exc)}")
         delay = BACKOFF.delay(self.tries, self.rng)
         self.tries += 1
         if self.budget_s is not None:
@@ -95,15 +94,13 @@ class Outage:
                           self.clock() - self.since, self.what, self.tries)
             self.since = None
 
-    def call(self, fn: Callable[[], T], *, stop: threading.Event | None = None) -> T:
+    def call(self, fn: Callable[[], T]) -> T:
         """``fn()``, waiting out unreachable errors within the budget (blocking)."""
-        waiter = stop or threading.Event()
         while True:
             try:
                 out = fn()
             except REDIS_UNREACHABLE as exc:
-                if waiter.wait(self.failed(exc)):
-                    raise
+                time.sleep(self.failed(exc))  # the backoff of a blocking caller (a worker's task)
                 continue
             self.recovered()
             return out
@@ -120,7 +117,8 @@ class Outage:
             return out
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The error's first line (``no message`` when it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else "no message"
 

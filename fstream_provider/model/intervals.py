@@ -82,6 +82,8 @@ def fold_slivers(intervals: list[dict[str, Any]], interval_s: float | None = Non
     nothing before it and stays; records without ``dt`` (an older agent's) are never slivers. Folding a folded
     list changes nothing.
     """
+    if any(r.get("folded") for r in intervals):  # folded already (the reference would move: fold once only)
+        return list(intervals)
     ref = interval_s if interval_s else job_interval(intervals)
     out: list[dict[str, Any]] = []
     for rec in intervals:

@@ -309,7 +309,13 @@ class FStreamTransferOperator(BaseOperator):
             self.log.info("Submitted FStream job %s (%s -> %s, tuner %s) on %s", job_id,
                           ", ".join(spec.sources[:3]) + (" ..." if len(spec.sources) > 3 else ""),
                           spec.destination, spec.tuner, self.hook.settings.source)
-        if not live_agents(self.hook.client, self.hook.keys):
+        try:
+            alive = live_agents(self.hook.client, self.hook.keys)
+        except REDIS_UNREACHABLE as exc:  # the job is in; retrying the submission for a warning could double it
+            self.log.warning("could not look for live FStream agents on %s (%s); job %s is queued",
+                             self.hook.settings.source, exc, job_id)
+            alive = True
+        if not alive:
             timeout = self._agent_timeout()
             self.log.warning("No FStream agent is alive on %s: job %s waits in the queue%s; %s",
                              self.hook.settings.source, job_id,
@@ -373,9 +379,12 @@ class FStreamTransferOperator(BaseOperator):
         from fstream_provider.bus.follow import follow_job
 
         prev, seen = None, []
+        outage: Outage | None = None
 
         def on_event(eid: str, ev: dict[str, Any]) -> None:
             nonlocal prev
+            if outage is not None:
+                outage.recovered()  # events came: an outage in progress is over (a busy job's reads are never empty)
             seen.append((eid, ev))
             line = live_event_line(ev, target_bps, prev)  # the same lines, at the same levels, as the trigger's
             if line is not None:

@@ -13,7 +13,7 @@ from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException
 
 from fstream_provider.bus.client import REDIS_UNREACHABLE
-from fstream_provider.bus.outage import BusOutageError, Outage
+from fstream_provider.bus.outage import BusOutageError, Outage, first_line
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.hooks.sftp import Scanner
 from fstream_provider.watch.location import Location, default_poll_interval, default_scope
@@ -129,8 +129,7 @@ class FStreamNewFilesSensor(BaseSensorOperator):
             return self._look()
         except REDIS_UNREACHABLE as exc:
             self.log.warning("Redis unreachable while watching %s (%s: %s); poking again in %s s", self.path,
-                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "no message",
-                             self.poke_interval)
+                             type(exc).__name__, first_line(exc), self.poke_interval)
             return PokeReturnValue(is_done=False)
 
     def _look(self) -> PokeReturnValue:
@@ -148,9 +147,12 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         raw = client.get(looks_key)
         self.watcher.tracker.load(json.loads(raw) if raw else None)
         won = self.watcher.poll(min_files, max_files)
-        # bounded: only files not yet complete or claimed; kept long enough to span a rescheduled poke
-        client.set(looks_key, json.dumps(self.watcher.tracker.export(limit=LOOKS_MAX)),
-                   ex=int(max(3600, 10 * float(self.poke_interval))))
+        try:  # bounded: only files not yet complete or claimed; kept long enough to span a rescheduled poke
+            client.set(looks_key, json.dumps(self.watcher.tracker.export(limit=LOOKS_MAX)),
+                       ex=int(max(3600, 10 * float(self.poke_interval))))
+        except REDIS_UNREACHABLE as exc:  # the batch is claimed: return it (the looks are only an optimisation)
+            self.log.warning("could not keep this poke's looks in Redis (%s: %s)", type(exc).__name__,
+                             first_line(exc))
         if self.watcher.last_complete < min_files:
             self.log.info("%d new complete file(s) in %s, waiting for %d", self.watcher.last_complete, self.path,
                           min_files)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from fstream_provider.model.tasklog import live_event_line
 
 
 FOLLOWED_TTL_S = 7 * 86400  # ``job_followed`` outlives the follow as long as a job's record does
+FOLLOWED_EVERY_S = 2.0  # how often a trigger records how far it logged (a write per deferred task at most this often)
 
 
 class FStreamTransferTrigger(BaseTrigger):
@@ -56,6 +58,7 @@ class FStreamTransferTrigger(BaseTrigger):
         self._looked_back = False  # read how far an earlier triggerer logged this task's lines (once)
         self._logged_upto: str | None = None  # ... up to this id: not logged again
         self._persisted: str | None = None  # the last id written to ``job_followed``
+        self._persisted_at = float("-inf")
         self.agent_timeout = agent_timeout
         self.agent_hint = agent_hint
         self.cancel_on_kill = cancel_on_kill
@@ -89,11 +92,12 @@ class FStreamTransferTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
         outage = Outage(self.redis_outage_timeout, f"following FStream job {self.job_id}", self.log)
+        watch = NoAgentWatch(self.agent_timeout, self.agent_hint)  # one clock across outages, as the operator's
         try:
             outage.where = f"Redis {describe((await hook.get_settings()).redis_url)}"
             while True:
                 try:
-                    event = await self._follow(hook, outage)
+                    event = await self._follow(hook, outage, watch)
                     break
                 except REDIS_UNREACHABLE as exc:  # wait, then follow on from the last event handled
                     await asyncio.sleep(outage.failed(exc))
@@ -130,8 +134,14 @@ class FStreamTransferTrigger(BaseTrigger):
                           self.job_id, logged)
 
     async def _record_logged(self, hook: Any) -> None:
-        if self.last_event_id == self._persisted or self.last_event_id == "0-0":
+        """Write how far this trigger logged, at most every ``FOLLOWED_EVERY_S`` (one pipelined HSET+EXPIRE): a
+        takeover may then repeat the lines of the last few seconds, never the whole story."""
+        if self.last_event_id in (self._persisted, "0-0"):
             return
+        now = time.monotonic()
+        if now - self._persisted_at < FOLLOWED_EVERY_S:
+            return
+        self._persisted_at = now
         client, keys = await hook.get_client(), await hook.get_keys()
         key = keys.job_followed(self.job_id)
         pipe = client.pipeline(transaction=False)
@@ -140,7 +150,7 @@ class FStreamTransferTrigger(BaseTrigger):
         await pipe.execute()
         self._persisted = self.last_event_id
 
-    async def _follow(self, hook: Any, outage: Outage) -> dict[str, Any]:
+    async def _follow(self, hook: Any, outage: Outage, watch: NoAgentWatch) -> dict[str, Any]:
         def on_event(eid: str, ev: dict[str, Any]) -> None:
             self.last_event_id = eid
             line = live_event_line(ev, self.target_throughput_bps, self._prev)
@@ -148,8 +158,6 @@ class FStreamTransferTrigger(BaseTrigger):
                 self.log.log(*line)
             if ev.get("kind") == "interval":
                 self._prev = ev
-
-        watch = NoAgentWatch(self.agent_timeout, self.agent_hint)
 
         async def on_idle(state: Any) -> None:
             if state.state == "queued":  # only then is a missing agent a reason to give up

@@ -83,7 +83,9 @@ def may_see(row: dict, readable: Scope | set[str]) -> bool:
 
 def visible_overview(ov: dict, readable: Scope | set[str]) -> dict:
     """``ov`` (``bus.live.overview``) as a user with ``readable`` (a ``Scope``, or the DAG ids they may read)
-    sees it (a new dict; ``ov`` is shared)."""
+    sees it (a new dict; ``ov`` is shared). A user who sees the whole bus sees it as it is."""
+    if isinstance(readable, Scope) and readable.whole_bus:
+        return {**ov, "hidden": {"jobs": 0, "board": 0}}
     jobs, hidden = [], set()
     for row in ov.get("jobs") or []:
         if may_see(row, readable):
@@ -99,10 +101,10 @@ def visible_overview(ov: dict, readable: Scope | set[str]) -> dict:
     pools = []
     for p in ov.get("pools") or []:
         grants = p.get("grants") or {}
-        if any(c in hidden for c in grants):
+        if any(c not in shown for c in grants):  # a grant's client is a job: not listed, deny (as agents, board)
             masked: dict[str, Any] = {}
             for c, g in grants.items():
-                name = HIDDEN if c in hidden else c
+                name = HIDDEN if c not in shown else c
                 if name in masked:  # several hidden clients: their streams add up under one name
                     g = {**g, "streams": (masked[name].get("streams") or 0) + (g.get("streams") or 0)}
                 masked[name] = g

@@ -37,6 +37,7 @@ from fastapi.responses import StreamingResponse
 
 from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.job_state import TERMINAL_STATES, JobState, decode_event
+from fstream_provider.bus.jobs import RESULT_TOTALS
 from fstream_provider.bus.live import job_detail, job_row
 from fstream_provider.model.intervals import LiveFold
 from fstream_provider.ui import bus_conn, shutdown
@@ -127,7 +128,7 @@ def _slim(ev: dict, eid: str) -> dict:
     out = {**ev, "id": eid}
     result = out.pop("result", None)
     if isinstance(result, dict):
-        out["result"] = {k: result.get(k) for k in _RESULT_TOTALS if k in result}
+        out["result"] = {k: result.get(k) for k in RESULT_TOTALS if k in result}
     return out
 
 
@@ -150,7 +151,6 @@ async def _last_interval(aclient: Any, keys: Any, job_id: str, upto: str) -> dic
     return next((decode_event(eid, f)[1] for eid, f in entries if f.get("kind") == "interval"), None)
 
 
-_RESULT_TOTALS = ("bytes", "files", "verified_files", "skipped_files", "failed_files", "throughput_bps", "elapsed_s")
 
 
 async def _row(aclient: Any, keys: Any, job_id: str) -> dict | None:
