@@ -5,7 +5,7 @@ Both servers keep an AOF (``appendfsync always``); the sentinel notices a dead m
 promotes the replica. ``failover()`` SIGKILLs the master, waits until the sentinel names the replica, then starts
 the old master again on its port as a replica of the new one (what the sentinel would do to it, done at once);
 ``outage()`` stops both for a while. Clients follow the changes through ``url`` (``redis+sentinel://…/m1``), as a
-deployment's would. Used by tests/test_airflow_bus_outage.py, tests/test_airflow_faults.py and
+deployment's would. Used by tests/test_airflow_bus_outage.py, tests/test_airflow_under_faults.py and
 ``fstream bench airflow-soak``.
 """
 

@@ -8,7 +8,7 @@ while the agent rode the outage out and the job succeeded. Now each waits with b
 A real ``redis-server`` with its AOF is stopped and started again on the same port; the agent's side is played
 through ``JobStore`` exactly as the agent's runner writes it (claim, publish, finish), so every event the task must
 see is known. The fault tests on the whole of Airflow (scheduler, triggerer, a real agent) are in
-tests/test_airflow_faults.py.
+tests/test_airflow_under_faults.py.
 """
 
 from __future__ import annotations
@@ -490,7 +490,7 @@ class _TaskInstance:
 def test_a_triggerer_taking_over_does_not_repeat_the_lines_the_first_one_logged(conn, server):
     """Airflow rebuilds a trigger from the kwargs it deferred with (``last_event_id`` 0-0), so the triggerer that
     takes it over after the first died re-read every event and logged every interval line a second time (seen in
-    tests/test_airflow_faults.py). Now it logs on after the last line the first one recorded (``job_followed``)."""
+    tests/test_airflow_under_faults.py). Now it logs on after the last line the first one recorded (``job_followed``)."""
     _, first = _deferred()
     first.block_ms = 200
     first.task_instance = _TaskInstance()

@@ -280,7 +280,9 @@ def test_a_redis_outage_is_shown_and_clears_when_reads_succeed(site, job, redis)
             assert "stale" in status.get_attribute("class")
         finally:
             redis.start()
-        job.interval(3.75e8)  # the agent goes on once Redis is back
+        # the agent goes on once Redis is back (a 30 s interval: on a loaded host the page may take over two 1 s
+        # intervals to draw it, which would rightly show its age)
+        job.interval(3.75e8, dt=30.0)
         page.wait_for_function("() => document.getElementById('problem').textContent === ''", timeout=30_000)
         page.wait_for_function("() => document.getElementById('status').textContent === 'live'", timeout=15_000)
         page.wait_for_function(f"() => document.querySelector(\"tr[data-job='{job.job_id}'] .rate\")"

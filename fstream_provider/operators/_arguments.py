@@ -145,3 +145,51 @@ def check_known_arguments(task_id: str, values: dict[str, Any]) -> None:
         except (AirflowException, ValueError) as exc:
             message = str(exc) if str(exc).startswith(task_id) else f"{task_id}: {name}={value!r}: {exc}"
             raise ValueError(message) from None
+
+
+def check_at_parse(op: Any, own_parameters: tuple[str, ...]) -> None:
+    """Refuse at DAG parse what is known then about ``op`` (a ``FStreamTransferOperator``): an unknown tuner,
+    options it ignores, bad ``tuner_options``, a value of the wrong kind (``p="x"``, ``agent_timeout="5 minutes"``).
+
+    Pure and cheap (no I/O). Values Airflow renders later (Jinja, XCom; also inside ``tuner_options``) are
+    checked by ``build_spec`` at execute, before anything is submitted.
+    """
+    from fstream_provider.model.options import TunerOptions
+    from fstream_provider.tuning.registry import check_options
+
+    check_known_arguments(op.task_id, {n: getattr(op, n) for n in (
+        "cc", "p", "pp", "max_cc", "watch", "verify", "interval", "idle_exit", "agent_timeout",
+        "redis_outage_timeout", "rtt",
+        "target_throughput", "bandwidth", "until")})
+    try:
+        opts = op.tuner_options
+        if isinstance(opts, dict):  # a templated value is checked once rendered; its key is checked now
+            known = TunerOptions.model_fields
+            TunerOptions.check({k: v for k, v in opts.items() if not (is_template(v) and k in known)},
+                               own_parameters=own_parameters)
+        elif not is_template(opts):
+            TunerOptions.check(opts, own_parameters=own_parameters)
+        if not is_template(op.priority_class):
+            from fstream_provider.model.spec import PRIORITY_CLASSES
+            if op.priority_class not in PRIORITY_CLASSES:
+                raise ValueError(f"priority_class {op.priority_class!r}: must be one of "
+                                 f"{', '.join(PRIORITY_CLASSES)}")
+        if not is_template(op.deadline):
+            deadline_time(op.deadline)  # its form; a duration counts from the run's start at execute
+        if not is_template(op.on_deadline_risk):
+            from fstream_provider.model.spec import DEADLINE_RISK
+            if op.on_deadline_risk not in DEADLINE_RISK:
+                raise ValueError(f"on_deadline_risk {op.on_deadline_risk!r}: must be one of "
+                                 f"{', '.join(DEADLINE_RISK)}")
+        if any(is_template(v) for v in (op.tuner, op.target_throughput, op.cc, op.p, op.pp)):
+            return
+        target = parse_rate(op.target_throughput) if op.target_throughput not in (None, "") else None
+        cc, p, pp = (rendered_int(op.task_id, n, getattr(op, n)) for n in ("cc", "p", "pp"))
+        given = {k for k, v in opts.items() if v is not None} if isinstance(opts, dict) else set()
+        check_options(op.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target, variant="variant" in given,
+                      profiling=bool(given & {"utilisation", "band"}), profile_interval="profile_interval" in given)
+        if op.deadline not in (None, "") and not check_options(op.tuner).holds_target:
+            raise ValueError(f"deadline: tuner {op.tuner!r} cannot hold a target; a deadline steers one "
+                             "(use tuner fstream)")
+    except ValueError as exc:
+        raise ValueError(f"{op.task_id}: invalid transfer options: {exc}") from None

@@ -17,12 +17,10 @@ from fstream_provider.model.options import TunerOptions
 from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, live_agents, start_agent_hint
 from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.outage import BusOutageError, Outage
-from fstream_provider.model.units import parse_duration, parse_rate
-from fstream_provider.tuning.registry import check_options
+from fstream_provider.model.units import parse_duration
 from fstream_provider.model.tasklog import build_report, live_event_line, summary_table, target_warnings
 from fstream_provider.operators._arguments import (  # noqa: F401  (normalize_sources, to_unix_time: public here too)
-    deadline_time,
-    check_known_arguments, is_template, normalize_sources, rendered_bool, rendered_int, rendered_tuner_options,
+    check_at_parse, deadline_time, normalize_sources, rendered_bool, rendered_int, rendered_tuner_options,
     to_unix_time)
 from fstream_provider.operators.links import PLOT_XCOM_KEY, FStreamPlotLink, plot_location, plot_url, write_plot
 
@@ -185,48 +183,8 @@ class FStreamTransferOperator(BaseOperator):
         self._check_options()
 
     def _check_options(self) -> None:
-        """Refuse at DAG parse what is known then: an unknown tuner, options it ignores, bad ``tuner_options``,
-        a value of the wrong kind (``p="x"``, ``agent_timeout="5 minutes"``).
-
-        Pure and cheap (no I/O). Values Airflow renders later (Jinja, XCom; also inside ``tuner_options``) are
-        checked by ``build_spec`` at execute, before anything is submitted.
-        """
-        check_known_arguments(self.task_id, {n: getattr(self, n) for n in (
-            "cc", "p", "pp", "max_cc", "watch", "verify", "interval", "idle_exit", "agent_timeout",
-            "redis_outage_timeout", "rtt",
-            "target_throughput", "bandwidth", "until")})
-        try:
-            opts = self.tuner_options
-            if isinstance(opts, dict):  # a templated value is checked once rendered; its key is checked now
-                known = TunerOptions.model_fields
-                TunerOptions.check({k: v for k, v in opts.items() if not (is_template(v) and k in known)},
-                                   own_parameters=_OWN_PARAMETERS)
-            elif not is_template(opts):
-                TunerOptions.check(opts, own_parameters=_OWN_PARAMETERS)
-            if not is_template(self.priority_class):
-                from fstream_provider.model.spec import PRIORITY_CLASSES
-                if self.priority_class not in PRIORITY_CLASSES:
-                    raise ValueError(f"priority_class {self.priority_class!r}: must be one of "
-                                     f"{', '.join(PRIORITY_CLASSES)}")
-            if not is_template(self.deadline):
-                deadline_time(self.deadline)  # its form; a duration counts from the run's start at execute
-            if not is_template(self.on_deadline_risk):
-                from fstream_provider.model.spec import DEADLINE_RISK
-                if self.on_deadline_risk not in DEADLINE_RISK:
-                    raise ValueError(f"on_deadline_risk {self.on_deadline_risk!r}: must be one of "
-                                     f"{', '.join(DEADLINE_RISK)}")
-            if any(is_template(v) for v in (self.tuner, self.target_throughput, self.cc, self.p, self.pp)):
-                return
-            target = parse_rate(self.target_throughput) if self.target_throughput not in (None, "") else None
-            cc, p, pp = (rendered_int(self.task_id, n, getattr(self, n)) for n in ("cc", "p", "pp"))
-            given = {k for k, v in opts.items() if v is not None} if isinstance(opts, dict) else set()
-            check_options(self.tuner, cc=cc, p=p, pp=pp, target_throughput_bps=target, variant="variant" in given,
-                          profiling=bool(given & {"utilisation", "band"}), profile_interval="profile_interval" in given)
-            if self.deadline not in (None, "") and not check_options(self.tuner).holds_target:
-                raise ValueError(f"deadline: tuner {self.tuner!r} cannot hold a target; a deadline steers one "
-                                 "(use tuner fstream)")
-        except ValueError as exc:
-            raise ValueError(f"{self.task_id}: invalid transfer options: {exc}") from None
+        """Refuse at DAG parse what is known then (``_arguments.check_at_parse``: pure and cheap, no I/O)."""
+        check_at_parse(self, _OWN_PARAMETERS)
 
     @cached_property
     def hook(self) -> FStreamHook:

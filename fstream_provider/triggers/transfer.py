@@ -11,7 +11,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from fstream_provider.bus.agents import NoAgentError, NoAgentWatch, alive_agents
 from fstream_provider.bus.client import REDIS_UNREACHABLE, describe
-from fstream_provider.bus.follow_async import afollow_job
+from fstream_provider.bus.follow_async import afollow_job, raise_if_cancelled
 from fstream_provider.bus.follow_mux import stream_id
 from fstream_provider.bus.job_state import JobLostError, JobNotFoundError
 from fstream_provider.bus.outage import DEFAULT_OUTAGE_S, BusOutageError, Outage
@@ -126,6 +126,7 @@ class FStreamTransferTrigger(BaseTrigger):
         trigger records how far it logged (``job_followed``); the next one logs on after that."""
         client, keys = await hook.get_client(), await hook.get_keys()
         logged = await client.hget(keys.job_followed(self.job_id), self._follower())
+        raise_if_cancelled()  # redis.asyncio may swallow a cancellation: never go on after one
         self._looked_back = True
         if logged and stream_id(logged) > stream_id(self.last_event_id):
             self._logged_upto = self._persisted = logged
@@ -134,7 +135,7 @@ class FStreamTransferTrigger(BaseTrigger):
                           self.job_id, logged)
 
     async def _record_logged(self, hook: Any) -> None:
-        """Write how far this trigger logged, at most every ``FOLLOWED_EVERY_S`` (one pipelined HSET+EXPIRE): a
+        """Write how far this trigger logged, at most every ``FOLLOWED_EVERY_S`` (HSET and EXPIRE): a
         takeover may then repeat the lines of the last few seconds, never the whole story."""
         if self.last_event_id in (self._persisted, "0-0"):
             return
@@ -144,10 +145,11 @@ class FStreamTransferTrigger(BaseTrigger):
         self._persisted_at = now
         client, keys = await hook.get_client(), await hook.get_keys()
         key = keys.job_followed(self.job_id)
-        pipe = client.pipeline(transaction=False)
-        pipe.hset(key, self._follower(), self.last_event_id)
-        pipe.expire(key, FOLLOWED_TTL_S)
-        await pipe.execute()
+        # two commands on the loop's shared client (a pipeline takes a connection of its own per trigger)
+        await client.hset(key, self._follower(), self.last_event_id)
+        raise_if_cancelled()
+        await client.expire(key, FOLLOWED_TTL_S)
+        raise_if_cancelled()
         self._persisted = self.last_event_id
 
     async def _follow(self, hook: Any, outage: Outage, watch: NoAgentWatch) -> dict[str, Any]:

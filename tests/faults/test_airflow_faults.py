@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
 import os
 import tempfile
 import threading
@@ -220,6 +221,27 @@ def test_a_cancelled_trigger_stops_even_when_the_redis_client_swallows_the_cance
 
         async def close(self):
             pass
+
+        async def get_settings(self):  # the trigger names the Redis in its outage lines (issue 41)
+            return types.SimpleNamespace(redis_url="redis://127.0.0.1:6379/0")
+
+        async def get_keys(self):
+            from fstream_provider.bus.keys import Keys
+
+            return Keys()
+
+        async def get_client(self):  # how far a trigger logged (issue 41's job_followed): nothing yet
+            class Client:
+                async def hget(self, *args):
+                    return None
+
+                async def hset(self, *args):
+                    return 1
+
+                async def expire(self, *args):
+                    return True
+
+            return Client()
 
         @contextlib.asynccontextmanager
         async def event_reader(self, job_id, after="0-0"):  # the trigger reads through this (issue 28's mux)

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow  # four Airflow processes; paced transfers, so a b
 
 DAG_ID, TASK = "fstream_faults", "transfer"
 DAGS = '''
-"""The DAG of tests/test_airflow_faults.py: one deferred transfer, its sources and destination from the run's conf."""
+"""The DAG of tests/test_airflow_under_faults.py: one deferred transfer, its sources and destination from the run's conf."""
 from datetime import datetime
 
 from airflow.sdk import DAG
