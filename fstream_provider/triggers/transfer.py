@@ -171,7 +171,7 @@ class FStreamTransferTrigger(BaseTrigger):
         try:
             async with hook.event_reader(self.job_id, self.last_event_id) as read_events:
                 async def read(*args: Any, **kwargs: Any) -> Any:
-                    await self._record_logged(hook)  # the batch before was logged: say so (one round trip)
+                    await self._record_logged(hook)  # the batch before was logged: say so (every few seconds)
                     batch = await read_events(*args, **kwargs)
                     outage.recovered()  # the follow reads again: an outage in progress is over
                     return batch
