@@ -252,9 +252,8 @@ def test_execute_complete_waits_for_redis_to_come_back_to_read_the_job(conn, ser
         agent.close()
 
 
-def test_the_polling_operator_rides_out_a_redis_restart_mid_follow(conn, server):
-    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination=DEST, deferrable=False,
-                                 poll_interval=0.2)
+def _polling(op: FStreamTransferOperator) -> tuple:
+    """Run the polling operator's execute in a thread until it submitted: ``(ti, results, errors, thread)``."""
     ti, out, errors = _TI(1), [], []
 
     def run() -> None:
@@ -269,6 +268,13 @@ def test_the_polling_operator_rides_out_a_redis_restart_mid_follow(conn, server)
     while "job_id" not in ti.xcom:
         assert time.monotonic() < deadline and not errors, errors
         time.sleep(0.02)
+    return ti, out, errors, worker
+
+
+def test_the_polling_operator_rides_out_a_redis_restart_mid_follow(conn, server):
+    op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination=DEST, deferrable=False,
+                                 poll_interval=0.2)
+    ti, out, errors, worker = _polling(op)
     agent = _Agent(conn, ti.xcom["job_id"])
     try:
         agent.interval(1)
@@ -288,20 +294,7 @@ def test_the_polling_operator_gives_each_outage_the_whole_budget_while_its_job_i
     failed the task at once (found in review). Now any event ends an outage."""
     op = FStreamTransferOperator(task_id="transfer", sources=["/data/a"], destination=DEST, deferrable=False,
                                  poll_interval=1.0, redis_outage_timeout="9s")
-    ti, out, errors = _TI(1), [], []
-
-    def run() -> None:
-        try:
-            out.append(op.execute({"ti": ti}))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            errors.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    deadline = time.monotonic() + 30
-    while "job_id" not in ti.xcom:
-        assert time.monotonic() < deadline and not errors, errors
-        time.sleep(0.02)
+    ti, out, errors, worker = _polling(op)
     agent = _Agent(conn, ti.xcom["job_id"])
     busy, steps = threading.Event(), [0]
 
