@@ -4,6 +4,8 @@ One TOML file, by default ``/etc/fstream/policy.toml`` (``fstream agent --policy
 
     [agent]
     roots = ["/data/lcls", "/data/sra"]              # the only source trees this agent reads (default deny)
+    # roots = ["/data/lcls", { path = "/data/sra", span_mounts = true }]   # a root may read across mounts
+    allow_hardlinks = false                          # files with several hard links are refused (default)
     destinations = ["fstream://dtn2:7600/lcls"]      # optional: receivers and path prefixes it may send to
     max_job_age = "7d"                               # a signed job older than this is refused
     clock_skew = "5m"                                # accepted difference between clocks
@@ -54,17 +56,34 @@ class KeyEntry(BaseModel):
     tls_ca: str | None = None
 
 
+class RootEntry(BaseModel):
+    """A source root given as a table: ``{ path = "/data", span_mounts = true }`` (a plain string: no span)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    span_mounts: bool = False  # files on other mounts below it (bind mounts too) are read; default: refused
+
+
+Root = str | RootEntry
+
+
+def root_path(root: Root) -> str:
+    return root if isinstance(root, str) else root.path
+
+
 class SubmitterEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     key_file: str
-    roots: list[str] = []
+    roots: list[Root] = []
     destinations: list[str] = []
     keys: list[str] = ["default"]
+    allow_hardlinks: bool | None = None  # default: as [agent] says
 
 
 class AgentSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    roots: list[str] = []
+    roots: list[Root] = []
+    allow_hardlinks: bool = False  # send files with several hard links (another name may lie outside the roots)
     destinations: list[str] = []
     max_job_age: str | float = "7d"
     clock_skew: str | float = "5m"
@@ -86,7 +105,7 @@ def _check(policy: PolicyFile) -> list[tuple[str, Any, str]]:
     """Problems the models cannot see: (key, value, reason)."""
     problems: list[tuple[str, Any, str]] = []
     a = policy.agent
-    for i, root in enumerate(a.roots):
+    for i, root in enumerate(map(root_path, a.roots)):
         if not os.path.isabs(root):
             problems.append((f"agent.roots[{i}]", root, "a source root must be an absolute path"))
     for where, dests in [("agent", a.destinations)] + [(f"submitters.{n}", s.destinations)
@@ -115,7 +134,7 @@ def _check(policy: PolicyFile) -> list[tuple[str, Any, str]]:
             check_submitter_id(name)
         except ValueError as exc:
             problems.append((f"submitters.{name}", name, str(exc)))
-        for i, root in enumerate(sub.roots):
+        for i, root in enumerate(map(root_path, sub.roots)):
             if not os.path.isabs(root):
                 problems.append((f"submitters.{name}.roots[{i}]", root, "a root must be an absolute path"))
         for k in sub.keys:  # "default" may come from `fstream agent --secret-file`; a job needing it is refused without

@@ -14,9 +14,10 @@ was configured with (``fstream_provider.model.policy``), for a submitter who sig
    and the id must be one the submitter may use and the agent holds;
 4. its destination matches the agent's and the submitter's destination rules (receiver and path prefix);
 5. every source lies within the agent's roots and the submitter's (``storage.contain.SourceRoots``, after
-   resolving ``..`` and symbolic links). While the job runs, each listed file that is a link is resolved
-   again and each opened descriptor is checked (``Guard``), so a link swapped in after this decision
-   cannot escape.
+   resolving ``..`` and symbolic links). While the job runs, each listed file's directory (and each listed
+   link) is resolved again, and each file is opened beneath its root as a filesystem boundary
+   (``storage.contain.Guard``: no link, mount, hard link or non-regular file is opened), so nothing swapped
+   in after this decision is read.
 
 A refusal names the job, the submitter and the reason; the runner dead-letters the job with it.
 """
@@ -36,7 +37,7 @@ from fstream_provider.model.signing import JobAuth, verify
 from fstream_provider.model.spec import Destination, TransferSpec
 from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import AuthError, RefusedError
-from transfer_agent.storage.contain import OutsideRootsError, SourceRoots
+from transfer_agent.storage.contain import Guard, OutsideRootsError, SourceRoots
 from transfer_agent.wire.auth import load_secret
 
 KEY_FILE_FIELDS = ("secret_file", "tls_cert", "tls_key", "tls_ca")
@@ -104,9 +105,11 @@ class AgentPolicy:
         subs = {}
         for name, s in p.submitters.items():
             subs[name] = SubmitterGrant(name, _submitter_key(name, s.key_file),
-                                        SourceRoots.of(s.roots) if s.roots else None,
+                                        SourceRoots.of(s.roots or p.agent.roots, allow_hardlinks=s.allow_hardlinks)
+                                        if s.roots or s.allow_hardlinks is not None else None,
                                         tuple(DestRule.parse(d) for d in s.destinations), frozenset(s.keys))
-        return cls(SourceRoots.of(p.agent.roots), tuple(DestRule.parse(d) for d in p.agent.destinations),
+        return cls(SourceRoots.of(p.agent.roots, allow_hardlinks=p.agent.allow_hardlinks),
+                   tuple(DestRule.parse(d) for d in p.agent.destinations),
                    p.keyring(), subs, parse_duration(p.agent.max_job_age), parse_duration(p.agent.clock_skew))
 
     @classmethod
@@ -131,50 +134,6 @@ def _submitter_key(name: str, path: str) -> bytes:
     from fstream_provider.model.keyfile import read_key_file
 
     return read_key_file(path, f"submitter {name!r} key file")
-
-
-class Guard:
-    """Checks each listed file and each opened descriptor against the roots a job may read."""
-
-    def __init__(self, *roots: SourceRoots) -> None:
-        self.roots = roots
-        self._dirs: dict[str, RefusedError | None] = {}  # directory -> its refusal, None when within the roots
-
-    def check_path(self, path: str) -> None:
-        for r in self.roots:
-            r.check_path(path)
-
-    def check_fd(self, fd: int, path: str) -> None:
-        for r in self.roots:
-            r.check_fd(fd, path)
-
-    def admit(self, files: list[Any], refused: Any) -> list[Any]:
-        """The listed files (``SrcFile``) that may be sent; ``refused(file, error)`` is called for each other.
-
-        Each file's directory is resolved once (a glob match or a walked directory reached through a link that
-        points out is refused with all its files: nothing in it is opened), and each file that is itself a
-        link. Other files are left to ``check_fd`` at open, the check that counts (it also catches a swap
-        after the listing): resolving every file here cost ~8 µs CPU each (``fstream bench authz``)."""
-        out, dirs = [], self._dirs
-        for sf in files:
-            try:
-                d = os.path.dirname(sf.src)
-                if d not in dirs:
-                    try:
-                        self.check_path(d)
-                        dirs[d] = None
-                    except RefusedError as exc:
-                        dirs[d] = exc
-                if dirs[d] is not None:
-                    raise RefusedError(f"{sf.src}: in {dirs[d]}")
-                if os.path.islink(sf.src):
-                    self.check_path(sf.src)
-                out.append(sf)
-            except RefusedError as exc:
-                refused(sf, exc)
-        if len(dirs) > 10_000:
-            dirs.clear()
-        return out
 
 
 @dataclass

@@ -135,20 +135,17 @@ class ControlSession:
     def _prepare(self, sf: SrcFile) -> InFlight:
         """Open the source (checked by the guard) and register it under a new file id."""
         try:
-            # under an agent's guard, O_NONBLOCK: a FIFO swapped in after the listing must not block the open before
-            # the guard refuses it (regular files ignore the flag)
-            fd = os.open(sf.src, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if self.guard is not None else 0))
+            if self.guard is not None:  # an agent's job: opened beneath its roots (``storage.contain.Guard.open``)
+                fd, st = self.guard.open(sf.src)
+            else:
+                fd = os.open(sf.src, os.O_RDONLY | os.O_CLOEXEC)
+                st = os.fstat(fd)
+        except FStreamError as exc:
+            raise SourceRefusedError(str(exc)) from None
         except FileNotFoundError:
             raise SourceVanishedError(f"{sf.src}: source vanished before it was sent (renamed or deleted)") from None
         except OSError as exc:
             raise SourceModifiedError(f"{sf.src}: cannot open source ({exc.strerror})") from None
-        if self.guard is not None:
-            try:
-                self.guard.check_fd(fd, sf.src)  # what was opened, not the name: a link swapped in is caught
-            except FStreamError as exc:
-                os.close(fd)
-                raise SourceRefusedError(str(exc)) from None
-        st = os.fstat(fd)
         with self._lock:
             fid = self._next_id
             self._next_id += 1
