@@ -79,9 +79,10 @@ class Rig:
         self.secret_file = w / "secret"
         self.secret_file.write_text(uuid.uuid4().hex * 2 + "\n")
         self.secret_file.chmod(0o600)
-        from transfer_agent.wire.auth import create_secret_file
+        from fstream_provider.model.ed25519 import ensure_pair
 
-        self.submitter_key = create_secret_file(w / "bench-submitter.key")  # the DAGs sign jobs as "bench"
+        self.submitter_key = w / "bench-submitter.key"  # the DAGs sign jobs as "bench" (an Ed25519 pair)
+        ensure_pair(self.submitter_key, "bench")
         home, dags = w / "airflow-home", w / "dags"
         dags.mkdir(parents=True, exist_ok=True)
         (dags / "fstream_bench_dags.py").write_text(
@@ -106,7 +107,8 @@ class Rig:
         self.port = self._start_receiver()
         from transfer_agent.daemon.authorize import AgentPolicy
 
-        policy = AgentPolicy.local(["/"], self.secret_file, submitter="bench", key_file=self.submitter_key)
+        policy = AgentPolicy.local(["/"], self.secret_file, submitter="bench",
+                                   public_key=f"{self.submitter_key}.pub")
         self.agent = Agent(self.redis.url, name="bench-agent", policy=policy)  # CLI defaults
         thread = threading.Thread(target=self.agent.run, name="bench-agent", daemon=True)
         thread.start()

@@ -107,6 +107,7 @@ class Soak:
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
         from fstream_bench.airflow_procs import Airflow
         from fstream_bench.sentinel_group import SentinelGroup
+        from fstream_provider.model.ed25519 import ensure_pair
 
         self.work, self.args = work, args
         self.rnd = random.Random(args.seed)
@@ -115,13 +116,9 @@ class Soak:
         self.secret.write_text(secrets.token_hex(32) + "\n")
         self.secret.chmod(0o600)
         key = work / "submitter.key"
-        key.write_text(secrets.token_hex(32) + "\n")
-        key.chmod(0o600)
+        ensure_pair(key, SUBMITTER)  # Ed25519: the Airflow connection names key, the agent's policy key.pub
         self.dst = work / "dst"
         self.dst.mkdir()
-        (work / "policy.toml").write_text(
-            f'[agent]\nroots = ["{work / "src"}"]\n[agent.keys]\ndefault = "{self.secret}"\n'
-            f'[submitters.{SUBMITTER}]\nkey_file = "{key}"\n')
         self.env = dict(os.environ, FSTREAM_STATE_DIR=str(work / "state"))
         self.key = key
         self.rx_port = 0
@@ -145,6 +142,9 @@ class Soak:
         self.group.start()
         bus = self.group.url + "&wait_replicas=1"
         self.rx_port = free_port()
+        (self.work / "policy.toml").write_text(
+            f'[agent]\nroots = ["{self.work / "src"}"]\ndestinations = ["fstream://127.0.0.1:{self.rx_port}/"]\n'
+            f'[agent.keys]\ndefault = "{self.secret}"\n[submitters.{SUBMITTER}]\npublic_key_file = "{self.key}.pub"\n')
         self.receiver = Daemon(_fstream("receive", "--listen", f"127.0.0.1:{self.rx_port}", "--root", str(self.dst),
                                         "--secret-file", str(self.secret)), self.work / "receiver.log", self.env)
         self.receiver.start()

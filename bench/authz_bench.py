@@ -127,16 +127,14 @@ def decide_rounds(work: Path, secret: Path, n: int) -> dict:
     from fstream_provider.model.spec import TransferSpec
     from transfer_agent.daemon.authorize import AgentPolicy, Authorizer
 
-    key = work / "sub.key"
-    key.write_text("s" * 64)
-    key.chmod(0o600)
+    signer = Signer.generate("bench")  # Ed25519 (issue 40): the agent's policy holds its public key
     (work / "data" / "run").mkdir(parents=True, exist_ok=True)
     server = RedisServer(str(work / "redis"))
     server.start()
     try:
         client, keys = connect(server.url), Keys("authzbench")
-        store = JobStore(client, keys=keys, signer=Signer.from_file("bench", str(key)))
-        policy = AgentPolicy.local([work / "data"], secret, submitter="bench", key_file=key)
+        store = JobStore(client, keys=keys, signer=signer)
+        policy = AgentPolicy.local([work / "data"], secret, submitter="bench", public_key=signer.public)
         auth = Authorizer(policy, client, keys)
         jobs = []
         for i in range(n):

@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         srcs = {c: (work / "src" / c, build_files(work / "src" / c, counts[c], sizes[c], work / "uniq"))
                 for c in cases}
         with fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
-            policy, key = _policy(work, rx.secret, [p for p, _ in srcs.values()])
+            policy, key = _policy(work, rx.secret, [p for p, _ in srcs.values()], rx.url(""))
             rig = Rig(bench, url, rx, policy, Signer.from_file("bench", str(key)), work, args.claim_idle, timeout,
                       pace)
             for c in cases:

@@ -129,9 +129,10 @@ def airflow_site(work: Path, redis_url: str, n_jobs: int) -> tuple[dict, str, di
     dags = home / "dags"
     dags.mkdir(parents=True)
     (dags / "fstream_live_view_bench_dag.py").write_text(DAG_SRC.replace("__DAG__", DAG_ID).replace("__N__", str(n_jobs)))
+    from fstream_provider.model.ed25519 import ensure_pair
+
     key = work / "submitter.key"
-    with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
+    ensure_pair(key, "live-view-bench")  # the submitter's Ed25519 private key (issue 40)
     conn = (redis_url.replace("redis://", "fstream://", 1)
             + f"?submitter=live-view-bench&submitter_key_file={quote(str(key), safe='')}")
     env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",

@@ -114,8 +114,9 @@ def one_run(ctx: dict, mode: str, rep: int) -> dict:
     try:
         rx.__enter__()
         policy = work / f"policy-{rep}-{mode}.toml"  # the agent's key "default" is the receiver's secret
-        policy.write_text(f'[agent]\nroots = ["{ctx["src"]}"]\n[agent.keys]\ndefault = "{rx.secret}"\n'
-                          f'[submitters.bench]\nkey_file = "{ctx["key"]}"\n')
+        policy.write_text(f'[agent]\nroots = ["{ctx["src"]}"]\ndestinations = ["{rx.url("")}"]\n'
+                          f'[agent.keys]\ndefault = "{rx.secret}"\n'
+                          f'[submitters.bench]\npublic_key_file = "{ctx["key"]}.pub"\n')
         agent = spawn(sites, "src", [*fs_peer.fstream_argv(), "agent", "--redis", ctx["redis_url"], "--namespace", ns,
                                      "--policy", str(policy), "--name", f"bench-{rep}-{mode}", *extra],
                       log_path=log, env={**os.environ, "FSTREAM_STATE_DIR": str(work / "state")})
@@ -157,6 +158,7 @@ def run(work: Path, *, repeats: int, total: int, files: int, knobs: dict, scrape
     from fstream_bench.peers.base import Sites
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import RedisServer
+    from fstream_provider.model.ed25519 import ensure_pair
     from fstream_provider.model.signing import Signer
 
     pinned = pin and shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
@@ -164,8 +166,7 @@ def run(work: Path, *, repeats: int, total: int, files: int, knobs: dict, scrape
     src = dataset(work, total, files)
     _warm(sorted(src.iterdir()))
     key = work / "submitter.key"
-    key.write_text(os.urandom(32).hex() + "\n")
-    key.chmod(0o600)
+    ensure_pair(key, "bench")  # Ed25519: the agents' policy names key.pub
     server = RedisServer(str(work / "redis"))
     server.start()
     client = connect(server.url)

@@ -135,7 +135,7 @@ def run(jobs: int = 10_000, *, files: int = 4, intervals: int = 10, retention_s:
     try:
         keys = Keys("fstream")
         store = JobStore(client, keys=keys, retention_s=retention_s,
-                         signer=Signer("lcls-airflow", secrets.token_bytes(32)))
+                         signer=Signer.generate("lcls-airflow"))
         audit, history = AuditLog(client, keys), TransferHistory(client, keys=keys)
         store.ensure_group()
         base = _used(client)

@@ -103,15 +103,15 @@ def run(a: argparse.Namespace) -> dict:
         client = connect(redis.url)
         stack.callback(client.close)
         secret = create_secret_file(work / "secret")  # one line: generation "0"
-        submitter_key = create_secret_file(work / "submitter.key")
+        signer = Signer.generate("bench")  # Ed25519 (issue 40): the agent holds its public key
         (work / "src").mkdir()
         port, log_path = _receiver(work, secret, stack)
-        policy = AgentPolicy.local([str(work / "src")], secret, submitter="bench", key_file=submitter_key)
+        policy = AgentPolicy.local([str(work / "src")], secret, submitter="bench", public_key=signer.public)
         agent = Agent(redis.url, name="rotation-bench", policy=policy, block_ms=100, poll_interval=0.2)
         th = threading.Thread(target=agent.run, name="rotation-bench-agent", daemon=True)
         th.start()
         stack.callback(lambda: (agent.stop(), th.join(60)))
-        store = JobStore(client, signer=Signer.from_file("bench", str(submitter_key)))
+        store = JobStore(client, signer=signer)
         rotator: threading.Thread | None = None
         t0 = time.monotonic()
         n = 0

@@ -67,15 +67,17 @@ def overlap_rates(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return ma, mb
 
 
-def _policy(logdir: Path, secret: Path, roots: list[Path]) -> tuple[Path, Path]:
-    """The agents' policy file (issue 32: roots, the receiver's key, the bench as the one submitter) and the
-    bench's submitter key."""
-    from transfer_agent.wire.auth import create_secret_file
+def _policy(logdir: Path, secret: Path, roots: list[Path], destination: str) -> tuple[Path, Path]:
+    """The agents' policy file (issues 32, 40: roots, the receiver as the one destination, the receiver's key, the
+    bench as the one submitter with its Ed25519 public key) and the bench's submitter private key."""
+    from fstream_provider.model.ed25519 import ensure_pair
 
-    key = create_secret_file(logdir / "bench-submitter.key")
+    key = logdir / "bench-submitter.key"
+    ensure_pair(key, "bench")
     policy = logdir / "policy.toml"
-    policy.write_text(f'[agent]\nroots = {json.dumps([str(r) for r in roots])}\n[agent.keys]\ndefault = "{secret}"\n'
-                      f'[submitters.bench]\nkey_file = "{key}"\n')
+    policy.write_text(f'[agent]\nroots = {json.dumps([str(r) for r in roots])}\n'
+                      f'destinations = {json.dumps([destination])}\n[agent.keys]\ndefault = "{secret}"\n'
+                      f'[submitters.bench]\npublic_key_file = "{key}.pub"\n')
     return policy, key
 
 
@@ -111,7 +113,7 @@ def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str,
     pools.configure(socket.gethostname(), dst, GreedyPolicy(s_pmax=16, s_cmax=16, s_i=4, s_u=4))
     from fstream_provider.model.signing import Signer
 
-    policy, key = _policy(logdir, rx.secret, [p for p, _ in srcs.values()])
+    policy, key = _policy(logdir, rx.secret, [p for p, _ in srcs.values()], rx.url(""))
     store = JobStore(client, keys=keys, signer=Signer.from_file("bench", str(key)))
     procs = _agents(bench, url, ns, mode, n_agents, policy, logdir, agent_args)
     samples: list[dict] = []

@@ -356,7 +356,7 @@ def run(tasks: int = 200, *, window_s: float = 30.0, interval_s: float = 1.0, sa
             raise ValueError(f"mode {m!r}: expected one of {', '.join(MODES)}")
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import RedisServer, free_port
-    from transfer_agent.wire.auth import create_secret_file
+    from fstream_provider.model.ed25519 import ensure_pair
 
     work = Path(tempfile.mkdtemp(prefix="fstream-bench-triggerer-", dir=workdir))
     (work / "dags").mkdir()
@@ -364,7 +364,8 @@ def run(tasks: int = 200, *, window_s: float = 30.0, interval_s: float = 1.0, sa
     sources = [[f"/fstream-bench/src/f{i:04d}.dat"] for i in range(tasks)]
     (work / "dags" / "fstream_triggerer_bench.py").write_text(
         _DAG_FILE.replace("DAG_ID", DAG_ID).replace("MAX_ACTIVE", str(tasks + 16)).replace("SOURCES", repr(sources)))
-    key_file = create_secret_file(work / "bench-submitter.key")
+    key_file = work / "bench-submitter.key"
+    ensure_pair(key_file, "bench")  # the submitter's Ed25519 private key (issue 40)
     results: dict[str, Any] = {"tasks": tasks, "window_s": window_s, "interval_s": interval_s, "modes": {}}
     with contextlib.ExitStack() as stack:
         if not keep:

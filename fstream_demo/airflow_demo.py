@@ -100,6 +100,7 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
     run_dir, dst, home = work / "lcls" / "xpp" / "r0042", work / "received", work / "airflow-home"
     for d in (run_dir, dst, home):
         d.mkdir(parents=True, exist_ok=True)
+    from fstream_provider.model.ed25519 import ensure_pair
     from transfer_agent.wire.auth import create_secret_file, load_secret
 
     secret_file = create_secret_file(work / "secret")  # both sides read it through load_secret
@@ -111,8 +112,10 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(secret_file)).start()
     from transfer_agent.daemon.authorize import AgentPolicy
 
-    submitter_key = create_secret_file(work / "airflow-demo.key")  # the DAGs' submitter identity (issue 32)
-    policy = AgentPolicy.local([work / "lcls"], secret_file, submitter="airflow-demo", key_file=submitter_key)
+    submitter_key = work / "airflow-demo.key"  # the DAGs' submitter identity: an Ed25519 pair (issues 32, 40)
+    ensure_pair(submitter_key, "airflow-demo")
+    policy = AgentPolicy.local([work / "lcls"], secret_file, submitter="airflow-demo",
+                               public_key=f"{submitter_key}.pub")
     agent = Agent(redis_url, name="demo-agent", policy=policy, block_ms=200, poll_interval=0.2)
     agent_thread = threading.Thread(target=agent.run, name="demo-agent", daemon=True)
     stop = threading.Event()

@@ -71,12 +71,13 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "submitter": _string("submitter", "Submitter id", "The identity the agents know this connection by; every "
                          "job submitted through it is signed with this submitter's key (agents refuse unsigned "
                          "jobs)."),
-    "submitter_secret": _string("submitter_secret", "Submitter key", "The submitter's key itself (at least 16 "
-                                "bytes); Airflow masks it. Or give 'Submitter key file' instead.", default=None,
+    "submitter_secret": _string("submitter_secret", "Submitter key", "The submitter's Ed25519 private key "
+                                "itself (the PEM `fstream keys new submitter` writes, or its base64 body on one "
+                                "line); Airflow masks it. Or give 'Submitter key file' instead.", default=None,
                                 format="password"),
     "submitter_key_file": _string("submitter_key_file", "Submitter key file", "Path, on the Airflow workers and "
-                                  "triggerer, of a 0600 file holding the submitter's key (instead of the inline "
-                                  "key)."),
+                                  "triggerer, of a 0600 file holding the submitter's Ed25519 private key "
+                                  "(`fstream keys new submitter`; instead of the inline key)."),
     "key": _string("key", "Key id", "Id of the agents' keyring key the jobs authenticate to the receivers with "
                    "(jobs never name key files on the agents' hosts).", default="default"),
     "namespace": _string("namespace", "Key namespace", "Prefix of every FStream key on this Redis (several "

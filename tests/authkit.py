@@ -1,38 +1,33 @@
-"""Authorization for tests that are not about it (issue 32): one test submitter, an agent policy that serves
-it, and the connection extras that make Airflow sign as it. Tests of authorization itself build their own."""
+"""Authorization for tests that are not about it (issues 32, 40): one test submitter with an Ed25519 pair, an agent
+policy that serves it, and the connection extras that make Airflow sign as it. Tests of authorization itself build
+their own."""
 
 from __future__ import annotations
 
 import os
-import secrets
 import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
+from fstream_provider.model.ed25519 import ensure_pair
 from fstream_provider.model.signing import Signer
 
 SUBMITTER = "tests"
 
 
 def key_file() -> str:
-    """The test submitter's key: one 0600 file per user, shared by the test processes (Airflow subprocesses too)."""
+    """The test submitter's private key: one 0600 PKCS#8 file per user (its public key beside it, ``.pub``), shared
+    by the test processes (Airflow subprocesses and pytest-xdist workers too: ``ensure_pair`` links it in whole)."""
     d = Path(tempfile.gettempdir()) / f"fstream-tests-{os.getuid()}"
     d.mkdir(mode=0o700, exist_ok=True)
-    p = d / "submitter.key"
-    if not p.exists():
-        # written whole under a private name, then linked in: two processes making it at once (pytest-xdist
-        # workers) both end up with the one that won, and none ever reads it half written
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".submitter.key.")  # mode 0600
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32) + "\n")
-            try:
-                os.link(tmp, p)
-            except FileExistsError:
-                pass  # another process linked its key first: use that one
-        finally:
-            os.unlink(tmp)
+    p = d / "submitter-ed25519.key"
+    ensure_pair(p, SUBMITTER)
     return str(p)
+
+
+def public_key_file() -> str:
+    """The test submitter's public key file (what agents hold)."""
+    return key_file() + ".pub"
 
 
 def signer() -> Signer:
@@ -41,10 +36,10 @@ def signer() -> Signer:
 
 def policy(secret_file: object = None, roots: tuple[str, ...] = ("/",)):
     """An agent policy serving ``roots`` (default: everything) for the test submitter, with ``secret_file`` as
-    its ``default`` key."""
+    its ``default`` key: the single-user form (any destination the key opens), as ``fstream agent --root``."""
     from transfer_agent.daemon.authorize import AgentPolicy
 
-    return AgentPolicy.local(list(roots), secret_file, submitter=SUBMITTER, key_file=key_file())
+    return AgentPolicy.local(list(roots), secret_file, submitter=SUBMITTER, public_key=public_key_file())
 
 
 def conn_query() -> str:
@@ -52,10 +47,18 @@ def conn_query() -> str:
     return f"submitter={SUBMITTER}&submitter_key_file={quote(key_file(), safe='')}"
 
 
-def policy_file(directory: Path, secret_file: object, roots: tuple[str, ...] = ("/",)) -> str:
+def receiver(port: int) -> tuple[str, ...]:
+    """``policy_file``'s destinations for a test receiver on 127.0.0.1:``port`` (any path under it)."""
+    return (f"fstream://127.0.0.1:{port}/",)
+
+
+def policy_file(directory: Path, secret_file: object, roots: tuple[str, ...] = ("/",),
+                destinations: tuple[str, ...] = ()) -> str:
     """A policy file (``fstream agent --policy``) serving ``roots`` for the test submitter with ``secret_file``
-    as the ``default`` key."""
+    as the ``default`` key, sending to ``destinations`` (``fstream://HOST:PORT/PREFIX``; none: every job is
+    refused, as destinations are default deny when a policy file is used)."""
     p = Path(directory) / "policy.toml"
-    p.write_text(f'[agent]\nroots = {list(roots)!r}\n[agent.keys]\ndefault = "{secret_file}"\n'
-                 f'[submitters.{SUBMITTER}]\nkey_file = "{key_file()}"\n'.replace("'", '"'))
+    p.write_text(f'[agent]\nroots = {list(roots)!r}\ndestinations = {list(destinations)!r}\n'
+                 f'[agent.keys]\ndefault = "{secret_file}"\n'
+                 f'[submitters.{SUBMITTER}]\npublic_key_file = "{public_key_file()}"\n'.replace("'", '"'))
     return str(p)

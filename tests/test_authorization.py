@@ -20,6 +20,7 @@ from agentkit import make_files, wait_until, write_secret
 from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
+from fstream_provider.model.ed25519 import PrivateKey, write_pair
 from fstream_provider.model.policy import PolicyError, load_policy
 from fstream_provider.model.signing import Signer
 from fstream_provider.model.spec import TransferSpec
@@ -38,20 +39,23 @@ def site(tmp_path: Path, secret: Path, rx, redis_url: str, redis_client):
     make_files(data / "sra", {"s.dat": 30_000}, seed=2)
     outside = tmp_path / "outside"
     make_files(outside, {"secret.txt": 1000}, seed=3)
-    keys = {name: write_secret(tmp_path / f"{name}.key") for name in ("lcls", "ops")}
+    keys = {name: tmp_path / f"{name}.key" for name in ("lcls", "ops")}
+    for name, path in keys.items():
+        write_pair(path, PrivateKey.generate(name))  # the agent's policy names only the .pub
     policy = tmp_path / "policy.toml"
     policy.write_text(f"""
 [agent]
 roots = ["{data}"]
+destinations = ["fstream://127.0.0.1:{rx.port}/"]
 max_job_age = "1h"
 [agent.keys]
 default = "{secret}"
 [submitters.lcls]
-key_file = "{keys['lcls']}"
+public_key_file = "{keys['lcls']}.pub"
 roots = ["{data / 'lcls'}"]
 destinations = ["fstream://127.0.0.1:{rx.port}/lcls"]
 [submitters.ops]
-key_file = "{keys['ops']}"
+public_key_file = ["{keys['ops']}.pub"]
 """)
     agent = Agent(redis_url, name="authz-agent", policy=AgentPolicy.from_file(str(policy)), keys=NS, block_ms=100,
                   poll_interval=0.1, flush_interval=0.05, max_retries=0)
@@ -255,7 +259,8 @@ def test_policy_file_errors_name_the_file_the_key_the_value_and_the_reason(tmp_p
         load_policy(bad)
     msg = str(exc.value)
     for part in ("agent.roots[0] = 'relative/dir'", "absolute", "agent.max_job_age = 'soon'", "agent.keys.x",
-                 "submitters.s.keys = 'nope'", "not a key of [agent.keys]"):
+                 "submitters.s.keys = 'nope'", "not a key of [agent.keys]", "submitters.s.key_file = '/k'",
+                 "HMAC submitter keys are no longer accepted", "fstream keys new submitter s --out DIR"):
         assert part in msg, (part, msg)
 
 
@@ -264,7 +269,7 @@ def test_an_agent_without_roots_refuses_to_start_and_one_without_a_policy_serves
     assert main(["agent", "--redis", redis_url, "--namespace", "authz0", "--once"]) == 2
     assert "no source roots" in capsys.readouterr().err
     src = make_files(tmp_path / "src", {"f": 10}, seed=4)
-    store = JobStore(redis_client, keys=Keys("authz0"), signer=Signer("anyone", os.urandom(32)))
+    store = JobStore(redis_client, keys=Keys("authz0"), signer=Signer.generate("anyone"))
     job_id, _ = store.submit(TransferSpec(sources=[str(src)], destination="fstream://127.0.0.1:9/x"))
     Agent(redis_url, name="deny", keys=Keys("authz0"), block_ms=100).run(once=True)
     job = store.get(job_id)
@@ -311,8 +316,9 @@ def test_a_malformed_signature_is_refused_and_the_agent_goes_on(site):
     spec = TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/bad")
     client.hset(NS.job(job_id), mapping={"job_id": job_id, "state": "queued", "attempt": 0, "deliveries": 0,
                                          "spec": spec.to_json(), "created_at": 0, "updated_at": 0,
-                                         "auth": json.dumps({"submitter": "ops", "ts": 1e9, "nonce": "\ud800",
-                                                             "tag": "é" * 64})})
+                                         "auth": json.dumps({"v": "fstream-job-v2", "submitter": "ops", "ts": 1e9,
+                                                             "nonce": "\ud800", "key_id": "0" * 16,
+                                                             "sig": "é" * 128})})
     client.xadd(NS.jobs_stream(), {"job_id": job_id})
     job = _wait(site, job_id)
     assert job.state == "failed" and "malformed submitter signature" in job.error
@@ -329,8 +335,9 @@ def test_a_redelivery_older_than_the_max_age_passes_and_a_copy_does_not(redis_cl
 
     key = write_secret(tmp_path / "k")
     data = make_files(tmp_path / "data", {"f": 10}, seed=8)
-    policy = AgentPolicy.local([data], key, submitter="s", key_file=key)
-    store = JobStore(redis_client, keys=NS, signer=Signer.from_file("s", str(key)))
+    signer = Signer.generate("s")
+    policy = AgentPolicy.local([data], key, submitter="s", public_key=signer.public)
+    store = JobStore(redis_client, keys=NS, signer=signer)
     job_id, _ = store.submit(TransferSpec(sources=[str(data)], destination="fstream://h:1/x"))
     spec_json, auth = redis_client.hmget(NS.job(job_id), "spec", "auth")
     spec = TransferSpec.from_json(spec_json)
@@ -357,7 +364,8 @@ def test_a_scheduling_agent_refuses_forged_jobs_before_its_board_and_goes_on(sit
     client.hset(NS.sched_config(), mapping={f"cap:{dst}": 1e9, f"unit:{dst}": 1e9,
                                             f"cap:{socket.gethostname()}": 1e9, f"unit:{socket.gethostname()}": 1e9})
     spec = TransferSpec(sources=[str(site["data"] / "sra")], destination=f"{site['dest']}/forged")
-    bad_auth = json.dumps({"submitter": "ops", "ts": 1e9, "nonce": "zz", "tag": "é" * 64})
+    bad_auth = json.dumps({"v": "fstream-job-v2", "submitter": "ops", "ts": 1e9, "nonce": "zz", "key_id": "x",
+                           "sig": "é" * 128})
     forged = {"badsig00001": (spec.to_json(), bad_auth),
               "badspec0001": ('{"sources": 5}', "")}
     for job_id, (spec_json, auth) in forged.items():

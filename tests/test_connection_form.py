@@ -405,13 +405,17 @@ def _spec():
 
 
 def test_the_submitter_fields_sign_jobs_and_the_key_id_reaches_them(monkeypatch, redis_url, redis_client):
-    """The inline submitter key signs each job so the agents can verify it; the ``key`` field becomes the job's
-    key id (jobs name keys by id, never by file)."""
+    """The inline submitter key (the Ed25519 private key's PEM) signs each job so the agents can verify it with
+    its public key; the ``key`` field becomes the job's key id (jobs name keys by id, never by file)."""
     import authkit
+    from fstream_provider.model.ed25519 import load_private, load_public
     from fstream_provider.model.keyfile import read_key_file
     from fstream_provider.model.signing import JobAuth, verify
 
     secret = read_key_file(authkit.key_file(), "test submitter key").decode()
+    assert secret.startswith("-----BEGIN PRIVATE KEY-----")
+    public = load_public(authkit.public_key_file())
+    assert load_private(authkit.key_file()).key_id == public.key_id
     hook = _form_hook(monkeypatch, redis_url, "fstream_signform", submitter="lcls-daq", submitter_secret=secret,
                       key="beamline7")
     try:
@@ -421,7 +425,7 @@ def test_the_submitter_fields_sign_jobs_and_the_key_id_reaches_them(monkeypatch,
         h = redis_client.hgetall(hook.keys.job(job_id))
         auth = JobAuth.from_json(h["auth"])
         assert auth is not None and auth.submitter == "lcls-daq"
-        assert verify(secret.encode(), auth, "form", job_id, h["spec"])
+        assert auth.key_id == public.key_id and verify([public], auth, "form", job_id, h["spec"])
     finally:
         hook.close()
 

@@ -130,7 +130,7 @@ def sandbox_problems(name: str, config: dict, policy: dict, receive_roots: tuple
         reads += [("policy [agent] roots", r) for r in policy["agent"]["roots"]]
         reads += [(f"policy [agent.keys] {k}", f) for k, f in policy["agent"].get("keys", {}).items()]
         for sid, sub in policy.get("submitters", {}).items():
-            reads += [(f"policy [submitters.{sid}] key_file", sub["key_file"])]
+            reads += [(f"policy [submitters.{sid}] public_key_file", sub["public_key_file"])]
             reads += [(f"policy [submitters.{sid}] roots", r) for r in sub.get("roots", [])]
     problems = []
     for what, path in writes + reads:

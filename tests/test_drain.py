@@ -190,7 +190,7 @@ def test_fstream_agent_exits_0_on_sigterm_and_hands_its_job_back(tmp_path, redis
     job_id, _ = store.submit(TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/out",
                                           tuner="fixed", cc=1, p=1, pp=1))
     sock, path = _notify_socket(tmp_path)
-    policy = authkit.policy_file(tmp_path, site["secret"])
+    policy = authkit.policy_file(tmp_path, site["secret"], destinations=authkit.receiver(rcv.port))
     env = {**os.environ, "NOTIFY_SOCKET": path}
     proc = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "agent", "--redis", redis_url,
                              "--namespace", "drain", "--policy", policy, "--name", "cli-agent", "--drain-grace", "15s"],

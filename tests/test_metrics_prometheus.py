@@ -155,7 +155,8 @@ def test_prometheus_scrapes_exactly_the_transfers_bytes_and_files(tmp_path: Path
     rx_port = int(rx.find(r"listening on 127\.0\.0\.1:(\d+)", "the receiver listening").group(1))
     rx_metrics = rx.find(r"metrics on http://(127\.0\.0\.1:\d+)/metrics", "the receiver's metrics address").group(1)
     agent = Daemon([*FSTREAM, "agent", "--redis", redis_url, "--namespace", NS.namespace, "--name", "prom-agent",
-                    "--policy", authkit.policy_file(tmp_path, secret), "--metrics-listen", "127.0.0.1:0"],
+                    "--policy", authkit.policy_file(tmp_path, secret, destinations=authkit.receiver(rx_port)),
+                    "--metrics-listen", "127.0.0.1:0"],
                    tmp_path, "agent", env)
     daemons.append(agent)
     agent_metrics = agent.find(r"metrics on http://(127\.0\.0\.1:\d+)/metrics", "the agent's metrics address").group(1)

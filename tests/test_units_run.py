@@ -50,8 +50,10 @@ class Host:
             self._dir(directory, mode)
         self._dir(unitkit.doc_home_dir(), 0o700)  # StateDirectory=fstream, StateDirectoryMode=0700
         policy = unitkit.doc_policy()
-        for key_file in [*policy["agent"]["keys"].values(), *(s["key_file"] for s in policy["submitters"].values())]:
+        for key_file in policy["agent"]["keys"].values():
             self._secret(key_file)
+        for name, sub in policy["submitters"].items():  # docs: fstream keys new submitter NAME (only .pub here)
+            self._public(sub["public_key_file"], name)
         for src in [*policy["agent"]["roots"], *(r for s in policy["submitters"].values() for r in s["roots"])]:
             self.path(src).mkdir(parents=True, exist_ok=True)  # the instrument's data: readable, not the unit's
         self._write("/etc/fstream/policy.toml", _toml(self._mapped(policy)))
@@ -93,6 +95,14 @@ class Host:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(secrets.token_hex(32) + "\n")  # docs: head -c 32 /dev/urandom | xxd -p -c 64
         self._own(p, 0o600)
+
+    def _public(self, documented: str, name: str) -> None:
+        from fstream_provider.model.ed25519 import PrivateKey
+
+        p = self.path(documented)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(PrivateKey.generate(name).public.line() + "\n")
+        self._own(p, 0o644)
 
     def _write(self, documented: str, text: str) -> None:
         p = self.path(documented)

@@ -173,7 +173,8 @@ def test_agent_pings_while_its_main_thread_runs_a_job(tmp_path: Path, redis_url:
         job_id, _ = store.submit(TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{rcv.port}/out",
                                               tuner="fixed", cc=1, p=1, pp=1))
         d = Daemon([*FSTREAM, "agent", "--redis", redis_url, "--namespace", "wdjob", "--name", "wd-job",
-                    "--policy", authkit.policy_file(tmp_path, secret)], tmp_path, "agent.loop",
+                    "--policy", authkit.policy_file(tmp_path, secret, destinations=authkit.receiver(rcv.port))],
+                   tmp_path, "agent.loop",
                    env={"WATCHDOG_USEC": "4000000"})  # WatchdogSec=4s: the job pings with its 1 s records
         t_started, _ = d.out.wait_for(rf"job {job_id} attempt 1: started")
         wait_until(lambda: store.get(job_id).state == "succeeded", 60, "the job to finish")

@@ -59,8 +59,8 @@ class FStreamSettings:
     :param tls_key: its key.
     :param tls_ca: CA bundle that signed the receivers' certificates.
     :param submitter: the submitter id jobs are signed as.
-    :param submitter_secret: its key, inline (the connection's masked extra).
-    :param submitter_key_file: its key, as a file on the worker.
+    :param submitter_secret: its Ed25519 private key, inline (the connection's masked extra; PEM or its body).
+    :param submitter_key_file: its Ed25519 private key, as a 0600 file on the worker (``fstream keys new``).
     :param key: the keyring key id jobs use (None: the agents' ``default``).
     :param source: where the settings came from, for log lines.
     """
@@ -87,7 +87,7 @@ class FStreamSettings:
                              "extra and its key ('submitter_secret', or 'submitter_key_file'); agents refuse "
                              "unsigned jobs")
         if self.submitter_secret:
-            return Signer(self.submitter, self.submitter_secret.strip().encode())  # as key files are read
+            return Signer.from_pem(self.submitter, self.submitter_secret)  # Ed25519 PKCS#8 PEM (or its body)
         return Signer.from_file(self.submitter, self.submitter_key_file)
 
 

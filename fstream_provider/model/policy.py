@@ -6,7 +6,7 @@ One TOML file, by default ``/etc/fstream/policy.toml`` (``fstream agent --policy
     roots = ["/data/lcls", "/data/sra"]              # the only source trees this agent reads (default deny)
     # roots = ["/data/lcls", { path = "/data/sra", span_mounts = true }]   # a root may read across mounts
     allow_hardlinks = false                          # files with several hard links are refused (default)
-    destinations = ["fstream://dtn2:7600/lcls"]      # optional: receivers and path prefixes it may send to
+    destinations = ["fstream://dtn2:7600/lcls"]      # receivers and path prefixes it may send to (default deny)
     max_job_age = "7d"                               # a signed job older than this is refused
     clock_skew = "5m"                                # accepted difference between clocks
 
@@ -15,16 +15,18 @@ One TOML file, by default ``/etc/fstream/policy.toml`` (``fstream agent --policy
     lcls = { secret_file = "/etc/fstream/keys/lcls" }
     tls = { tls_cert = "/etc/fstream/tls/c.pem", tls_key = "/etc/fstream/tls/c.key", tls_ca = "/etc/fstream/tls/ca.pem" }
 
-    [submitters.lcls-daq]                            # who may submit: id, key, and what it may ask for
-    key_file = "/etc/fstream/submitters/lcls-daq.key"
+    [submitters.lcls-daq]                            # who may submit: id, public key(s), what it may ask for
+    public_key_file = "/etc/fstream/submitters/lcls-daq.key.pub"   # or a list (rotation); or public_key = "..."
     roots = ["/data/lcls/daq"]                       # within the agent's roots (default: the agent's roots)
     destinations = ["fstream://dtn2:7600/lcls/daq"]  # default: the agent's destinations
     keys = ["lcls"]                                  # key ids it may use (default: ["default"])
 
-A job is allowed when a configured submitter signed it, and its sources lie within both the agent's
-and the submitter's roots, its destination matches both lists (when given) and its key is one the
-submitter may use and the agent holds. This module validates the file; the agent enforces it
-(``transfer_agent.daemon.authorize``). Errors name the file, the key, the value and the reason.
+A job is allowed when a configured submitter signed it (Ed25519: the agent holds only public keys), and its
+sources lie within both the agent's and the submitter's roots, its destination matches both lists (when given;
+when neither lists any, every job is refused: destinations are default deny) and its key is one the submitter
+may use and the agent holds. Issue 32's HMAC ``key_file`` is refused, naming the entry and the way to replace it.
+This module validates the file; the agent enforces it (``transfer_agent.daemon.authorize``). Errors name the
+file, the key, the value and the reason.
 """
 
 from __future__ import annotations
@@ -35,11 +37,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fstream_provider.model.ed25519 import parse_public
+from fstream_provider.model.keyfile import KeyFileError
 from fstream_provider.model.signing import check_submitter_id
 from fstream_provider.model.spec import KEY_ID, Destination
 from fstream_provider.model.units import parse_duration
 
 DEFAULT_POLICY = "/etc/fstream/policy.toml"
+HMAC_REFUSED = ("HMAC submitter keys are no longer accepted (every agent holding one could sign as "
+                "submitter {name!r}): run `fstream keys new submitter {name} --out DIR` where it submits, give it "
+                "DIR/{name}.key, and list DIR/{name}.key.pub here as public_key_file (docs/keys.md)")
+
+
+def as_list(value: str | list[str]) -> list[str]:
+    """A field that takes one value or a list (public keys: several during a rotation)."""
+    return [value] if isinstance(value, str) else list(value)
 
 
 class PolicyError(ValueError):
@@ -73,7 +85,9 @@ def root_path(root: Root) -> str:
 
 class SubmitterEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    key_file: str
+    key_file: str | None = None  # issue 32's HMAC key: refused by _check, naming what to do instead
+    public_key: str | list[str] = []
+    public_key_file: str | list[str] = []
     roots: list[Root] = []
     destinations: list[str] = []
     keys: list[str] = ["default"]
@@ -137,6 +151,16 @@ def _check(policy: PolicyFile) -> list[tuple[str, Any, str]]:
         for i, root in enumerate(map(root_path, sub.roots)):
             if not os.path.isabs(root):
                 problems.append((f"submitters.{name}.roots[{i}]", root, "a root must be an absolute path"))
+        if sub.key_file is not None:
+            problems.append((f"submitters.{name}.key_file", sub.key_file, HMAC_REFUSED.format(name=name)))
+        elif not (as_list(sub.public_key) or as_list(sub.public_key_file)):
+            problems.append((f"submitters.{name}", name, "give its public_key_file (or public_key): run "
+                             f"`fstream keys new submitter {name} --out DIR` where it submits (docs/keys.md)"))
+        for i, line in enumerate(as_list(sub.public_key)):
+            try:
+                parse_public(line)
+            except KeyFileError as exc:
+                problems.append((f"submitters.{name}.public_key[{i}]", line[:80], str(exc)))
         for k in sub.keys:  # "default" may come from `fstream agent --secret-file`; a job needing it is refused without
             if k not in a.keys and k != "default":
                 problems.append((f"submitters.{name}.keys", k, "not a key of [agent.keys]"))

@@ -141,12 +141,15 @@ def spec_for(src: Path, port: int, dest: str = "out", **opts: Any) -> TransferSp
     return TransferSpec(sources=[str(src)], destination=f"fstream://127.0.0.1:{port}/{dest}", **opts)
 
 
-def cli_agent(redis_url: str, name: str, keys: Keys, secret: Path, log: Path, *extra: str) -> subprocess.Popen:
-    """``python -m transfer_agent.cli agent`` in its own session (stopped by pid); stderr to ``log``."""
+def cli_agent(redis_url: str, name: str, keys: Keys, secret: Path, log: Path, *extra: str,
+              port: int) -> subprocess.Popen:
+    """``python -m transfer_agent.cli agent`` in its own session (stopped by pid), sending to the receiver on
+    ``port``; stderr to ``log``."""
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "agent", "--redis", redis_url,
                                  "--name", name, "--namespace", keys.namespace,
-                                 "--policy", authkit.policy_file(log.parent, secret), *extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                 "--policy", authkit.policy_file(log.parent, secret, destinations=authkit.receiver(port)),
+                                 *extra], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:

@@ -124,7 +124,7 @@ def test_duplicate_delivery_exactly_one_commit_and_the_stale_attempt_is_fenced(t
     store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     job_id, _ = store.submit(spec_for(src, rcv.port, p=2, pp=4))
     log = tmp_path / "owner.log"
-    owner = cli_agent(redis_url, "owner", keys, secret, log, "--heartbeat-ttl", "1s", "--claim-idle", "30s")
+    owner = cli_agent(redis_url, "owner", keys, secret, log, "--heartbeat-ttl", "1s", "--claim-idle", "30s", port=rcv.port)
     rescuer = _agent(redis_url, "rescuer", keys, secret, max_retries=8)
     th = None
     try:

@@ -186,8 +186,8 @@ def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true", help="print the job id and return at once")
     p.add_argument("--submitter", metavar="ID", help="sign the job as this submitter (default $FSTREAM_SUBMITTER, "
                                                      "else 'local' with the key in the state dir)")
-    p.add_argument("--submitter-key", metavar="FILE", help="the submitter's key (mode 0600; default "
-                                                           "$FSTREAM_SUBMITTER_KEY_FILE)")
+    p.add_argument("--submitter-key", metavar="FILE", help="the submitter's Ed25519 private key file "
+                         "(mode 0600, `fstream keys new submitter`; default $FSTREAM_SUBMITTER_KEY_FILE)")
     p.add_argument("--idempotency-key", metavar="K", help="resubmitting the same key returns the same job")
     p.add_argument("--json", action="store_true", help="print one JSON object (the job) when done")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")

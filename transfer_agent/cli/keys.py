@@ -34,7 +34,7 @@ CHECK_PAUSE = 0.5  # seconds between two checks of a receiver that does not acce
 
 
 def add_keys_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("keys", help="rotate a shared secret's generations without downtime; show them",
+    p = subparsers.add_parser("keys", help="shared secrets' generations (rotate, show); Ed25519 pairs (new, list)",
                               description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="keys_command", required=True)
     r = sub.add_parser("rotate", help="add a next generation, promote it, retire expired ones (docs/keys.md)")
@@ -54,6 +54,9 @@ def add_keys_parser(subparsers: Any) -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="list the generations of a secret file (never a secret)")
     s.add_argument("secret_file", metavar="SECRET_FILE")
     s.set_defaults(func=cmd_show)
+    from transfer_agent.cli.keypairs import add_pair_parsers
+
+    add_pair_parsers(sub)
     return p
 
 

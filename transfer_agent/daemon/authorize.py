@@ -6,13 +6,16 @@ was configured with (``fstream_provider.model.policy``), for a submitter who sig
 (``fstream_provider.model.signing``), before a byte of the job's sources is read:
 
 1. the stored spec is a valid transfer spec;
-2. it carries a signature envelope, from a submitter this agent knows, whose tag verifies over the job as
-   stored (namespace, job id, spec JSON), not signed in the future beyond ``clock_skew``, whose nonce no
-   other job used (``fstream_provider.bus.audit.first_use``), and, when it is first taken, signed within
-   ``max_job_age`` (a redelivery of a job taken in time — a retry, a reclaim, a resumed preemption — passes);
+2. it carries a signature envelope, from a submitter this agent knows, whose Ed25519 signature, by one of the
+   submitter's public keys this agent holds (the envelope names it by id), verifies over the job as
+   stored (namespace, job id, spec JSON; issue 32's HMAC envelopes are refused by name), not signed in the
+   future beyond ``clock_skew``, whose nonce no other job used (``fstream_provider.bus.audit.first_use``),
+   and, when it is first taken, signed within ``max_job_age`` (a redelivery of a job taken in time — a retry,
+   a reclaim, a resumed preemption — passes);
 3. it names no file on the agent's host for keys (``secret_file``, ``tls_*``): keys are referred to by id,
    and the id must be one the submitter may use and the agent holds;
-4. its destination matches the agent's and the submitter's destination rules (receiver and path prefix);
+4. its destination matches the agent's and the submitter's destination rules (receiver and path prefix); when
+   neither lists any, nothing is allowed (default deny; only the single-user ``--root`` agent sends anywhere);
 5. every source lies within the agent's roots and the submitter's (``storage.contain.SourceRoots``, after
    resolving ``..`` and symbolic links). While the job runs, each listed file's directory (and each listed
    link) is resolved again, and each file is opened beneath its root as a filesystem boundary
@@ -32,8 +35,10 @@ from typing import Any
 from fstream_provider.bus.audit import first_use
 from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.policy import KeyEntry, PolicyFile, load_policy
-from fstream_provider.model.signing import JobAuth, verify
+from fstream_provider.model.ed25519 import PublicKey, load_public, parse_public
+from fstream_provider.model.keyfile import KeyFileError
+from fstream_provider.model.policy import KeyEntry, PolicyError, PolicyFile, as_list, load_policy
+from fstream_provider.model.signing import JobAuth, is_hmac_envelope, verify
 from fstream_provider.model.spec import Destination, TransferSpec
 from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import AuthError, RefusedError
@@ -68,10 +73,11 @@ class DestRule:
 
 @dataclass(frozen=True)
 class SubmitterGrant:
-    """A configured submitter: its key and what it may ask for (None / empty: the agent's own bounds)."""
+    """A configured submitter: its public keys (several while one is rotated) and what it may ask for (None /
+    empty: the agent's own bounds)."""
 
     submitter: str
-    key: bytes = field(repr=False)
+    public_keys: tuple[PublicKey, ...]
     roots: SourceRoots | None = None
     destinations: tuple[DestRule, ...] = ()
     keys: frozenset[str] = frozenset({"default"})
@@ -82,11 +88,12 @@ class AgentPolicy:
     """The authority an agent was configured with. ``AgentPolicy()`` serves nothing (default deny).
 
     :param roots: the source trees it reads.
-    :param destinations: receivers and prefixes it may send to (empty: any the job's key opens).
+    :param destinations: receivers and prefixes it may send to (empty: only those a submitter's entry lists).
     :param keyring: key id -> the files of that key, from the agent's own configuration.
     :param submitters: submitter id -> its grant.
     :param max_job_age_s: a job signed longer ago than this is refused.
     :param clock_skew_s: a job signed further than this in the future is refused.
+    :param any_destination: the single-user agent (``local``): no destination rules, the job's key decides.
     """
 
     roots: SourceRoots = field(default_factory=lambda: SourceRoots.of([]))
@@ -95,16 +102,20 @@ class AgentPolicy:
     submitters: dict[str, SubmitterGrant] = field(default_factory=dict)
     max_job_age_s: float = 7 * 86400.0
     clock_skew_s: float = 300.0
+    any_destination: bool = False
 
     @classmethod
     def from_file(cls, path: str) -> "AgentPolicy":
-        return cls.from_model(load_policy(path))
+        try:
+            return cls.from_model(load_policy(path))
+        except KeyFileError as exc:  # a public key file that cannot be read: name the policy file too
+            raise PolicyError(f"policy file {path}: {exc}") from None
 
     @classmethod
     def from_model(cls, p: PolicyFile) -> "AgentPolicy":
         subs = {}
         for name, s in p.submitters.items():
-            subs[name] = SubmitterGrant(name, _submitter_key(name, s.key_file),
+            subs[name] = SubmitterGrant(name, _public_keys(name, as_list(s.public_key), as_list(s.public_key_file)),
                                         SourceRoots.of(s.roots or p.agent.roots, allow_hardlinks=s.allow_hardlinks)
                                         if s.roots or s.allow_hardlinks is not None else None,
                                         tuple(DestRule.parse(d) for d in s.destinations), frozenset(s.keys))
@@ -114,26 +125,32 @@ class AgentPolicy:
 
     @classmethod
     def local(cls, roots: list[Any], secret_file: Any = None, *, submitter: str | None = None,
-              key_file: Any = None) -> "AgentPolicy":
-        """One submitter's agent: ``roots``, the ``default`` key (``secret_file``), and the submitter
-        (default: the local one, ``model.signing.local_key_file``, its key created on first use)."""
-        from fstream_provider.model.signing import LOCAL_SUBMITTER, ensure_local_key
+              public_key: PublicKey | str | os.PathLike[str] | None = None) -> "AgentPolicy":
+        """One submitter's agent (``fstream agent --root``): ``roots``, the ``default`` key (``secret_file``), any
+        destination that key opens, and the submitter (default: the local one, whose pair is made on first use in
+        the state dir, ``model.signing.local_key_file``) with ``public_key`` (a ``PublicKey`` or its file)."""
+        from fstream_provider.model.signing import LOCAL_SUBMITTER, local_public_key
 
         submitter = submitter or LOCAL_SUBMITTER
-        key = _submitter_key(submitter, str(key_file or ensure_local_key()))
+        if public_key is None:
+            public_key = local_public_key()
+        elif not isinstance(public_key, PublicKey):
+            public_key = load_public(public_key, f"submitter {submitter!r} public key file")
         keyring = {"default": KeyEntry(secret_file=str(secret_file))} if secret_file else {}
-        return cls(SourceRoots.of(roots), keyring=keyring, submitters={submitter: SubmitterGrant(submitter, key)})
+        return cls(SourceRoots.of(roots), keyring=keyring, any_destination=True,
+                   submitters={submitter: SubmitterGrant(submitter, (public_key,))})
 
     def describe(self) -> str:
-        dests = ", ".join(map(str, self.destinations)) or "any"
-        return (f"source roots {self.roots.describe()}; destinations {dests}; keys {', '.join(self.keyring) or 'none'}; "
-                f"submitters {', '.join(self.submitters) or 'none'}")
+        dests = ", ".join(map(str, self.destinations)) or ("any" if self.any_destination else "only submitters'")
+        return (f"source roots {self.roots.describe()}; destinations {dests}; "
+                f"keys {', '.join(self.keyring) or 'none'}; submitters {', '.join(self.submitters) or 'none'}")
 
 
-def _submitter_key(name: str, path: str) -> bytes:
-    from fstream_provider.model.keyfile import read_key_file
-
-    return read_key_file(path, f"submitter {name!r} key file")
+def _public_keys(name: str, lines: list[str], files: list[str]) -> tuple[PublicKey, ...]:
+    """A submitter's public keys, parsed once when the policy is loaded (``decide`` only verifies)."""
+    keys = [parse_public(line, f"submitters.{name}.public_key") for line in lines]
+    keys += [load_public(f, f"submitters.{name}.public_key_file") for f in files]
+    return tuple(keys)
 
 
 @dataclass
@@ -168,13 +185,20 @@ class Authorizer:
                 invalid: str) -> Decision:
         pol = self.policy
         auth = JobAuth.from_json(auth_json)
+        if auth is None and is_hmac_envelope(auth_json):
+            raise _Refused("signed with an HMAC shared key (fstream-job-v1), which agents no longer accept (every "
+                           "agent holding that key could sign as the submitter): sign with the submitter's Ed25519 "
+                           "key (`fstream keys new submitter NAME`, docs/keys.md)")
         if auth is None:
             raise _Refused("unsigned (no submitter signature; submit with a submitter id and key this agent "
                            "is configured with)" if not auth_json else "malformed submitter signature")
         grant = pol.submitters.get(auth.submitter)
         if grant is None:
             raise _Refused(f"submitter {auth.submitter!r} is not configured on this agent", auth.submitter)
-        if not verify(grant.key, auth, self.keys.namespace, job_id, spec_json):
+        if not any(k.key_id == auth.key_id for k in grant.public_keys):
+            raise _Refused(f"signed with key {auth.key_id}, not one of submitter {auth.submitter!r}'s public keys "
+                           f"on this agent ({', '.join(k.key_id for k in grant.public_keys)})", auth.submitter)
+        if not verify(grant.public_keys, auth, self.keys.namespace, job_id, spec_json):
             raise _Refused(f"wrong signature for submitter {auth.submitter!r} (the job was altered after it was "
                            "signed, copied under another id, or signed with another key)", auth.submitter)
         now = self.clock()
@@ -202,6 +226,10 @@ class Authorizer:
         if entry is None:
             raise _Refused(f"this agent holds no key {key_id!r}", auth.submitter)
         dest = spec.dest
+        if not (pol.any_destination or pol.destinations or grant.destinations):
+            raise _Refused(f"no destination is allowed for submitter {auth.submitter!r}: neither its entry nor "
+                           "[agent] lists destinations (default deny: list the receivers and path prefixes it may "
+                           "send to in the policy)", auth.submitter)
         for who, rules in (("this agent", pol.destinations), (f"submitter {auth.submitter!r}", grant.destinations)):
             if rules and not any(r.allows(dest) for r in rules):
                 raise _Refused(f"destination {spec.destination} is not allowed for {who} (allowed: "
