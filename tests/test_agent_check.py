@@ -25,8 +25,11 @@ GROUP = "jobs consumer group present"
 
 
 def _check(redis_url: str, policy: str, namespace: str = "chk") -> subprocess.CompletedProcess:
-    return subprocess.run([*FSTREAM, "agent", "--redis", redis_url, "--namespace", namespace, "--policy", policy,
-                           "--check"], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    """``fstream agent --check``; a URL with a password goes in ``$FSTREAM_REDIS_URL`` (refused in argv, issue 40)."""
+    secret = "@" in redis_url
+    return subprocess.run([*FSTREAM, "agent", *(() if secret else ("--redis", redis_url)), "--namespace", namespace,
+                           "--policy", policy, "--check"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **({"FSTREAM_REDIS_URL": redis_url} if secret else {})})
 
 
 @pytest.fixture

@@ -27,9 +27,14 @@ async def alive_agents(client: Any, keys: Keys) -> list[str]:
 
 
 def start_agent_hint(redis_url: str, namespace: str) -> str:
-    """The command that starts an agent on this bus (for log lines and errors)."""
+    """The command that starts an agent on this bus (for log lines and errors): the URL without its password (a
+    password in an argument is refused, issue 40), and ``--redis-password-file FILE`` where it had one."""
+    from fstream_provider.model.redis_url import secret_in, without_password
+
+    auth = " --redis-password-file FILE" if secret_in(redis_url) else ""
     ns = f" --namespace {namespace}" if namespace != "fstream" else ""
-    return f"start one on a source host: `fstream agent --redis {redis_url}{ns} --secret-file SECRET`"
+    return f"start one on a source host: `fstream agent --redis {without_password(redis_url)}{auth}{ns} " \
+           "--secret-file SECRET`"
 
 
 class NoAgentError(RuntimeError):

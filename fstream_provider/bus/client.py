@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode
 
 import redis
 import redis.asyncio
@@ -218,8 +218,7 @@ def _client(url: str, opts: dict[str, Any], redis_cls: Any, sentinel_cls: Any, c
 
 
 def describe(url: str) -> str:
-    """The URL with any password masked, for logs and error messages."""
-    u = urlparse(url)
-    if u.password:
-        return url.replace(":" + u.password + "@", ":***@", 1)
-    return url
+    """The URL with any password masked (in its user info or its query), for logs and error messages."""
+    from fstream_provider.model.redis_url import masked
+
+    return masked(url)

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fstream_provider.model.units import parse_duration
+from transfer_agent.cli.redis_auth import add_redis_options
 
 EXIT_OK = 0
 
@@ -21,8 +22,7 @@ EXIT_OK = 0
 def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("audit", help="list the agents' audit trail: submitter, sources, destination, "
                                             "decision and outcome of every job")
-    p.add_argument("--redis", metavar="URL",
-                   help="Redis URL (default: $FSTREAM_REDIS_URL, else a private embedded redis-server)")
+    add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else a private embedded redis-server)")
     p.add_argument("--namespace", default="fstream", help=argparse.SUPPRESS)
     p.add_argument("--submitter", metavar="ID", help="only this submitter's jobs")
     p.add_argument("--decision", choices=("accepted", "refused", "succeeded", "failed", "cancelled"),

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from transfer_agent.cli.redis_auth import add_redis_options
+
 EXIT_OK = 0
 
 
@@ -18,7 +20,7 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "Resumable: a second run on the same path continues where the first stopped.")
     p.add_argument("--to", required=True, dest="destination", metavar="URL", help="fstream://HOST:PORT/PATH")
     p.add_argument("--secret-file", metavar="F", help="shared secret (default: $FSTREAM_STATE_DIR/secret)")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
+    add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
     p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
     p.add_argument("--budget", metavar="DURATION", default="5m", help="no probe starts after this (default 5m)")
     p.add_argument("--bandwidth", metavar="RATE", default="1Gbit", help="the path's bandwidth (default 1Gbit)")

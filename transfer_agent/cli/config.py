@@ -19,7 +19,8 @@ DEFAULT_PATH = "/etc/fstream/fstream.toml"
 ENV_CONFIG = "FSTREAM_CONFIG"
 ENV_PREFIX = "FSTREAM_"
 REDIS, METRICS = "redis", "metrics"
-REDIS_KEYS = {"url": "redis", "namespace": "namespace"}  # [redis] key -> the option it sets in every command
+# [redis] key -> the option it sets in every command; password-file: never a password in an argument (issue 40)
+REDIS_KEYS = {"url": "redis", "namespace": "namespace", "password-file": "redis-password-file"}
 METRICS_PREFIX = "metrics-"  # [metrics] key -> --metrics-<key>
 OLD_REDIS_ENV = "FSTREAM_REDIS_URL"  # read by the commands themselves since before the file existed
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from transfer_agent.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_RETRY
+from transfer_agent.cli.redis_auth import add_redis_options
 
 WORDS = {"no_ttl": "finished jobs with a key that has no TTL (set from their end + retention)",
          "index_orphans": "index entries whose job is gone (removed)",
@@ -22,8 +23,8 @@ def add_gc_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("gc", help="report what finished jobs left in Redis and the memory per key family; "
                                          "--apply reclaims it")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one); "
-                                                  "an ACL user needs the agent role (SCAN, MEMORY USAGE, scripts)")
+    add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one); an ACL user needs the "
+                         "agent role (SCAN, MEMORY USAGE, scripts)")
     p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
     p.add_argument("--apply", action="store_true", help="reclaim what the report lists (default: report only)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")

@@ -14,6 +14,8 @@ import json
 import time
 from typing import Any
 
+from transfer_agent.cli.redis_auth import add_redis_options
+
 EXIT_OK, EXIT_BAD = 0, 2
 
 
@@ -24,7 +26,7 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
     positionals at the first one it meets and then refuses the file as an unrecognized argument.
     """
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
+    add_redis_options(common, "Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
     common.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
     fmt = argparse.ArgumentParser(add_help=False)
     fmt.add_argument("--format", choices=("csv", "parquet"), default=None, help="default: from the file name, else csv")

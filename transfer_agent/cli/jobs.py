@@ -17,11 +17,11 @@ if TYPE_CHECKING:  # redis (imported by the job model) costs half a second: only
     from fstream_provider.bus.jobs import JobStore
 
 from transfer_agent.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from transfer_agent.cli.redis_auth import add_redis_options
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis", metavar="URL",
-                   help="Redis URL (default: $FSTREAM_REDIS_URL, else a private embedded redis-server)")
+    add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else a private embedded redis-server)")
     p.add_argument("--namespace", default="fstream", help=argparse.SUPPRESS)
 
 
@@ -420,8 +420,8 @@ def add_redis_parser(subparsers: Any) -> argparse.ArgumentParser:
                                             "migrate-keys: move keys of the layout before issue 28 to their own slots")
     p.add_argument("action", choices=("url", "status", "stop", "migrate-keys"))
     p.add_argument("--state-dir", metavar="DIR", help="default: $FSTREAM_STATE_DIR or ~/.local/state/fstream")
-    p.add_argument("--redis", metavar="URL", help="migrate-keys: which Redis (default: $FSTREAM_REDIS_URL, else the "
-                                                  "embedded one); a redis+cluster:// URL migrates key by key")
+    add_redis_options(p, "migrate-keys: which Redis (default: $FSTREAM_REDIS_URL, else the embedded one); a "
+                         "redis+cluster:// URL migrates key by key")
     p.add_argument("--namespace", default="fstream", help="migrate-keys: key namespace (default fstream)")
     p.add_argument("--dry-run", action="store_true", help="migrate-keys: count the old keys, change nothing")
     p.set_defaults(func=cmd_redis)

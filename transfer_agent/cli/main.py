@@ -260,12 +260,13 @@ def _add_receive_parser(sub: Any) -> None:
 
 def _add_send_parser(sub: Any) -> None:
     from transfer_agent.cli.options import add_history_options, add_transfer_options
+    from transfer_agent.cli.redis_auth import add_redis_options
 
     s = sub.add_parser("send", help="send files now (source side)", epilog=SEND_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_transfer_options(s)
-    s.add_argument("--redis", metavar="URL", help="Redis for the tuners' history: profiling, and HARP's transfer "
-                                                  "history read and recorded (default: none for send)")
+    add_redis_options(s, "Redis for the tuners' history: profiling, and HARP's transfer history read and recorded "
+                         "(default: none for send)")
     add_history_options(s)
     s.add_argument("--json", action="store_true", help="print one JSON object when done")
     s.add_argument("--manifest", metavar="FILE",
@@ -316,6 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     config_file, at = config.global_options(argv)  # the global --config FILE comes before the command
     command = argv[at] if at is not None else None
+    from transfer_agent.cli import redis_auth
+
+    secret = redis_auth.refusal(argv)  # a password in an argument: in every process listing (issue 40)
+    if secret is not None:
+        print(f"fstream{' ' + command if command else ''}: error: {secret}", file=sys.stderr)
+        return 2
     version = command is None and "--version" in argv  # `fstream --version` needs no plugin either
     builtin = (command in BUILTIN or version) and not {"-h", "--help"} & set(argv[:at])
     plugins = {} if builtin else plugin_commands()
@@ -347,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger().setLevel(args.log_level.upper())
     quiet_gc()
     try:
+        redis_auth.resolve(args)  # --redis-password-file (or its variable, or [redis] password-file) into the URL
         return int(args.func(args) or 0)
     except (FStreamError, ValueError, FileNotFoundError) as exc:
         print(f"fstream {args.command}: error: {exc}", file=sys.stderr)

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from transfer_agent.cli.redis_auth import add_redis_options
+
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
@@ -20,7 +22,7 @@ def add_pools_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--s-u", type=int, default=4, help="set: increment per update (default 4)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="show: refresh every SECONDS until interrupted")
     p.add_argument("--json", action="store_true", help="show: one JSON object per pair")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
+    add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
     p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
     p.set_defaults(func=cmd_pools)
     return p

@@ -28,7 +28,7 @@ IGNORED = frozenset({"func", "command", "config_file", "parser_factory"})
 
 def reparse(args: argparse.Namespace) -> argparse.Namespace:
     """The command's options as the configuration says now (``FStreamError`` naming the problem if it is bad)."""
-    from transfer_agent.cli import config
+    from transfer_agent.cli import config, redis_auth
 
     argv = list(getattr(args, "argv", None) or [])
     parser = args.parser_factory()  # ``cli.main`` gives it (this module must not import main: no cycles)
@@ -38,6 +38,7 @@ def reparse(args: argparse.Namespace) -> argparse.Namespace:
     except SystemExit:  # argparse printed why (a configured value its own check refused)
         raise FStreamError("the command line no longer parses with this configuration (see above)") from None
     configured(new)
+    redis_auth.resolve(new)  # the password file as it is now, into the URL (``cli.main`` did it at the start)
     new.argv, new.config_file, new.parser_factory = argv, getattr(args, "config_file", None), args.parser_factory
     return new
 

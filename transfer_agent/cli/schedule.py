@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+from transfer_agent.cli.redis_auth import add_redis_options
+
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
@@ -19,7 +21,7 @@ def add_schedule_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--unit", metavar="RATE", help="set: what one unit of concurrency moves there, e.g. 1Gbit")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="show: refresh every SECONDS until interrupted")
     p.add_argument("--json", action="store_true", help="show: one JSON object per task")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
+    add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
     p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
     p.set_defaults(func=cmd_schedule)
     return p

@@ -7,6 +7,8 @@ import json
 import time
 from typing import Any
 
+from transfer_agent.cli.redis_auth import add_redis_options
+
 EXIT_OK = 0
 
 
@@ -14,7 +16,7 @@ def add_seen_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("seen", help="a new-files scope's memory: list it, or reset it so files are reported again")
     p.add_argument("action", choices=("list", "reset"))
     p.add_argument("--scope", required=True, help="the sensor's/trigger's scope (its scope= or the derived one)")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
+    add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
     p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
     p.set_defaults(func=cmd_seen)
     return p
