@@ -383,8 +383,11 @@ class Guard:
                                                 f"({exc.strerror})") from None
                     os.close(cur)
                     cur, above, span = nxt, root, span and root_span
-                if not stat.S_ISDIR(os.fstat(cur).st_mode):
-                    raise OutsideRootsError(f"file {path!r} refused: source root {innermost} is not a directory")
+                    mode = os.fstat(cur).st_mode
+                    if not stat.S_ISDIR(mode):
+                        why = LINK if stat.S_ISLNK(mode) else "is not a directory"
+                        raise OutsideRootsError(f"file {path!r} refused: source root {root} {why} (changed since "
+                                                "the policy was loaded?)")
             except BaseException:
                 os.close(cur)
                 raise
