@@ -125,6 +125,7 @@ def sandbox_problems(name: str, config: dict, policy: dict, receive_roots: tuple
     writes += [("FSTREAM_STATE_DIR", env["FSTREAM_STATE_DIR"])]
     writes += [("fstream receive --root", r) for r in receive_roots if command == "receive"]
     reads = [("FSTREAM_CONFIG", env["FSTREAM_CONFIG"])]
+    reads += [("[redis] password_file", config["redis"]["password_file"])] if command == "agent" else []
     reads += [(f"[{command}] {k}", section[k]) for k in READS[command] if k in section]
     if command == "agent":
         reads += [("policy [agent] roots", r) for r in policy["agent"]["roots"]]

@@ -60,12 +60,29 @@ class Host:
         config = self._mapped(unitkit.doc_config())
         config["receive"].update({"listen": "127.0.0.1:0", "metrics-listen": "127.0.0.1:0", "free-space-floor": "1MiB"})
         config["agent"]["metrics-listen"] = "127.0.0.1:0"
-        config["redis"]["url"] = redis_url
+        config["redis"]["url"] = self._redis_user(redis_url, unitkit.doc_config()["redis"])
         self._secret(unitkit.doc_config()["receive"]["secret-file"])
         self.config = config
         self._write("/etc/fstream/fstream.toml", _toml(config))
         # fstream-agent@dtn1.service reads /etc/fstream/agent-dtn1.toml: the same [agent] and [redis]
         self._write("/etc/fstream/agent-dtn1.toml", _toml({"agent": config["agent"], "redis": config["redis"]}))
+
+    def _redis_user(self, redis_url: str, documented: dict[str, str]) -> str:
+        """The documented ``[redis]``: the ACL user in the URL, its password in ``password_file`` (0600, the unit
+        user's); the user is made on the test's server (all rights: the roles' rules are test_redis_acl's)."""
+        from urllib.parse import urlsplit
+
+        from fstream_provider.bus.client import connect
+
+        user, password = urlsplit(documented["url"]).username, secrets.token_hex(16)
+        self._secret(documented["password_file"])
+        self.path(documented["password_file"]).write_text(password + "\n")
+        admin = connect(redis_url)
+        try:
+            admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
+        finally:
+            admin.close()
+        return redis_url.replace("redis://", f"redis://{user}@", 1)
 
     def path(self, documented: str) -> Path:
         """Where a documented absolute path is on this scratch host."""
