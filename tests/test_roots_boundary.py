@@ -29,9 +29,9 @@ from fstream_provider.model.signing import resolve_signer
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.daemon.authorize import AgentPolicy
 from transfer_agent.daemon.worker import Agent
+from transfer_agent.sending.sender import Transfer
 from transfer_agent.storage.beneath import kernel_has_openat2
 from transfer_agent.storage.contain import Guard, OutsideRootsError, SourceRoots
-from transfer_agent.sending.sender import Transfer
 
 NS = Keys("roots")
 WAYS = [pytest.param("1", id="openat2", marks=pytest.mark.skipif(not kernel_has_openat2(), reason="no openat2 here")),
