@@ -300,3 +300,45 @@ def test_the_most_specific_roots_decide_on_hard_links(tree):
     assert _open(Guard(agent_allows, SourceRoots.of([root])), root / "run1" / "twin.dat")
     with pytest.raises(OutsideRootsError, match="2 hard links"):
         _open(Guard(agent_allows, SourceRoots.of([root], allow_hardlinks=False)), root / "run1" / "twin.dat")
+
+
+GUARD_IN_NAMESPACE = r"""
+import os, subprocess, sys
+from transfer_agent.storage.contain import Guard, OutsideRootsError, SourceRoots
+root, outside, way = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+os.mkdir(f"{root}/mnt")
+subprocess.run(["mount", "--bind", outside, f"{root}/mnt"], check=True)
+class F:
+    src = f"{root}/mnt/secret"
+for roots in (SourceRoots.of([root]), SourceRoots.of([{"path": root, "span_mounts": True}])):
+    guard = Guard(roots, openat2=way)
+    assert guard.admit([F()], lambda sf, exc: sys.exit(f"admit refused: {exc}"))
+    try:
+        fd, _ = guard.open(F.src)
+        print("read", os.read(fd, 100).decode())
+    except OutsideRootsError as exc:
+        print("refused", exc)
+"""
+
+
+@pytest.mark.parametrize("openat2", [pytest.param(True, marks=pytest.mark.skipif(not kernel_has_openat2(),
+                                                                                 reason="no openat2 here")), False],
+                         ids=["openat2", "walk"])
+def test_a_bind_mount_is_refused_in_a_user_namespace_without_root(tmp_path, openat2):
+    """The mount rule where CI is not root: ``unshare -rm`` (a user and mount namespace of its own) may bind-mount;
+    the guard in there refuses the mount unless the root spans mounts."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("unshare -rm is not allowed here (user namespaces disabled), so no bind mount can be made")
+    base = Path(os.path.realpath(tmp_path))
+    (base / "root").mkdir()
+    (base / "outside").mkdir()
+    (base / "outside" / "secret").write_text("s3cret")
+    repo = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run(["unshare", "-rm", sys.executable, "-c", GUARD_IN_NAMESPACE, str(base / "root"),
+                          str(base / "outside"), "1" if openat2 else "0"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": repo})
+    assert out.returncode == 0, out.stderr
+    refused, spanned = out.stdout.splitlines()
+    assert refused == (f"refused file '{base}/root/mnt/secret' refused: it crosses a mount point (a root reads only "
+                       f"its own file system unless it is declared with span_mounts = true) (source root {base}/root)")
+    assert spanned == "read s3cret"
