@@ -416,7 +416,7 @@ def _hget(url: str, key: str, field: str) -> str | None:
 def _pending(url: str, scope: str) -> int:
     client = connect(url)
     try:
-        return client.hlen(Keys().pending(scope))
+        return client.hlen(Keys().pending(Keys.owned(authkit.SUBMITTER, scope)))  # the connection's submitter's
     finally:
         client.close()
 

@@ -77,7 +77,7 @@ def _pending_batches(redis_url: str) -> int:
     """Batches a new-files watcher claimed and Airflow has not yet confirmed stored (every scope)."""
     client = connect(redis_url)
     try:
-        return sum(client.hlen(k) for k in client.scan_iter(Keys().pending("x")[:-1] + "*"))
+        return sum(client.hlen(k) for k in client.scan_iter(Keys().own_slot_patterns()["pending"]))
     finally:
         client.close()
 

@@ -50,7 +50,7 @@ def _take(store: JobStore, consumer: str = "w") -> tuple[str, str]:
 
 def test_submit_creates_queued_job_with_spec_roundtrip(store, spec):
     job_id, created = store.submit(spec)
-    assert created and len(job_id) == 16
+    assert created and job_id.startswith("tests:") and len(job_id.partition(":")[2]) == 16  # <submitter>:<hex>
     job = store.get(job_id)
     assert isinstance(job, JobState)
     assert job.state == "queued" and job.attempt == 0 and job.deliveries == 0 and job.worker is None

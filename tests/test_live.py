@@ -367,7 +367,9 @@ def test_it_only_reads_what_the_viewer_role_may_and_the_submitter_role_sees_jobs
     redis_client.hset(keys.sched_tasks(), job_id, json.dumps({"state": "running"}))
     users = {}
     for role in ("viewer", "submitter"):
-        redis_client.execute_command("ACL", "SETUSER", f"{role}-u", *acl_rules(role, keys.namespace, serverkit.chosen_version()),
+        who = authkit.SUBMITTER if role == "submitter" else None  # issue 40: a submitter user is one submitter's
+        redis_client.execute_command("ACL", "SETUSER", f"{role}-u",
+                                     *acl_rules(role, keys.namespace, serverkit.chosen_version(), submitter=who),
                                      f">{role}-pw-0123456789")
         users[role] = connect(redis_url.replace("redis://", f"redis://{role}-u:{role}-pw-0123456789@"))
     try:
@@ -378,7 +380,7 @@ def test_it_only_reads_what_the_viewer_role_may_and_the_submitter_role_sees_jobs
         assert snap["pools"][0]["src"] == "dtn1" and snap["board"][job_id]["state"] == "running"
         detail = job_detail(JobStore(users["viewer"], keys=keys), job_id)
         assert [f["path"] for f in detail["files"]] == ["v.h5"]
-        sub = overview(users["submitter"], keys)
+        sub = overview(users["submitter"], keys, owner=authkit.SUBMITTER)  # its own index: the facility's is not its
         assert sub["unreadable"] == ["pools", "board"] and sub["pools"] == [] and sub["board"] == {}
         assert [r["job_id"] for r in sub["jobs"]] == [job_id] and sub["jobs"][0]["spark"] == [3e8]
     finally:

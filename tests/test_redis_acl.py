@@ -22,6 +22,7 @@ from fstream_provider.bus.embedded import find_redis_server, free_port
 import serverkit
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
+from fstream_provider.model.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 
 NS = "tenant1"
@@ -29,6 +30,8 @@ K = Keys(NS)
 PASSWORDS = {"admin": "admin-pw-0123456789", "submitter": "sub-pw-0123456789", "agent": "agent-pw-0123456789",
              "viewer": "view-pw-0123456789", "globby": "glob-pw-0123456789"}
 NOPERM = redis.exceptions.NoPermissionError
+# the submitter user "submitter" is for submitter id "sub-a" (issue 40: one Redis user per submitter)
+SUB_A = Signer.generate("sub-a")
 
 
 def _spec() -> TransferSpec:
@@ -45,12 +48,13 @@ def _acl_file(path: Path, binary: str) -> Path:
     lines = [
         "user default off",  # nobody gets in without a user
         f"user admin on >{PASSWORDS['admin']} ~* &* +@all",
-        acl_setuser_line("submitter", "submitter", PASSWORDS["submitter"], namespace=NS, server_version=v),
+        acl_setuser_line("submitter", "submitter", PASSWORDS["submitter"], namespace=NS, server_version=v,
+                         submitter="sub-a"),
         acl_setuser_line("agent", "agent", PASSWORDS["agent"], namespace=NS, server_version=v),
         # the hashed form, as `fstream redis-acl --password-file` prints it
         acl_setuser_line("viewer", "viewer", namespace=NS, password_hash=password_hash(PASSWORDS["viewer"]),
                          server_version=v),
-        acl_setuser_line("submitter", "globby", PASSWORDS["globby"], namespace="x*", server_version=v),
+        acl_setuser_line("submitter", "globby", PASSWORDS["globby"], namespace="x*", server_version=v, submitter="g"),
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -172,14 +176,14 @@ def _claim_one(agent: redis.Redis) -> tuple[JobStore, str, str, int]:
 # --------------------------------------------------------------------------------------------- the rules
 def test_rules_are_scoped_to_the_namespace_and_name_no_dangerous_command():
     for role in ROLES:
-        rules = acl_rules(role)
+        rules = acl_rules(role, submitter="s" if role == "submitter" else None)
         assert rules[:5] == ["on", "resetkeys", "resetchannels", "clearselectors", "-@all"]
         patterns = [r for r in rules if "~" in r or r.startswith("&")]
         # the namespace slot {fstream}:..., or a family with its own slot {fstream:<family>...} (issue 28)
         assert patterns and all("{fstream}:" in r or "{fstream:" in r for r in patterns), patterns
         assert "+@all" not in rules and "+@dangerous" not in rules and "allkeys" not in rules
     assert "%R~{fstream}:*" in acl_rules("viewer") and "+@write" not in acl_rules("viewer")
-    submitter = acl_rules("submitter")
+    submitter = acl_rules("submitter", submitter="s")
     assert not {"+xreadgroup", "+xack", "+xclaim", "+xautoclaim", "+del"} & set(submitter)
     assert not any("audit" in r or "nonce" in r or "pool" in r or "sched" in r for r in submitter)
     assert acl_rules("viewer", "a*b?[c]")[5] == r"%R~{a\*b\?\[c\]}:*"  # the namespace cannot widen a pattern
@@ -209,10 +213,13 @@ def test_cli_prints_the_hashed_line_and_refuses_an_open_password_file(tmp_path, 
     pw = tmp_path / "pw"
     pw.write_text("hunter2-hunter2\n")
     pw.chmod(0o600)
-    assert main(["redis-acl", "--role", "submitter", "--user", "airflow", "--namespace", NS,
+    assert main(["redis-acl", "--role", "submitter", "--submitter", "lcls", "--user", "airflow", "--namespace", NS,
                  "--password-file", str(pw)]) == 0
     out = capsys.readouterr().out.strip()
-    assert out == acl_setuser_line("submitter", "airflow", namespace=NS, password_hash=password_hash("hunter2-hunter2"))
+    assert out == acl_setuser_line("submitter", "airflow", namespace=NS, password_hash=password_hash("hunter2-hunter2"),
+                                   submitter="lcls")
+    assert main(["redis-acl", "--role", "submitter", "--user", "airflow"]) == 2  # whose? refused, not guessed
+    assert "give the submitter id" in capsys.readouterr().err
     assert "hunter2" not in out
     pw.chmod(0o644)
     assert main(["redis-acl", "--role", "agent", "--user", "a", "--password-file", str(pw)]) == 2
@@ -225,14 +232,14 @@ def test_cli_prints_the_hashed_line_and_refuses_an_open_password_file(tmp_path, 
 # --------------------------------------------------------------------------------------------- the roles
 def test_submitter_submits_follows_and_cancels_but_takes_nothing(clients):
     sub, admin = clients["submitter"], clients["admin"]
-    store = JobStore(sub, keys=K)
+    store = JobStore(sub, keys=K, signer=SUB_A)
     job_id, created = store.submit(_spec(), idempotency_key="dag/run/task/-1")
     assert created and store.get(job_id).state == "queued"
     assert store.submit(_spec(), idempotency_key="dag/run/task/-1") == (job_id, False)
     [(_id, event)] = store.events(job_id)
     assert event["kind"] == "queued"
     assert [j.job_id for j in store.list()] == [job_id]
-    assert store.dead_letters() == []
+    assert store.dead_letters() == [] and store.dead_letter_count() is None  # they name every tenant's jobs
     assert store.cancel(job_id) and store.get(job_id).state == "cancelled"
     assert store.events(job_id)[-1][1]["kind"] == "done"
     assert store.wait(job_id, timeout=5).state == "cancelled"
@@ -262,12 +269,13 @@ def test_submitter_submits_follows_and_cancels_but_takes_nothing(clients):
     with pytest.raises(redis.ResponseError, match="(?i)no permissions|can't run this command"):
         sub.eval("return redis.call('XREADGROUP', 'GROUP', ARGV[1], 'x', 'COUNT', 1, 'STREAMS', KEYS[1], '>')",
                  1, stream, group)
-    # ... and a script's declared keys need read *and* write: the dead letters it may read directly are refused
-    assert sub.xlen(K.dead_letter()) == 0
+    # ... and a script's declared keys need read *and* write: the heartbeats it may read directly are refused
+    _denied(sub.xlen, K.dead_letter())
+    assert sub.smembers(K.agents()) == set()
     if _before_7():  # Redis 6.2 has no read-only key patterns: the documented weaker separation (bus/acl.py)
-        assert sub.eval("return redis.call('XLEN', KEYS[1])", 1, K.dead_letter()) == 0
+        assert sub.eval("return redis.call('SMEMBERS', KEYS[1])", 1, K.agents()) == []
     else:
-        _denied(sub.eval, "return redis.call('XLEN', KEYS[1])", 1, K.dead_letter())
+        _denied(sub.eval, "return redis.call('SMEMBERS', KEYS[1])", 1, K.agents())
     assert admin.xlen(K.audit()) == 0 and admin.exists(K.nonce("x", "y")) == 0
 
 
@@ -282,7 +290,8 @@ def test_submitter_keeps_the_new_files_watcher_state(acl_server, clients):
     async def trigger_side() -> None:
         client = connect_async(acl_server.url("submitter"), retries=0)
         try:
-            batches = PendingBatches(client, K.seen("scope"), K.pending("scope"))
+            scope = Keys.owned("sub-a", "scope")  # the hook's FStreamSettings.scope_key
+            batches = PendingBatches(client, K.seen(scope), K.pending(scope))
             files = [FileStat("/data/a.h5", 10, 1.0), FileStat("/data/b.h5", 20, 2.0)]
             assert await batches.aclaim(files) == files and await batches.aunseen(files) == []
             [(batch_id, _claimed_at, pending)] = await batches.pending()
@@ -296,20 +305,23 @@ def test_submitter_keeps_the_new_files_watcher_state(acl_server, clients):
 
     asyncio.run(trigger_side())
     sub = clients["submitter"]
-    assert sub.set(K.looks("scope"), "{}", ex=3600) and sub.get(K.looks("scope")) == "{}"
+    scope = Keys.owned("sub-a", "scope")
+    assert sub.set(K.looks(scope), "{}", ex=3600) and sub.get(K.looks(scope)) == "{}"
     _denied(sub.set, "{other}:looks:scope", "{}")
+    _denied(sub.set, K.looks("scope"), "{}")  # a scope of no submitter's (agents' only)
+    _denied(sub.sadd, K.seen(Keys.owned("sub-b", "scope")), "/data/x")  # another submitter's
 
 
 def test_agent_claims_finishes_audits_but_administers_nothing(clients):
     sub, agent, admin = clients["submitter"], clients["agent"], clients["admin"]
-    job_id, _ = JobStore(sub, keys=K).submit(_spec())
+    job_id, _ = JobStore(sub, keys=K, signer=SUB_A).submit(_spec())
     store, claimed_id, entry_id, attempt = _claim_one(agent)
     assert claimed_id == job_id and store.get(job_id).state == "running"
     assert store.touch(job_id, attempt, entry_id, "a1") == (True, False)  # XCLAIM JUSTID inside the fence
     log = [("log", time.time(), {"message": "hi"})]
     assert store.publish(job_id, attempt, log, {"progress": "{}"}) == (True, False)
     # a cancel while running is requested (CANCEL + PUBLISH on the job's channel), as the submitter
-    assert JobStore(sub, keys=K).cancel(job_id)
+    assert JobStore(sub, keys=K, signer=SUB_A).cancel(job_id)
     assert store.publish(job_id, attempt, []) == (True, True)
     assert store.finish(job_id, attempt, entry_id, state="cancelled", error="cancelled by user")
     assert store.get(job_id).state == "cancelled"
@@ -344,7 +356,8 @@ def test_agent_claims_finishes_audits_but_administers_nothing(clients):
 
 def test_viewer_reads_everything_and_writes_nothing(clients):
     sub, viewer, admin = clients["submitter"], clients["viewer"], clients["admin"]
-    job_id, _ = JobStore(sub, keys=K).submit(_spec())
+    job_id, _ = JobStore(sub, keys=K, signer=SUB_A).submit(_spec())
+    clients["agent"].sadd(K.job_owners(), "sub-a")  # what an agent serving sub-a writes with each heartbeat
     view = JobStore(viewer, keys=K)
     assert view.get(job_id).state == "queued" and [j.job_id for j in view.list()] == [job_id]
     assert view.events(job_id)[0][1]["kind"] == "queued"
@@ -383,10 +396,10 @@ def test_viewer_reads_everything_and_writes_nothing(clients):
 
 def test_a_namespace_with_glob_characters_does_not_widen_the_user(clients):
     globby, admin = clients["globby"], clients["admin"]
-    admin.hset("{xy}:job:1", "job_id", "1")
-    admin.hset("{x*}:job:1", "job_id", "1")
-    assert globby.hgetall("{x*}:job:1") == {"job_id": "1"}
-    _denied(globby.hgetall, "{xy}:job:1")
+    admin.hset("{xy}:job:g%3A1", "job_id", "g:1")
+    admin.hset("{x*}:job:g%3A1", "job_id", "g:1")
+    assert globby.hgetall("{x*}:job:g%3A1") == {"job_id": "g:1"}
+    _denied(globby.hgetall, "{xy}:job:g%3A1")
 
 
 def test_default_user_off_means_no_anonymous_access(acl_server):
@@ -457,7 +470,7 @@ def test_tls_with_acl_users_and_no_plaintext(tls_server):
     sub = connect(tls_server.url("submitter"), retries=0)  # rediss://submitter:pw@127.0.0.1:P/0?ssl_ca_certs=CA
     viewer = connect(tls_server.url("viewer"), retries=0)
     try:
-        store = JobStore(sub, keys=K)
+        store = JobStore(sub, keys=K, signer=SUB_A)
         job_id, created = store.submit(_spec())
         assert created and store.get(job_id).state == "queued"
         assert JobStore(viewer, keys=K).get(job_id).state == "queued"
@@ -482,9 +495,10 @@ def test_rules_for_redis_6_2_leave_out_what_7_0_added_and_load_there(tmp_path, m
     """The floor's Redis 6.2 refuses 7.0's ACL syntax (%R~, clearselectors, -cmd|sub, 7.0 commands): every role's
     line for 6.2 has none of it and is accepted by a real 6.2, which the 7.0 line is not."""
     for role in ROLES:
-        legacy = acl_rules(role, NS, server_version="6.2")
+        who = "sub-a" if role == "submitter" else None
+        legacy = acl_rules(role, NS, server_version="6.2", submitter=who)
         assert not [r for r in legacy if r.startswith("%") or r == "clearselectors" or r.startswith("-script|")]
-        assert acl_rules(role, NS, server_version="7.0") == acl_rules(role, NS)
+        assert acl_rules(role, NS, server_version="7.0", submitter=who) == acl_rules(role, NS, submitter=who)
     with pytest.raises(ValueError, match="server version 'latest'"):
         acl_rules("agent", NS, server_version="latest")
     monkeypatch.setenv("FSTREAM_EMBEDDED_SERVER", serverkit.server("redis-6.2"))
@@ -494,8 +508,10 @@ def test_rules_for_redis_6_2_leave_out_what_7_0_added_and_load_there(tmp_path, m
         c = connect(srv.url)
         try:
             for role in ROLES:
-                assert c.execute_command("ACL", "SETUSER", f"{role}-62", *acl_rules(role, NS, "6.2")) in ("OK", b"OK")
+                who = "sub-a" if role == "submitter" else None
+                assert c.execute_command("ACL", "SETUSER", f"{role}-62",
+                                         *acl_rules(role, NS, "6.2", submitter=who)) in ("OK", b"OK")
                 with pytest.raises(redis.ResponseError, match="(?i)syntax error|unknown command"):
-                    c.execute_command("ACL", "SETUSER", f"{role}-70", *acl_rules(role, NS, "7.0"))
+                    c.execute_command("ACL", "SETUSER", f"{role}-70", *acl_rules(role, NS, "7.0", submitter=who))
         finally:
             c.close()

@@ -39,6 +39,11 @@ def _finish(store: JobStore, spec: TransferSpec, key: str | None = None, state: 
     return job_id
 
 
+def _idem(keys: Keys, key: str) -> str:
+    """The Redis key of the test submitter's idempotency key ``key`` (issue 40: ``<submitter>:<key>``)."""
+    return keys.idempotency(Keys.owned(authkit.SUBMITTER, key))
+
+
 def _ttls(client: Any, *keys: str) -> list[int]:
     return [client.ttl(k) for k in keys]
 
@@ -66,21 +71,30 @@ def test_the_retention_a_store_is_given_is_the_ttl_of_what_its_finished_jobs_kee
     keys = Keys("rt")
     short = JobStore(redis_client, keys=keys, retention_s=3600, signer=authkit.signer())
     job_id = _finish(short, spec, key="dag/run/task/0")
-    ttls = _ttls(redis_client, keys.job(job_id), keys.job_events(job_id), keys.idempotency("dag/run/task/0"))
+    ttls = _ttls(redis_client, keys.job(job_id), keys.job_events(job_id), _idem(keys, "dag/run/task/0"))
     assert all(3590 <= t <= 3600 for t in ttls), ttls
     default = JobStore(redis_client, keys=keys, signer=authkit.signer())
     job_id = _finish(default, spec, key="dag/run/task/1", state="failed")
-    ttls = _ttls(redis_client, keys.job(job_id), keys.job_events(job_id), keys.idempotency("dag/run/task/1"))
+    ttls = _ttls(redis_client, keys.job(job_id), keys.job_events(job_id), _idem(keys, "dag/run/task/1"))
     assert all(7 * DAY - 10 <= t <= 7 * DAY for t in ttls), ttls
     # a queued job cancelled through a store: the canceller's retention
     job_id, _ = short.submit(spec)
     assert short.cancel(job_id)
     assert 3590 <= redis_client.ttl(keys.job(job_id)) <= 3600
-    # and submit drops index entries older than its retention, and only those
-    redis_client.zadd(keys.job_index(), {"old": time.time() - 7200, "recent": time.time() - 1800})
-    short.submit(spec)
+    # and submit drops its submitter's index entries older than its retention, and only those (issue 40: the
+    # submitter's own index; an agent's claim does the same in the facility's)
+    own = keys.job_index_of(authkit.SUBMITTER)
+    for index in (own, keys.job_index()):
+        redis_client.zadd(index, {"old": time.time() - 7200, "recent": time.time() - 1800})
+    job_id, _ = short.submit(spec)
+    assert redis_client.zscore(own, "old") is None and redis_client.zscore(own, "recent") is not None
+    assert redis_client.zscore(keys.job_index(), "old") is not None  # not the submitter's to trim
+    short.ensure_group()
+    [(_s, entries)] = redis_client.xreadgroup(keys.jobs_group(), "a1", {keys.jobs_stream(): ">"}, count=100)
+    [entry_id] = [e for e, f in entries if f["job_id"] == job_id]
+    assert short.claim(job_id, entry_id, worker="a1", max_deliveries=5).outcome == "claimed"
     assert redis_client.zscore(keys.job_index(), "old") is None
-    assert redis_client.zscore(keys.job_index(), "recent") is not None
+    assert redis_client.zscore(keys.job_index(), "recent") is not None and redis_client.zscore(keys.job_index(), job_id)
 
 
 def test_zero_or_negative_retention_is_refused_naming_the_option(redis_client, tmp_path):
@@ -133,7 +147,7 @@ def _orphans(client: Any, keys: Keys, spec: TransferSpec) -> dict[str, Any]:
     client.hset(keys.job(recent), "updated_at", repr(now - 3600))
     client.hset(keys.job(old), "updated_at", repr(now - 8 * DAY))
     for j, k in ((recent, "idem-recent"), (old, "idem-old")):
-        for key in (keys.job(j), keys.job_events(j), keys.idempotency(k)):
+        for key in (keys.job(j), keys.job_events(j), keys.idempotency(store.scoped_idempotency(k))):
             client.persist(key)
     live, _ = store.submit(spec, idempotency_key="idem-live")  # queued, no TTL: as it should be
     # (b) an index entry of a job that is gone
@@ -184,12 +198,12 @@ def test_survey_finds_each_kind_and_reclaim_fixes_it(redis_client, spec):
     assert client.zscore(keys.sched_version(), "#") == version + 2
     assert client.zscore(keys.sched_version(), f"t:{o['recent']}") == version + 1
     assert client.zscore(keys.sched_version(), "p:gone-board") == version + 2
-    ttls = _ttls(client, keys.job(o["recent"]), keys.job_events(o["recent"]), keys.idempotency("idem-recent"))
+    ttls = _ttls(client, keys.job(o["recent"]), keys.job_events(o["recent"]), _idem(keys, "idem-recent"))
     assert all(7 * DAY - 3700 <= t <= 7 * DAY - 3500 for t in ttls), ttls
-    assert not client.exists(keys.job(o["old"]), keys.job_events(o["old"]), keys.idempotency("idem-old"))
-    assert client.ttl(keys.job(o["live"])) == -1 and client.ttl(keys.idempotency("idem-live")) == -1
+    assert not client.exists(keys.job(o["old"]), keys.job_events(o["old"]), _idem(keys, "idem-old"))
+    assert client.ttl(keys.job(o["live"])) == -1 and client.ttl(_idem(keys, "idem-live")) == -1
     assert client.zscore(keys.job_index(), "gone-index") is None and client.zscore(keys.job_index(), o["old"]) is None
-    assert client.zscore(keys.job_index(), o["live"]) is not None
+    assert client.zscore(keys.job_index_of(authkit.SUBMITTER), o["live"]) is not None  # queued: its submitter's
     assert not client.exists(keys.job_events("gone-events"), keys.idempotency("idem-gone"))
     assert set(client.hkeys(keys.sched_tasks())) == {o["live"]}
     assert set(client.hkeys(keys.sched_progress())) == {o["live"]}
@@ -335,4 +349,4 @@ def test_the_retention_bench_measures_jobs_and_their_expiry():
     assert out["one_job"]["events_entries"] == 1 + 1 + 10 + 4 + 1 + 1  # queued claimed tuning intervals files done
     after = out["after_retention"]
     assert after["jobs_left"] == 0 and after["not_bounded_bytes"] == 0
-    assert set(after["families_bytes"]) <= {"audit", "history", "nonce", "jobs_stream"}
+    assert set(after["families_bytes"]) <= {"audit", "history", "nonce", "jobs_stream", "job_owners"}

@@ -4,15 +4,19 @@ Every rule is scoped to one namespace ``N`` (keys ``{N}:*`` in the namespace slo
 their own, ``{N:watch:*}:seen``, ``{N:history}``, ``{N:pool:*}``, ...: ``Keys.own_slot_patterns``); no role gets a
 ``@dangerous`` command (FLUSHALL, FLUSHDB, KEYS, CONFIG, ACL, DEBUG, SHUTDOWN, INFO, MONITOR, ...).
 
-``submitter`` (Airflow's hook, operators, sensors and triggers; ``fstream submit/status/cancel``)
-    may: submit a job (the SUBMIT script: job hash, events, ``XADD {N}:jobs``, the index, the
-    idempotency key), create the ``agents`` consumer group if missing (``XGROUP CREATE``), read
-    job hashes, event streams, the index, the dead letters and the agents' heartbeats, cancel (the
-    CANCEL script, ``PUBLISH {N}:job:<id>:cancel``), and keep the new-files watcher's state
-    (``{N:watch:*}:seen``, ``{N:watch:*}:pending``, ``{N:watch:*}:looks``).
-    may not: take jobs (``XREADGROUP``/``XACK``/``XCLAIM``/``XAUTOCLAIM``/``XPENDING``), touch the audit
-    stream ``{N}:audit``, the replay guard ``{N}:nonce:*``, pools, the scheduler's hashes, the
-    history, calibration or profiling keys, delete keys, or run any admin command.
+``submitter`` (Airflow's hook, operators, sensors and triggers; ``fstream submit/status/cancel``): one user per
+    submitter id ``S`` (issue 40: tenants that cannot touch each other; ``Keys.owner_patterns``)
+    may: submit its own jobs (the SUBMIT script: a job id ``S:<hex>`` with its hash and events, ``XADD {N}:jobs``,
+    its own index ``{N}:jobs:index:S``, its own idempotency keys ``{N}:idem:S%3A*``), create the ``agents`` consumer
+    group if missing (``XGROUP CREATE``), read and follow its own jobs, cancel them (the CANCEL script,
+    ``PUBLISH {N}:job:S%3A*:cancel``), read the agents' heartbeats, and keep its own new-files scopes' state
+    (``{N:watch:S%3A*}:seen``, ``:pending``, ``:looks``).
+    may not: read or write another submitter's jobs, idempotency keys, index or scopes; read the dead letters or
+    the facility's index (they name every tenant's jobs); take jobs (``XREADGROUP``/``XACK``/``XCLAIM``/
+    ``XAUTOCLAIM``/``XPENDING``), touch the audit stream ``{N}:audit``, the replay guard ``{N}:nonce:*``, pools,
+    the scheduler's hashes, the history, calibration or profiling keys, delete keys, or run any admin command.
+    It may add an entry naming any job to the jobs stream (``XADD`` has no per-entry rule): agents take an entry
+    only if it is the one its job was submitted under (``job_scripts.CLAIM``), so a forged entry is ignored.
 ``agent`` (``fstream agent`` and the operator tools: reconcile, pools, schedule, history, calibrate)
     may: read and write every ``{N}:*`` key and every own-slot key of ``N`` with the data-type, stream (consumer
     groups, claims), transaction and scripting commands, publish and subscribe on ``{N}:*`` channels, ``TIME``.
@@ -42,6 +46,7 @@ import hashlib
 import re
 
 from fstream_provider.bus.keys import Keys
+from fstream_provider.model.signing import check_submitter_id
 
 ROLES = ("submitter", "agent", "viewer")
 
@@ -63,19 +68,15 @@ _SUBMITTER_COMMANDS = (
     "publish",
 )
 
-# key patterns (after the ``{N}:`` prefix) with the permission the submitter holds on them. Every key a
+# the submitter's keys outside its own (``Keys.owner_patterns`` gives those), after the ``{N}:`` prefix. Every key a
 # script declares must be RW (Redis cannot know how the script uses it), hence RW on the jobs stream.
 _SUBMITTER_KEYS = (
-    ("%RW", "job:*"),        # job hashes and their event streams
     ("%RW", "jobs"),         # the jobs stream: XADD (SUBMIT), XGROUP CREATE; XREADGROUP is not granted
-    ("%RW", "jobs:index"),
-    ("%RW", "idem:*"),
-    ("%R", "jobs:dead"),     # `fstream status` shows the dead letters
     ("%R", "agents"),        # the hook's connection test and `fstream status`: which agents are alive
     ("%R", "agent:*"),
 )
-# ... and the new-files sensor and trigger's state (Airflow side), each scope in its own slot (Keys.own_slot_patterns)
-_SUBMITTER_OWN = ("seen", "pending", "looks")
+# ... and its own: jobs (hash, events, followed), idempotency keys, index, new-files scopes (each in its own slot)
+_SUBMITTER_OWN = ("job", "idem", "index", "seen", "pending", "looks")
 
 # the agent: every data type's reads and writes, streams (consumer groups, claims), MULTI/EXEC/WATCH,
 # pub/sub and scripts, on its namespace only; then everything an agent never needs is taken out again
@@ -133,8 +134,12 @@ def _legacy(rules: list[str]) -> list[str]:
     return out
 
 
-def acl_rules(role: str, namespace: str = "fstream", server_version: str = "7.0") -> list[str]:
+def acl_rules(role: str, namespace: str = "fstream", server_version: str = "7.0",
+              submitter: str | None = None) -> list[str]:
     """The ACL rule tokens of ``role`` in ``namespace``, without user name or password.
+
+    ``submitter``: the submitter id a ``submitter`` user is for (required for that role, refused for the others):
+    the user reads and writes that submitter's jobs, keys and scopes only.
 
     ``server_version``: the Redis the rules are for; below 7.0 they are written without what 7.0 added (see the
     module's docstring). Valkey's versions (7.2 on) take the full rules.
@@ -146,11 +151,15 @@ def acl_rules(role: str, namespace: str = "fstream", server_version: str = "7.0"
     _check_role(role)
     p = _prefix(namespace)
     own = Keys(namespace).own_slot_patterns()  # literal but for '*': the namespace is escaped in them
+    if (role == "submitter") != (submitter is not None):
+        raise ValueError(f"Redis ACL role {role!r}: " + ("give the submitter id the user is for (--submitter)"
+                                                         if role == "submitter" else "takes no submitter id"))
     rules = ["on", "resetkeys", "resetchannels", "clearselectors", "-@all"]
     if role == "submitter":
+        mine = Keys(namespace).owner_patterns(check_submitter_id(submitter or ""))
         rules += [f"{perm}~{p}{pattern}" for perm, pattern in _SUBMITTER_KEYS]
-        rules += [f"%RW~{own[family]}" for family in _SUBMITTER_OWN]
-        rules.append(f"&{p}job:*:cancel")
+        rules += [f"%RW~{mine[family]}" for family in _SUBMITTER_OWN]
+        rules.append(f"&{mine['cancel']}")
         rules += [*_CONNECT, "-@dangerous"]
         rules += ["+" + c for c in _SUBMITTER_COMMANDS]
     elif role == "agent":
@@ -169,7 +178,8 @@ def password_hash(password: str) -> str:
 
 
 def acl_setuser_line(role: str, user: str, password: str | None = None, namespace: str = "fstream",
-                     password_hash: str | None = None, server_version: str = "7.0") -> str:
+                     password_hash: str | None = None, server_version: str = "7.0",
+                     submitter: str | None = None) -> str:
     """One ACL file line, ``user NAME on >pw|#hash ~... +...``, for ``role`` in ``namespace``.
 
     ``password_hash`` (64 hex digits, ``password_hash()``) wins over ``password``; prefer it, so the ACL
@@ -179,7 +189,7 @@ def acl_setuser_line(role: str, user: str, password: str | None = None, namespac
     _check_role(role)
     if not user or _TOKEN_BAD.search(user):
         raise ValueError(f"Redis ACL user name {user!r}: must be non-empty, without whitespace or control characters")
-    rules = acl_rules(role, namespace, server_version)
+    rules = acl_rules(role, namespace, server_version, submitter)
     if password_hash is not None:
         if not re.fullmatch(r"[0-9a-fA-F]{64}", password_hash):
             raise ValueError("password hash: expected 64 hex digits (SHA-256)")

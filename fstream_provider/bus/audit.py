@@ -11,6 +11,11 @@ atomic on every supported server; ``SET NX GET`` would be one command, but Redis
 from 7.0 and the floor is 6.2, ``bus.server_floor``): the value names the job id and stream entry that used it, so the same job delivered again (a
 retry, a reclaim, a preempted job resumed) passes and a copy of it under a new entry is a replay;
 ``fstream reconcile --repair`` moves the binding when it re-enqueues a job under a new entry.
+
+When an agent records a job's terminal outcome it marks the binding ended (``mark_ended``): the nonce keys are
+written by agents alone, so whoever changes the job's hash afterwards (its state back to ``queued``, issue 40
+"replay through repair") cannot make an agent run it again: the next delivery reads as a replay, and ``fstream
+reconcile --repair`` leaves such a job alone (``ended``).
 """
 
 from __future__ import annotations
@@ -100,3 +105,40 @@ def first_use(client: Any, keys: Keys, submitter: str, nonce: str, binding: str,
     if previous == binding:
         return "again", ""
     return "replay", str(previous)
+
+
+# KEYS[1] the nonce; ARGV[1] the binding, ARGV[2] the outcome. Only the binding's own job is marked; the expiry stays.
+MARK_ENDED = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ended:' .. ARGV[2], 'KEEPTTL')
+  return 1
+end
+return 0
+"""
+ENDED = " ended:"
+
+
+def job_nonce(auth_json: str | None) -> tuple[str, str] | None:
+    """``(submitter, nonce)`` of a job's stored signature envelope (any version), or None."""
+    try:
+        d = json.loads(auth_json or "")
+        submitter, nonce = d["submitter"], d["nonce"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return (submitter, nonce) if isinstance(submitter, str) and isinstance(nonce, str) and submitter and nonce else None
+
+
+def mark_ended(client: Any, keys: Keys, auth_json: str | None, binding: str, outcome: str) -> bool:
+    """Record that the job bound to its nonce (``"<job id> <entry id>"``) ended with ``outcome``; False when the
+    job has no envelope or the nonce is bound to something else."""
+    found = job_nonce(auth_json)
+    if found is None:
+        return False
+    return bool(client.eval(MARK_ENDED, 1, keys.nonce(*found), binding, outcome))
+
+
+def ended(client: Any, keys: Keys, auth_json: str | None) -> str | None:
+    """The outcome an agent recorded for the job whose envelope this is (``mark_ended``), else None."""
+    found = job_nonce(auth_json)
+    value = client.get(keys.nonce(*found)) if found else None
+    return value.rpartition(ENDED)[2] if value and ENDED in value else None

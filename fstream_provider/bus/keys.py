@@ -8,6 +8,10 @@ Two kinds of keys (``docs/redis-keys.md`` has the same table and the reasons):
   (``bus.job_scripts``), and the scheduler board's WATCH/MULTI over its hashes and the jobs stream
   (``bus.sched_board``), run on a Cluster too. The agents' heartbeats, the audit stream and the nonces
   stay there with them (small, and written next to job state).
+- **tenants** (issue 40): a job id is ``<submitter>:<hex>`` and an idempotency key or new-files scope of a submitter
+  is ``<submitter>:<name>`` (``owned(owner, name)``), so each submitter's keys start with ``<submitter>%3A`` once
+  escaped and its Redis user gets those alone (``owner_patterns(owner)``, ``bus.acl``); ``owner_of(name)`` and
+  ``unowned(name)`` read the prefix back.
 - **own slots**: the bulky, independent data has a hash tag of its own, ``{<ns>:<family>[:<id>]}``, so a
   Cluster spreads it over its masters: one tag per new-files scope for ``seen``, ``pending`` and ``looks``
   (``{fstream:watch:<scope>}:seen``: one Lua call claims in ``seen`` and records in ``pending``), and the
@@ -37,9 +41,13 @@ job_events(id)          {ns}                    stream       ``kind``, ``ts``, `
                                                              released, requeued, done (always last)
 job_followed(id)        {ns}                    hash         per deferred task try (``dag/run/task/map#try``): the last  Airflow trigger      Airflow trigger (a     7 days after its last write
                                                              event id its trigger logged                                                       triggerer taking over)
-job_index()             {ns}                    sorted set   job ids scored by created_at                                JobStore.submit      JobStore.list          entries older than 7 days dropped on
-                                                                                                                                                                     submit
-idempotency(key)        {ns}                    string       the job id                                                  JobStore.submit      JobStore.submit        7 days after the job's terminal state
+job_index()             {ns}                    sorted set   job ids an agent claimed, scored by created_at              Agent (claim)        JobStore.list, status  entries older than 7 days dropped on
+                                                                                                                                                                     claim
+job_index_of(owner)     {ns}                    sorted set   one submitter's job ids from submission, by created_at      JobStore.submit      its submitter's list   7 days after its newest job; older
+                                                             (its ACL user may write no other index; issue 40)                                                       entries dropped on submit
+job_owners()            {ns}                    set          submitter ids the agents serve (whose indexes viewers       Agent heartbeat,     JobStore.list (agent,  none (one member per submitter)
+                                                             read); a submitter's store adds itself when it may          JobStore.submit      viewer)
+idempotency(key)        {ns}                    string       the job id; key = ``<submitter>:<key as given>``            JobStore.submit      JobStore.submit        7 days after the job's terminal state
 agent(name)             {ns}                    hash         name, host, pid, started_at, seen, job_id, attempt          Agent heartbeat      reclaim, status        TTL = heartbeat_ttl (refreshed ttl/3)
 agents()                {ns}                    set          agent names                                                 Agent                status, reclaim        members removed on clean stop
 history()               {ns:history}            stream       ``row``: JSON ``HistoryRow`` (tuning.harp_history): the     agents (intervals),  HARP optimizer,        MAXLEN ~ 1,000,000 and MINID ~ 90 days
@@ -83,6 +91,7 @@ import re
 from urllib.parse import unquote
 
 _SAFE = re.compile(r"[^A-Za-z0-9._/@+=-]")
+_OWNER = re.compile(r"[A-Za-z0-9._@-]{1,64}")  # a submitter id (``model.signing.SUBMITTER_ID``)
 
 JOB_RETENTION_S = 7 * 24 * 3600
 EVENTS_MAXLEN = 100_000
@@ -150,7 +159,50 @@ class Keys:
         return self.prefix + "job:" + _part(job_id) + ":followed"
 
     def job_index(self) -> str:
+        """Every claimed job (written by agents only, at claim; issue 40): the facility's list."""
         return self.prefix + "jobs:index"
+
+    def job_index_of(self, owner: str) -> str:
+        """One submitter's own jobs from submission on (its SUBMIT writes it; nobody else's user can)."""
+        return self.prefix + "jobs:index:" + _part(owner)
+
+    def job_owners(self) -> str:
+        """The submitter ids agents serve (their policies'; agents alone write it): whose own indexes a viewer's or
+        an agent's ``JobStore.list`` reads besides the facility's."""
+        return self.prefix + "jobs:owners"
+
+    # tenants (issue 40): what a submitter may write carries its id as the first ':'-separated part of the job id,
+    # the idempotency key and the new-files scope; a submitter id holds no ':' or '%', so the escaped prefix
+    # ``<owner>%3A`` is one submitter's and an ACL pattern ``...:<owner>%3A*`` gives that submitter exactly its own
+    @staticmethod
+    def owned(owner: str, name: str) -> str:
+        """``<owner>:<name>``: a job id, idempotency key or new-files scope that belongs to submitter ``owner``."""
+        if not isinstance(owner, str) or not _OWNER.fullmatch(owner):
+            raise ValueError(f"owner {owner!r}: not a submitter id (1-64 letters, digits, '.', '_', '@' or '-')")
+        return f"{owner}:{name}"
+
+    @staticmethod
+    def owner_of(name: str | None) -> str | None:
+        """The submitter a job id / idempotency key / scope belongs to (``owned``), or None (made before issue 40,
+        or unsigned: only agents may write those)."""
+        owner, sep, rest = (name or "").partition(":")
+        return owner if sep and rest and _OWNER.fullmatch(owner) else None
+
+    @staticmethod
+    def unowned(name: str | None) -> str | None:
+        """``name`` without its owner prefix (what the submitter gave), unchanged when it has none."""
+        return name.partition(":")[2] if Keys.owner_of(name) else name
+
+    def owner_patterns(self, owner: str) -> dict[str, str]:
+        """Glob pattern of each key family submitter ``owner`` owns (ACL rules): its jobs (hash, events, followed,
+        cancel channel), idempotency keys, index, and its new-files scopes' own slots."""
+        lit = _glob_literal
+        tagged = lit(_part(self.owned(owner, "x"))[:-1])  # '<owner>%3A'
+        p = lit(self.prefix)
+        watch = "{" + lit(self._own_ns) + ":watch:" + tagged + "*}"
+        return {"job": p + "job:" + tagged + "*", "idem": p + "idem:" + tagged + "*",
+                "index": lit(self.job_index_of(owner)), "cancel": p + "job:" + tagged + "*:cancel",
+                "seen": watch + ":seen", "pending": watch + ":pending", "looks": watch + ":looks"}
 
     def idempotency(self, key: str) -> str:
         return self.prefix + "idem:" + _part(key)
@@ -268,6 +320,12 @@ class Keys:
 
 # the families that moved to their own slots (issue 28) -> the number of components after the family name
 _LEGACY = {"seen": 1, "pending": 1, "looks": 1, "history": 0, "calibration": 1, "profiling": 2, "pool": 2}
+
+
+def _glob_literal(text: str) -> str:
+    """``text`` as a literal Redis glob: its ``*?[]\\`` escaped (braces are literal to Redis: kept as written, as the
+    ACL rules of ``bus.acl`` write the namespace slot)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _glob_escape(text: str) -> str:

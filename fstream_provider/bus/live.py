@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from fstream_provider.bus.job_state import STATES, TERMINAL_STATES, JobState, decode_event
-from fstream_provider.bus.jobs import JobStore
+from fstream_provider.bus.jobs import JobStore, recent_job_ids
 from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.pools import StreamPools
 from fstream_provider.bus.sched_board import SchedBoard
@@ -59,7 +59,7 @@ def airflow_ref(idempotency_key: str | None) -> dict | None:
     The operator's keys are ``dag_id/run_id/task_id/map_index`` with ``#tryN`` (or ``#tryN.R``) after a
     redo; a job submitted another way (``fstream submit``, a flow) has no key or another shape: None.
     """
-    m = _AIRFLOW_KEY.match(idempotency_key or "")
+    m = _AIRFLOW_KEY.match(Keys.unowned(idempotency_key) or "")  # without the submitter's prefix (issue 40)
     if m is None:
         return None
     return {"dag_id": m.group(1), "run_id": m.group(2), "task_id": m.group(3), "map_index": int(m.group(4))}
@@ -106,7 +106,7 @@ def job_row(job: JobState, now: float | None = None, spark: list[float] | None =
 
 # ---------------------------------------------------------------------------------------------------- overview
 def overview(client: Any, keys: Keys, *, limit: int = 200, now: float | None = None, spark_points: int = 30,
-             trail: "SparkTrail | None" = None) -> dict:
+             trail: "SparkTrail | None" = None, owner: str | None = None) -> dict:
     """Everything live on the bus for one namespace (see the module docstring); reads only.
 
     ``unreadable`` names the sections (``pools``, ``board``) the client's Redis user may not read (the
@@ -114,16 +114,13 @@ def overview(client: Any, keys: Keys, *, limit: int = 200, now: float | None = N
     Jobs: running first, then queued (and preempted: waiting to run again), then the newest finished;
     newest first within each group; at most ``limit``. A running job's ``spark`` is the throughput of its
     last ``spark_points`` interval events, oldest first. Round trips do not grow with the number of jobs:
-    the index and the agents, every job's state, the chosen jobs' hashes, and the sparklines (up to
+    the indexes and the agents, every job's state, the chosen jobs' hashes, and the sparklines (up to
     ``len(SPARK_READS)`` passes) are each one pipeline. A caller that reads the overview again and again (the
     UI's feed, ``fstream top``) passes the same ``trail``: then only events newer than the last read are read.
     """
     now = time.time() if now is None else now
-    pipe = client.pipeline(transaction=False)
-    pipe.zrevrange(keys.job_index(), 0, INDEX_SCAN - 1)
-    pipe.smembers(keys.agents())
-    ids, agent_names = pipe.execute()
-    agent_names = sorted(agent_names)
+    ids = recent_job_ids(client, keys, owner=owner, limit=INDEX_SCAN)  # what this user may list (issue 40)
+    agent_names = sorted(client.smembers(keys.agents()))
 
     pipe = client.pipeline(transaction=False)
     for name in agent_names:

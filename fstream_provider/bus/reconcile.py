@@ -17,6 +17,9 @@ kind                       meaning                                              
                            the spec is lost, the job cannot run again                   copied to the dead-letter stream
 ``dangling-idempotency``   an idempotency key naming a job that no longer exists:      key deleted (a resubmit makes a
                            a resubmit would re-attach to nothing                        new job)
+``changed-after-end``      a queued/running job whose nonce an agent marked ended with  nothing: never re-run (only an
+                           its outcome (``bus.audit.mark_ended``): its state was        agent ends a job; issue 40)
+                           changed afterwards, not by an agent
 ``parts-without-state``    (with ``dest_root``) part files at the destination written  nothing (the parts stay; a
                            by a job Redis no longer knows                               resubmit resumes them)
 =========================  ==========================================================  ===============================
@@ -33,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fstream_provider.bus.audit import ENDED, ended, job_nonce
 from fstream_provider.bus.job_state import TERMINAL_STATES, now_text
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN
@@ -53,14 +57,19 @@ return {'requeued', new}
 """
 
 
+# KEYS[1] the nonce; ARGV[1] the new binding, ARGV[2] the ended marker: rebinds a recorded, not ended binding
+_REBIND = """
+local v = redis.call('GET', KEYS[1])
+if v and not string.find(v, ARGV[2], 1, true) then redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL') end
+"""
+
+
 def _rebind_nonce(client: Any, keys: Any, job_id: str, entry_id: str) -> None:
     """A signed job re-enqueued under a new entry is the same job, not a replay: move its nonce's binding
     (``bus.audit.first_use``) to the new entry, if an agent recorded one (``XX``), keeping its expiry."""
-    from fstream_provider.model.signing import JobAuth
-
-    auth = JobAuth.from_json(client.hget(keys.job(job_id), "auth"))
-    if auth is not None:
-        client.set(keys.nonce(auth.submitter, auth.nonce), f"{job_id} {entry_id}", xx=True, keepttl=True)
+    found = job_nonce(client.hget(keys.job(job_id), "auth"))
+    if found is not None:  # never over an ended binding (``mark_ended``): that job is not re-run
+        client.eval(_REBIND, 1, keys.nonce(*found), f"{job_id} {entry_id}", ENDED)
 
 
 @dataclass
@@ -255,6 +264,13 @@ def reconcile(store: JobStore, *, repair: bool = False, dest_root: str | None = 
                     repaired="left to its live agent"))
                 continue
             who = f"; agent {worker}'s heartbeat is gone" if worker else ""
+            outcome = ended(client, keys, h.get("auth"))
+            if outcome is not None:  # issue 40: its hash was changed after an agent ended it; never run it again
+                report.findings.append(Finding(
+                    "changed-after-end", job_id, state, f"an agent recorded this job's outcome ({outcome}) and its "
+                    f"nonce as ended, but its state reads {state}: changed since by someone other than an agent; "
+                    "not re-run (check who wrote it: the Redis ACL log, `ACL LOG`)", False))
+                continue
             f = Finding("no-stream-entry", job_id, state, f"{state} job has no entry in {keys.jobs_stream()} "
                         f"(trimmed or lost){who}: no agent would ever take it", True)
             do_requeue(f, worker)

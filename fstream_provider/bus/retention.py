@@ -85,7 +85,8 @@ return 0
 def _templates(keys: Keys) -> list[tuple[str, str]]:
     """``(family, key)`` of every key ``Keys`` builds, each variable part spelled ``_V``."""
     return [("job", keys.job(_V)), ("job_events", keys.job_events(_V)), ("jobs_stream", keys.jobs_stream()),
-            ("job_index", keys.job_index()), ("dead_letter", keys.dead_letter()),
+            ("job_index", keys.job_index()), ("owner_index", keys.job_index_of(_V)), ("job_owners", keys.job_owners()),
+            ("dead_letter", keys.dead_letter()),
             ("idempotency", keys.idempotency(_V)), ("audit", keys.audit()), ("nonce", keys.nonce(_V, _V)),
             ("agent", keys.agent(_V)), ("agents", keys.agents()), ("history", keys.history()),
             ("calibration", keys.calibration(_V)), ("profiling", keys.profiling(_V, _V)),

@@ -88,11 +88,15 @@ class FStreamNewFilesSensor(BaseSensorOperator):
 
     @cached_property
     def watcher(self) -> Watcher:
-        store = RedisSeenStore.scoped(self.hook.client, self.hook.keys, self.effective_scope())
+        store = RedisSeenStore.scoped(self.hook.client, self.hook.keys, self.scope_key())
         return Watcher(self.scanner, store=store, min_age=self.min_age)
 
     def effective_scope(self) -> str:
         return self.scope or default_scope(self.path, self.pattern, self.recursive)
+
+    def scope_key(self) -> str:
+        """The scope as its Redis keys name it: the connection's submitter's own (``FStreamSettings.scope_key``)."""
+        return self.hook.settings.scope_key(self.effective_scope())
 
     def _counts(self) -> tuple[int, int | None]:
         """``min_files``/``max_files`` as integers (they may arrive as rendered template strings)."""
@@ -143,7 +147,7 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         ``looks:<scope>`` (one JSON value, at most ``LOOKS_MAX`` files, expiring after max(1 h, 10 poke
         intervals)); ``min_age`` still lets old files count on the first look."""
         min_files, max_files = self._counts()
-        client, looks_key = self.hook.client, self.hook.keys.looks(self.effective_scope())
+        client, looks_key = self.hook.client, self.hook.keys.looks(self.scope_key())
         raw = client.get(looks_key)
         self.watcher.tracker.load(json.loads(raw) if raw else None)
         won = self.watcher.poll(min_files, max_files)
@@ -168,7 +172,7 @@ class FStreamNewFilesSensor(BaseSensorOperator):
         if event.get("status") != "success":
             raise AirflowException(event.get("message") or "new-files trigger failed")
         if event.get("batch_id"):  # the task resumed with it: delivered (the trigger is not run again to ack it)
-            pending, bid = self.hook.keys.pending(self.effective_scope()), event["batch_id"]
+            pending, bid = self.hook.keys.pending(self.scope_key()), event["batch_id"]
             try:
                 Outage(ACK_OUTAGE_S, f"acknowledging batch {bid}", self.log).call(
                     lambda: self.hook.client.hdel(pending, bid))

@@ -72,7 +72,8 @@ class NewFilesWatch:
     async def open(self) -> PendingBatches:
         if self.store is None:
             client, keys = await self.hook.get_client(), await self.hook.get_keys()
-            self.store = PendingBatches(client, keys.seen(self.scope), keys.pending(self.scope), self.t.identity)
+            scope = (await self.hook.get_settings()).scope_key(self.scope)  # the submitter's own keys (issue 40)
+            self.store = PendingBatches(client, keys.seen(scope), keys.pending(scope), self.t.identity)
             self.watcher = Watcher(self.scanner, store=self.store, min_age=self.t.min_age)
         return self.store
 

@@ -32,6 +32,7 @@ class Bus:
     conn_id: str
     redis_url: str
     namespace: str
+    submitter: str | None = None  # the connection's submitter: its not yet claimed jobs are listed too (issue 40)
 
     @property
     def keys(self) -> Keys:
@@ -61,7 +62,7 @@ def resolve(conn_id: str | None) -> Bus:
         settings = settings_from_connection(conn)
     except ValueError as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
-    return Bus(conn_id, settings.redis_url, settings.namespace)
+    return Bus(conn_id, settings.redis_url, settings.namespace, settings.submitter)
 
 
 def client(bus: Bus) -> Any:

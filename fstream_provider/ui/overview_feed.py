@@ -49,7 +49,8 @@ class OverviewFeed:
         self.error_since: float | None = None  # UNIX time of the first failed read of the current outage
         self.reads = 0  # how many overviews were read (tests and the log)
         trail = SparkTrail()  # sparklines read incrementally between polls (the plugin's main cost otherwise)
-        self._reader = reader or (lambda: overview(bus_conn.client(bus), bus.keys, trail=trail))
+        self._reader = reader or (lambda: overview(bus_conn.client(bus), bus.keys, trail=trail,
+                                                       owner=bus.submitter))
         self._changed = asyncio.Event()
         self._subscribers = 0
         self._task: asyncio.Task | None = None

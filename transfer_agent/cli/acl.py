@@ -27,6 +27,9 @@ def add_acl_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="submitter: submit/follow/cancel jobs (Airflow, fstream submit); agent: fstream agent and "
                         "the operator tools; viewer: read-only live views")
     p.add_argument("--user", required=True, metavar="NAME", help="the Redis user name")
+    p.add_argument("--submitter", metavar="ID",
+                   help="(role submitter, required) the submitter id the user is for: it reads and writes that "
+                        "submitter's jobs, idempotency keys and new-files scopes only (docs/redis-keys.md)")
     p.add_argument("--namespace", default="fstream", help="key namespace the user is confined to (default fstream)")
     p.add_argument("--password-file", metavar="FILE",
                    help="the user's password (mode 0600; the line carries its SHA-256). Without it the user "
@@ -62,7 +65,7 @@ def cmd_redis_acl(args: argparse.Namespace) -> int:
     digest = password_hash(read_password_file(args.password_file)) if args.password_file else None
     try:
         line = acl_setuser_line(args.role, args.user, namespace=args.namespace, password_hash=digest,
-                                server_version=args.server_version)
+                                server_version=args.server_version, submitter=args.submitter)
     except ValueError as exc:
         raise FStreamError(str(exc)) from None
     print(line)

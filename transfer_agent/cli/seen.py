@@ -16,6 +16,9 @@ def add_seen_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("seen", help="a new-files scope's memory: list it, or reset it so files are reported again")
     p.add_argument("action", choices=("list", "reset"))
     p.add_argument("--scope", required=True, help="the sensor's/trigger's scope (its scope= or the derived one)")
+    p.add_argument("--submitter", metavar="ID",
+                   help="the submitter of the sensor's Airflow connection (its 'submitter' extra): its scopes are "
+                        "stored under its id (issue 40). Without it: a scope of a connection with no submitter")
     add_redis_options(p, "Redis URL (default: $FSTREAM_REDIS_URL, else the embedded one)")
     p.add_argument("--namespace", default="fstream", help="key namespace (default fstream)")
     p.set_defaults(func=cmd_seen)
@@ -28,7 +31,8 @@ def cmd_seen(args: argparse.Namespace) -> int:
     from fstream_provider.bus.keys import Keys
 
     client, keys = connect(resolve_redis_url(args.redis)), Keys(args.namespace)
-    seen, pending, looks = keys.seen(args.scope), keys.pending(args.scope), keys.looks(args.scope)
+    scope = Keys.owned(args.submitter, args.scope) if args.submitter else args.scope
+    seen, pending, looks = keys.seen(scope), keys.pending(scope), keys.looks(scope)
     counts = {"seen": client.scard(seen), "pending batches": client.hlen(pending), "looks": client.exists(looks)}
     if args.action == "list":
         for m in sorted(client.smembers(seen)):

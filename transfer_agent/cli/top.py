@@ -352,7 +352,8 @@ class Top:
     def snapshot(self) -> dict:
         from fstream_provider.bus.live import overview
 
-        snap = overview(self.store.client, self.store.keys, limit=self.limit, trail=self.trail)
+        snap = overview(self.store.client, self.store.keys, limit=self.limit, trail=self.trail,
+                            owner=self.store.signer.submitter if self.store.signer else None)
         if self.state.view == "job" and self.state.detail_job:
             snap["detail"] = self._refresh_detail(self.state.detail_job)
         return snap

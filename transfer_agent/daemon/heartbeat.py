@@ -27,6 +27,10 @@ class HeartbeatMixin:
         pipe.hset(self.keys.agent(self.name), mapping=fields)
         pipe.pexpire(self.keys.agent(self.name), int(self.heartbeat_ttl * 1000))
         pipe.sadd(self.keys.agents(), self.name)
+        authorizer = getattr(self, "authorizer", None)
+        owners = list(authorizer.policy.submitters) if authorizer is not None else []
+        if owners:  # whose own indexes hold jobs no agent claimed yet (``JobStore.list`` for viewers; issue 40)
+            pipe.sadd(self.keys.job_owners(), *owners)
         pipe.execute()
 
     def _heartbeat_loop(self, hb_stop: threading.Event) -> None:

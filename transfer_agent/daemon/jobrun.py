@@ -47,6 +47,7 @@ class JobRun:
         self.poke: Callable[[], None] | None = None  # the running transfer's ``wake``: act on cancel/drain now
         self.lost = False  # another agent took the job over: write nothing more
         self.cancel_requested = False
+        self.auth = ""  # the job's signature envelope as stored (its nonce is marked ended with its outcome)
         self.submitter = ""  # who signed the job (the policy's decision), for the audit record of its outcome
         self.stopping = False
         # the agents' scheduler (``--scheduler seal|steal``): bytes moved, recent rate, and why it was preempted

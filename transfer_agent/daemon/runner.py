@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fstream_provider.bus.audit import mark_ended
 from fstream_provider.bus.client import REDIS_UNREACHABLE, redis_unreachable
 from fstream_provider.bus.job_state import Claim
 from fstream_provider.model.retry import RetryPolicy
@@ -67,6 +68,9 @@ class JobRunnerMixin:
         claim: Claim = self._store.claim(job_id, entry_id, worker=self.name, max_deliveries=self.max_deliveries)
         if claim.outcome != "claimed":
             self.counters[f"claim_{claim.outcome}"] += 1
+            if claim.outcome == "foreign":
+                self._foreign_entry(job_id, entry_id, claim.message)
+                return
             if claim.outcome == "missing":
                 self.log.warning("job %s (entry %s): its state is gone from Redis (flushed, lost or expired); "
                                  "entry acknowledged; `fstream reconcile` reports such orphans", job_id, entry_id)
@@ -77,6 +81,15 @@ class JobRunnerMixin:
         decision = self._authorize(job_id, entry_id, claim)
         if decision is not None:
             self._run_claimed(job_id, entry_id, claim, decision)
+
+    def _foreign_entry(self, job_id: str, entry_id: str, submitted_as: str) -> None:
+        """An entry naming a job that was submitted under another entry (issue 40: anyone who may add to the jobs
+        stream can write one): acknowledged and ignored, audited without blaming the job's submitter."""
+        self.counters["entries_foreign"] += 1
+        reason = (f"jobs-stream entry {entry_id} names job {job_id}, which was submitted as entry {submitted_as}: "
+                  "a forged or duplicated entry, acknowledged and ignored (the job itself is untouched)")
+        self.log.warning("%s", reason)
+        self.audit.record("decision", job_id=job_id, submitter="", decision="ignored", reason=reason, agent=self.name)
 
     def _authorize(self, job_id: str, entry_id: str, claim: Claim) -> Decision | None:
         """The policy's decision on a claimed job, audited; a refused job is dead-lettered (None returned)."""
@@ -103,6 +116,7 @@ class JobRunnerMixin:
         """Run a claimed, authorized job to its outcome (taken from the stream, or given by the agents' scheduler)."""
         run = JobRun(job_id, claim.attempt, entry_id)
         run.submitter = decision.submitter
+        run.auth = claim.auth
         observer = self.observer  # read once: a SIGHUP reload may set it to None meanwhile
         run.observe = observer.job(decision.run_spec) if observer is not None else None  # metrics
         self._current = run
@@ -128,6 +142,14 @@ class JobRunnerMixin:
         if outcome is not None and not run.lost:
             state, error, result = outcome
             self._audit_outcome(run, state, error, result)
+
+    def _mark_ended(self, run: JobRun, state: str) -> None:
+        """The job's nonce marked ended (``bus.audit.mark_ended``): no later change of its hash runs it again."""
+        try:
+            mark_ended(self._client, self.keys, run.auth, f"{run.job_id} {run.entry_id}", state)
+        except REDIS_UNREACHABLE as exc:
+            self.log.warning("job %s: could not mark its nonce ended (%s); a later change of its state could be "
+                             "re-run by `fstream reconcile --repair`", run.job_id, exc)
 
     def _audit_outcome(self, run: JobRun, state: str, error: str | None, result: dict | None) -> None:
         files = (result or {}).get("files_committed") if isinstance(result, dict) else None
@@ -191,6 +213,7 @@ class JobRunnerMixin:
             return
         state, error, result = outcome
         if self._store.finish(run.job_id, run.attempt, run.entry_id, state=state, error=error, result=result):
+            self._mark_ended(run, state)
             if board is not None:
                 board.remove(run.job_id)
             self.counters[f"jobs_{state}"] += 1
@@ -199,6 +222,7 @@ class JobRunnerMixin:
             now = self._store.get(run.job_id)
             if now is not None and now.terminal and now.attempt == run.attempt and now.worker == self.name:
                 # a retry after Redis went away mid-reply: the first try was recorded
+                self._mark_ended(run, now.state)
                 self.counters[f"jobs_{now.state}"] += 1
                 self.log.info("job %s attempt %d: %s (recorded before Redis went away)", run.job_id, run.attempt,
                               now.state)

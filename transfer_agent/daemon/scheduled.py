@@ -79,8 +79,12 @@ class SchedulingMixin:
         """Put the entry's job on the board; True if this call admitted it."""
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
         job_id = (fields or {}).get("job_id")
-        state, worker, created = (self._client.hmget(self.keys.job(job_id), "state", "worker", "created_at")
-                                  if job_id else (None, None, None))
+        state, worker, created, sid = (self._client.hmget(self.keys.job(job_id), "state", "worker", "created_at",
+                                                          "stream_id") if job_id else (None, None, None, None))
+        if state and sid and sid != entry_id:
+            self._client.xack(stream, group, entry_id)
+            self._foreign_entry(job_id, entry_id, sid)
+            return False
         if not state or state in TERMINAL_STATES:
             self._client.xack(stream, group, entry_id)
             self.log.info("entry %s: %s; acknowledged", entry_id,
