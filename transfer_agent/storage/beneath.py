@@ -29,6 +29,7 @@ import stat
 SYS_OPENAT2 = 437  # the same number on every architecture (the unified syscall table, Linux 5.6)
 RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x01, 0x02, 0x04, 0x08
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_BOUNDARY = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
 
 class Crossing(Exception):
@@ -52,18 +53,27 @@ class _OpenHow(ctypes.Structure):
 def _syscall():  # noqa: ANN202 - a ctypes function
     fn = ctypes.CDLL(None, use_errno=True).syscall
     fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
     return fn
+
+
+@functools.cache
+def _how(flags: int, resolve: int) -> tuple[_OpenHow, int]:
+    """A ``struct open_how`` (kept alive here: the kernel only reads it) and its address."""
+    how = _OpenHow(flags, 0, resolve)
+    return how, ctypes.addressof(how)
+
+
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
 
 
 def openat2(dir_fd: int, path: str, flags: int, resolve: int) -> int:
     """``openat2(dir_fd, path, {flags, 0, resolve})``: a descriptor, or ``OSError`` with the kernel's errno."""
-    how = _OpenHow(flags, 0, resolve)
-    raw = os.fsencode(path)
+    call, (_, how), raw = _syscall(), _how(flags, resolve), os.fsencode(path)
     for _ in range(8):  # EAGAIN: a rename or mount raced the lookup; the kernel asks to try again
-        fd = _syscall()(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(raw),
-                        ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        fd = call(SYS_OPENAT2, dir_fd, raw, how, _HOW_SIZE)
         if fd >= 0:
-            return int(fd)
+            return fd
         err = ctypes.get_errno()
         if err != errno.EAGAIN:
             raise OSError(err, os.strerror(err), path)
@@ -105,23 +115,23 @@ def open_path(dir_fd: int, rel: str, *, span_mounts: bool = False, openat2_ok: b
     ``use_openat2()`` says. ``flags`` other than the default open the last component for I/O (only for a host
     without ``/proc``, where ``reopen`` cannot be used; it must hold ``O_NOFOLLOW``).
     """
-    parts = [p for p in rel.split("/") if p and p != "."]
+    parts = rel.split("/")
     if ".." in parts:
         raise Crossing(DOTDOT)
-    if not parts:
-        return os.open(".", _PATH_FLAGS, dir_fd=dir_fd)
+    if rel.startswith("/"):
+        raise Crossing("is an absolute name, not one beneath the root")
     if use_openat2() if openat2_ok is None else openat2_ok:
-        resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-        if not span_mounts:
-            resolve |= RESOLVE_NO_XDEV
         try:
-            return openat2(dir_fd, "/".join(parts), flags, resolve)
+            return openat2(dir_fd, rel or ".", flags, _BOUNDARY if span_mounts else _BOUNDARY | RESOLVE_NO_XDEV)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise Crossing(LINK) from None
             if exc.errno == errno.EXDEV:  # no '..' and no link: only a mount crossing leaves a BENEATH lookup
                 raise Crossing(MOUNT) from None
             raise
+    parts = [p for p in parts if p and p != "."]
+    if not parts:
+        return os.open(".", _PATH_FLAGS, dir_fd=dir_fd)
     return _walk(dir_fd, parts, span_mounts, flags)
 
 

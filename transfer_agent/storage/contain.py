@@ -246,6 +246,7 @@ class Guard:
         self._dirs: dict[str, str | RefusedError] = {}  # directory -> its resolved name, or its refusal
         self._links: dict[str, str] = {}  # a listed file that is a link -> what it resolved to (within the roots)
         self._fds: dict[str, int] = {}  # innermost root -> its O_PATH descriptor
+        self._at: dict[str, tuple[str, int, str, bool]] = {}  # listed directory -> where its files are opened
         self._fd_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
 
@@ -307,16 +308,20 @@ class Guard:
         ``OutsideRootsError`` naming the file, the root and the reason (a link, a mount, not a regular file, hard
         links); ``FileNotFoundError`` when it is gone; other ``OSError`` as the kernel says.
         """
-        resolved = self._links.get(path)
-        if resolved is None:
+        link = self._links.get(path)
+        if link is not None:
+            root, dir_fd, rel, span = self._where(path, link)
+        else:
             d, name = os.path.split(path)
-            top = self._resolved_dir(d)
-            resolved = (top if top == "/" else top + "/") + name
-        chain = self._chain(path, resolved)
-        root = chain[-1][0]
-        dir_fd = self._root_fd(path, chain)
-        rel = resolved[len(root):].lstrip("/")
-        span = all(s for _, s in chain)
+            at = self._at.get(d)  # (root, its descriptor, the directory's name beneath it, span): once per directory
+            if at is None:
+                top = self._resolved_dir(d)
+                at = self._where(path, top)
+                if len(self._at) > 10_000:
+                    self._at.clear()
+                self._at[d] = at
+            root, dir_fd, rel, span = at
+            rel = f"{rel}/{name}" if rel else name
         try:
             pfd = open_path(dir_fd, rel, span_mounts=span, openat2_ok=self.openat2)
         except Crossing as c:
@@ -346,6 +351,13 @@ class Guard:
         finally:
             os.close(pfd)
         return fd, st
+
+    def _where(self, path: str, resolved: str) -> tuple[str, int, str, bool]:
+        """Where ``resolved`` is opened: its innermost root, that root's descriptor, the name beneath it, and
+        whether every root holding it spans mounts."""
+        chain = self._chain(path, resolved)
+        root = chain[-1][0]
+        return root, self._root_fd(path, chain), resolved[len(root):].lstrip("/"), all(s for _, s in chain)
 
     def _refusal(self, path: str, root: str, why: str) -> OutsideRootsError:
         return OutsideRootsError(f"file {path!r} refused: {why} (source root {root})")
