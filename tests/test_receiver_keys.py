@@ -15,7 +15,7 @@ from agentkit import make_files, part_files, send, write_secret
 from transfer_agent.cli.main import main
 from transfer_agent.errors import AuthError, FStreamError, ProtocolError
 from transfer_agent.receiving.keyring import Keyring, ReceiverKey, load_keyring
-from transfer_agent.receiving.quota import Quotas
+from transfer_agent.receiving.quota import Quotas, count_tree
 from transfer_agent.receiving.receiver import Receiver
 from transfer_agent.sending.connector import Connector
 from transfer_agent.wire import auth
@@ -253,16 +253,18 @@ def test_quota_walk_counts_parts_and_ignores_symlinks(tmp_path: Path) -> None:
     (root / "q" / "link").symlink_to(tmp_path / "outside")
     (root / "q" / "flink").symlink_to(tmp_path / "outside" / "big")
     (root / "elsewhere").write_bytes(b"x" * 7)
-    quotas = Quotas(str(root))
     key = ReceiverKey("q", b"s" * 16, "q", quota=1000)
+    quotas = Quotas(str(root), keys=lambda: [key])
     assert quotas.used(key) == 150
-    assert quotas.walk("") == 157 and quotas.walk("missing") == 0
+    assert count_tree(str(root), "")[0] == 157 and count_tree(str(root), "missing") == (0, {})
+    assert count_tree(str(root), "q")[1] == {"q/d/.b.job.1.part": 50}
     (root / "s").symlink_to(root / "q")
-    assert quotas.walk("s") == 0  # a subtree reached through a symlink holds nothing of the key's
-    c = quotas.charge(key, "q/new", 800)
+    assert count_tree(str(root), "s") == (0, {})  # a subtree reached through a symlink holds nothing of the key's
+    c = quotas.charge("q/new", 800)
     assert c is not None and quotas.used(key) == 950
     with pytest.raises(FStreamError, match="quota exceeded"):
-        quotas.charge(key, "q/more", 51)
+        quotas.charge("q/more", 51)
+    assert quotas.charge("elsewhere2", 5000) is None  # no quota covers it
     quotas.refund(c, 300)
     assert quotas.used(key) == 650
 

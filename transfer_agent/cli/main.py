@@ -46,12 +46,16 @@ def cmd_receive(args: argparse.Namespace) -> int:
     from fstream_provider.model.statedir import default_secret_file
     from fstream_provider.model.units import parse_duration
     from transfer_agent.receiving.keyring import DEFAULT_KEY, ReceiverKey, load_keyring
+    from transfer_agent.receiving.quota import default_quota_state
     from transfer_agent.receiving.receiver import Receiver
     from transfer_agent.storage import tree_hash
 
     max_age = parse_duration(args.max_part_age)
     if args.clean:
         return _clean_parts(args.root, max_age)
+    quota_state = args.quota_state or str(default_quota_state(args.root))
+    if args.quota_recount:
+        return _quota_recount(args.root, args.keyring, quota_state)
     from transfer_agent.service.attach import ReceiverService
 
     service = ReceiverService(args)  # issue 30: --metrics-listen, --free-space-floor, --check (bad values: exit 2)
@@ -83,7 +87,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
                    fsync=not args.no_fsync, handshake_timeout=parse_duration(args.handshake_timeout),
                    part_max_age=max_age, max_unauth=args.max_unauth,
                    max_unauth_per_addr=args.max_unauth_per_addr,
-                   require_encryption=args.require_encryption, keyring=keyring,
+                   require_encryption=args.require_encryption, keyring=keyring, quota_state=quota_state,
                    watchdog=sdnotify.Watchdog.from_env()).start()  # a unit's WatchdogSec= (issue 39)
     from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, receiver_apply
 
@@ -126,6 +130,29 @@ def _clean_parts(root: str, max_age: float) -> int:
     for rel in removed:
         print(f"removed {os.path.join(root, rel)}", flush=True)
     print(f"{len(removed)} orphaned part file(s) removed from {root}", flush=True)
+    return 0
+
+
+def _quota_recount(root: str, keyring_file: str | None, state: str) -> int:
+    """``fstream receive --quota-recount``: walk the subtree of every key with a quota once, persist the counts
+    (as a clean stop would), print them, exit; refused while a receiver holds the state file."""
+    from fstream_provider.model.units import format_bytes
+    from transfer_agent.receiving.keyring import load_keyring
+    from transfer_agent.receiving.quota import Quotas
+
+    if not keyring_file:
+        raise FStreamError("--quota-recount: give the receiver's --keyring (its keys with a quota are counted)")
+    ring = load_keyring(keyring_file)
+    quotas = Quotas(os.path.abspath(root), state_path=state, keys=ring.values)
+    quotas.open()
+    try:
+        for key_id, used in quotas.recount().items():
+            quota = ring[key_id].quota or 0
+            print(f"key {key_id}: {used} bytes ({format_bytes(used)}) of {format_bytes(quota)} under "
+                  f"{ring[key_id].where()}", flush=True)
+    finally:
+        quotas.close()
+    print(f"quota counts written to {state}", flush=True)
     return 0
 
 
@@ -252,6 +279,13 @@ def _add_receive_parser(sub: Any) -> None:
     from transfer_agent.service.options import add_service_options
 
     add_service_options(r, receiver=True)
+    r.add_argument("--quota-state", metavar="FILE",
+                   help="where the keys' quota counts persist between runs (default: "
+                        "$FSTREAM_STATE_DIR/receiver-quota/<hash of --root>.json; one receiver per file)")
+    r.add_argument("--quota-recount", action="store_true",
+                   help="count what every key with a quota holds under its subtree (one walk each), write the "
+                        "counts to --quota-state, print them, and exit; run it with the receiver stopped after "
+                        "files were added or removed by hand")
     r.add_argument("--clean", action="store_true",
                    help="remove orphaned parts older than --max-part-age under --root, print them, and exit "
                         "(do not run it on a root a live receiver is writing)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -109,9 +110,14 @@ class GroupCommit(PartStore):
         # without its record of ranges that could be mistaken for a resumable one)
         for f in good:
             dkey = f.part_key[0]
+            replaced = _regular_size(f.dir_fd, f.base) if f.quota is not None else 0
             os.rename(f.tmp, f.base, src_dir_fd=f.dir_fd, dst_dir_fd=f.dir_fd)
             faultpoints.hit("commit.between_renames")
             self._parts.remove(dkey, f.base, f.tmp)
+            if f.quota is not None:  # issue 40: its reservation is held now; its part's, a replaced file's bytes leave
+                self._quotas.landed(f.quota, f.relpath, f.size)
+                self._quotas.part_gone(self._part_rel(dkey, f.tmp))
+                self._quotas.add(f.relpath, -replaced)
             if f.meta_written:
                 self._unlink_quiet(f.dir_fd, f.tmp + ".meta", part=False)
             dirs.setdefault(dkey, f.dir_fd)
@@ -146,6 +152,15 @@ class GroupCommit(PartStore):
         if batches:
             self.stats["batches_sent"] += batches
             self.stats["batched_sent"] += len(frames) - (len(sent) - batches)
+
+
+def _regular_size(dir_fd: int, name: str) -> int:
+    """The size of regular file ``name`` in ``dir_fd`` (0 when there is none): what a commit over it replaces."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 class Replies:

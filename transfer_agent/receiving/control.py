@@ -186,7 +186,7 @@ class ControlSessions(DataStreams):
                 return {"missing": [[0, size]], "resumed": 0, "existing_hash": existing_hash}
             session.deferred.discard(fid)
             ranges, tmp = self._take_over_part(session, dir_fd, dkey, base, rel, size, mtime_ns, algo)
-            charge = self._quotas.settle(charge, session.key, rel, size, ranges.total())  # before the part is created
+            charge = self._quotas.settle(charge, rel, size, ranges.total())  # before the part is created
             need = size - ranges.total()
             if tmp is None and need > FREE_CHECK_MIN or need > session.free_estimate:
                 session.free_estimate = storage.free_bytes(dir_fd)  # small files use the estimate
@@ -234,16 +234,15 @@ class ControlSessions(DataStreams):
 
     def _admit(self, session: Session, rel: str, size: int) -> Charge | None:
         """Refuse an OPEN the session's key may not make, before anything is created or claimed (issue 32): a
-        path outside its subtree (component-wise: subtree ``lcls`` does not admit ``lcls2/x``), or a file its
-        quota cannot hold; else reserve ``size`` on the quota (None: no quota, or decided by ``Quotas.settle``
+        path outside its subtree (component-wise: subtree ``lcls`` does not admit ``lcls2/x``), or a file that a
+        quota covering the path cannot hold (issue 40: every key's quota whose subtree holds it, whichever key
+        writes); else reserve ``size`` on those quotas (None: none covers it, or decided by ``Quotas.settle``
         once a part being resumed is taken over: it may hold some of the bytes, if its directory exists)."""
         key = session.key
         if not key.admits(rel):
             raise RefusedError(f"{rel!r}: key {key.key_id!r} may write only under {key.subtree + '/'!r}")
-        if key.quota is None:
-            return None
         try:
-            return self._quotas.charge(key, rel, size)
+            return self._quotas.charge(rel, size)
         except RefusedError:
             if not self._parent_exists(session, rel):
                 raise
@@ -356,6 +355,9 @@ class ControlSessions(DataStreams):
                                                    "algo": algo})
                 self._unlink_quiet(dir_fd, name + ".meta", part=False)
             ranges = RangeSet(tuple(r) for r in meta.get("ranges", []))
+            reldir = rel.rpartition("/")[0]
+            self._quotas.part_resumed(f"{reldir}/{name}" if reldir else name, f"{reldir}/{new}" if reldir else new,
+                                      ranges.total())  # its quotas count what it holds, not what it was walked at
             self.log.info("resuming %s: %d of %d bytes already here", rel, ranges.total(), size)
             return ranges, new
         return RangeSet(), None

@@ -99,7 +99,7 @@ class Receiver(ControlSessions):
                  max_unauth: int = MAX_UNAUTH, max_unauth_per_addr: int = MAX_UNAUTH_PER_ADDR,
                  part_max_age: float | None = PART_MAX_AGE, sweep_interval: float = SWEEP_INTERVAL,
                  require_encryption: bool = False, keyring: Keyring | None = None,
-                 watchdog: Watchdog | None = None) -> None:
+                 watchdog: Watchdog | None = None, quota_state: str | None = None) -> None:
         if keyring is not None and secret is not None:
             raise FStreamError("receiver: give a shared secret or a keyring, not both (add the secret to the "
                                "keyring as key 'default')")
@@ -112,6 +112,8 @@ class Receiver(ControlSessions):
         self.listen_addr = listen
         self.secret = secret
         self._keys = KeyringWatch(keyring, self.log)  # re-read when its files change (issue 30)
+        self._quotas.keys = lambda: self.keyring.values()  # every key's quota covers its subtree (issue 40)
+        self._quotas.state_path = quota_state
         self.generations: collections.Counter[tuple[str, str]] = collections.Counter()  # sessions per key, generation
         self.tls = tls
         self.require_encryption = require_encryption
@@ -133,6 +135,7 @@ class Receiver(ControlSessions):
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "Receiver":
         os.makedirs(self.root, exist_ok=True)
+        self._quotas.open()  # FStreamError if another receiver holds its state file
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         host, port = self.listen_addr
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -186,6 +189,7 @@ class Receiver(ControlSessions):
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
+        self._quotas.close()  # every session ended: the counts are persisted as clean
 
     def set_preauth_limits(self, max_unauth: int, max_unauth_per_addr: int) -> None:
         """New caps on unauthenticated connections (SIGHUP); connections held now stay until they resolve."""

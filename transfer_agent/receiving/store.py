@@ -44,7 +44,7 @@ class PartStore:
         self._busy_parts: dict[tuple[tuple[int, int], str], Session] = {}  # part key -> the session holding it
         self._parts = PartIndex()
         self._written_dirs: dict[tuple[int, int], str] = {}  # (dev, ino) -> relative path: what the sweep revisits
-        self._quotas = Quotas(self.root, log=log)  # bytes held by the keys that have a quota (issue 32)
+        self._quotas = Quotas(self.root, log=log)  # bytes held and reserved under keys with a quota (issues 32, 40)
         # a Counter: hooks count new keys as they happen (``files_<outcome>``, ``preauth_<kind>``); read at scrape
         # by transfer_agent.service.metrics, which also sets ``on_commit`` (seconds from OPEN to commit per file)
         self.stats = collections.Counter({"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0,
@@ -82,12 +82,19 @@ class PartStore:
     def _remove_part(self, dir_fd: int, dkey: tuple[int, int], base: str, name: str) -> None:
         self._unlink_quiet(dir_fd, name)
         self._parts.remove(dkey, base, name)
+        self._quotas.part_gone(self._part_rel(dkey, name))  # the bytes it was counted with leave its keys' quotas
+
+    def _part_rel(self, dkey: tuple[int, int], name: str) -> str:
+        """The path of part ``name`` of directory ``dkey`` (one this process wrote to) relative to the root."""
+        reldir = self._written_dirs.get(dkey, "")
+        return f"{reldir}/{name}" if reldir else name
 
     def _release(self, f: RecvFile, removed: bool = False) -> None:
         if f.close():
-            if f.quota is not None and not f.done:  # not committed: give back what its part does not hold
-                kept = 0 if removed else max(0, f.ranges.total() - f.resumed)
-                self._quotas.refund(f.quota, f.quota.size - kept)
+            if f.quota is not None and not f.done:  # not committed: its reservation ends, its part holds what it got
+                self._quotas.landed(f.quota, f.relpath, 0)
+                if not removed:  # (a removed part left its count in _remove_part)
+                    self._quotas.part_kept(self._part_rel(f.part_key[0], f.tmp), f.ranges.total())
             with self._lock:
                 if self._busy_parts.get(f.part_key) is f.session:
                     del self._busy_parts[f.part_key]
@@ -153,6 +160,8 @@ class PartStore:
                 finally:
                     os.close(dfd)
         for rel in removed:
+            if rel.endswith(".part"):
+                self._quotas.part_gone(rel)
             self.log.info("removed orphaned part file %s (untouched for more than %.0f s, or a sidecar whose part is "
                           "gone)", rel, age)
         return removed
