@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
              "history-cache": "fstream_bench.history_cache_bench", "triggerer": "fstream_bench.triggerer_bench",
              "sched-cycle": "fstream_bench.sched_cycle_bench", "facility": "fstream_bench.facility_jobs",
              "sched-compute": "fstream_bench.sched_compute_bench", "gil": "fstream_bench.gil_bench",
-             "hundred-g": "fstream_bench.hundred_g", "airflow-soak": "fstream_bench.airflow_soak"}
+             "hundred-g": "fstream_bench.hundred_g", "airflow-soak": "fstream_bench.airflow_soak",
+             "quota-first-file": "fstream_bench.quota_first_file"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 
