@@ -84,6 +84,10 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                          "deployments can share one server).", default="fstream"),
     "agent_group": _string("agent_group", "Agent group", "Name of the agent group on this bus (shown by Test "
                            "connection)."),
+    "trusted_agents": _string("trusted_agents", "Trusted agents", "The agents whose signed job outcomes count: a "
+                              "path on the workers and triggerer (a file of 'fstream-ed25519 ...' lines, or a "
+                              "directory of .pub files), or the lines themselves. Empty: the local agent's "
+                              "<state dir>/agent.key.pub. A success no trusted agent signed is not done."),
     "ssl": {"label": "Redis over TLS", "description": "Connect with rediss:// when host and port are given.",
             "schema": {"type": ["boolean", "null"], "default": False}},
 }

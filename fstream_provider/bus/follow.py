@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from fstream_provider.bus.job_state import JobLostError, JobNotFoundError, JobState
 
 OnEvent = Callable[[str, dict], None]
+log = logging.getLogger(__name__)
 
 
 class JobFollow:
@@ -19,6 +21,9 @@ class JobFollow:
     its state vanished (``JobLostError``: Redis flushed or restarted without its data, never a normal
     expiry, so the follower must not wait for ever), terminal means one last non-blocking read
     ("drain": the ``done`` event written meanwhile, or nothing if the stream was trimmed past it).
+    A ``done`` event ends the follow only if the job's state, as the client believes it, is terminal: a store
+    with ``trust`` shows a success no trusted agent signed as ``unverified`` (``model.outcome``), so a forged
+    ``done`` event or hash is not an end: the follower logs that once and keeps waiting (issue 40).
 
     :param job_id: the job.
     :param after: the stream id to read after (``0-0``: from the start).
@@ -30,6 +35,7 @@ class JobFollow:
         self.done: dict | None = None
         self.state: Any = None
         self.draining = False
+        self.warned = False
 
     def found(self, state: Any) -> Any:
         """The first look at the job's hash: raises ``JobNotFoundError`` if the job does not exist."""
@@ -58,9 +64,27 @@ class JobFollow:
         self.state = state
         return state
 
+    def settled(self, state: Any) -> bool:
+        """After a ``done`` event, with the job's fresh state: True when it is terminal (the follow ends); else the
+        event is not believed (an outcome no trusted agent signed) and the follow goes on."""
+        if state.terminal:
+            return True
+        self.done = None
+        self.not_believed(state)
+        return False
+
+    def not_believed(self, state: Any) -> None:
+        """Say once, clearly, that the job shows an outcome no trusted agent signed."""
+        reason = getattr(state, "unverified", None)
+        if reason and not self.warned:
+            self.warned = True
+            log.warning("%s: not done; waiting for an outcome a trusted agent signed (docs/authorization.md, "
+                        "\"Outcomes\")", reason)
+
     def after_empty_read(self, state: Any) -> bool:
         """Looked at the hash after a read brought nothing: True when the follow ends (drained a finished job)."""
         state = self.still_there(state)
+        self.not_believed(state)
         if self.draining:
             return True
         self.draining = bool(state.terminal)
@@ -71,9 +95,8 @@ class JobFollow:
         return None if self.draining else block_ms
 
     def done_event(self) -> dict:
-        """The ``done`` event, or one rebuilt from the terminal hash when the stream was trimmed past it."""
-        if self.done is not None:
-            return self.done
+        """The ``done`` event as the job's state (the hash as the client believes it: ``settled``) says: never the
+        event's own data, which anyone who may write the stream could have written."""
         s = self.state
         return {"kind": "done", "ts": s.updated_at, "state": s.state, "error": s.error, "result": s.result}
 
@@ -109,7 +132,10 @@ def follow_job(store: Any, job_id: str, *, on_event: OnEvent | None = None, time
             for eid, ev in batch:
                 on_event(eid, ev)
         if f.done is not None:
-            return f.still_there(store.get(job_id))
+            state = f.still_there(store.get(job_id))
+            if f.settled(state):
+                return state
+            continue
         if not batch:
             state = store.get(job_id)
             if f.after_empty_read(state):

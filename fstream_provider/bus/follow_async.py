@@ -71,7 +71,11 @@ async def afollow_job(get_state: Callable[[str], Awaitable[Any]], read_events: R
             for eid, ev in batch:
                 on_event(eid, ev)
         if f.done is not None:
-            return f.after, f.done
+            state = f.still_there(await get_state(job_id))
+            raise_if_cancelled()
+            if f.settled(state):
+                return f.after, f.done_event()
+            continue
         if not batch:
             state = await get_state(job_id)
             raise_if_cancelled()

@@ -119,12 +119,14 @@ return {1, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested') or '0')}
 """
 
 # KEYS: job, events, jobs stream, [idem]
-# ARGV: attempt, state, error, result_json, now, group, entry_id, retention, maxlen, [totals_json]
-# (totals: the result's sums, which the overview reads instead of the whole result)
+# ARGV: attempt, state, error, result_json, now, group, entry_id, retention, maxlen, totals_json, outcome_sig
+# (totals: the result's sums, which the overview reads instead of the whole result; outcome_sig: the agent's
+# signature of the outcome as stored, model.outcome, "" for an agent without a key)
 FINISH = _FINISH_FN + _FENCE + """
 if not fenced(ARGV[1]) then return 0 end
 finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[8], ARGV[9], KEYS[4])
 if ARGV[10] and ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'totals', ARGV[10]) end
+redis.call('HSET', KEYS[1], 'outcome_sig', ARGV[11] or '')
 redis.call('XACK', KEYS[3], ARGV[6], ARGV[7])
 return 1
 """
@@ -132,7 +134,8 @@ return 1
 # A claimed job the agent's policy refuses (unsigned, wrongly signed, replayed, outside the roots): dead-lettered
 # with the reason, failed, acknowledged; nothing of it was read.
 # KEYS: job, events, jobs stream, dead letter, [idem]
-# ARGV: attempt, reason, now, group, entry_id, retention, maxlen, dead_maxlen
+# ARGV: attempt, reason, now, group, entry_id, retention, maxlen, dead_maxlen, outcome_sig (a refusal is an agent's
+# outcome too: state failed, the reason as error, no result)
 REJECT = _FINISH_FN + _FENCE + """
 if not fenced(ARGV[1]) then return 0 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'job_id', redis.call('HGET', KEYS[1], 'job_id'),
@@ -141,6 +144,7 @@ redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'job_id', redis.call('H
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'kind', 'error', 'ts', ARGV[3],
   'data', cjson.encode({message = ARGV[2], retryable = false, refused = true}))
 finish('failed', ARGV[2], '', ARGV[3], ARGV[6], ARGV[7], KEYS[5])
+redis.call('HSET', KEYS[1], 'outcome_sig', ARGV[9] or '')
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 return 1
 """

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from fstream_provider.model.outcome import SIGNED_FIELDS
 from fstream_provider.model.signing import JobAuth
 from fstream_provider.model.spec import TransferSpec
 
@@ -88,6 +89,10 @@ class JobState:
     :param preempt_reason: why it was last preempted (the scheduler's reason).
     :param submitter: the submitter its signature names (as stored: an agent verifies it before running the job;
         None for an unsigned job).
+    :param stored: the hash's fields an agent's outcome signature covers, as stored (``model.outcome``).
+    :param outcome_agent: the trusted agent whose signature a client checked (``model.outcome.trusted_view``).
+    :param unverified: why a client does not believe the stored outcome (state ``unverified``: a success no trusted
+        agent signed; or an unsigned failure, whose result is dropped).
     """
 
     job_id: str
@@ -106,6 +111,9 @@ class JobState:
     preemptions: int = 0
     preempt_reason: str | None = None
     submitter: str | None = None
+    stored: dict[str, str] | None = field(default=None, repr=False, compare=False)
+    outcome_agent: str | None = None
+    unverified: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -134,6 +142,7 @@ class JobState:
             preemptions=_num(h.get("preemptions"), int),
             preempt_reason=h.get("preempt_reason") or None,
             submitter=_submitter(h.get("auth")),
+            stored={name: h.get(name) or "" for name in SIGNED_FIELDS},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,6 +153,8 @@ class JobState:
             "deliveries": self.deliveries,
             "cancel_requested": self.cancel_requested, "progress": self.progress,
             "preemptions": self.preemptions, "preempt_reason": self.preempt_reason, "submitter": self.submitter,
+            **({"outcome_agent": self.outcome_agent} if self.outcome_agent else {}),
+            **({"unverified": self.unverified} if self.unverified else {}),
         }
 
 

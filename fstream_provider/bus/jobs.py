@@ -15,6 +15,7 @@ from fstream_provider.bus.client import MAX_BLOCK_MS, run_replicated
 from fstream_provider.bus.follow import follow_job
 from fstream_provider.bus.job_state import TERMINAL_STATES, Claim, JobState, decode_event, now_text
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
+from fstream_provider.model.outcome import OutcomeSigner, TrustedAgents, trusted_view
 from fstream_provider.model.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.validation import SpecError
@@ -40,12 +41,19 @@ class JobStore:
     :param events_maxlen: approximate cap of each job's event stream.
     :param signer: the submitter whose key signs every job this store submits (``model.signing``); agents
         refuse jobs no configured submitter signed. None: jobs are submitted unsigned (agents refuse them).
+    :param outcome_signer: the agent's key (``model.outcome.OutcomeSigner``): ``finish`` and ``reject`` sign the
+        outcome they write (issue 40). None: written unsigned (clients do not believe such a success).
+    :param trust: the agents a client believes (``model.outcome.TrustedAgents``): ``get`` (so ``wait`` and
+        ``follow_job``) shows a success no trusted agent signed as ``unverified``. None: as stored (agents' reads).
     """
 
     def __init__(self, client: redis.Redis, *, keys: Keys | None = None, retention_s: int = JOB_RETENTION_S,
-                 events_maxlen: int = EVENTS_MAXLEN, signer: Signer | None = None) -> None:
+                 events_maxlen: int = EVENTS_MAXLEN, signer: Signer | None = None,
+                 outcome_signer: OutcomeSigner | None = None, trust: TrustedAgents | None = None) -> None:
         self.client = client
         self.signer = signer
+        self.outcome_signer = outcome_signer
+        self.trust = trust
         self.keys = keys or Keys()
         self.retention_s = check_retention(retention_s)
         self.events_maxlen = int(events_maxlen)
@@ -97,7 +105,7 @@ class JobStore:
         h = self.client.hgetall(self.keys.job(job_id))
         if not h or "job_id" not in h:
             return None
-        return JobState.from_hash(h)
+        return trusted_view(JobState.from_hash(h), self.keys.namespace, self.trust)
 
     def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None,
                count: int = 100) -> list[tuple[str, dict]]:
@@ -205,9 +213,18 @@ class JobStore:
         ``reason``, mark it failed, acknowledge its entry; atomically, if ``attempt`` is current."""
         k = self.keys
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.dead_letter()] + self._idem_key(job_id)
+        sig = self._sign_outcome(job_id, attempt, "failed", reason, "")
         out = self._reject(keys=keys, args=[attempt, reason, now_text(), k.jobs_group(), entry_id, self.retention_s,
-                                            self.events_maxlen, DEAD_LETTER_MAXLEN])
+                                            self.events_maxlen, DEAD_LETTER_MAXLEN, sig])
         return bool(int(out))
+
+    def _sign_outcome(self, job_id: str, attempt: int, state: str, error: str, result_json: str) -> str:
+        """The ``outcome_sig`` the terminal write stores (``model.outcome``): over the fields as they will be stored
+        and the submitter's signature envelope as stored; "" without a signing key."""
+        if self.outcome_signer is None:
+            return ""
+        auth = self.client.hget(self.keys.job(job_id), "auth") or ""
+        return self.outcome_signer.sign(self.keys.namespace, job_id, attempt, state, error, result_json, auth)
 
     def publish(self, job_id: str, attempt: int, events: list[tuple[str, float, dict]],
                 fields: dict[str, str] | None = None) -> tuple[bool, bool]:
@@ -244,10 +261,11 @@ class JobStore:
         k = self.keys
         keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream()] + self._idem_key(job_id)
         totals = {name: result[name] for name in RESULT_TOTALS if name in result} if isinstance(result, dict) else {}
-        out = self._replicated(self._finish, keys, [attempt, state, error or "",
-                                                    json.dumps(result, default=str) if result is not None else "",
+        result_json = json.dumps(result, default=str) if result is not None else ""
+        sig = self._sign_outcome(job_id, attempt, state, error or "", result_json)
+        out = self._replicated(self._finish, keys, [attempt, state, error or "", result_json,
                                                     now_text(), k.jobs_group(), entry_id, self.retention_s,
-                                                    self.events_maxlen, json.dumps(totals) if totals else ""])
+                                                    self.events_maxlen, json.dumps(totals) if totals else "", sig])
         return bool(int(out))
 
     def release(self, job_id: str, attempt: int, reason: str) -> bool:

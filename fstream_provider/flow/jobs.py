@@ -33,8 +33,12 @@ def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, su
 
     from fstream_provider.model.signing import resolve_signer
 
+    from fstream_provider.model.outcome import TrustedAgents
+
+    # issue 40: a job counts as done only with an outcome a trusted agent signed ($FSTREAM_TRUSTED_AGENTS, else the
+    # local agent's key), and a file as landed only if that signed result lists it
     store = JobStore(connect(resolve_redis_url(redis_url)), keys=Keys(namespace) if namespace else None,
-                     signer=resolve_signer())
+                     signer=resolve_signer(), trust=TrustedAgents.resolve())
     dest = spec.dest
     running: dict[str, threading.Thread] = {}
     lock = threading.Lock()
@@ -64,10 +68,16 @@ def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, su
                     out.fail(FlowError(f"job {job_id} ({', '.join(spec_sources(state))}) {state.state}: "
                                        f"{state.error or 'no reason given'}"))
                 return
+            signed = {(r.get("source"), r.get("path")): r for r in (state.result or {}).get("landed") or []
+                      if isinstance(r, dict)}
+            delivered = 0
             for ev in last.values():  # one record per file, once the job ended
-                out.deliver(ev)
-            if n_files > len(last):
-                out.slots.give(n_files - len(last))
+                rec = signed.get((ev.get("source"), ev.get("path")))
+                if ev.get("status") == "failed" or rec is not None:
+                    out.deliver({**ev, **(rec or {})})  # size, status and checksum as the agent signed them
+                    delivered += 1
+            if n_files > delivered:
+                out.slots.give(n_files - delivered)
         except Cancelled:
             pass
         except BaseException as exc:  # noqa: BLE001 - the subscriber sees it

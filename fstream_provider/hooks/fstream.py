@@ -63,6 +63,8 @@ class FStreamSettings:
     :param submitter_key_file: its Ed25519 private key, as a 0600 file on the worker (``fstream keys new``).
     :param key: the keyring key id jobs use (None: the agents' ``default``).
     :param source: where the settings came from, for log lines.
+    :param trusted_agents: the agents whose signed outcomes count (``model.outcome``): a path (a file of
+        ``fstream-ed25519`` lines, or a directory of ``.pub`` files) or the lines inline; None: the local agent's.
     """
 
     redis_url: str
@@ -77,6 +79,17 @@ class FStreamSettings:
     submitter_key_file: str | None = None
     key: str | None = None
     source: str = ""
+    trusted_agents: str | None = None
+
+    def trust(self) -> Any:
+        """The agents whose outcomes count (``model.outcome.TrustedAgents``); ``KeyFormatError`` naming the extra."""
+        from fstream_provider.model.ed25519 import KeyFormatError
+        from fstream_provider.model.outcome import TrustedAgents
+
+        try:
+            return TrustedAgents.resolve(self.trusted_agents)
+        except KeyFormatError as exc:
+            raise KeyFormatError(f"{self.source or 'the FStream connection'}: extra 'trusted_agents': {exc}") from None
 
     def signer(self) -> Any:
         """The ``model.signing.Signer`` jobs are signed with; ``ValueError`` naming what is missing."""
@@ -124,6 +137,7 @@ def settings_from_connection(conn: Any) -> FStreamSettings:
         submitter_key_file=_text(extra.get("submitter_key_file")),
         key=_text(extra.get("key")),
         source=f"connection {conn.conn_id!r}",
+        trusted_agents=_text(extra.get("trusted_agents")),
     )
 
 
@@ -194,7 +208,9 @@ class FStreamHook(BaseHook):
             signer = self.settings.signer()
         except ValueError:  # reading jobs needs no identity; submit says what is missing
             signer = None
-        return make_store(JobStore, self.client, self.keys, signer)
+        store = make_store(JobStore, self.client, self.keys, signer)
+        store.trust = self.settings.trust()  # issue 40: a success no trusted agent signed is not done
+        return store
 
     def get_conn(self) -> Any:
         """The blocking ``redis.Redis`` client."""

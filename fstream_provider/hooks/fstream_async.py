@@ -40,6 +40,7 @@ class FStreamAsyncHook(BaseHook):
         self._client: Any = None
         self._shared_url: str | None = None  # set while ``_client`` is the loop's shared client for that URL
         self._keys: Any = None
+        self._trust: Any = None
 
     async def get_settings(self) -> FStreamSettings:
         if self._settings is None:
@@ -80,14 +81,18 @@ class FStreamAsyncHook(BaseHook):
         return self._keys
 
     async def get_state(self, job_id: str) -> Any:
-        """The job's ``JobState``, or ``None`` if the job does not exist (or expired)."""
+        """The job's ``JobState`` as the connection's trusted agents vouch for it (``model.outcome.trusted_view``:
+        a success none of them signed is ``unverified``), or ``None`` if the job does not exist (or expired)."""
         from fstream_provider.bus.job_state import JobState
+        from fstream_provider.model.outcome import trusted_view
 
         client, keys = await self.get_client(), await self.get_keys()
         h = await client.hgetall(keys.job(job_id))
         if not h or "job_id" not in h:
             return None
-        return JobState.from_hash(h)
+        if self._trust is None:
+            self._trust = (await self.get_settings()).trust()
+        return trusted_view(JobState.from_hash(h), keys.namespace, self._trust)
 
     async def read_events(self, job_id: str, *, after: str = "0-0", block_ms: int | None = None,
                           count: int = 100) -> list[tuple[str, dict[str, Any]]]:

@@ -102,6 +102,7 @@ class AgentSection(BaseModel):
     max_job_age: str | float = "7d"
     clock_skew: str | float = "5m"
     keys: dict[str, str | KeyEntry] = {}
+    signing_key: str = ""  # the agent's Ed25519 key for job outcomes (default <state dir>/agent.key; model.outcome)
 
 
 class PolicyFile(BaseModel):

@@ -283,17 +283,26 @@ def landed_files(events: Iterable[tuple[str, dict[str, Any]]], destination: str 
 
 
 def build_report(job_id: str, events: list[tuple[str, dict[str, Any]]], target_bps: float | None,
-                 destination: str | None = None, *, max_files: int = 10_000) -> dict[str, Any]:
+                 destination: str | None = None, *, max_files: int = 10_000,
+                 outcome: dict[str, Any] | None = None) -> dict[str, Any]:
     """The XCom report: the agent's result, the landed files and timeline statistics, bounded in size.
 
     The full interval timeline is *not* in it (a 12-hour stream sampled every second would put megabytes
     into Airflow's metadata database): it stays in the job's event stream on Redis and in the plot.
     ``landed_files`` is capped at ``max_files`` (``landed_files_truncated`` says when).
+
+    ``outcome`` (``{"state", "error", "result"}``: the job's state as a trusted agent signed it, ``model.outcome``)
+    replaces the stream's ``done`` event, and the landed files are then the signed result's ``landed`` records
+    only (issue 40: ``file`` events are not signed; anyone who may write the stream could add some).
     """
-    done = done_event(events) or {}
+    done = outcome if outcome is not None else (done_event(events) or {})
     result = dict(done.get("result") or {})
     intervals = intervals_from_events(events) or fold_slivers(list(result.get("intervals") or []))
-    landed = landed_files(events, destination)
+    if outcome is not None:
+        landed = landed_files([("", {**rec, "kind": "file"}) for rec in result.get("landed") or []
+                               if isinstance(rec, dict)], destination)
+    else:
+        landed = landed_files(events, destination)
     return {
         "job_id": job_id,
         "state": done.get("state"),

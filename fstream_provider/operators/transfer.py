@@ -414,7 +414,12 @@ class FStreamTransferOperator(BaseOperator):
         from fstream_provider.model.tasklog import intervals_from_events
 
         job = self._through_outage(f"reading FStream job {job_id}", lambda: self.hook.get_job(job_id))
-        report = build_report(job_id, events, target_bps, _spec_field(getattr(job, "spec", None), "destination"))
+        # issue 40: state, error, result and landed files as a trusted agent signed them (the hook's store verifies;
+        # a success none signed reads 'unverified' with no result), never the event stream's unsigned 'done'
+        outcome = ({"state": job.state, "error": job.unverified or job.error, "result": job.result}
+                   if job is not None else {"state": None, "error": "the job is gone from the bus", "result": None})
+        report = build_report(job_id, events, target_bps, _spec_field(getattr(job, "spec", None), "destination"),
+                              outcome=outcome)
         report["agent"] = getattr(job, "worker", None)
         intervals = intervals_from_events(events)
         self.log.info("FStream job %s: %d interval line(s) above (logged live); summary:", job_id, len(intervals))

@@ -35,6 +35,24 @@ def _store(args: argparse.Namespace, signer: Any = None) -> JobStore:
                     **({"retention_s": retention} if retention is not None else {}))
 
 
+def _add_trust_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trusted-agents", metavar="PATH",
+                   help="the agents whose signed outcomes count: a file of 'fstream-ed25519 ...' lines or a directory "
+                        "of .pub files (default $FSTREAM_TRUSTED_AGENTS, else the local agent's "
+                        "<state dir>/agent.key.pub); a success no trusted agent signed is not done")
+
+
+def _trust(args: argparse.Namespace) -> Any:
+    """The agents this command believes (``model.outcome.TrustedAgents``); a bad file is a usage error."""
+    from fstream_provider.model.ed25519 import KeyFormatError
+    from fstream_provider.model.outcome import TrustedAgents
+
+    try:
+        return TrustedAgents.resolve(getattr(args, "trusted_agents", None))
+    except KeyFormatError as exc:
+        raise FStreamError(f"--trusted-agents: {exc}") from None
+
+
 def _live_agents(store: JobStore) -> list[dict]:
     out = []
     for name in sorted(store.client.smembers(store.keys.agents())):
@@ -59,6 +77,9 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--root", action="append", metavar="DIR", default=[],
                    help="serve sources under DIR (repeatable; without --policy: for the local submitter only, "
                         "whose key `fstream submit` uses by default)")
+    p.add_argument("--signing-key", metavar="FILE",
+                   help="the agent's Ed25519 key that signs job outcomes (default: the policy's [agent] signing_key, "
+                        "else <state dir>/agent.key, made on first start; clients trust its .pub)")
     p.add_argument("--once", action="store_true", help="one iteration (at most one job), errors re-raised")
     p.add_argument("--drain-grace", metavar="DURATION", default="30s",
                    help="on SIGTERM, take no new job and let the running one finish its open files for this long; "
@@ -132,7 +153,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   max_retries=args.max_retries, keys=Keys(args.namespace),
                   drain_grace=parse_duration(args.drain_grace), job_retention_s=args.job_retention,
                   history=history_from_args(args, keys=Keys(args.namespace), source=name),
-                  watchdog=Watchdog.from_env())  # a unit's WatchdogSec= (issue 39)
+                  watchdog=Watchdog.from_env(),  # a unit's WatchdogSec= (issue 39)
+                  signing_key=_signing_key(args))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("transfer_agent.daemon").setLevel(args.log_level.upper() if args.log_level else logging.INFO)
@@ -153,6 +175,20 @@ def cmd_agent(args: argparse.Namespace) -> int:
             reloader.close()
         service.stop()
     return EXIT_OK
+
+
+def _signing_key(args: argparse.Namespace) -> str | None:
+    """``--signing-key``, else the policy file's ``[agent] signing_key``, else None (``<state dir>/agent.key``)."""
+    import os
+
+    if args.signing_key:
+        return args.signing_key
+    path = args.policy or os.environ.get("FSTREAM_POLICY")
+    if not path:
+        return None
+    from fstream_provider.model.policy import load_policy
+
+    return load_policy(path).agent.signing_key or None
 
 
 def _agent_policy(args: argparse.Namespace) -> Any:
@@ -192,6 +228,7 @@ def add_submit_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (the job) when done")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     p.add_argument("--timeout", metavar="DURATION", help="stop following after this long (the job continues)")
+    _add_trust_option(p)
     from transfer_agent.cli.options import add_retention_option
 
     add_retention_option(p, "index entries older than this are dropped at submit (the agent that finishes the job "
@@ -247,6 +284,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise FStreamError(f"fstream submit: {exc}") from None
     store = _store(args, signer)
+    store.trust = _trust(args)  # issue 40: only an outcome a trusted agent signed ends the follow
     job_id, created = store.submit(spec, idempotency_key=args.idempotency_key)
     note = "queued" if created else "already submitted with this idempotency key"
     print(f"job {job_id}: {note}", file=sys.stderr, flush=True)
@@ -284,6 +322,7 @@ def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--limit", type=int, default=20, help="how many jobs to list (default 20)")
+    _add_trust_option(p)
     p.set_defaults(func=cmd_status)
     return p
 
@@ -293,6 +332,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     store = _store(args)
+    store.trust = _trust(args)  # issue 40: a success no trusted agent signed shows as 'unverified'
     console = Console()
     if args.job:
         job = store.get(args.job)
@@ -306,7 +346,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         t = Table(title=f"job {job.job_id}", show_header=False)
         t.add_column("field", no_wrap=True)
         t.add_column("value", overflow="fold")
-        rows = [("state", job.state), ("attempt", str(job.attempt)), ("deliveries", str(job.deliveries)),
+        shown = job.state + (f" (agent {job.outcome_agent}, signed)" if job.outcome_agent else "")
+        if job.unverified:
+            shown += f": {job.unverified}"
+        rows = [("state", shown), ("attempt", str(job.attempt)), ("deliveries", str(job.deliveries)),
                 ("worker", job.worker or "-"), ("created", _when(job.created_at)), ("updated", _when(job.updated_at)),
                 ("sources", " ".join(job.spec.sources)), ("destination", job.spec.destination),
                 ("tuner", job.spec.tuner),
@@ -327,7 +370,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             t.add_row(name, value)
         console.print(t)
         return EXIT_OK
-    jobs = store.list(limit=args.limit)
+    from fstream_provider.model.outcome import trusted_view
+
+    jobs = [trusted_view(j, store.keys.namespace, store.trust) for j in store.list(limit=args.limit)]
     agents = _live_agents(store)
     if args.json:  # "live": the rows of `fstream top` and the Airflow view (running, queued, then finished)
         from fstream_provider.bus.live import overview

@@ -25,6 +25,7 @@ from fstream_provider.bus.client import REDIS_UNREACHABLE, connect, describe
 from fstream_provider.bus.jobs import JobStore, check_retention
 from fstream_provider.bus.keys import JOB_RETENTION_S, Keys
 from fstream_provider.bus.server_floor import UnsupportedServerError
+from fstream_provider.model.outcome import OutcomeSigner, default_agent_key, load_signer
 from fstream_provider.model.policy import KeyEntry
 from transfer_agent.daemon.authorize import AgentPolicy, Authorizer
 from transfer_agent.daemon.heartbeat import HeartbeatMixin
@@ -98,6 +99,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     :param watchdog: systemd's watchdog (``service.sdnotify.Watchdog``, from ``WatchdogSec=``): pinged from the
         thread that runs ``run()``, on every pass of its loop, while it waits out a backoff, and at each event
         of the job it runs (its interval records, its retries); so a main loop that hangs stops the pings.
+    :param signing_key: the agent's Ed25519 private key file for signing job outcomes (``model.outcome``; issue 40);
+        None: ``<state dir>/agent.key``, made with its ``.pub`` on first start (what clients trust by default).
     """
 
     def __init__(self, redis_url: str, *, name: str | None = None, policy: AgentPolicy | None = None,
@@ -111,7 +114,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
                  transfer_factory: Callable[..., Any] | None = None, rng: random.Random | None = None,
                  scheduler: str = "fifo", sched_config: Any = None, sched_interval: float = 0.5,
                  preempt_wait_s: float = 30.0, drain_grace: float = 30.0,
-                 job_retention_s: float = JOB_RETENTION_S, watchdog: sdnotify.Watchdog | None = None) -> None:
+                 job_retention_s: float = JOB_RETENTION_S, watchdog: sdnotify.Watchdog | None = None,
+                 signing_key: str | None = None) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"agent scheduler {scheduler!r}: must be one of {', '.join(SCHEDULERS)}")
         self.redis_url = redis_url
@@ -150,6 +154,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self.drain_grace = drain_grace
         self.job_retention_s = check_retention(job_retention_s, "agent job_retention_s")
         self.watchdog = watchdog
+        self.signing_key = signing_key
+        self.outcome_signer: OutcomeSigner | None = None
         self._drain_timer: threading.Timer | None = None
         self._board: Any = None
         self.observer: Any = None  # the agent's metrics (transfer_agent.service.metrics): ``job(spec)`` per job
@@ -254,7 +260,12 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
 
             self.transfer_factory = Transfer
         self._client = connect(self.redis_url)
-        self._store = JobStore(self._client, keys=self.keys, retention_s=self.job_retention_s)
+        if self.outcome_signer is None:  # issue 40: every outcome this agent writes is signed with its own key
+            self.outcome_signer = load_signer(self.signing_key, self.name)
+            self.log.info("signing job outcomes with key %s (%s)", self.outcome_signer.key.key_id,
+                          self.signing_key or default_agent_key())
+        self._store = JobStore(self._client, keys=self.keys, retention_s=self.job_retention_s,
+                               outcome_signer=self.outcome_signer)
         self.authorizer = Authorizer(self.policy, self._client, self.keys)
         self.audit = AuditLog(self._client, self.keys)
         if self.scheduler != "fifo":

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+LANDED_MAX = 10_000  # landed-file records a result keeps (the Airflow report lists as many); the rest are counted
+
 
 @dataclass
 class TransferResult:
@@ -30,6 +32,17 @@ class TransferResult:
     error: str | None = None
     retryable: bool = False  # a rerun may succeed: the error, or every file's failure, was retryable
     cancelled: bool = False  # stopped on request (signal, job cancel); a rerun resumes
+    # the files at the destination (committed, or skipped as already there): path, source, size, status, checksum;
+    # in the result the agent signs (model.outcome), so clients report landed files from it, not from events
+    landed: list[dict] = field(default_factory=list)
+    landed_truncated: int = 0
+
+    def add_landed(self, record: dict[str, Any]) -> None:
+        """Keep a landed file's record (the first ``LANDED_MAX``; the others are counted in ``landed_truncated``)."""
+        if len(self.landed) < LANDED_MAX:
+            self.landed.append(record)
+        else:
+            self.landed_truncated += 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -372,13 +372,16 @@ class Transfer:
         if outcome == "committed":
             self.result.verified_files += 1
             self.result.bytes += sf.size
+            digest = public_checksum(f, self.result.checksum, self._public_algo)
+            self.result.add_landed({"path": sf.rel, "source": sf.src, "size": sf.size, "status": "committed", **digest})
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "committed",
-                                   "resumed": f.resumed, "seconds": round(time.monotonic() - f.opened_at, 6), **public_checksum(f, self.result.checksum, self._public_algo)})
+                                   "resumed": f.resumed, "seconds": round(time.monotonic() - f.opened_at, 6), **digest})
         elif outcome == "skipped":
             self.result.skipped_files += 1
+            digest = public_checksum(f, self.result.checksum, self._public_algo)
+            self.result.add_landed({"path": sf.rel, "source": sf.src, "size": sf.size, "status": "skipped", **digest})
             self.on_event("file", {"path": sf.rel, "source": sf.src, "size": sf.size, "status": "skipped",
-                                   "reason": "already at destination with the same size and checksum",
-                                   **public_checksum(f, self.result.checksum, self._public_algo)})
+                                   "reason": "already at destination with the same size and checksum", **digest})
         else:
             self._fail_file(sf, f.error or FStreamError("failed"))
         self._wake.set()
