@@ -124,6 +124,23 @@ def test_a_replaced_file_leaves_the_count(tmp_path: Path, secret: Path) -> None:
     assert (tmp_path / "dst" / "q" / "a.bin").read_bytes() == (tmp_path / "v2" / "a.bin").read_bytes()
 
 
+def interrupt(dst: Path, secret: Path, state: str, src: Path) -> int:
+    """Send ``src`` under ``q/`` until its first block arrived, then stop the receiver (its part and ranges stay,
+    resumable); the walks its receiver made."""
+    rx = HeldReceiver(root=str(dst), keyring=ring(secret), quota_state=state, held=f"q/{src.name}", after=1)
+    rx.start()
+    done = threading.Event()
+    try:
+        threading.Thread(target=lambda: (send(src, rx.port, secret, dest="q", key="q", block_size=256 * 1024,
+                                              max_session_retries=0), done.set())).start()
+        assert rx.reached.wait(30)
+        assert rx._quotas.used(rx.keyring["q"]) >= src.stat().st_size  # reserved in full while it is open
+    finally:
+        rx.stop()
+        assert done.wait(30)
+    return rx._quotas.walks
+
+
 def test_counts_persist_over_a_clean_restart_and_a_resumed_part_reserves_what_remains(
         tmp_path: Path, secret: Path) -> None:
     state = str(tmp_path / "state" / "quota.json")
@@ -133,21 +150,7 @@ def test_counts_persist_over_a_clean_restart_and_a_resumed_part_reserves_what_re
         assert rx._quotas.walks == 1  # the first count, with nothing persisted yet
     saved = json.loads(Path(state).read_text())
     assert saved["clean"] is True and saved["accounts"]["q"]["held"] == 1_000_000
-    # an interrupted file: its first block arrives, then the receiver stops (its part and ranges stay, resumable)
-    rx = HeldReceiver(root=str(tmp_path / "dst"), keyring=ring(secret), quota_state=state, held="q/big.bin",
-                      after=1)
-    rx.start()
-    done = threading.Event()
-    try:
-        assert rx._quotas.walks == 0
-        t = threading.Thread(target=lambda: (send(src / "big.bin", rx.port, secret, dest="q", key="q",
-                                                  block_size=256 * 1024, max_session_retries=0), done.set()))
-        t.start()
-        assert rx.reached.wait(30)
-        assert rx._quotas.used(rx.keyring["q"]) == 1_000_000 + 1_900_000 and rx._quotas.walks == 0
-    finally:
-        rx.stop()
-        assert done.wait(30)
+    assert interrupt(tmp_path / "dst", secret, state, src / "big.bin") == 0  # the count persisted above
     assert len(part_files(tmp_path / "dst")) == 1
     saved = json.loads(Path(state).read_text())
     assert saved["clean"] is True
@@ -203,3 +206,16 @@ def test_after_a_crash_the_first_open_counts_again_and_recount_resyncs(tmp_path:
     assert "key q: 1500000 bytes" in out, out
     with Receiver(root=str(dst), keyring=ring(secret), quota_state=state) as rx:
         assert rx._quotas.used(rx.keyring["q"]) == 1_500_000 and rx._quotas.walks == 0
+
+
+def test_a_part_the_receiver_removes_leaves_the_count(tmp_path: Path, secret: Path) -> None:
+    """The sweep of orphaned parts gives back the bytes a kept part was counted with (no walk finds them)."""
+    state = str(tmp_path / "quota.json")
+    src = make_files(tmp_path / "src", {"big.bin": 1_900_000})
+    assert interrupt(tmp_path / "dst", secret, state, src / "big.bin") == 1
+    with Receiver(root=str(tmp_path / "dst"), keyring=ring(secret), quota_state=state, part_max_age=None) as rx:
+        kept = rx._quotas.used(rx.keyring["q"])
+        assert 0 < kept < 1_900_000 and rx._quotas.walks == 0  # persisted at the clean stop
+        removed = rx.sweep_parts(max_age=0)
+        assert any(p.endswith(".part") for p in removed), removed
+        assert rx._quotas.used(rx.keyring["q"]) == 0 and not part_files(tmp_path / "dst")
