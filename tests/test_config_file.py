@@ -238,4 +238,4 @@ def test_the_documented_example_file_checks(tmp_path):
     (tmp_path / "example.toml").write_text(example)
     got = _fstream("config", "check", str(tmp_path / "example.toml"), env=_env(tmp_path))
     assert got.returncode == 0, got.stderr
-    assert got.stdout.strip() == "ok: 20 keys in 3 sections"
+    assert got.stdout.strip() == "ok: 21 keys in 3 sections"
