@@ -220,3 +220,22 @@ def test_the_operators_start_an_agent_hint_shows_a_command_that_runs() -> None:
     assert PASSWORD not in hint and "***" not in hint
     command = hint.split("`")[1].split()
     assert refusal(command) is None
+
+
+def test_a_reload_reads_the_password_file_again_and_sees_no_change_without_one(password_file: Path) -> None:
+    """``systemctl reload`` (SIGHUP) parses the command line again (``cli.reload.reparse``): the password file is
+    read again, so an unchanged file is no change (not "redis changed, needs a restart") and a new password is
+    what the next start would use."""
+    from transfer_agent.cli import redis_auth
+    from transfer_agent.cli.main import build_parser
+    from transfer_agent.cli.reload import changes, reparse
+
+    argv = ["agent", "--redis", "redis://dtn1-agent@bus:6379/0", "--redis-password-file", str(password_file)]
+    args = build_parser({}).parse_args(argv)
+    redis_auth.resolve(args)
+    args.argv, args.parser_factory, args.config_file = argv, lambda: build_parser({}), None
+    assert secret_in(args.redis) == "a password"
+    assert "redis" not in changes(args, reparse(args))
+    password_file.write_text("a-new-password-0123456789\n")
+    new = reparse(args)
+    assert changes(args, new)["redis"][1] == "redis://dtn1-agent:a-new-password-0123456789@bus:6379/0"
