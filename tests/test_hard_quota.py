@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentkit import make_files, part_files, send, wait_until, write_secret
-from transfer_agent.errors import NetworkError
+from transfer_agent.errors import FStreamError, NetworkError
 from transfer_agent.receiving.keyring import Keyring, ReceiverKey
 from transfer_agent.receiving.receiver import Receiver
 from transfer_agent.receiving.state import RecvFile
@@ -219,3 +219,13 @@ def test_a_part_the_receiver_removes_leaves_the_count(tmp_path: Path, secret: Pa
         removed = rx.sweep_parts(max_age=0)
         assert any(p.endswith(".part") for p in removed), removed
         assert rx._quotas.used(rx.keyring["q"]) == 0 and not part_files(tmp_path / "dst")
+
+
+def test_no_state_is_written_while_no_key_has_a_quota(tmp_path: Path, secret: Path) -> None:
+    (tmp_path / "plain").write_text("")
+    state = tmp_path / "plain" / "quota.json"  # cannot be written: a receiver without quotas never needs it
+    ring_free = Keyring([ReceiverKey("q", auth.load_secret(secret), "q")])
+    with Receiver(root=str(tmp_path / "dst"), keyring=ring_free, quota_state=str(state)) as rx:
+        assert send(make_files(tmp_path / "src", {"a.bin": 1000}) / "a.bin", rx.port, secret, dest="q", key="q").ok
+    with pytest.raises(FStreamError, match="quota state .*give --quota-state a file this user may write"):
+        Receiver(root=str(tmp_path / "dst"), keyring=ring(secret), quota_state=str(state)).start()

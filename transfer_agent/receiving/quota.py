@@ -99,10 +99,15 @@ class Quotas:
     def open(self) -> None:
         """Lock ``state_path`` for this process, take up its counts if the last receiver stopped cleanly, and mark
         it in use (so a crash from here on is known at the next start). ``FStreamError`` if another process holds
-        it."""
-        if self.state_path is None:
+        it, or cannot write it. Nothing is done while no key has a quota (a key given one by a later re-read of the
+        keyring is counted in memory, once per process)."""
+        if self.state_path is None or not any(k.quota is not None for k in self.keys()):
             return
-        self._lock_fd = lock_state(self.state_path)
+        try:
+            self._lock_fd = lock_state(self.state_path)
+        except OSError as exc:
+            raise FStreamError(f"quota state {self.state_path}: {exc.strerror} (give --quota-state a file this "
+                               "user may write)") from None
         state = read_state(self.state_path)
         if state is not None and state.get("root") == self.root and state.get("clean") is True:
             self._saved = dict(state.get("accounts") or {})
@@ -111,7 +116,13 @@ class Quotas:
             self.log.warning("quota counts in %s are not from a clean stop of a receiver of %s: each key with a "
                              "quota is counted again (one walk of its subtree) at its first OPEN",
                              self.state_path, self.root)
-        write_state(self.state_path, self._state(clean=False))
+        try:
+            write_state(self.state_path, self._state(clean=False))
+        except OSError as exc:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise FStreamError(f"quota state {self.state_path}: {exc.strerror} (give --quota-state a file this "
+                               "user may write)") from None
 
     def close(self) -> None:
         """Persist the counts, as clean if every reservation ended (the receiver's sessions are closed)."""
@@ -249,7 +260,9 @@ class Quotas:
 
     def part_resumed(self, old_rel: str, part_rel: str, nbytes: int) -> None:
         """An OPEN took over the part ``old_rel`` (renamed ``part_rel``), which holds ``nbytes`` it will not send
-        again: counted with those from now on."""
+        again: counted with those from now on (nothing is recorded where no quota covers it)."""
+        if not any(k.quota is not None and covers(k.subtree, part_rel) for k in self.keys()):
+            return
         with self._lock:
             self._add(old_rel, -self._parts.pop(old_rel, 0))
             self._add(part_rel, nbytes)
