@@ -461,8 +461,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 # -- redis -----------------------------------------------------------------------------------------
 def add_redis_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("redis", help="the embedded Redis: print its URL (starting it if needed), status, stop; "
-                                            "migrate-keys: move keys of the layout before issue 28 to their own slots")
+    p = subparsers.add_parser("redis", help="the embedded Redis: print its URL (starting it if needed; it holds the "
+                                            "server's password: export it as FSTREAM_REDIS_URL, an argument with a "
+                                            "password is refused), status, stop; migrate-keys: move keys of the "
+                                            "layout before issue 28 to their own slots")
     p.add_argument("action", choices=("url", "status", "stop", "migrate-keys"))
     p.add_argument("--state-dir", metavar="DIR", help="default: $FSTREAM_STATE_DIR or ~/.local/state/fstream")
     add_redis_options(p, "migrate-keys: which Redis (default: $FSTREAM_REDIS_URL, else the embedded one); a "
