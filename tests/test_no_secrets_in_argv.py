@@ -157,7 +157,6 @@ def test_a_password_file_others_may_read_or_a_second_password_is_refused(bus: Bu
     assert bus.connections() == before
 
 
-@pytest.mark.slow
 def test_a_running_agent_started_the_documented_way_has_no_password_in_its_cmdline(bus: Bus, policy: str,
                                                                                    password_file: Path,
                                                                                    tmp_path: Path) -> None:
