@@ -16,6 +16,7 @@ import pytest
 from agentkit import make_files, part_files, send, wait_until, write_secret
 from transfer_agent.errors import FStreamError, NetworkError
 from transfer_agent.receiving.keyring import Keyring, ReceiverKey
+from transfer_agent.receiving.quota import Quotas
 from transfer_agent.receiving.receiver import Receiver
 from transfer_agent.receiving.state import RecvFile
 from transfer_agent.wire import auth
@@ -229,3 +230,26 @@ def test_no_state_is_written_while_no_key_has_a_quota(tmp_path: Path, secret: Pa
         assert send(make_files(tmp_path / "src", {"a.bin": 1000}) / "a.bin", rx.port, secret, dest="q", key="q").ok
     with pytest.raises(FStreamError, match="quota state .*give --quota-state a file this user may write"):
         Receiver(root=str(tmp_path / "dst"), keyring=ring(secret), quota_state=str(state)).start()
+
+
+def test_a_key_given_a_quota_mid_flight_does_not_lower_another_keys_count(tmp_path: Path) -> None:
+    """A keyring re-read gives ``a/b`` a quota while a file is written there under ``a``'s: the new key's walk
+    sees that part, which must not become a part at rest whose removal ``a``'s count pays for."""
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "old").write_bytes(b"x" * 4000)
+    keys = [ReceiverKey("A", None, "a", quota=20_000)]
+    quotas = Quotas(str(root), keys=lambda: keys)
+    charge = quotas.charge("a/b/f", 5000)
+    assert quotas.used(keys[0]) == 9000
+    part = "a/b/.f.job.1.part"
+    (root / part).write_bytes(b"x" * 3000)
+    quotas.writing(part, True)
+    keys.append(ReceiverKey("B", None, "a/b", quota=20_000))
+    assert quotas.used(keys[1]) == 3000  # its walk saw the part being written (charged before b had a quota)
+    (root / part).unlink()  # the file is aborted: its part removed, its reservation given back
+    quotas.part_gone(part)
+    quotas.landed(charge, "a/b/f", 0)
+    quotas.writing(part, False)
+    assert quotas.used(keys[0]) == 4000  # (1000 without the fix: the part's 3000 bytes were taken off a's count)
+    assert quotas.used(keys[1]) == 3000  # b's errs on "used" (the walk counted bytes now gone), until a recount

@@ -209,6 +209,8 @@ class ControlSessions(DataStreams):
             # that commits within the flush interval never costs an extra file
             f = RecvFile(fid, rel, dir_fd, base, tmp, size, mtime_ns, algo, fd, ranges, session, part_key=key,
                          quota=charge, resumed=ranges.total())
+            if charge is not None:
+                self._quotas.writing(self._part_rel(dkey, tmp), True)
             charge = None  # the file carries it from here (given back if it is not committed)
             f.dirty = True
             if verify and tree_hash.usable(algo) and size >= TREE_MIN:

@@ -91,6 +91,7 @@ class Quotas:
         self._lock = threading.Lock()
         self._accounts: dict[str, Account] = {}
         self._parts: dict[str, int] = {}  # relative path of a part at rest -> the bytes it is counted with
+        self._writing: set[str] = set()  # parts of files open under a charge: their bytes are reserved, not held
         self._saved: dict[str, dict[str, Any]] = {}  # counts read from state_path, taken up at first use
         self._lock_fd = -1
         self.walks = 0  # subtree walks done (the benchmark and tests read it)
@@ -268,6 +269,16 @@ class Quotas:
             self._add(part_rel, nbytes)
             self._parts[part_rel] = nbytes
 
+    def writing(self, part_rel: str, now: bool) -> None:
+        """Part ``part_rel`` is (``now``) or no longer is being written under a charge: a walk meanwhile (a key
+        given a quota while files are in flight) does not record it as a part at rest, so its end changes only
+        what it reserved."""
+        with self._lock:
+            if now:
+                self._writing.add(part_rel)
+            else:
+                self._writing.discard(part_rel)
+
     def part_gone(self, part_rel: str) -> None:
         """The part ``part_rel`` was removed, or became its final file: the bytes it was counted with leave."""
         with self._lock:
@@ -279,7 +290,7 @@ class Quotas:
         total, parts = count_tree(self.root, subtree)
         with self._lock:
             self.walks += 1
-            self._parts.update(parts)
+            self._parts.update((k, v) for k, v in parts.items() if k not in self._writing)
         self.log.debug("quota walk: %d bytes under %s in %.3f s", total, subtree or ".", time.monotonic() - t0)
         return total
 

@@ -91,10 +91,13 @@ class PartStore:
 
     def _release(self, f: RecvFile, removed: bool = False) -> None:
         if f.close():
-            if f.quota is not None and not f.done:  # not committed: its reservation ends, its part holds what it got
-                self._quotas.landed(f.quota, f.relpath, 0)
-                if not removed:  # (a removed part left its count in _remove_part)
-                    self._quotas.part_kept(self._part_rel(f.part_key[0], f.tmp), f.ranges.total())
+            if f.quota is not None:
+                part = self._part_rel(f.part_key[0], f.tmp)
+                self._quotas.writing(part, False)
+                if not f.done:  # not committed: its reservation ends, its part holds what it got
+                    self._quotas.landed(f.quota, f.relpath, 0)
+                    if not removed:  # (a removed part left its count in _remove_part)
+                        self._quotas.part_kept(part, f.ranges.total())
             with self._lock:
                 if self._busy_parts.get(f.part_key) is f.session:
                     del self._busy_parts[f.part_key]
