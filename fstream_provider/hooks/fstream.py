@@ -91,6 +91,13 @@ class FStreamSettings:
         except KeyFormatError as exc:
             raise KeyFormatError(f"{self.source or 'the FStream connection'}: extra 'trusted_agents': {exc}") from None
 
+    def scope_key(self, scope: str) -> str:
+        """A new-files scope as its Redis keys name it: ``<submitter>:<scope>`` (issue 40: state no other
+        submitter's Redis user may write), or ``scope`` itself without a submitter identity."""
+        from fstream_provider.bus.keys import Keys
+
+        return Keys.owned(self.submitter, scope) if self.submitter else scope
+
     def signer(self) -> Any:
         """The ``model.signing.Signer`` jobs are signed with; ``ValueError`` naming what is missing."""
         from fstream_provider.model.signing import Signer
@@ -238,7 +245,8 @@ class FStreamHook(BaseHook):
         """The job id each idempotency key points at (None where unknown or expired), in one ``MGET``."""
         if not idempotency_keys:
             return []
-        return list(self.client.mget([self.keys.idempotency(k) for k in idempotency_keys]))
+        scoped = [self.store.scoped_idempotency(k) or k for k in idempotency_keys]
+        return list(self.client.mget([self.keys.idempotency(k) for k in scoped]))
 
     def get_job(self, job_id: str) -> Any:
         return self.store.get(job_id)
