@@ -22,9 +22,10 @@ local function terminal(st)
 end
 """
 
-# KEYS: job, events, jobs stream, index, [idem]
+# KEYS: job, events, jobs stream, the submitter's own index (issue 40), [idem]
 # ARGV: job_id, spec_json, now, idem_key, maxlen, index_cutoff, queued_data, auth_json (the submitter's
-# signature, model.signing; "" for an unsigned job, which agents refuse)
+# signature, model.signing; "" for an unsigned job, which agents refuse), retention (the own index expires with
+# its newest job: a submitter that stops submitting leaves nothing behind)
 SUBMIT = """
 if KEYS[5] then
   local existing = redis.call('GET', KEYS[5])
@@ -39,18 +40,32 @@ redis.call('HSET', KEYS[1], 'stream_id', sid)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'kind', 'queued', 'ts', ARGV[3], 'data', ARGV[7])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[6])
+if ARGV[9] and ARGV[9] ~= '' then redis.call('EXPIRE', KEYS[4], ARGV[9]) end
 if KEYS[5] then redis.call('SET', KEYS[5], ARGV[1]) end
 return {ARGV[1], 1}
 """
 
-# KEYS: job, events, jobs stream, dead letter, [idem]
-# ARGV: worker, now, max_deliveries, maxlen, group, entry_id, retention, dead_maxlen
+# KEYS: job, events, jobs stream, dead letter, the facility's job index, [idem]
+# ARGV: worker, now, max_deliveries, maxlen, group, entry_id, retention, dead_maxlen, index_cutoff
+# An entry that is not the one the job was submitted (or re-enqueued) under is acknowledged and nothing else:
+# anyone who may XADD to the jobs stream could name another's job in one (issue 40), and taking it would count a
+# delivery, fence out the agent running the job and make the replay guard refuse the job.
 CLAIM = _FINISH_FN + """
-local idem = KEYS[5]
+local idem = KEYS[6]
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then
   redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])
   return {'missing'}
+end
+local sid = redis.call('HGET', KEYS[1], 'stream_id')
+if sid and sid ~= '' and sid ~= ARGV[6] then
+  redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])
+  return {'foreign', sid}
+end
+local created = redis.call('HGET', KEYS[1], 'created_at')
+if created and tonumber(created) then
+  redis.call('ZADD', KEYS[5], 'NX', created, redis.call('HGET', KEYS[1], 'job_id'))
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[9])
 end
 if terminal(st) then
   redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from fstream_provider.bus.keys import Keys
 from fstream_provider.model.outcome import SIGNED_FIELDS
 from fstream_provider.model.signing import JobAuth
 from fstream_provider.model.spec import TransferSpec
@@ -135,7 +136,7 @@ class JobState:
             updated_at=_num(h.get("updated_at")),
             error=h.get("error") or None,
             result=js("result"),
-            idempotency_key=h.get("idempotency_key") or None,
+            idempotency_key=Keys.unowned(h.get("idempotency_key")) or None,  # as given (stored as <submitter>:<key>)
             deliveries=_num(h.get("deliveries"), int),
             cancel_requested=h.get("cancel_requested") == "1",
             progress=js("progress"),

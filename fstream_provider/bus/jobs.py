@@ -58,6 +58,7 @@ class JobStore:
         self.retention_s = check_retention(retention_s)
         self.events_maxlen = int(events_maxlen)
         self._group_ready = False
+        self._owner_listed = False
         # writes waited for by the client's replicas (``?wait_replicas=N``): acknowledged by N, or fewer in time
         self.replication: collections.Counter[str] = collections.Counter()
         self._submit = client.register_script(lua.SUBMIT)
@@ -85,20 +86,43 @@ class JobStore:
     def submit(self, spec: TransferSpec, *, idempotency_key: str | None = None) -> tuple[str, bool]:
         """Queue a job; returns ``(job_id, created)``. The same idempotency key returns the same job (created False)."""
         self.ensure_group()
-        job_id = uuid.uuid4().hex[:16]
+        owner = self.signer.submitter if self.signer is not None else None
+        job_id = k_owned(owner, uuid.uuid4().hex[:16])
+        idempotency_key = self.scoped_idempotency(idempotency_key)
         now = time.time()
         k = self.keys
-        keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.job_index()]
+        # the submitter's own index (its ACL user may write no other); agents add the job to the facility's at claim.
+        # An unsigned job (no owner; agents refuse it) goes to the facility's index, as before issue 40
+        keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.job_index_of(owner) if owner else k.job_index()]
         if idempotency_key:
             keys.append(k.idempotency(idempotency_key))
         spec_json = spec.to_json()
         auth = self.signer.sign(k.namespace, job_id, spec_json, now=now) if self.signer is not None else None
         queued = json.dumps({"label": spec.label, "idempotency_key": idempotency_key,
                              "submitter": auth.submitter if auth else None})
+        if owner and not self._owner_listed:
+            self._list_owner(owner)
         out = self._replicated(self._submit, keys, [job_id, spec_json, repr(now), idempotency_key or "",
                                                     self.events_maxlen, repr(now - self.retention_s), queued,
-                                                    auth.to_json() if auth else ""])
+                                                    auth.to_json() if auth else "", self.retention_s if owner else ""])
         return str(out[0]), bool(int(out[1]))
+
+    def _list_owner(self, owner: str) -> None:
+        """Name this submitter in ``Keys.job_owners`` (once per store), so viewers list its jobs before an agent
+        claims them. A submitter's ACL user may not write it (issue 40): the agents serving it do, with each
+        heartbeat."""
+        try:
+            self.client.sadd(self.keys.job_owners(), owner)
+        except redis.exceptions.NoPermissionError:
+            pass
+        self._owner_listed = True
+
+    def scoped_idempotency(self, idempotency_key: str | None) -> str | None:
+        """The idempotency key as stored: ``<submitter>:<key>`` for a signing store (issue 40: a key no other
+        submitter's user can write, so nobody can point another's next run at a job of theirs), else as given."""
+        if not idempotency_key or self.signer is None:
+            return idempotency_key or None
+        return Keys.owned(self.signer.submitter, idempotency_key)
 
     def get(self, job_id: str) -> JobState | None:
         """The job's state, or None if unknown (or expired)."""
@@ -158,8 +182,12 @@ class JobStore:
         return follow_job(self, job_id, timeout=timeout)
 
     def list(self, limit: int = 50) -> list[JobState]:
-        """The newest ``limit`` jobs, newest first."""
-        ids = self.client.zrevrange(self.keys.job_index(), 0, max(0, limit - 1))
+        """The newest ``limit`` jobs, newest first, as far as this store's Redis user may read them (issue 40): the
+        facility's index (jobs agents claimed) and the own index (jobs from their submission on) of every submitter
+        the agents serve (``Keys.job_owners``) for an agent's or a viewer's user; a submitter's user reads only its
+        own index."""
+        owner = self.signer.submitter if self.signer is not None else None
+        ids = recent_job_ids(self.client, self.keys, owner=owner, limit=limit)
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -172,8 +200,19 @@ class JobStore:
         return out
 
     def dead_letters(self, count: int = 100) -> list[tuple[str, dict]]:
-        """The newest dead-letter entries, newest first."""
-        return list(self.client.xrevrange(self.keys.dead_letter(), count=count))
+        """The newest dead-letter entries, newest first; none for a submitter's Redis user, which may not read them
+        (they name every tenant's jobs, issue 40)."""
+        try:
+            return list(self.client.xrevrange(self.keys.dead_letter(), count=count))
+        except redis.exceptions.NoPermissionError:
+            return []
+
+    def dead_letter_count(self) -> int | None:
+        """How many entries the dead-letter stream holds; None when this Redis user may not read it."""
+        try:
+            return int(self.client.xlen(self.keys.dead_letter()))
+        except redis.exceptions.NoPermissionError:
+            return None
 
     def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """A job write that must survive a failover: with ``?wait_replicas=N`` it waits for the replicas
@@ -194,9 +233,11 @@ class JobStore:
         Acks by itself when there is nothing to run (finished, unknown, cancelled, dead-lettered).
         """
         k = self.keys
-        keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.dead_letter()] + self._idem_key(job_id)
+        keys = [k.job(job_id), k.job_events(job_id), k.jobs_stream(), k.dead_letter(),
+                k.job_index()] + self._idem_key(job_id)
         out = self._replicated(self._claim, keys, [worker, now_text(), int(max_deliveries), self.events_maxlen,
-                                                   k.jobs_group(), entry_id, self.retention_s, DEAD_LETTER_MAXLEN])
+                                                   k.jobs_group(), entry_id, self.retention_s, DEAD_LETTER_MAXLEN,
+                                                   repr(time.time() - self.retention_s)])
         outcome = str(out[0])
         if outcome == "claimed":
             spec_json, auth = str(out[2]), str(out[3]) if len(out) > 3 else ""
@@ -310,6 +351,31 @@ class JobStore:
         if bound is None or bound <= (0, 1):
             return 0
         return int(self.client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))
+
+
+def recent_job_ids(client: Any, keys: Keys, *, owner: str | None = None, limit: int = 50) -> list[str]:
+    """The ids of the newest ``limit`` jobs the client's Redis user may list, newest first (``JobStore.list``): the
+    facility's index, the own index of every submitter the agents serve (``Keys.job_owners``) and ``owner``'s own;
+    whatever the user may not read (a submitter's user: all but its own, issue 40) is left out."""
+    n = max(1, int(limit))
+    indexes = [keys.job_index()] + ([keys.job_index_of(owner)] if owner else [])
+    try:
+        indexes += [keys.job_index_of(o) for o in sorted(client.smembers(keys.job_owners()))]
+    except redis.exceptions.NoPermissionError:
+        pass  # a submitter's user
+    scored: dict[str, float] = {}
+    for index in dict.fromkeys(indexes):
+        try:
+            for job_id, score in client.zrevrange(index, 0, n - 1, withscores=True):
+                scored[job_id] = max(score, scored.get(job_id, score))
+        except redis.exceptions.NoPermissionError:
+            continue  # the facility's index, for a submitter's user
+    return sorted(scored, key=lambda j: scored[j], reverse=True)[:n]
+
+
+def k_owned(owner: str | None, name: str) -> str:
+    """A new job id: ``<submitter>:<hex>`` (``Keys.owned``), or bare hex for an unsigned job (which agents refuse)."""
+    return Keys.owned(owner, name) if owner else name
 
 
 def check_retention(retention_s: float, what: str = "job retention") -> int:

@@ -377,7 +377,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:  # "live": the rows of `fstream top` and the Airflow view (running, queued, then finished)
         from fstream_provider.bus.live import overview
 
-        live = overview(store.client, store.keys, limit=args.limit)["jobs"]
+        live = overview(store.client, store.keys, limit=args.limit,
+                        owner=store.signer.submitter if store.signer else None)["jobs"]
         print(json.dumps({"jobs": [j.to_dict() for j in jobs], "agents": agents, "live": live,
                           "dead_letters": [{"id": i, **f} for i, f in store.dead_letters()]}, default=str))
         return EXIT_OK
@@ -392,7 +393,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         row = [j.job_id, j.state, str(j.attempt), j.worker or "-", _when(j.created_at)[5:], j.spec.destination]
         t.add_row(*row, *([(j.error or "")[:80]] if show_errors else []))
     console.print(t)
-    dead = store.client.xlen(store.keys.dead_letter())
+    dead = store.dead_letter_count()  # None: a submitter's Redis user may not read them (issue 40)
     if dead:
         console.print(f"dead-lettered jobs: {dead} (stream {store.keys.dead_letter()})")
     if agents:
