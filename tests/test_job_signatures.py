@@ -152,8 +152,9 @@ def test_a_policy_without_destinations_sends_nowhere(tmp_path, secret, rx, redis
         keys = Keys("nodest5")
         store = JobStore(redis_client, keys=keys, signer=signer)
         job_id, _ = store.submit(TransferSpec(sources=[str(data)], destination=f"fstream://127.0.0.1:{other.port}/a"))
-        Agent(redis_url, name="nodest", policy=AgentPolicy.from_file(str(policy)), keys=keys, block_ms=100,
-              max_retries=0).run(once=True)
+        nowhere = AgentPolicy.from_file(str(policy))
+        assert "destinations none listed, so every job is refused" in nowhere.describe()  # the agent logs it at start
+        Agent(redis_url, name="nodest", policy=nowhere, keys=keys, block_ms=100, max_retries=0).run(once=True)
         job = store.get(job_id)
         assert job.state == "failed", job
         assert ("no destination is allowed for submitter 'tenant-b': neither its entry nor [agent] lists "

@@ -141,7 +141,11 @@ class AgentPolicy:
                    submitters={submitter: SubmitterGrant(submitter, (public_key,))})
 
     def describe(self) -> str:
-        dests = ", ".join(map(str, self.destinations)) or ("any" if self.any_destination else "only submitters'")
+        dests = ", ".join(map(str, self.destinations))
+        if not dests:
+            listed = [n for n, g in self.submitters.items() if g.destinations]
+            dests = ("any" if self.any_destination else f"only those of submitters {', '.join(listed)}" if listed
+                     else "none listed, so every job is refused (destinations are default deny)")
         return (f"source roots {self.roots.describe()}; destinations {dests}; "
                 f"keys {', '.join(self.keyring) or 'none'}; submitters {', '.join(self.submitters) or 'none'}")
 
