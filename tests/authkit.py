@@ -42,9 +42,21 @@ def policy(secret_file: object = None, roots: tuple[str, ...] = ("/",)):
     return AgentPolicy.local(list(roots), secret_file, submitter=SUBMITTER, public_key=public_key_file())
 
 
+def trusted_agents() -> str:
+    """The public key of the agents tests run in this process (issue 40: clients believe only outcomes a trusted agent
+    signed): an agent without a configured key signs with ``<state dir>/agent.key``, made here if none made it yet. An
+    Airflow subprocess has a state dir of its own, so its connection names this file (``conn_query``)."""
+    from fstream_provider.model.outcome import default_agent_key
+
+    ensure_pair(default_agent_key())
+    return str(default_agent_key()) + ".pub"
+
+
 def conn_query() -> str:
-    """The ``fstream`` connection's query string (extras) that signs jobs as the test submitter."""
-    return f"submitter={SUBMITTER}&submitter_key_file={quote(key_file(), safe='')}"
+    """The ``fstream`` connection's query string (extras) that signs jobs as the test submitter and trusts the
+    outcomes of this process's agents."""
+    return (f"submitter={SUBMITTER}&submitter_key_file={quote(key_file(), safe='')}"
+            f"&trusted_agents={quote(trusted_agents(), safe='')}")
 
 
 def receiver(port: int) -> tuple[str, ...]:
