@@ -16,6 +16,7 @@ from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.outage import BusOutageError, Outage, first_line
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID, FStreamHook
 from fstream_provider.hooks.sftp import Scanner
+from fstream_provider.watch.adopt import adopt, hint
 from fstream_provider.watch.location import Location, default_poll_interval, default_scope
 from fstream_provider.watch.seen import RedisSeenStore
 from fstream_provider.watch.watcher import Watcher, batch_payload
@@ -88,8 +89,18 @@ class FStreamNewFilesSensor(BaseSensorOperator):
 
     @cached_property
     def watcher(self) -> Watcher:
+        self._adopt()
         store = RedisSeenStore.scoped(self.hook.client, self.hook.keys, self.scope_key())
         return Watcher(self.scanner, store=store, min_age=self.min_age)
+
+    def _adopt(self) -> None:
+        """The scope's state from before issue 40 carried into the submitter's own (``watch.adopt``), once."""
+        scope, owned = self.effective_scope(), self.scope_key()
+        done = adopt(self.hook.client, self.hook.keys, scope, owned)
+        if done is None:
+            self.log.warning("%s", hint(scope, self.hook.settings.submitter or ""))
+        elif done:
+            self.log.info("new-files scope %r: carried over %s from before issue 40", scope, done)
 
     def effective_scope(self) -> str:
         return self.scope or default_scope(self.path, self.pattern, self.recursive)

@@ -26,6 +26,7 @@ from fstream_provider.bus.outage import Outage
 from fstream_provider.hooks.fstream import DEFAULT_CONN_ID
 from fstream_provider.hooks.fstream_async import FStreamAsyncHook
 from fstream_provider.hooks.sftp import Scanner
+from fstream_provider.watch.adopt import aadopt, hint
 from fstream_provider.watch.location import Location, default_poll_interval, default_scope
 from fstream_provider.watch.pending import PendingBatches, normalize_identity
 from fstream_provider.watch.watcher import Watcher, batch_payload
@@ -72,7 +73,13 @@ class NewFilesWatch:
     async def open(self) -> PendingBatches:
         if self.store is None:
             client, keys = await self.hook.get_client(), await self.hook.get_keys()
-            scope = (await self.hook.get_settings()).scope_key(self.scope)  # the submitter's own keys (issue 40)
+            settings = await self.hook.get_settings()
+            scope = settings.scope_key(self.scope)  # the submitter's own keys (issue 40)
+            done = await aadopt(client, keys, self.scope, scope)  # the scope's state from before, once
+            if done is None:
+                self.t.log.warning("%s", hint(self.scope, settings.submitter or ""))
+            elif done:
+                self.t.log.info("new-files scope %r: carried over %s from before issue 40", self.scope, done)
             self.store = PendingBatches(client, keys.seen(scope), keys.pending(scope), self.t.identity)
             self.watcher = Watcher(self.scanner, store=self.store, min_age=self.t.min_age)
         return self.store
