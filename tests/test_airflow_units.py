@@ -22,6 +22,7 @@ from fstream_provider.bus.keys import Keys  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator, normalize_sources, to_unix_time  # noqa: E402
 from fstream_provider.sensors.new_files import FStreamNewFilesSensor  # noqa: E402
 from fstream_provider.model.spec import TransferSpec  # noqa: E402
+from fstream_provider.model.outcome import load_signer  # noqa: E402
 from fstream_provider.model.tasklog import format_interval, save_plot, summary_table, target_warnings  # noqa: E402
 from fstream_provider.triggers.new_files import FStreamNewFilesTrigger  # noqa: E402
 from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E402
@@ -227,7 +228,8 @@ def _fake_worker_run(redis_url, job_id, *, fail=False, n=3):
     from fstream_provider.bus.client import connect
 
     client = connect(redis_url)
-    store = JobStore(client, keys=Keys(NS))
+    # signs with this process's default agent key, which the trigger trusts by default (issue 40)
+    store = JobStore(client, keys=Keys(NS), outcome_signer=load_signer(None, "fake"))
     k = store.keys
     resp = client.xreadgroup(k.jobs_group(), "fake", {k.jobs_stream(): ">"}, count=1)
     entry_id = resp[0][1][0][0]

@@ -25,7 +25,8 @@ pytest.importorskip("airflow")
 
 import airflowkit  # noqa: E402
 
-EXTRA_FIELDS = {"url", "submitter", "submitter_secret", "submitter_key_file", "key", "namespace", "agent_group", "ssl"}
+EXTRA_FIELDS = {"url", "submitter", "submitter_secret", "submitter_key_file", "key", "namespace", "agent_group",
+                "trusted_agents", "ssl"}
 
 
 def _connection(**extra):
@@ -92,7 +93,7 @@ def _local_extra_fields() -> dict:
 
 
 PREFILL = {"url": "", "submitter": "", "submitter_secret": None, "submitter_key_file": "", "key": "default",
-           "namespace": "fstream", "agent_group": "", "ssl": False}
+           "namespace": "fstream", "agent_group": "", "trusted_agents": "", "ssl": False}
 """The Extra Fields JSON of a new ``fstream`` connection: only the masked key is ``null`` (see
 ``test_a_masked_field_cannot_have_a_non_null_default``)."""
 
@@ -362,7 +363,7 @@ def test_a_connection_saved_by_the_form_with_empty_fields_tests_and_reads_as_the
         saved = _get(f"{api_server}/api/v2/connections/{conn_id}", token)
         assert json.loads(saved["extra"]) == {"url": "   ", "submitter": "", "submitter_secret": None,
                                               "submitter_key_file": "", "key": " ", "namespace": None,
-                                              "agent_group": None, "ssl": False}
+                                              "agent_group": None, "trusted_agents": "", "ssl": False}
 
         page.goto(api_server + "/connections", wait_until="networkidle")
         row = page.get_by_role("row").filter(has_text=conn_id)

@@ -22,6 +22,7 @@ from fstream_provider.bus import client as bus_client
 from fstream_provider.bus.aio_shared import CLIENTS, connection_name, name_connections
 from fstream_provider.bus.embedded import RedisServer
 from fstream_provider.bus.follow_async import afollow_job, job_event_reader
+from fstream_provider.model.outcome import load_signer
 from fstream_provider.bus.follow_mux import MUX_BLOCK_MS, MUXES
 from fstream_provider.bus.job_state import JobState
 from fstream_provider.bus.jobs import JobStore
@@ -61,7 +62,8 @@ class Worker:
 
     def __init__(self, url: str, job_ids: list[str], keys: Keys = KEYS) -> None:
         self.client = _sync(url, "test-writer")
-        self.store = JobStore(self.client, keys=keys)
+        # signs the outcomes with this process's default agent key, which the triggers trust (issue 40)
+        self.store = JobStore(self.client, keys=keys, outcome_signer=load_signer(None, "fake"))
         self.job_ids = job_ids
         self.claims: dict[str, tuple[Any, str]] = {}
 

@@ -87,7 +87,8 @@ def _airflow_schema(name: str) -> dict:
         return json.load(f)
 
 
-FORM_FIELDS = {"url", "submitter", "submitter_secret", "submitter_key_file", "key", "namespace", "agent_group", "ssl"}
+FORM_FIELDS = {"url", "submitter", "submitter_secret", "submitter_key_file", "key", "namespace", "agent_group",
+               "trusted_agents", "ssl"}
 KEY_FILE_FIELDS = {"secret_file", "tls_cert", "tls_key", "tls_ca"}
 """Extras that named files on the agents' hosts: the hook refuses them (issue 32), so the form must not offer them."""
 
