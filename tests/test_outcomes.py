@@ -275,3 +275,15 @@ def test_landed_files_come_from_the_signed_result_not_from_file_events(redis_cli
                           outcome={"state": job.state, "error": job.error, "result": job.result})
     assert report["state"] == "succeeded"
     assert [f["destination"] for f in report["landed_files"]] == ["fstream://127.0.0.1:9/out/a.bin"]
+
+
+def test_an_agent_whose_signing_key_cannot_be_read_does_not_start(redis_url, tmp_path):
+    loose = tmp_path / "agent.key"
+    loose.write_bytes(PrivateKey.generate("a").pem())
+    loose.chmod(0o644)  # a private key others may read is refused, as every private key file is
+    for key, why in ((tmp_path / "missing.key", "does not exist"), (loose, "")):
+        p = subprocess.run([sys.executable, "-m", "transfer_agent.cli", "agent", "--redis", redis_url, "--root",
+                            str(tmp_path), "--signing-key", str(key), "--once"], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and f"signing key: agent signing key {key}" in p.stderr, p.stderr
+        assert why in p.stderr

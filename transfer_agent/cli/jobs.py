@@ -155,6 +155,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   history=history_from_args(args, keys=Keys(args.namespace), source=name),
                   watchdog=Watchdog.from_env(),  # a unit's WatchdogSec= (issue 39)
                   signing_key=_signing_key(args))
+    try:  # a key that cannot be read stops the agent here, naming it (issue 40), not in its loop
+        from fstream_provider.model.outcome import load_signer
+
+        agent.outcome_signer = load_signer(agent.signing_key, agent.name)
+    except ValueError as exc:  # model.keyfile.KeyFileError: the file and the reason
+        print(f"fstream agent: signing key: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("transfer_agent.daemon").setLevel(args.log_level.upper() if args.log_level else logging.INFO)

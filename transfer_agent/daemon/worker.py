@@ -262,8 +262,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self._client = connect(self.redis_url)
         if self.outcome_signer is None:  # issue 40: every outcome this agent writes is signed with its own key
             self.outcome_signer = load_signer(self.signing_key, self.name)
-            self.log.info("signing job outcomes with key %s (%s)", self.outcome_signer.key.key_id,
-                          self.signing_key or default_agent_key())
+        self.log.info("signing job outcomes with key %s (%s)", self.outcome_signer.key.key_id,
+                      self.signing_key or default_agent_key())
         self._store = JobStore(self._client, keys=self.keys, retention_s=self.job_retention_s,
                                outcome_signer=self.outcome_signer)
         self.authorizer = Authorizer(self.policy, self._client, self.keys)
