@@ -287,3 +287,22 @@ def test_an_agent_whose_signing_key_cannot_be_read_does_not_start(redis_url, tmp
                            timeout=60)
         assert p.returncode == 2 and f"signing key: agent signing key {key}" in p.stderr, p.stderr
         assert why in p.stderr
+
+
+def test_fstream_status_shows_an_unverified_success_as_such(redis_url, redis_client, agent_key, capsys, monkeypatch):
+    from transfer_agent.cli.main import main
+
+    keys = Keys("outc4")
+    forged, genuine = _submit(redis_client, keys), _submit(redis_client, keys)
+    forge_success(redis_client, keys, forged)
+    _run_as_agent(redis_client, keys, agent_key, genuine)
+    monkeypatch.setenv("COLUMNS", "400")  # one table row per line
+    trust = ("--redis", redis_url, "--namespace", keys.namespace, "--trusted-agents", agent_key.key.public.line())
+    assert main(["status", forged, *trust]) == 0
+    out = capsys.readouterr().out
+    assert "unverified: job" in out and "no agent signed this outcome" in out, out
+    assert main(["status", genuine, *trust]) == 0
+    assert "succeeded (agent agent-a, signed)" in capsys.readouterr().out
+    assert main(["status", *trust, "--json"]) == 0
+    states = {j["job_id"]: j["state"] for j in json.loads(capsys.readouterr().out)["jobs"]}
+    assert (states[forged], states[genuine]) == ("unverified", "succeeded")
