@@ -90,7 +90,8 @@ def test_keys_spread_over_the_masters_and_every_store_works(rc, client):
         == (True, False)
     assert store.finish(job_id, claim.attempt, entry_id, state="succeeded", result={"files": 1})
     assert [e["kind"] for _, e in store.events(job_id)] == ["queued", "claimed", "file", "done"]
-    assert store.get(job_id).state == "succeeded" and client.ttl(k.idempotency("dag/run/t/-1")) > 0
+    assert store.get(job_id).state == "succeeded"
+    assert client.ttl(k.idempotency(store.scoped_idempotency("dag/run/t/-1"))) > 0  # <submitter>:<key> (issue 40)
     assert store.replication == {"acknowledged": 4}  # submit, claim, publish, finish: each on the replica too
 
 

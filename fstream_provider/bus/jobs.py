@@ -363,13 +363,17 @@ def recent_job_ids(client: Any, keys: Keys, *, owner: str | None = None, limit: 
         indexes += [keys.job_index_of(o) for o in sorted(client.smembers(keys.job_owners()))]
     except redis.exceptions.NoPermissionError:
         pass  # a submitter's user
-    scored: dict[str, float] = {}
+    pipe = client.pipeline(transaction=False)  # one round trip whatever the number of submitters
     for index in dict.fromkeys(indexes):
-        try:
-            for job_id, score in client.zrevrange(index, 0, n - 1, withscores=True):
-                scored[job_id] = max(score, scored.get(job_id, score))
-        except redis.exceptions.NoPermissionError:
+        pipe.zrevrange(index, 0, n - 1, withscores=True)
+    scored: dict[str, float] = {}
+    for got in pipe.execute(raise_on_error=False):
+        if isinstance(got, redis.exceptions.NoPermissionError):
             continue  # the facility's index, for a submitter's user
+        if isinstance(got, Exception):
+            raise got
+        for job_id, score in got:
+            scored[job_id] = max(score, scored.get(job_id, score))
     return sorted(scored, key=lambda j: scored[j], reverse=True)[:n]
 
 
