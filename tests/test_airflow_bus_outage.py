@@ -113,7 +113,9 @@ class _Agent:
 
     def __init__(self, url: str, job_id: str) -> None:
         self.client = connect(url)
-        self.store = JobStore(self.client, keys=Keys())
+        from fstream_provider.model.outcome import load_signer  # this process's agent key, which tasks trust
+
+        self.store = JobStore(self.client, keys=Keys(), outcome_signer=load_signer(None, "agent-1"))
         k = self.store.keys
         resp = self.client.xreadgroup(k.jobs_group(), "agent-1", {k.jobs_stream(): ">"}, count=100)
         self.entry = next(eid for eid, f in resp[0][1] if f["job_id"] == job_id)

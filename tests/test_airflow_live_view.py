@@ -199,7 +199,9 @@ class Driven:
 
     def __init__(self, url: str, job_id: str, keys: Keys | None = None) -> None:
         self.client = connect(url)
-        self.store = JobStore(self.client, keys=keys or Keys())
+        from fstream_provider.model.outcome import load_signer  # this process's agent key, which tasks trust
+
+        self.store = JobStore(self.client, keys=keys or Keys(), outcome_signer=load_signer(None, "driven"))
         self.job_id, self.attempt, self.t = job_id, 0, 0.0
         self.live: dict = {}  # the agent's ETA, lag and deadline state, once it reports them
         k = self.store.keys

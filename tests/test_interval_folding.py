@@ -152,7 +152,9 @@ class Runner:
 
     def __init__(self, url: str, job_id: str) -> None:
         self.client = connect(url)
-        self.store = JobStore(self.client)
+        from fstream_provider.model.outcome import load_signer  # this process's agent key, which tasks trust
+
+        self.store = JobStore(self.client, outcome_signer=load_signer(None, "runner"))
         self.job_id = job_id
         self.entry = next(eid for eid, f in self.client.xrange(self.store.keys.jobs_stream())
                           if f.get("job_id") == job_id)
