@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from agentkit import make_files, start_receiver, wait_until
+from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.model.ed25519 import PrivateKey, load_private, load_public, parse_public, write_pair
@@ -134,6 +135,9 @@ def test_a_copy_of_an_agents_policy_directory_signs_no_job(tmp_path, secret, rx,
         job = viewer.get(job_id)
         assert job.state == "failed" and reason in job.error, (job_id, job.error)
     assert viewer.get(ok).state == "succeeded", viewer.get(ok).error
+    refused = [e for e in AuditLog(redis_client, keys).entries(count=100) if e.get("decision") == "refused"]
+    hmac_refusals = [e["submitter"] for e in refused if "HMAC" in e.get("reason", "")]
+    assert sorted(hmac_refusals) == sorted(SUBMITTERS * len(files))  # the audit names who still signs with HMAC
     assert sorted(_tree(tmp_path / "dst")) == ["genuine/run.dat"]
 
 

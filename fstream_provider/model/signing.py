@@ -15,7 +15,7 @@ agent's policy (``transfer_agent.daemon.authorize``).
 
 Agents hold only submitters' *public* keys, so reading an agent's configuration does not let anyone sign a job.
 Issue 32's ``fstream-job-v1`` envelopes (HMAC-SHA256 under a key every agent held) are refused: keeping them
-would keep that forgery (``is_hmac_envelope``; docs/authorization.md).
+would keep that forgery (``hmac_envelope_submitter``; docs/authorization.md).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class JobAuth:
     @classmethod
     def from_json(cls, text: str | None) -> "JobAuth | None":
         """The envelope, or None when the job carries none or it is malformed (both refused by agents; a v1 HMAC
-        envelope is None too: ``is_hmac_envelope`` tells it apart for the refusal's reason)."""
+        envelope is None too: ``hmac_envelope_submitter`` tells it apart for the refusal's reason)."""
         if not text:
             return None
         try:
@@ -89,13 +89,17 @@ class JobAuth:
         return auth
 
 
-def is_hmac_envelope(text: str | None) -> bool:
-    """True when ``text`` is an issue-32 envelope (``tag``: an HMAC, no ``sig``): agents refuse it by name."""
+def hmac_envelope_submitter(text: str | None) -> str | None:
+    """The submitter an issue-32 envelope (``tag``: an HMAC, no ``sig``) claims ("" if it names no valid id), or None
+    when ``text`` is not one: agents refuse it by name, so a submitter not yet migrated shows in the audit."""
     try:
         d = json.loads(text or "")
     except ValueError:
-        return False
-    return isinstance(d, dict) and "tag" in d and "sig" not in d
+        return None
+    if not (isinstance(d, dict) and "tag" in d and "sig" not in d):
+        return None
+    sub = d.get("submitter")
+    return sub if isinstance(sub, str) and SUBMITTER_ID.fullmatch(sub) else ""
 
 
 def canonical(namespace: str, job_id: str, submitter: str, ts: float, nonce: str, key_id: str,

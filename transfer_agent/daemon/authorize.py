@@ -38,7 +38,7 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.model.ed25519 import PublicKey, load_public, parse_public
 from fstream_provider.model.keyfile import KeyFileError
 from fstream_provider.model.policy import KeyEntry, PolicyError, PolicyFile, as_list, load_policy
-from fstream_provider.model.signing import JobAuth, is_hmac_envelope, verify
+from fstream_provider.model.signing import JobAuth, hmac_envelope_submitter, verify
 from fstream_provider.model.spec import Destination, TransferSpec
 from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import AuthError, RefusedError
@@ -189,10 +189,10 @@ class Authorizer:
                 invalid: str) -> Decision:
         pol = self.policy
         auth = JobAuth.from_json(auth_json)
-        if auth is None and is_hmac_envelope(auth_json):
+        if auth is None and (claimed := hmac_envelope_submitter(auth_json)) is not None:
             raise _Refused("signed with an HMAC shared key (fstream-job-v1), which agents no longer accept (every "
                            "agent holding that key could sign as the submitter): sign with the submitter's Ed25519 "
-                           "key (`fstream keys new submitter NAME`, docs/keys.md)")
+                           "key (`fstream keys new submitter NAME`, docs/keys.md)", claimed)
         if auth is None:
             raise _Refused("unsigned (no submitter signature; submit with a submitter id and key this agent "
                            "is configured with)" if not auth_json else "malformed submitter signature")
