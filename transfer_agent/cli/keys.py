@@ -14,6 +14,8 @@ steps of a rotation (``fstream_provider.model.secret_ring``; the runbook across 
 Without ``--stage``: next, check (with ``--check-receiver``), promote, as for one file that senders and receivers
 share, printing each step. ``fstream keys show SECRET_FILE`` lists the generations, states and times, never a
 secret. A file readable or writable by group or others is refused, as everywhere a secret is read.
+
+``fstream keys new|list`` (Ed25519 pairs for submitters and agents, issue 40) are in ``transfer_agent.cli.keypairs``.
 """
 
 from __future__ import annotations
