@@ -1,4 +1,4 @@
-"""``fstream keys rotate|show``: rotate a shared secret's generations without downtime (issue 30, "Key rotation").
+"""``fstream keys``: shared secrets' generations (``rotate|show``, issue 30) and Ed25519 pairs (``new|list``, issue 40).
 
 ``fstream keys rotate SECRET_FILE [--stage next|promote|retire] [--window 1h] [--check-receiver URL]`` takes the
 steps of a rotation (``fstream_provider.model.secret_ring``; the runbook across hosts: ``docs/keys.md``):
