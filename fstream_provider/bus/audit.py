@@ -92,6 +92,15 @@ return previous
 """
 
 
+def _script(client: Any, source: str) -> Any:
+    """``source`` registered on ``client`` once (``EVALSHA``, loaded again by redis-py if the server lost it): an
+    ``EVAL`` sends the whole script with every job's decision."""
+    cache = client.__dict__.setdefault("_fstream_scripts", {})
+    if source not in cache:
+        cache[source] = client.register_script(source)
+    return cache[source]
+
+
 def first_use(client: Any, keys: Keys, submitter: str, nonce: str, binding: str, ttl_s: float) -> tuple[str, str]:
     """Record that ``binding`` (``"<job id> <entry id>"``) uses this nonce, atomically (``FIRST_USE``).
 
@@ -99,7 +108,7 @@ def first_use(client: Any, keys: Keys, submitter: str, nonce: str, binding: str,
     expiry is renewed in the same script: a long stream keeps its record), or ``("replay", <the earlier
     binding>)``."""
     key, ttl = keys.nonce(submitter, nonce), max(1, int(ttl_s))
-    previous = client.eval(FIRST_USE, 1, key, binding, ttl)
+    previous = _script(client, FIRST_USE)(keys=[key], args=[binding, ttl])
     if previous is None:
         return "first", ""
     if previous == binding:
@@ -134,7 +143,7 @@ def mark_ended(client: Any, keys: Keys, auth_json: str | None, binding: str, out
     found = job_nonce(auth_json)
     if found is None:
         return False
-    return bool(client.eval(MARK_ENDED, 1, keys.nonce(*found), binding, outcome))
+    return bool(_script(client, MARK_ENDED)(keys=[keys.nonce(*found)], args=[binding, outcome]))
 
 
 def ended(client: Any, keys: Keys, auth_json: str | None) -> str | None:
