@@ -306,3 +306,31 @@ def test_fstream_status_shows_an_unverified_success_as_such(redis_url, redis_cli
     assert main(["status", *trust, "--json"]) == 0
     states = {j["job_id"]: j["state"] for j in json.loads(capsys.readouterr().out)["jobs"]}
     assert (states[forged], states[genuine]) == ("unverified", "succeeded")
+
+
+def test_threads_making_the_default_agent_key_at_once_all_get_it(tmp_path, monkeypatch):
+    """An in-process agent and a client of one process may make ``<state dir>/agent.key`` at the same moment
+    (``ed25519.ensure_pair``): each gets the one key, none fails on another's temporary file (10 rounds of 8)."""
+    import threading
+
+    from fstream_provider.model.outcome import load_signer
+
+    for round_ in range(10):
+        monkeypatch.setenv("FSTREAM_STATE_DIR", str(tmp_path / f"state{round_}"))
+        got, errors = [], []
+        start = threading.Barrier(8)
+
+        def make():
+            start.wait()
+            try:
+                got.append(load_signer(None, "a").key.key_id)
+            except Exception as exc:  # noqa: BLE001 - what the test looks for
+                errors.append(exc)
+
+        threads = [threading.Thread(target=make) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [] and len(set(got)) == 1 and len(got) == 8, (round_, errors)
+        assert set(TrustedAgents.resolve().keys) == set(got)

@@ -188,9 +188,10 @@ def ensure_pair(private_path: str | os.PathLike[str], name: str = "") -> Private
             os.unlink(tmp)
     key = load_private(private_path, name=name)
     public_path = private_path.with_name(private_path.name + ".pub")
-    if not public_path.exists():
-        tmp_pub = public_path.with_name(f".{public_path.name}.{os.getpid()}")
-        tmp_pub.write_text(key.public.line() + "\n")
+    if not public_path.exists():  # a private temp name each: two threads of one process may get here at once
+        fd, tmp_pub = tempfile.mkstemp(dir=public_path.parent, prefix=f".{public_path.name}.")
+        with os.fdopen(fd, "w") as f:
+            f.write(key.public.line() + "\n")
         os.chmod(tmp_pub, 0o644)
         os.replace(tmp_pub, public_path)
     return key
