@@ -416,7 +416,9 @@ class FStreamTransferOperator(BaseOperator):
         job = self._through_outage(f"reading FStream job {job_id}", lambda: self.hook.get_job(job_id))
         # issue 40: state, error, result and landed files as a trusted agent signed them (the hook's store verifies;
         # a success none signed reads 'unverified' with no result), never the event stream's unsigned 'done'
-        outcome = ({"state": job.state, "error": job.unverified or job.error, "result": job.result}
+        # an unsigned failure keeps its own reason (a cancel by this task says why); an unsigned success says why not
+        error = job.unverified if job is not None and job.state == "unverified" else getattr(job, "error", None)
+        outcome = ({"state": job.state, "error": error, "result": job.result}
                    if job is not None else {"state": None, "error": "the job is gone from the bus", "result": None})
         report = build_report(job_id, events, target_bps, _spec_field(getattr(job, "spec", None), "destination"),
                               outcome=outcome)
