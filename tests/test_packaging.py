@@ -211,7 +211,8 @@ def test_a_provider_only_install_submits_follows_and_senses(tmp_path, redis_url)
     conn = redis_url.replace("redis://", "fstream://", 1) + "?" + authkit.conn_query()
     env = dict(os.environ, AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW_CONN_FSTREAM_DEFAULT=conn,
                AIRFLOW_HOME=os.environ.get("AIRFLOW_HOME") or tempfile.mkdtemp(prefix="fstream-airflow-home-"),
-               FSTREAM_STATE_DIR=str(tmp_path / "state"))
+               FSTREAM_STATE_DIR=str(tmp_path / "state"),
+               FSTREAM_TRUSTED_AGENTS=authkit.trusted_agents())  # the in-process agent's key (issue 40)
     dst = f"fstream://127.0.0.1:{rcv.port}/landed"
     try:
         worker = subprocess.run([sys.executable, "-c", _WORKER, ",".join((*WORKER_REFUSED, "transfer_agent")), str(src), dst,
