@@ -229,7 +229,10 @@ class SyntheticAgents:
         from fstream_provider.bus.jobs import JobStore
         from fstream_provider.bus.keys import Keys
 
-        self.client, self.store = client, JobStore(client, keys=Keys())
+        from fstream_provider.model.outcome import load_signer
+
+        # signed with this process's agent key, which the triggers are told to trust (``_env``; issue 40)
+        self.client, self.store = client, JobStore(client, keys=Keys(), outcome_signer=load_signer(None, "bench"))
         self.claims: dict[str, tuple[int, str]] = {}
         self.events = 0
 
@@ -281,7 +284,18 @@ def _env(work: Path, redis_url: str, key_file: Path, api_port: int, tasks: int) 
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
         FSTREAM_STATE_DIR=str(work / "fstream-state"),
         AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-        + f"?submitter=bench&submitter_key_file={key_file}")
+        + f"?submitter=bench&submitter_key_file={key_file}&trusted_agents={_agent_pub()}")
+
+
+def _agent_pub() -> str:
+    """This process's agent public key (``SyntheticAgents`` sign with it), quoted for a connection URI."""
+    from urllib.parse import quote
+
+    from fstream_provider.model.ed25519 import ensure_pair
+    from fstream_provider.model.outcome import default_agent_key
+
+    ensure_pair(default_agent_key())
+    return quote(str(default_agent_key()) + ".pub", safe="")
 
 
 def _triggerer_up(db: Path, after_id: int) -> int:
