@@ -146,7 +146,7 @@ def test_fstream_submit_does_not_exit_0_on_a_forged_success(redis_url, redis_cli
     env = {**os.environ, "FSTREAM_TRUSTED_AGENTS": PrivateKey.generate("site").public.line()}
     p = subprocess.Popen([sys.executable, "-m", "transfer_agent.cli", "submit", str(tmp_path), "--to",
                           "fstream://127.0.0.1:9/out", "--redis", redis_url, "--submitter", authkit.SUBMITTER,
-                          "--submitter-key", authkit.key_file(), "--timeout", "8s", "--json"],
+                          "--submitter-key", authkit.key_file(), "--timeout", "5s", "--json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         first = p.stderr.readline()
