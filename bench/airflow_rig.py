@@ -79,7 +79,7 @@ class Rig:
         self.secret_file = w / "secret"
         self.secret_file.write_text(uuid.uuid4().hex * 2 + "\n")
         self.secret_file.chmod(0o600)
-        from fstream_provider.model.ed25519 import ensure_pair
+        from fstream_provider.authz.ed25519 import ensure_pair
 
         self.submitter_key = w / "bench-submitter.key"  # the DAGs sign jobs as "bench" (an Ed25519 pair)
         ensure_pair(self.submitter_key, "bench")

@@ -107,7 +107,7 @@ class Soak:
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
         from fstream_bench.airflow_procs import Airflow
         from fstream_bench.sentinel_group import SentinelGroup
-        from fstream_provider.model.ed25519 import ensure_pair
+        from fstream_provider.authz.ed25519 import ensure_pair
 
         self.work, self.args = work, args
         self.rnd = random.Random(args.seed)

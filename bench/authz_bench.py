@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.model", "fstream_provider.watch",
+MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
+           "fstream_provider.model", "fstream_provider.watch",
            "fstream_provider.tuning", "fstream_bench.authz_bench", "fstream_bench.runstats")
 PIN = {"src": (), "dst": ()}
 
@@ -129,7 +130,7 @@ def decide_rounds(work: Path, secret: Path, n: int) -> dict:
     from fstream_provider.bus.embedded import RedisServer
     from fstream_provider.bus.jobs import JobStore
     from fstream_provider.bus.keys import Keys
-    from fstream_provider.model.signing import Signer
+    from fstream_provider.authz.signing import Signer
     from fstream_provider.model.spec import TransferSpec
     from transfer_agent.daemon.authorize import AgentPolicy, Authorizer
 

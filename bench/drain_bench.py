@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     redis_proc = None
     try:
         from fstream_bench.peers import fstream as fs_peer
-        from fstream_provider.model.signing import Signer
+        from fstream_provider.authz.signing import Signer
 
         redis_proc, url = _redis(work)
         srcs = {c: (work / "src" / c, build_files(work / "src" / c, counts[c], sizes[c], work / "uniq"))

@@ -145,7 +145,7 @@ def run(workdir: Path, *, live: int = 10_000, running: int = 4, agents: int = 32
                 time.sleep(0.5)
             doc["agents_up"] = int(client.scard(keys.agents()))
             time.sleep(5.0)  # every agent past its first full read of the board
-            from fstream_provider.model.signing import resolve_signer
+            from fstream_provider.authz.signing import resolve_signer
             from fstream_provider.model.spec import TransferSpec
 
             store = JobStore(client, keys=keys, signer=resolve_signer())

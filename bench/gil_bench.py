@@ -30,7 +30,7 @@ from typing import Any
 
 from transfer_agent.storage import tree_hash
 
-MODULES = ("transfer_agent", "fstream_provider.model", "fstream_bench.gil_bench")
+MODULES = ("transfer_agent", "fstream_provider.authz", "fstream_provider.model", "fstream_bench.gil_bench")
 
 _RECEIVER = """
 import json, resource, sys

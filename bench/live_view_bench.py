@@ -129,7 +129,7 @@ def airflow_site(work: Path, redis_url: str, n_jobs: int) -> tuple[dict, str, di
     dags = home / "dags"
     dags.mkdir(parents=True)
     (dags / "fstream_live_view_bench_dag.py").write_text(DAG_SRC.replace("__DAG__", DAG_ID).replace("__N__", str(n_jobs)))
-    from fstream_provider.model.ed25519 import ensure_pair
+    from fstream_provider.authz.ed25519 import ensure_pair
 
     key = work / "submitter.key"
     ensure_pair(key, "live-view-bench")  # the submitter's Ed25519 private key (issue 40)

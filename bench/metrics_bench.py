@@ -31,7 +31,8 @@ import urllib.request
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.model", "fstream_provider.watch",
+MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
+           "fstream_provider.model", "fstream_provider.watch",
            "fstream_provider.tuning", "fstream_bench.metrics_bench", "fstream_bench.loopback",
            "fstream_bench.cpu_meter", "fstream_bench.peers", "fstream_bench.runstats")
 GOAL = 1.02
@@ -158,8 +159,8 @@ def run(work: Path, *, repeats: int, total: int, files: int, knobs: dict, scrape
     from fstream_bench.peers.base import Sites
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import RedisServer
-    from fstream_provider.model.ed25519 import ensure_pair
-    from fstream_provider.model.signing import Signer
+    from fstream_provider.authz.ed25519 import ensure_pair
+    from fstream_provider.authz.signing import Signer
 
     pinned = pin and shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
     sites = Sites(src_prefix=("taskset", "-c", "0"), dst_prefix=("taskset", "-c", "1")) if pinned else Sites()

@@ -29,7 +29,8 @@ from fstream_bench.report import machine_info
 
 #: What most benchmarks that start real agents exercise: the agent, everything it imports from
 #: the provider side, and the benchmark's own harness pieces are added per benchmark.
-AGENT = ("transfer_agent", "fstream_provider.model", "fstream_provider.tuning", "fstream_provider.watch",
+AGENT = ("transfer_agent", "fstream_provider.authz",
+         "fstream_provider.model", "fstream_provider.tuning", "fstream_provider.watch",
          "fstream_provider.bus")
 
 

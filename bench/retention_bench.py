@@ -41,13 +41,13 @@ from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import AUDIT_MAXLEN, HISTORY_MAXLEN, Keys
 from fstream_provider.bus.retention import reclaim, survey
 from fstream_provider.bus.transfer_history import TransferHistory
-from fstream_provider.model.signing import Signer
+from fstream_provider.authz.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.units import parse_duration
 from fstream_provider.tuning.harp_history import HistoryRow
 
 #: what a result exercised (``provenance``)
-MODULES = ("fstream_provider.bus", "fstream_provider.model", "fstream_bench.retention_bench")
+MODULES = ("fstream_provider.bus", "fstream_provider.authz", "fstream_provider.model", "fstream_bench.retention_bench")
 
 DEST = "fstream://dtn02.slac.example.org:9000/lcls/xpp/run"
 FILE_SIZE = 2_147_483_648  # 2 GiB detector files

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.model", "fstream_provider.watch",
+MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
+           "fstream_provider.model", "fstream_provider.watch",
            "fstream_provider.tuning", "fstream_bench.rotation_bench")
 SESSION_LINE = re.compile(r"session \S+ from \S+ \(key (\S+) generation (\S+), protocol (\d+)\): job (\S+) attempt")
 FSTREAM = [sys.executable, "-m", "transfer_agent.cli"]
@@ -84,7 +85,7 @@ def run(a: argparse.Namespace) -> dict:
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import RedisServer
     from fstream_provider.bus.jobs import JobStore
-    from fstream_provider.model.signing import Signer
+    from fstream_provider.authz.signing import Signer
     from fstream_provider.model.spec import TransferSpec
     from fstream_provider.model.units import parse_size
     from transfer_agent.daemon.authorize import AgentPolicy

@@ -70,7 +70,7 @@ def overlap_rates(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
 def _policy(logdir: Path, secret: Path, roots: list[Path], destination: str) -> tuple[Path, Path]:
     """The agents' policy file (issues 32, 40: roots, the receiver as the one destination, the receiver's key, the
     bench as the one submitter with its Ed25519 public key) and the bench's submitter private key."""
-    from fstream_provider.model.ed25519 import ensure_pair
+    from fstream_provider.authz.ed25519 import ensure_pair
 
     key = logdir / "bench-submitter.key"
     ensure_pair(key, "bench")
@@ -111,7 +111,7 @@ def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str,
                                               f"cap:{socket.gethostname()}": link, f"unit:{socket.gethostname()}": unit})
     pools = StreamPools(client, keys)
     pools.configure(socket.gethostname(), dst, GreedyPolicy(s_pmax=16, s_cmax=16, s_i=4, s_u=4))
-    from fstream_provider.model.signing import Signer
+    from fstream_provider.authz.signing import Signer
 
     policy, key = _policy(logdir, rx.secret, [p for p, _ in srcs.values()], rx.url(""))
     store = JobStore(client, keys=keys, signer=Signer.from_file("bench", str(key)))

@@ -229,7 +229,7 @@ class SyntheticAgents:
         from fstream_provider.bus.jobs import JobStore
         from fstream_provider.bus.keys import Keys
 
-        from fstream_provider.model.outcome import load_signer
+        from fstream_provider.authz.outcome import load_signer
 
         # signed with this process's agent key, which the triggers are told to trust (``_env``; issue 40)
         self.client, self.store = client, JobStore(client, keys=Keys(), outcome_signer=load_signer(None, "bench"))
@@ -291,8 +291,8 @@ def _agent_pub() -> str:
     """This process's agent public key (``SyntheticAgents`` sign with it), quoted for a connection URI."""
     from urllib.parse import quote
 
-    from fstream_provider.model.ed25519 import ensure_pair
-    from fstream_provider.model.outcome import default_agent_key
+    from fstream_provider.authz.ed25519 import ensure_pair
+    from fstream_provider.authz.outcome import default_agent_key
 
     ensure_pair(default_agent_key())
     return quote(str(default_agent_key()) + ".pub", safe="")
@@ -370,7 +370,7 @@ def run(tasks: int = 200, *, window_s: float = 30.0, interval_s: float = 1.0, sa
             raise ValueError(f"mode {m!r}: expected one of {', '.join(MODES)}")
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import RedisServer, free_port
-    from fstream_provider.model.ed25519 import ensure_pair
+    from fstream_provider.authz.ed25519 import ensure_pair
 
     work = Path(tempfile.mkdtemp(prefix="fstream-bench-triggerer-", dir=workdir))
     (work / "dags").mkdir()

@@ -100,7 +100,7 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
     run_dir, dst, home = work / "lcls" / "xpp" / "r0042", work / "received", work / "airflow-home"
     for d in (run_dir, dst, home):
         d.mkdir(parents=True, exist_ok=True)
-    from fstream_provider.model.ed25519 import ensure_pair
+    from fstream_provider.authz.ed25519 import ensure_pair
     from transfer_agent.wire.auth import create_secret_file, load_secret
 
     secret_file = create_secret_file(work / "secret")  # both sides read it through load_secret

@@ -81,7 +81,7 @@ def run_demo(files: int = 0, airflow: bool = True) -> int:
     secret_file = create_secret_file(base / "secret")
     receiver = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(secret_file)).start()
     con.print(f"receiver: 127.0.0.1:{receiver.port} → {dst}")
-    from fstream_provider.model.signing import resolve_signer
+    from fstream_provider.authz.signing import resolve_signer
     from transfer_agent.daemon.authorize import AgentPolicy
 
     policy = AgentPolicy.local([src], secret_file)  # serves the run directory, for the local submitter

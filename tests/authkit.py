@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
-from fstream_provider.model.ed25519 import ensure_pair
-from fstream_provider.model.signing import Signer
+from fstream_provider.authz.ed25519 import ensure_pair
+from fstream_provider.authz.signing import Signer
 
 SUBMITTER = "tests"
 
@@ -46,7 +46,7 @@ def trusted_agents() -> str:
     """The public key of the agents tests run in this process (issue 40: clients believe only outcomes a trusted agent
     signed): an agent without a configured key signs with ``<state dir>/agent.key``, made here if none made it yet. An
     Airflow subprocess has a state dir of its own, so its connection names this file (``conn_query``)."""
-    from fstream_provider.model.outcome import default_agent_key
+    from fstream_provider.authz.outcome import default_agent_key
 
     ensure_pair(default_agent_key())
     return str(default_agent_key()) + ".pub"

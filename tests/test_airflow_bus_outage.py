@@ -113,7 +113,7 @@ class _Agent:
 
     def __init__(self, url: str, job_id: str) -> None:
         self.client = connect(url)
-        from fstream_provider.model.outcome import load_signer  # this process's agent key, which tasks trust
+        from fstream_provider.authz.outcome import load_signer  # this process's agent key, which tasks trust
 
         self.store = JobStore(self.client, keys=Keys(), outcome_signer=load_signer(None, "agent-1"))
         k = self.store.keys

@@ -199,7 +199,7 @@ class Driven:
 
     def __init__(self, url: str, job_id: str, keys: Keys | None = None) -> None:
         self.client = connect(url)
-        from fstream_provider.model.outcome import load_signer  # this process's agent key, which tasks trust
+        from fstream_provider.authz.outcome import load_signer  # this process's agent key, which tasks trust
 
         self.store = JobStore(self.client, keys=keys or Keys(), outcome_signer=load_signer(None, "driven"))
         self.job_id, self.attempt, self.t = job_id, 0, 0.0

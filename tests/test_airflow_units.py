@@ -22,7 +22,7 @@ from fstream_provider.bus.keys import Keys  # noqa: E402
 from fstream_provider.operators.transfer import FStreamTransferOperator, normalize_sources, to_unix_time  # noqa: E402
 from fstream_provider.sensors.new_files import FStreamNewFilesSensor  # noqa: E402
 from fstream_provider.model.spec import TransferSpec  # noqa: E402
-from fstream_provider.model.outcome import load_signer  # noqa: E402
+from fstream_provider.authz.outcome import load_signer  # noqa: E402
 from fstream_provider.model.tasklog import format_interval, save_plot, summary_table, target_warnings  # noqa: E402
 from fstream_provider.triggers.new_files import FStreamNewFilesTrigger  # noqa: E402
 from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E402

@@ -21,9 +21,9 @@ from agentkit import make_files, wait_until, write_secret
 from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.ed25519 import PrivateKey, write_pair
-from fstream_provider.model.policy import PolicyError, load_policy
-from fstream_provider.model.signing import Signer
+from fstream_provider.authz.ed25519 import PrivateKey, write_pair
+from fstream_provider.authz.policy import PolicyError, load_policy
+from fstream_provider.authz.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.cli.main import main
 from transfer_agent.daemon.authorize import AgentPolicy

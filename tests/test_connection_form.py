@@ -409,9 +409,9 @@ def test_the_submitter_fields_sign_jobs_and_the_key_id_reaches_them(monkeypatch,
     """The inline submitter key (the Ed25519 private key's PEM) signs each job so the agents can verify it with
     its public key; the ``key`` field becomes the job's key id (jobs name keys by id, never by file)."""
     import authkit
-    from fstream_provider.model.ed25519 import load_private, load_public
+    from fstream_provider.authz.ed25519 import load_private, load_public
     from fstream_provider.model.keyfile import read_key_file
-    from fstream_provider.model.signing import JobAuth, verify
+    from fstream_provider.authz.signing import JobAuth, verify
 
     secret = read_key_file(authkit.key_file(), "test submitter key").decode()
     assert secret.startswith("-----BEGIN PRIVATE KEY-----")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fstream_provider.model import ed25519
+from fstream_provider.authz import ed25519
 from fstream_provider.model.keyfile import KeyFileError
 
 

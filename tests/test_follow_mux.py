@@ -22,7 +22,7 @@ from fstream_provider.bus import client as bus_client
 from fstream_provider.bus.aio_shared import CLIENTS, connection_name, name_connections
 from fstream_provider.bus.embedded import RedisServer
 from fstream_provider.bus.follow_async import afollow_job, job_event_reader
-from fstream_provider.model.outcome import load_signer
+from fstream_provider.authz.outcome import load_signer
 from fstream_provider.bus.follow_mux import MUX_BLOCK_MS, MUXES
 from fstream_provider.bus.job_state import JobState
 from fstream_provider.bus.jobs import JobStore

@@ -152,7 +152,7 @@ class Runner:
 
     def __init__(self, url: str, job_id: str) -> None:
         self.client = connect(url)
-        from fstream_provider.model.outcome import load_signer  # this process's agent key, which tasks trust
+        from fstream_provider.authz.outcome import load_signer  # this process's agent key, which tasks trust
 
         self.store = JobStore(self.client, outcome_signer=load_signer(None, "runner"))
         self.job_id = job_id

@@ -26,10 +26,10 @@ from agentkit import make_files, start_receiver, wait_until
 from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.ed25519 import PrivateKey, load_private, load_public, parse_public, write_pair
+from fstream_provider.authz.ed25519 import PrivateKey, load_private, load_public, parse_public, write_pair
 from fstream_provider.model.keyfile import KeyFileError
-from fstream_provider.model.policy import PolicyError
-from fstream_provider.model.signing import (NONCE_BYTES, JobAuth, Signer, canonical, local_key_file,
+from fstream_provider.authz.policy import PolicyError
+from fstream_provider.authz.signing import (NONCE_BYTES, JobAuth, Signer, canonical, local_key_file,
                                             resolve_signer)
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.daemon.authorize import AgentPolicy, Authorizer

@@ -274,7 +274,7 @@ def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_pa
     rcv = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(str(secret))).start()
     import dataclasses
 
-    from fstream_provider.model.policy import KeyEntry
+    from fstream_provider.authz.policy import KeyEntry
 
     bad = tmp_path / "bad"
     bad.write_bytes(os.urandom(32))

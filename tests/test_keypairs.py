@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from fstream_provider.model.ed25519 import load_private, load_public
-from fstream_provider.model.signing import Signer
+from fstream_provider.authz.ed25519 import load_private, load_public
+from fstream_provider.authz.signing import Signer
 from transfer_agent.cli.main import main
 
 

@@ -22,8 +22,8 @@ import authkit
 from test_airflow_integration import airflow_env  # noqa: F401 - a fixture, used by name
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.ed25519 import PrivateKey
-from fstream_provider.model.outcome import OutcomeSigner, TrustedAgents
+from fstream_provider.authz.ed25519 import PrivateKey
+from fstream_provider.authz.outcome import OutcomeSigner, TrustedAgents
 from fstream_provider.model.spec import TransferSpec
 
 INVENTED = {"path": "out/invented.bin", "source": "/nowhere/invented.bin", "size": 5, "status": "committed"}
@@ -133,7 +133,7 @@ def test_trusted_agents_from_a_file_a_directory_inline_and_the_default(tmp_path,
     monkeypatch.delenv("FSTREAM_TRUSTED_AGENTS")
     monkeypatch.setenv("FSTREAM_STATE_DIR", str(tmp_path / "state"))
     assert TrustedAgents.resolve().keys == {} and "does not exist" in TrustedAgents.resolve().source
-    from fstream_provider.model.outcome import load_signer
+    from fstream_provider.authz.outcome import load_signer
 
     made = load_signer(None, "local-agent")  # an agent without a configured key makes <state dir>/agent.key
     assert set(TrustedAgents.resolve().keys) == {made.key.key_id}
@@ -313,7 +313,7 @@ def test_threads_making_the_default_agent_key_at_once_all_get_it(tmp_path, monke
     (``ed25519.ensure_pair``): each gets the one key, none fails on another's temporary file (10 rounds of 8)."""
     import threading
 
-    from fstream_provider.model.outcome import load_signer
+    from fstream_provider.authz.outcome import load_signer
 
     for round_ in range(10):
         monkeypatch.setenv("FSTREAM_STATE_DIR", str(tmp_path / f"state{round_}"))

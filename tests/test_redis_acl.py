@@ -22,7 +22,7 @@ from fstream_provider.bus.embedded import find_redis_server, free_port
 import serverkit
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.signing import Signer
+from fstream_provider.authz.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 
 NS = "tenant1"

@@ -24,8 +24,8 @@ import pytest
 from agentkit import make_files
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.policy import PolicyError, load_policy
-from fstream_provider.model.signing import resolve_signer
+from fstream_provider.authz.policy import PolicyError, load_policy
+from fstream_provider.authz.signing import resolve_signer
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.daemon.authorize import AgentPolicy
 from transfer_agent.daemon.worker import Agent

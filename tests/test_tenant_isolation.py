@@ -21,7 +21,7 @@ from fstream_provider.bus.client import connect
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.reconcile import reconcile
-from fstream_provider.model.signing import Signer
+from fstream_provider.authz.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 
 NS = "tenants"

@@ -114,7 +114,7 @@ class Host:
         self._own(p, 0o600)
 
     def _public(self, documented: str, name: str) -> None:
-        from fstream_provider.model.ed25519 import PrivateKey
+        from fstream_provider.authz.ed25519 import PrivateKey
 
         p = self.path(documented)
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -135,7 +135,7 @@ def test_job_succeeds_and_done_is_the_last_event(make_agent, store, spec, redis_
 def test_the_agents_keyring_key_named_by_the_job_is_used(make_agent, store, spec, tmp_path):
     import dataclasses
 
-    from fstream_provider.model.policy import KeyEntry
+    from fstream_provider.authz.policy import KeyEntry
 
     other = tmp_path / "lcls.key"
     other.write_text("k" * 32)

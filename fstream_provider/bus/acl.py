@@ -46,7 +46,7 @@ import hashlib
 import re
 
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.signing import check_submitter_id
+from fstream_provider.authz.signing import check_submitter_id
 
 ROLES = ("submitter", "agent", "viewer")
 

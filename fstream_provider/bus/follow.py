@@ -22,7 +22,7 @@ class JobFollow:
     expiry, so the follower must not wait for ever), terminal means one last non-blocking read
     ("drain": the ``done`` event written meanwhile, or nothing if the stream was trimmed past it).
     A ``done`` event ends the follow only if the job's state, as the client believes it, is terminal: a store
-    with ``trust`` shows a success no trusted agent signed as ``unverified`` (``model.outcome``), so a forged
+    with ``trust`` shows a success no trusted agent signed as ``unverified`` (``authz.outcome``), so a forged
     ``done`` event or hash is not an end: the follower logs that once and keeps waiting (issue 40).
 
     :param job_id: the job.

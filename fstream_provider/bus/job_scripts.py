@@ -24,7 +24,7 @@ end
 
 # KEYS: job, events, jobs stream, the submitter's own index (issue 40), [idem]
 # ARGV: job_id, spec_json, now, idem_key, maxlen, index_cutoff, queued_data, auth_json (the submitter's
-# signature, model.signing; "" for an unsigned job, which agents refuse), retention (the own index expires with
+# signature, authz.signing; "" for an unsigned job, which agents refuse), retention (the own index expires with
 # its newest job: a submitter that stops submitting leaves nothing behind)
 SUBMIT = """
 if KEYS[5] then
@@ -136,7 +136,7 @@ return {1, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested') or '0')}
 # KEYS: job, events, jobs stream, [idem]
 # ARGV: attempt, state, error, result_json, now, group, entry_id, retention, maxlen, totals_json, outcome_sig
 # (totals: the result's sums, which the overview reads instead of the whole result; outcome_sig: the agent's
-# signature of the outcome as stored, model.outcome, "" for an agent without a key)
+# signature of the outcome as stored, authz.outcome, "" for an agent without a key)
 FINISH = _FINISH_FN + _FENCE + """
 if not fenced(ARGV[1]) then return 0 end
 finish(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[8], ARGV[9], KEYS[4])

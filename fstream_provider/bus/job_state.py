@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.outcome import SIGNED_FIELDS
-from fstream_provider.model.signing import JobAuth
+from fstream_provider.authz.outcome import SIGNED_FIELDS
+from fstream_provider.authz.signing import JobAuth
 from fstream_provider.model.spec import TransferSpec
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -90,8 +90,8 @@ class JobState:
     :param preempt_reason: why it was last preempted (the scheduler's reason).
     :param submitter: the submitter its signature names (as stored: an agent verifies it before running the job;
         None for an unsigned job).
-    :param stored: the hash's fields an agent's outcome signature covers, as stored (``model.outcome``).
-    :param outcome_agent: the trusted agent whose signature a client checked (``model.outcome.trusted_view``).
+    :param stored: the hash's fields an agent's outcome signature covers, as stored (``authz.outcome``).
+    :param outcome_agent: the trusted agent whose signature a client checked (``authz.outcome.trusted_view``).
     :param unverified: why a client does not believe the stored outcome (state ``unverified``: a success no trusted
         agent signed; or an unsigned failure, whose result is dropped).
     """
@@ -169,7 +169,7 @@ class Claim:
     :param spec: the transfer spec (``claimed`` only; None if the stored spec is not valid: ``message`` says why).
     :param message: reason for the other outcomes.
     :param spec_json: the spec exactly as stored (what the submitter signed).
-    :param auth: the submitter's signature envelope as stored (``model.signing.JobAuth``; "" if unsigned).
+    :param auth: the submitter's signature envelope as stored (``authz.signing.JobAuth``; "" if unsigned).
     """
 
     outcome: str

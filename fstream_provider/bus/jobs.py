@@ -15,8 +15,8 @@ from fstream_provider.bus.client import MAX_BLOCK_MS, run_replicated
 from fstream_provider.bus.follow import follow_job
 from fstream_provider.bus.job_state import TERMINAL_STATES, Claim, JobState, decode_event, now_text
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
-from fstream_provider.model.outcome import OutcomeSigner, TrustedAgents, trusted_view
-from fstream_provider.model.signing import Signer
+from fstream_provider.authz.outcome import OutcomeSigner, TrustedAgents, trusted_view
+from fstream_provider.authz.signing import Signer
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.model.validation import SpecError
 
@@ -39,11 +39,11 @@ class JobStore:
         the scripts that write a terminal state set it as their TTL, and ``submit`` drops index entries older
         than it (``fstream agent/submit/cancel --job-retention``; default 7 days).
     :param events_maxlen: approximate cap of each job's event stream.
-    :param signer: the submitter whose key signs every job this store submits (``model.signing``); agents
+    :param signer: the submitter whose key signs every job this store submits (``authz.signing``); agents
         refuse jobs no configured submitter signed. None: jobs are submitted unsigned (agents refuse them).
-    :param outcome_signer: the agent's key (``model.outcome.OutcomeSigner``): ``finish`` and ``reject`` sign the
+    :param outcome_signer: the agent's key (``authz.outcome.OutcomeSigner``): ``finish`` and ``reject`` sign the
         outcome they write (issue 40). None: written unsigned (clients do not believe such a success).
-    :param trust: the agents a client believes (``model.outcome.TrustedAgents``): ``get`` (so ``wait`` and
+    :param trust: the agents a client believes (``authz.outcome.TrustedAgents``): ``get`` (so ``wait`` and
         ``follow_job``) shows a success no trusted agent signed as ``unverified``. None: as stored (agents' reads).
     """
 
@@ -260,7 +260,7 @@ class JobStore:
         return bool(int(out))
 
     def _sign_outcome(self, job_id: str, attempt: int, state: str, error: str, result_json: str) -> str:
-        """The ``outcome_sig`` the terminal write stores (``model.outcome``): over the fields as they will be stored
+        """The ``outcome_sig`` the terminal write stores (``authz.outcome``): over the fields as they will be stored
         and the submitter's signature envelope as stored; "" without a signing key."""
         if self.outcome_signer is None:
             return ""

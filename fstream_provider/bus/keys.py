@@ -91,7 +91,7 @@ import re
 from urllib.parse import unquote
 
 _SAFE = re.compile(r"[^A-Za-z0-9._/@+=-]")
-_OWNER = re.compile(r"[A-Za-z0-9._@-]{1,64}")  # a submitter id (``model.signing.SUBMITTER_ID``)
+_OWNER = re.compile(r"[A-Za-z0-9._@-]{1,64}")  # a submitter id (``authz.signing.SUBMITTER_ID``)
 
 JOB_RETENTION_S = 7 * 24 * 3600
 EVENTS_MAXLEN = 100_000

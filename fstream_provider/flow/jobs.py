@@ -31,9 +31,9 @@ def follow_batches(spec: TransferSpec, redis_url: str, namespace: str | None, su
 
     from fstream_provider.bus.keys import Keys
 
-    from fstream_provider.model.signing import resolve_signer
+    from fstream_provider.authz.signing import resolve_signer
 
-    from fstream_provider.model.outcome import TrustedAgents
+    from fstream_provider.authz.outcome import TrustedAgents
 
     # issue 40: a job counts as done only with an outcome a trusted agent signed ($FSTREAM_TRUSTED_AGENTS, else the
     # local agent's key), and a file as landed only if that signed result lists it

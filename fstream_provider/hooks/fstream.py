@@ -63,7 +63,7 @@ class FStreamSettings:
     :param submitter_key_file: its Ed25519 private key, as a 0600 file on the worker (``fstream keys new``).
     :param key: the keyring key id jobs use (None: the agents' ``default``).
     :param source: where the settings came from, for log lines.
-    :param trusted_agents: the agents whose signed outcomes count (``model.outcome``): a path (a file of
+    :param trusted_agents: the agents whose signed outcomes count (``authz.outcome``): a path (a file of
         ``fstream-ed25519`` lines, or a directory of ``.pub`` files) or the lines inline; None: the local agent's.
     """
 
@@ -82,9 +82,9 @@ class FStreamSettings:
     trusted_agents: str | None = None
 
     def trust(self) -> Any:
-        """The agents whose outcomes count (``model.outcome.TrustedAgents``); ``KeyFormatError`` naming the extra."""
-        from fstream_provider.model.ed25519 import KeyFormatError
-        from fstream_provider.model.outcome import TrustedAgents
+        """The agents whose outcomes count (``authz.outcome.TrustedAgents``); ``KeyFormatError`` naming the extra."""
+        from fstream_provider.authz.ed25519 import KeyFormatError
+        from fstream_provider.authz.outcome import TrustedAgents
 
         try:
             return TrustedAgents.resolve(self.trusted_agents)
@@ -99,8 +99,8 @@ class FStreamSettings:
         return Keys.owned(self.submitter, scope) if self.submitter else scope
 
     def signer(self) -> Any:
-        """The ``model.signing.Signer`` jobs are signed with; ``ValueError`` naming what is missing."""
-        from fstream_provider.model.signing import Signer
+        """The ``authz.signing.Signer`` jobs are signed with; ``ValueError`` naming what is missing."""
+        from fstream_provider.authz.signing import Signer
 
         if not self.submitter or not (self.submitter_secret or self.submitter_key_file):
             raise ValueError(f"{self.source or 'the FStream connection'}: no submitter identity: set the 'submitter' "

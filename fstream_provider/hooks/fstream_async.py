@@ -81,10 +81,10 @@ class FStreamAsyncHook(BaseHook):
         return self._keys
 
     async def get_state(self, job_id: str) -> Any:
-        """The job's ``JobState`` as the connection's trusted agents vouch for it (``model.outcome.trusted_view``:
+        """The job's ``JobState`` as the connection's trusted agents vouch for it (``authz.outcome.trusted_view``:
         a success none of them signed is ``unverified``), or ``None`` if the job does not exist (or expired)."""
         from fstream_provider.bus.job_state import JobState
-        from fstream_provider.model.outcome import trusted_view
+        from fstream_provider.authz.outcome import trusted_view
 
         client, keys = await self.get_client(), await self.get_keys()
         h = await client.hgetall(keys.job(job_id))

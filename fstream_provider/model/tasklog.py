@@ -291,7 +291,7 @@ def build_report(job_id: str, events: list[tuple[str, dict[str, Any]]], target_b
     into Airflow's metadata database): it stays in the job's event stream on Redis and in the plot.
     ``landed_files`` is capped at ``max_files`` (``landed_files_truncated`` says when).
 
-    ``outcome`` (``{"state", "error", "result"}``: the job's state as a trusted agent signed it, ``model.outcome``)
+    ``outcome`` (``{"state", "error", "result"}``: the job's state as a trusted agent signed it, ``authz.outcome``)
     replaces the stream's ``done`` event, and the landed files are then the signed result's ``landed`` records
     only (issue 40: ``file`` events are not signed; anyone who may write the stream could add some).
     """

@@ -2,7 +2,7 @@
 
 Datasets follow OpenLineage's naming: a local file is namespace ``file://<host>`` and name its absolute
 path; a landed file is namespace ``fstream://<receiver host>:<port>`` and name its path under the
-receiver's root. Built from the task's report (what the job's ``file`` events say landed), so it lists
+receiver's root. Built from the task's report (the landed files of the outcome a trusted agent signed), so it lists
 exactly the files that moved, also for directory and glob sources. Needs
 ``apache-airflow-providers-openlineage`` (in the ``airflow`` extra); without it there is no lineage.
 """
@@ -45,3 +45,18 @@ def operator_lineage(report: dict[str, Any] | None):
     inputs, outputs = lineage_datasets(report or {})
     return OperatorLineage(inputs=[Dataset(namespace=ns, name=n) for ns, n in inputs],
                            outputs=[Dataset(namespace=ns, name=n) for ns, n in outputs])
+
+
+def emit_asset_events(outlets: Any, context: Any, report: dict[str, Any]) -> None:
+    """Each outlet asset's event gets ``extra`` = the landed files (destination URL, size) and the job id: the files of
+    the outcome a trusted agent signed (issue 40), never ``file`` events."""
+    outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
+    if outlet_events is None:  # not ``not``: the accessors are an empty mapping until an asset is looked up
+        return
+    from airflow.sdk import Asset
+
+    extra = {"job_id": report["job_id"], "files": [{"destination": f["destination"], "size": f["size"]}
+                                                   for f in report["landed_files"]]}
+    for outlet in outlets or []:
+        if isinstance(outlet, Asset):
+            outlet_events[outlet].extra = extra

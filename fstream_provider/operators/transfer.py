@@ -451,17 +451,9 @@ class FStreamTransferOperator(BaseOperator):
         return report
 
     def _emit_asset_events(self, context: Context, report: dict[str, Any]) -> None:
-        """Each outlet asset's event gets ``extra`` = the landed files (destination URL, size) and the job id."""
-        outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
-        if outlet_events is None:  # not ``not``: the accessors are an empty mapping until an asset is looked up
-            return
-        from airflow.sdk import Asset
+        from fstream_provider.operators.lineage import emit_asset_events
 
-        extra = {"job_id": report["job_id"], "files": [{"destination": f["destination"], "size": f["size"]}
-                                                       for f in report["landed_files"]]}
-        for outlet in getattr(self, "outlets", None) or []:
-            if isinstance(outlet, Asset):
-                outlet_events[outlet].extra = extra
+        emit_asset_events(getattr(self, "outlets", None), context, report)
 
     def _plot_path(self, context: Context, job_id: str):
         """``plot_dir/dag/run/task-job.png`` as an ``ObjectStoragePath`` (default ``$FSTREAM_STATE_DIR/plots``)."""

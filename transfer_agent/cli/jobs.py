@@ -1,4 +1,5 @@
-"""The job subcommands of ``fstream``: ``agent``, ``submit``, ``status``, ``cancel``, ``reconcile``, ``redis`` (wired by ``transfer_agent.cli``)."""
+"""The job subcommands of ``fstream``: ``agent``, ``submit``, ``status``, ``cancel`` (wired by ``transfer_agent.cli``;
+``reconcile`` and ``redis`` are in ``cli.bus_admin``)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def _add_trust_option(p: argparse.ArgumentParser) -> None:
 
 
 def _trust(args: argparse.Namespace) -> Any:
-    """The agents this command believes (``model.outcome.TrustedAgents``); a bad file is a usage error."""
-    from fstream_provider.model.ed25519 import KeyFormatError
-    from fstream_provider.model.outcome import TrustedAgents
+    """The agents this command believes (``authz.outcome.TrustedAgents``); a bad file is a usage error."""
+    from fstream_provider.authz.ed25519 import KeyFormatError
+    from fstream_provider.authz.outcome import TrustedAgents
 
     try:
         return TrustedAgents.resolve(getattr(args, "trusted_agents", None))
@@ -156,7 +157,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   watchdog=Watchdog.from_env(),  # a unit's WatchdogSec= (issue 39)
                   signing_key=_signing_key(args))
     try:  # a key that cannot be read stops the agent here, naming it (issue 40), not in its loop
-        from fstream_provider.model.outcome import load_signer
+        from fstream_provider.authz.outcome import load_signer
 
         agent.outcome_signer = load_signer(agent.signing_key, agent.name)
     except ValueError as exc:  # model.keyfile.KeyFileError: the file and the reason
@@ -193,7 +194,7 @@ def _signing_key(args: argparse.Namespace) -> str | None:
     path = args.policy or os.environ.get("FSTREAM_POLICY")
     if not path:
         return None
-    from fstream_provider.model.policy import load_policy
+    from fstream_provider.authz.policy import load_policy
 
     return load_policy(path).agent.signing_key or None
 
@@ -283,7 +284,7 @@ def _finish_report(job: JobState, as_json: bool) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from transfer_agent.cli.options import spec_from_args
 
-    from fstream_provider.model.signing import resolve_signer
+    from fstream_provider.authz.signing import resolve_signer
 
     spec = spec_from_args(args, job=True)
     try:
@@ -377,7 +378,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             t.add_row(name, value)
         console.print(t)
         return EXIT_OK
-    from fstream_provider.model.outcome import trusted_view
+    from fstream_provider.authz.outcome import trusted_view
 
     jobs = [trusted_view(j, store.keys.namespace, store.trust) for j in store.list(limit=args.limit)]
     agents = _live_agents(store)
@@ -437,75 +438,4 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"job {args.job}: cancelled")
     else:
         print(f"job {args.job}: cancel requested; agent {job.worker or '?'} will stop it")
-    return EXIT_OK
-
-
-# -- reconcile -------------------------------------------------------------------------------------
-def add_reconcile_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("reconcile", help="report jobs that would vanish silently (orphans); --repair fixes them")
-    _common(p)
-    p.add_argument("--repair", action="store_true",
-                   help="re-enqueue resumable orphans, dead-letter entries without a job state, drop dangling "
-                        "idempotency keys")
-    p.add_argument("--dest", metavar="DIR", help="also list part files under this destination root whose job "
-                                                 "Redis no longer knows")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_reconcile)
-    return p
-
-
-def cmd_reconcile(args: argparse.Namespace) -> int:
-    """Exit 0 when nothing is left unresolved, 1 when some orphan still needs someone."""
-    from fstream_provider.bus.reconcile import reconcile
-
-    report = reconcile(_store(args), repair=args.repair, dest_root=args.dest)
-    if args.json:
-        print(json.dumps(report.to_dict(), default=str))
-    else:
-        for line in report.lines():
-            print(line)
-    return EXIT_FAILED if report.unresolved else EXIT_OK
-
-
-# -- redis -----------------------------------------------------------------------------------------
-def add_redis_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("redis", help="the embedded Redis: print its URL (starting it if needed; it holds the "
-                                            "server's password: export it as FSTREAM_REDIS_URL, an argument with a "
-                                            "password is refused), status, stop; migrate-keys: move keys of the "
-                                            "layout before issue 28 to their own slots")
-    p.add_argument("action", choices=("url", "status", "stop", "migrate-keys"))
-    p.add_argument("--state-dir", metavar="DIR", help="default: $FSTREAM_STATE_DIR or ~/.local/state/fstream")
-    add_redis_options(p, "migrate-keys: which Redis (default: $FSTREAM_REDIS_URL, else the embedded one); a "
-                         "redis+cluster:// URL migrates key by key")
-    p.add_argument("--namespace", default="fstream", help="migrate-keys: key namespace (default fstream)")
-    p.add_argument("--dry-run", action="store_true", help="migrate-keys: count the old keys, change nothing")
-    p.set_defaults(func=cmd_redis)
-    return p
-
-
-def cmd_redis(args: argparse.Namespace) -> int:
-    from fstream_provider.bus.embedded import EmbeddedRedis
-
-    if args.action == "migrate-keys":
-        from fstream_provider.bus.client import connect
-        from fstream_provider.bus.embedded import resolve_redis_url
-        from fstream_provider.bus.migrate_keys import migrate
-
-        client = connect(resolve_redis_url(args.redis, args.state_dir))
-        try:
-            for line in migrate(client, Keys(args.namespace), dry_run=args.dry_run).lines():
-                print(line)
-        finally:
-            client.close()
-        return EXIT_OK
-    emb = EmbeddedRedis(args.state_dir)
-    if args.action == "url":
-        print(emb.start().url)
-    elif args.action == "status":
-        running = emb.running()
-        print(f"embedded Redis in {emb.dir}: {'running' if running else 'not running'}")
-        return EXIT_OK if running else EXIT_FAILED
-    else:
-        emb.stop()
-        print(f"embedded Redis in {emb.dir}: stopped")
     return EXIT_OK

@@ -5,7 +5,7 @@
 verifying side lists), and prints the key id; an existing private key is never overwritten (``--file STEM`` makes a
 second pair beside it, the first step of a rotation: docs/keys.md). ``fstream keys list PATH...`` shows, for each
 key file (a directory: its ``*.key`` and ``*.pub``), whether it is private or public, its id and its name; never
-a secret. The primitive and file formats are ``fstream_provider.model.ed25519``.
+a secret. The primitive and file formats are ``fstream_provider.authz.ed25519``.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def add_pair_parsers(sub: Any) -> None:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from fstream_provider.model.ed25519 import PrivateKey, write_pair
+    from fstream_provider.authz.ed25519 import PrivateKey, write_pair
     from fstream_provider.model.keyfile import KeyFileError
-    from fstream_provider.model.signing import check_submitter_id
+    from fstream_provider.authz.signing import check_submitter_id
 
     name = check_submitter_id(args.name)  # ids and agent names: the same characters (no spaces: a .pub's 3rd field)
     out = Path(args.out)
@@ -62,7 +62,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 def describe(path: Path) -> str:
     """One line for one file: kind, id, name, path; or why it is not an FStream Ed25519 key (never its bytes)."""
-    from fstream_provider.model.ed25519 import PUBLIC_PREFIX, load_private, load_public
+    from fstream_provider.authz.ed25519 import PUBLIC_PREFIX, load_private, load_public
     from fstream_provider.model.keyfile import KeyFileError
 
     try:

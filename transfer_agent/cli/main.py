@@ -233,12 +233,13 @@ def build_parser(plugins: dict[str, Any] | None = None, *, only: str | None = No
         _add_send_parser(sub)
     if only is not None:
         return parser
-    from transfer_agent.cli import acl, audit, calibrate, config_cmd, doctor, history, jobs, pools, schedule, seen, top
+    from transfer_agent.cli import acl, audit, bus_admin, calibrate, config_cmd, doctor, history, jobs, pools, schedule
+    from transfer_agent.cli import seen, top
     from transfer_agent.cli import gc as gc_cmd
     from transfer_agent.cli import keys as keys_cmd
 
     for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
-                jobs.add_reconcile_parser, jobs.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
+                bus_admin.add_reconcile_parser, bus_admin.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
                 calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
                 acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser, config_cmd.add_config_parser,
                 doctor.add_doctor_parser, keys_cmd.add_keys_parser, gc_cmd.add_gc_parser):

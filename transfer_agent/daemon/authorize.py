@@ -2,8 +2,8 @@
 
 An agent is a deputy with broad read access (a service account that can read every instrument's data)
 and keys that open remote receivers. ``Authorizer.decide`` makes sure it acts only within the authority it
-was configured with (``fstream_provider.model.policy``), for a submitter who signed the job
-(``fstream_provider.model.signing``), before a byte of the job's sources is read:
+was configured with (``fstream_provider.authz.policy``), for a submitter who signed the job
+(``fstream_provider.authz.signing``), before a byte of the job's sources is read:
 
 1. the stored spec is a valid transfer spec;
 2. it carries a signature envelope, from a submitter this agent knows, whose Ed25519 signature, by one of the
@@ -35,10 +35,10 @@ from typing import Any
 from fstream_provider.bus.audit import first_use
 from fstream_provider.bus.client import REDIS_UNREACHABLE
 from fstream_provider.bus.keys import Keys
-from fstream_provider.model.ed25519 import PublicKey, load_public, parse_public
+from fstream_provider.authz.ed25519 import PublicKey, load_public, parse_public
 from fstream_provider.model.keyfile import KeyFileError
-from fstream_provider.model.policy import KeyEntry, PolicyError, PolicyFile, as_list, load_policy
-from fstream_provider.model.signing import JobAuth, hmac_envelope_submitter, verify
+from fstream_provider.authz.policy import KeyEntry, PolicyError, PolicyFile, as_list, load_policy
+from fstream_provider.authz.signing import JobAuth, hmac_envelope_submitter, verify
 from fstream_provider.model.spec import Destination, TransferSpec
 from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import AuthError, RefusedError
@@ -128,8 +128,8 @@ class AgentPolicy:
               public_key: PublicKey | str | os.PathLike[str] | None = None) -> "AgentPolicy":
         """One submitter's agent (``fstream agent --root``): ``roots``, the ``default`` key (``secret_file``), any
         destination that key opens, and the submitter (default: the local one, whose pair is made on first use in
-        the state dir, ``model.signing.local_key_file``) with ``public_key`` (a ``PublicKey`` or its file)."""
-        from fstream_provider.model.signing import LOCAL_SUBMITTER, local_public_key
+        the state dir, ``authz.signing.local_key_file``) with ``public_key`` (a ``PublicKey`` or its file)."""
+        from fstream_provider.authz.signing import LOCAL_SUBMITTER, local_public_key
 
         submitter = submitter or LOCAL_SUBMITTER
         if public_key is None:

@@ -25,8 +25,8 @@ from fstream_provider.bus.client import REDIS_UNREACHABLE, connect, describe
 from fstream_provider.bus.jobs import JobStore, check_retention
 from fstream_provider.bus.keys import JOB_RETENTION_S, Keys
 from fstream_provider.bus.server_floor import UnsupportedServerError
-from fstream_provider.model.outcome import OutcomeSigner, default_agent_key, load_signer
-from fstream_provider.model.policy import KeyEntry
+from fstream_provider.authz.outcome import OutcomeSigner, default_agent_key, load_signer
+from fstream_provider.authz.policy import KeyEntry
 from transfer_agent.daemon.authorize import AgentPolicy, Authorizer
 from transfer_agent.daemon.heartbeat import HeartbeatMixin
 from transfer_agent.daemon.intake import RECLAIM_EVERY_S, IntakeMixin
@@ -99,7 +99,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     :param watchdog: systemd's watchdog (``service.sdnotify.Watchdog``, from ``WatchdogSec=``): pinged from the
         thread that runs ``run()``, on every pass of its loop, while it waits out a backoff, and at each event
         of the job it runs (its interval records, its retries); so a main loop that hangs stops the pings.
-    :param signing_key: the agent's Ed25519 private key file for signing job outcomes (``model.outcome``; issue 40);
+    :param signing_key: the agent's Ed25519 private key file for signing job outcomes (``authz.outcome``; issue 40);
         None: ``<state dir>/agent.key``, made with its ``.pub`` on first start (what clients trust by default).
     """
 

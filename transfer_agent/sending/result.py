@@ -33,7 +33,7 @@ class TransferResult:
     retryable: bool = False  # a rerun may succeed: the error, or every file's failure, was retryable
     cancelled: bool = False  # stopped on request (signal, job cancel); a rerun resumes
     # the files at the destination (committed, or skipped as already there): path, source, size, status, checksum;
-    # in the result the agent signs (model.outcome), so clients report landed files from it, not from events
+    # in the result the agent signs (authz.outcome), so clients report landed files from it, not from events
     landed: list[dict] = field(default_factory=list)
     landed_truncated: int = 0
 

@@ -2,7 +2,7 @@
 
 A job's terminal state is written by the agent that ran it, but a job hash on Redis can be written by others too
 (the submitter's own Redis user, anyone with a writable path to the hash). So an agent signs the outcome with its
-own Ed25519 key (``model.ed25519``) and stores the signature beside it, in the job hash's ``outcome_sig`` field,
+own Ed25519 key (``authz.ed25519``) and stores the signature beside it, in the job hash's ``outcome_sig`` field,
 in the same Lua script that writes the state (``bus.job_scripts.FINISH``/``REJECT``). A client (``fstream
 submit``/``status``, the trigger, the operator, flows) counts a ``succeeded`` state, and any landed-files record,
 only when a key it trusts signed exactly what is stored:
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fstream_provider.model.ed25519 import KEY_ID_HEX, PUBLIC_PREFIX, KeyFormatError, PrivateKey, PublicKey
-from fstream_provider.model.ed25519 import load_public, parse_public
+from fstream_provider.authz.ed25519 import KEY_ID_HEX, PUBLIC_PREFIX, KeyFormatError, PrivateKey, PublicKey
+from fstream_provider.authz.ed25519 import load_public, parse_public
 from fstream_provider.model.statedir import state_dir
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ def trusted_view(state: Any, namespace: str, trust: TrustedAgents | None) -> Any
 def load_signer(path: str | os.PathLike[str] | None, agent: str) -> OutcomeSigner:
     """The agent's signing key: ``path`` (``--signing-key``/``[agent] signing_key``; must exist), else
     ``<state dir>/agent.key``, made with its ``.pub`` on first start."""
-    from fstream_provider.model.ed25519 import ensure_pair, load_private
+    from fstream_provider.authz.ed25519 import ensure_pair, load_private
 
     if path:
         return OutcomeSigner(load_private(os.path.expanduser(str(path)), "agent signing key", name=agent), agent)

@@ -37,9 +37,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fstream_provider.model.ed25519 import parse_public
+from fstream_provider.authz.ed25519 import parse_public
 from fstream_provider.model.keyfile import KeyFileError
-from fstream_provider.model.signing import check_submitter_id
+from fstream_provider.authz.signing import check_submitter_id
 from fstream_provider.model.spec import KEY_ID, Destination
 from fstream_provider.model.units import parse_duration
 
@@ -102,7 +102,7 @@ class AgentSection(BaseModel):
     max_job_age: str | float = "7d"
     clock_skew: str | float = "5m"
     keys: dict[str, str | KeyEntry] = {}
-    signing_key: str = ""  # the agent's Ed25519 key for job outcomes (default <state dir>/agent.key; model.outcome)
+    signing_key: str = ""  # the agent's Ed25519 key for job outcomes (default <state dir>/agent.key; authz.outcome)
 
 
 class PolicyFile(BaseModel):

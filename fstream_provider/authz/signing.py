@@ -1,7 +1,7 @@
 """Who submitted a job: an Ed25519 signature over the job as stored, with a timestamp and a nonce (issues 32, 40).
 
 Anyone who can write to the Redis bus can add a job; an agent acts only on jobs a configured submitter signed.
-The signature is Ed25519 (``model.ed25519``), by the submitter's private key, of
+The signature is Ed25519 (``authz.ed25519``), by the submitter's private key, of
 
     ``["fstream-job-v2", namespace, job id, submitter, timestamp, nonce, key id, spec JSON]``
 
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fstream_provider.model.ed25519 import KEY_ID_HEX, SIG_HEX, PrivateKey, PublicKey, ensure_pair, load_private
+from fstream_provider.authz.ed25519 import KEY_ID_HEX, SIG_HEX, PrivateKey, PublicKey, ensure_pair, load_private
 from fstream_provider.model.statedir import state_dir
 
 VERSION = "fstream-job-v2"
@@ -54,7 +54,7 @@ class JobAuth:
     :param submitter: the submitter's id (configured on the agents with its public keys and roots).
     :param ts: UNIX time of signing (seconds).
     :param nonce: random hex, unique per job.
-    :param key_id: the id of the submitter's key that signed (``model.ed25519``: 16 hex digits).
+    :param key_id: the id of the submitter's key that signed (``authz.ed25519``: 16 hex digits).
     :param sig: hex Ed25519 signature over the canonical job (module docstring).
     """
 
@@ -113,7 +113,7 @@ class Signer:
     """A submitter's identity and private key: signs the jobs it submits.
 
     :param submitter: its id.
-    :param key: its Ed25519 private key (``model.ed25519.PrivateKey``).
+    :param key: its Ed25519 private key (``authz.ed25519.PrivateKey``).
     """
 
     submitter: str
@@ -123,7 +123,7 @@ class Signer:
         check_submitter_id(self.submitter)
         if not isinstance(self.key, PrivateKey):
             raise ValueError(f"submitter {self.submitter!r}: the key must be an Ed25519 private key "
-                             f"(model.ed25519.PrivateKey), not {type(self.key).__name__}; HMAC keys are no longer "
+                             f"(authz.ed25519.PrivateKey), not {type(self.key).__name__}; HMAC keys are no longer "
                              "accepted: make a pair with `fstream keys new submitter NAME --out DIR`")
 
     def __repr__(self) -> str:  # never the key
