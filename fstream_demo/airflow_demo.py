@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 _RUN_DAG = r"""
 import json, os, sys
@@ -116,7 +117,10 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
     ensure_pair(submitter_key, "airflow-demo")
     policy = AgentPolicy.local([work / "lcls"], secret_file, submitter="airflow-demo",
                                public_key=f"{submitter_key}.pub")
-    agent = Agent(redis_url, name="demo-agent", policy=policy, block_ms=200, poll_interval=0.2)
+    agent_key = work / "demo-agent.key"  # signs the job outcomes the DAG believes (issue 40): the connection trusts it
+    ensure_pair(agent_key, "demo-agent")
+    agent = Agent(redis_url, name="demo-agent", policy=policy, block_ms=200, poll_interval=0.2,
+                  signing_key=str(agent_key))
     agent_thread = threading.Thread(target=agent.run, name="demo-agent", daemon=True)
     stop = threading.Event()
     writer = threading.Thread(target=_instrument, args=(run_dir,), daemon=True,
@@ -126,7 +130,8 @@ def run_demo(*, workdir: str | None = None, files: int = 48, file_size: int = 16
                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
                FSTREAM_STATE_DIR=str(work / "state"),
                AIRFLOW_CONN_FSTREAM_DEFAULT=redis_url.replace("redis://", "fstream://", 1)
-               + f"?submitter=airflow-demo&submitter_key_file={submitter_key}")
+               + f"?submitter=airflow-demo&submitter_key_file={quote(str(submitter_key), safe='')}"
+               + f"&trusted_agents={quote(str(agent_key) + '.pub', safe='')}")
     try:
         agent_thread.start()
         out(f"Airflow demo in {work}: Redis {redis_url}, receiver 127.0.0.1:{receiver.port}, agent demo-agent")
