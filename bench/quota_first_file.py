@@ -15,13 +15,13 @@ with the real sender under ``q/`` and times the send from its start to its COMMI
 
 The receiver's sweep of orphaned parts at start (a walk of the whole root in the background) is off in every mode,
 so only the quota path is measured. Page caches are warm after the tree is made (a cold Lustre client walks slower:
-run it there with ``--dir``). Writes ``quota-first-file-<stamp>.json`` with provenance under ``--results``.
+run it there with ``--dir``). Writes ``quota-first-file-<stamp>.json`` (provenance) and its ``.md`` table under
+``--results`` (``runstats.write_result``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the tree (and reuse one of the same size)")
     ap.add_argument("--results", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
-    from fstream_bench import provenance
+    from fstream_bench import provenance, runstats
 
     prov = provenance.start("quota-first-file", argv, MODULES)
     work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="fstream-quota-"))
@@ -133,10 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     provenance.finish(prov)
-    out = Path(a.results) / f"quota-first-file-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    print(report(res))
+    text = report(res)
+    out, _md = runstats.write_result(a.results, "quota-first-file", res, text)
+    print(text)
     print(f"\nresults: {out}")
     return 0 if all(s["ok"] for s in res["summary"].values()) else 1
 

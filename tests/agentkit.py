@@ -138,3 +138,26 @@ def write_file(path: Any, data: bytes, mtime: float | None = None) -> str:
     if mtime is not None:
         os.utime(path, (mtime, mtime))
     return str(path)
+
+
+def transfer_swapping_after_listing(swap: Any) -> Any:
+    """A ``Transfer`` factory (an agent's ``transfer_factory``) whose guard calls ``swap()`` right after the listed
+    files passed it, before any is opened: what an attacker racing the agent between its listing and its open does."""
+    from transfer_agent.sending.sender import Transfer
+
+    class SwapAfterListing:
+        def __init__(self, guard: Any) -> None:
+            self.guard = guard
+
+        def admit(self, files: Any, refused: Any) -> Any:
+            admitted = self.guard.admit(files, refused)
+            swap()
+            return admitted
+
+        def open(self, path: str) -> Any:
+            return self.guard.open(path)
+
+        def check_fd(self, fd: int, path: str) -> None:  # the guard's gate before issue 40 (tests run on that code too)
+            self.guard.check_fd(fd, path)
+
+    return lambda spec, **kw: Transfer(spec, **{**kw, "guard": SwapAfterListing(kw["guard"])})

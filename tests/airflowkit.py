@@ -109,3 +109,14 @@ def browser_page(base: str, jwt: str, **context: object) -> Iterator[object]:
             yield ctx.new_page()
         finally:
             b.close()
+
+
+def plugin_frame(page: object, part: str, timeout: float = 30.0) -> object:
+    """The frame whose URL holds ``part`` (the FStream plugin's page inside Airflow's UI), polled until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for f in page.frames:
+            if f is not page.main_frame and part in f.url:
+                return f
+        page.wait_for_timeout(100)
+    raise AssertionError(f"no frame with {part!r} in {[f.url for f in page.frames]}")

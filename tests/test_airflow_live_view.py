@@ -45,7 +45,7 @@ from fstream_provider.model.units import format_rate  # noqa: E402
 
 import authkit  # noqa: E402
 from agentkit import wait_until  # noqa: E402
-from airflowkit import api_server, browser_page, http, token  # noqa: E402
+from airflowkit import api_server, browser_page, http, plugin_frame, token  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SHOTS = REPO / "docs" / "airflow" / "img"
@@ -239,17 +239,6 @@ class Driven:
         self.client.close()
 
 
-def _frame(page, part: str, timeout: float = 30.0):
-    """The frame whose URL holds ``part`` (the plugin's page inside Airflow's UI)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for f in page.frames:
-            if f is not page.main_frame and part in f.url:  # (the UI mirrors the frame's path in its own URL)
-                return f
-        page.wait_for_timeout(100)
-    raise AssertionError(f"no frame with {part!r} in {[f.url for f in page.frames]}")
-
-
 def _seen(frame, view: str, bps: float, timeout_ms: int = 15_000) -> float:
     """When (ms, wall clock) the page showed ``bps`` for the first time."""
     frame.wait_for_function("([v, b]) => window.fstreamSeen && window.fstreamSeen.some(s => s.view === v && "
@@ -293,7 +282,7 @@ def test_the_overview_and_the_transfer_tab_follow_a_running_job_live(site, bus):
             page.set_viewport_size({"width": 1600, "height": 1000})
             # the top-level "FStream" page of Airflow's navigation, framing /fstream/live
             page.goto(base + "/plugin/fstream")
-            ov = _frame(page, "/fstream/live")
+            ov = plugin_frame(page, "/fstream/live")
             row = ov.locator(f"tr[data-job='{job.job_id}']")
             row.wait_for(timeout=30_000)
             assert page.get_by_text("FStream", exact=True).first.is_visible()  # the nav entry
@@ -312,7 +301,7 @@ def test_the_overview_and_the_transfer_tab_follow_a_running_job_live(site, bus):
             # from the overview to the task instance's "Transfer" tab
             ov.get_by_role("link", name=f"{DAG}.transfer").click()
             page.wait_for_url(re.compile(rf".*/tasks/transfer/plugin/{TAB}$"), timeout=15_000)
-            jv = _frame(page, "/fstream/page/")
+            jv = plugin_frame(page, "/fstream/page/")
             jv.locator("#summary dd.rate").wait_for(timeout=30_000)
             jv.wait_for_function(f"() => document.querySelector('#summary dd.rate').textContent === '{format_rate(3.75e8)}'",
                                  timeout=15_000)
@@ -344,7 +333,7 @@ def test_the_overview_and_the_transfer_tab_follow_a_running_job_live(site, bus):
             assert shown == [sum(1 for _i, e in events if e["kind"] == "interval"), 4]  # matches the job's events
             # a reload shows the same state (a snapshot, then the stream again)
             page.reload()
-            jv = _frame(page, "/fstream/page/")
+            jv = plugin_frame(page, "/fstream/page/")
             jv.wait_for_function(f"() => document.querySelector('#summary dd.rate') && document.querySelector("
                                  f"'#summary dd.rate').textContent === '{format_rate(3.5e8)}'", timeout=30_000)
             assert jv.evaluate("() => document.querySelector('#chart polyline.thr').getAttribute('points')"
@@ -442,7 +431,7 @@ def test_mapped_and_unmapped_task_instances_each_show_their_own_job(site, bus):
         with browser_page(base, tok) as page:
             page.goto(f"{base}/dags/{DAG}/runs/{run}/tasks/shard/mapped/1")
             page.get_by_text("Transfer", exact=True).click(timeout=30_000)
-            jv = _frame(page, "/fstream/page/")
+            jv = plugin_frame(page, "/fstream/page/")
             jv.wait_for_function(f"() => document.getElementById('title').textContent.includes('{jobs[1].job_id}')",
                                  timeout=30_000)
             jv.wait_for_function(f"() => document.querySelector('#summary dd.rate').textContent === "
@@ -491,7 +480,7 @@ def test_access_is_airflows_a_user_sees_only_the_transfers_of_dags_they_may_read
     assert http(base + "/fstream/live/data?conn_id=not_fstream", admin)[0] == 400
     with browser_page(base, viewer) as page:
         page.goto(base + "/plugin/fstream")
-        ov = _frame(page, "/fstream/live")
+        ov = plugin_frame(page, "/fstream/live")
         ov.locator(f"tr[data-job='{visible}']").wait_for(timeout=30_000)
         assert hidden not in ov.content() and HIDDEN_DAG not in ov.content() and free not in ov.content()
         assert "of DAGs you may not read are not shown" in ov.locator("#hidden").inner_text()
@@ -528,7 +517,7 @@ def test_a_real_agent_moves_files_and_the_pages_show_its_numbers(site, bus, tmp_
             jp = page.context.new_page()
             jp.goto(f"{base}/dags/{AGENT_DAG}/runs/{run}/tasks/transfer")
             jp.get_by_text("Transfer", exact=True).click(timeout=30_000)
-            jv = _frame(jp, "/fstream/page/")
+            jv = plugin_frame(jp, "/fstream/page/")
             jv.locator("#summary dd.rate").wait_for(timeout=30_000)
             rates_shown, files_shown = [], []
             for _ in range(600):  # as intervals arrive the numbers change, each one of the job's records

@@ -204,7 +204,7 @@ def test_the_scheduler_restarted_mid_transfer(rig):
 
 
 def test_the_api_server_restarted_while_a_transfer_tab_is_open(rig):
-    from airflowkit import browser_page
+    from airflowkit import browser_page, plugin_frame
 
     af = rig.af
     run = rig.transfer("api-server", files=64, size=256 * 1024, rate=320 * 1024)  # ~51 s, a file every ~0.8 s
@@ -212,7 +212,7 @@ def test_the_api_server_restarted_while_a_transfer_tab_is_open(rig):
     with browser_page(af.base, af.token()) as page:
         page.goto(f"{af.base}/dags/{DAG_ID}/runs/{quote(run.run_id, safe='')}/tasks/{TASK}")
         page.get_by_text("Transfer", exact=True).click(timeout=60_000)
-        tab = _frame(page, "/fstream/page/")
+        tab = plugin_frame(page, "/fstream/page/", timeout=60.0)
         tab.wait_for_function("() => document.getElementById('status').textContent === 'live' && "
                               "window.fstreamSeen.length > 0", timeout=60_000)
         # every status the tab shows from now on; the flag is gone if the tab were reloaded instead of reconnected
@@ -248,15 +248,3 @@ def test_the_api_server_restarted_while_a_transfer_tab_is_open(rig):
 def _committed_rows(frame) -> int:
     return int(frame.evaluate("() => [...document.querySelectorAll('#files tbody td.state')]"
                               ".filter(td => td.textContent.startsWith('committed')).length"))
-
-
-def _frame(page, part: str, timeout: float = 60.0):
-    """The frame whose URL holds ``part`` (the plugin's page inside Airflow's UI)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for f in page.frames:
-            if f is not page.main_frame and part in f.url:
-                return f
-        page.wait_for_timeout(100)
-    raise AssertionError(f"no frame with {part!r} in {[f.url for f in page.frames]}")
-

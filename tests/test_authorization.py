@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkit import make_files, wait_until, write_secret
+from agentkit import make_files, transfer_swapping_after_listing, wait_until, write_secret
 from fstream_provider.bus.audit import AuditLog
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
@@ -70,26 +70,6 @@ public_key_file = ["{keys['ops']}.pub"]
     finally:
         agent.stop()
         th.join(20)
-
-
-def _transfer_swapping_after_listing(swap):
-    """A ``Transfer`` factory whose agent guard calls ``swap()`` right after the listed files passed it, before
-    any is opened: what an attacker racing the agent between its listing and its open would do."""
-    from transfer_agent.sending.sender import Transfer
-
-    class SwapAfterListing:
-        def __init__(self, guard):
-            self.guard = guard
-
-        def admit(self, files, refused):
-            admitted = self.guard.admit(files, refused)
-            swap()
-            return admitted
-
-        def open(self, path):
-            return self.guard.open(path)
-
-    return lambda spec, **kw: Transfer(spec, **{**kw, "guard": SwapAfterListing(kw["guard"])})
 
 
 def _stop_agent(site) -> None:
@@ -241,7 +221,7 @@ def test_a_link_swapped_in_after_the_job_was_accepted_is_refused_at_open(site, r
     job_id, _ = site["stores"]["ops"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
                                                          destination=f"{site['dest']}/swap", tuner="fixed"))
     agent = Agent(redis_url, name="authz-3", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
-                  block_ms=100, max_retries=0, transfer_factory=_transfer_swapping_after_listing(swap))
+                  block_ms=100, max_retries=0, transfer_factory=transfer_swapping_after_listing(swap))
     agent.run(once=True)
     job = JobStore(site["client"], keys=NS).get(job_id)
     assert victim.is_symlink()
@@ -409,7 +389,7 @@ def test_a_fifo_swapped_in_after_the_listing_is_refused_without_blocking(site, r
                                                          destination=f"{site['dest']}/fifo", tuner="fixed"))
     done = threading.Event()
     agent = Agent(redis_url, name="authz-4", policy=AgentPolicy.from_file(str(site["policy"])), keys=NS,
-                  block_ms=100, max_retries=0, transfer_factory=_transfer_swapping_after_listing(swap))
+                  block_ms=100, max_retries=0, transfer_factory=transfer_swapping_after_listing(swap))
     th = threading.Thread(target=lambda: (agent.run(once=True), done.set()), daemon=True)
     th.start()
     assert done.wait(30), "the agent blocked on the FIFO"

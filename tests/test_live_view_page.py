@@ -33,7 +33,7 @@ from fstream_provider.tuning.deadline import plan  # noqa: E402
 from fstream_provider.tuning.eta import Eta  # noqa: E402
 
 import authkit  # noqa: E402
-from airflowkit import api_server, browser_page, http, token  # noqa: E402
+from airflowkit import api_server, browser_page, http, plugin_frame, token  # noqa: E402
 
 DAG = "fstream_live_page_layout_of_a_long_dag_name"
 TASK = "copy_the_detector_shots_to_the_cluster"
@@ -153,17 +153,6 @@ def job(site, redis):
         j.close()
 
 
-def _frame(page, part: str, timeout: float = 30.0):
-    """The frame whose URL holds ``part`` (the plugin's page inside Airflow's UI)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for f in page.frames:
-            if f is not page.main_frame and part in f.url:
-                return f
-        page.wait_for_timeout(100)
-    raise AssertionError(f"no frame with {part!r} in {[f.url for f in page.frames]}")
-
-
 def _utc(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%H:%M:%S")
 
@@ -226,7 +215,7 @@ def test_the_jobs_table_fits_1280_px_inside_airflows_frame(site, job):
     base = site["base"]
     with browser_page(base, site["admin"], viewport={"width": 1280, "height": 900}, **BROWSER) as page:
         page.goto(base + "/plugin/fstream")
-        ov = _frame(page, "/fstream/live")
+        ov = plugin_frame(page, "/fstream/live")
         ov.locator(f"tr[data-job='{job.job_id}'] .rate").wait_for(timeout=30_000)
         frame_box = page.locator("iframe").first.bounding_box()
         right = min(1280, frame_box["x"] + frame_box["width"])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkit import make_files
+from agentkit import make_files, transfer_swapping_after_listing
 from fstream_provider.bus.jobs import JobStore
 from fstream_provider.bus.keys import Keys
 from fstream_provider.authz.policy import PolicyError, load_policy
@@ -29,7 +29,6 @@ from fstream_provider.authz.signing import resolve_signer
 from fstream_provider.model.spec import TransferSpec
 from transfer_agent.daemon.authorize import AgentPolicy
 from transfer_agent.daemon.worker import Agent
-from transfer_agent.sending.sender import Transfer
 from transfer_agent.storage.beneath import kernel_has_openat2
 from transfer_agent.storage.contain import Guard, OutsideRootsError, SourceRoots
 
@@ -61,34 +60,13 @@ def _run(site, sub: str, policy: AgentPolicy | None = None, swap=None):
     """Submit ``data/sra`` to ``dest/sub``, run one agent over it once, return the job."""
     job_id, _ = site["store"].submit(TransferSpec(sources=[str(site["data"] / "sra")],
                                                   destination=f"{site['dest']}/{sub}", tuner="fixed"))
-    factory = None if swap is None else _swapping_after_listing(swap)
+    factory = None if swap is None else transfer_swapping_after_listing(swap)
     agent = Agent(site["url"], name=f"roots-{sub}", policy=policy or site["policy"], keys=NS, block_ms=100,
                   max_retries=0, **({"transfer_factory": factory} if factory else {}))
     agent.run(once=True)
     job = JobStore(site["client"], keys=NS).get(job_id)
     assert job is not None and job.terminal, job
     return job
-
-
-def _swapping_after_listing(swap):
-    """A ``Transfer`` whose guard calls ``swap()`` after the listed files passed it, before any is opened."""
-
-    class SwapAfterListing:
-        def __init__(self, guard):
-            self.guard = guard
-
-        def admit(self, files, refused):
-            admitted = self.guard.admit(files, refused)
-            swap()
-            return admitted
-
-        def open(self, path):
-            return self.guard.open(path)
-
-        def check_fd(self, fd, path):  # the guard's gate before issue 40 (so this test runs on that code too)
-            self.guard.check_fd(fd, path)
-
-    return lambda spec, **kw: Transfer(spec, **{**kw, "guard": SwapAfterListing(kw["guard"])})
 
 
 def _landed(site, sub: str) -> list[str]:

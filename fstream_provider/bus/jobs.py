@@ -87,7 +87,8 @@ class JobStore:
         """Queue a job; returns ``(job_id, created)``. The same idempotency key returns the same job (created False)."""
         self.ensure_group()
         owner = self.signer.submitter if self.signer is not None else None
-        job_id = k_owned(owner, uuid.uuid4().hex[:16])
+        hex_id = uuid.uuid4().hex[:16]
+        job_id = Keys.owned(owner, hex_id) if owner else hex_id  # <submitter>:<hex>; bare for an unsigned job
         idempotency_key = self.scoped_idempotency(idempotency_key)
         now = time.time()
         k = self.keys
@@ -375,11 +376,6 @@ def recent_job_ids(client: Any, keys: Keys, *, owner: str | None = None, limit: 
         for job_id, score in got:
             scored[job_id] = max(score, scored.get(job_id, score))
     return sorted(scored, key=lambda j: scored[j], reverse=True)[:n]
-
-
-def k_owned(owner: str | None, name: str) -> str:
-    """A new job id: ``<submitter>:<hex>`` (``Keys.owned``), or bare hex for an unsigned job (which agents refuse)."""
-    return Keys.owned(owner, name) if owner else name
 
 
 def check_retention(retention_s: float, what: str = "job retention") -> int:

@@ -59,7 +59,7 @@ def airflow_ref(idempotency_key: str | None) -> dict | None:
     The operator's keys are ``dag_id/run_id/task_id/map_index`` with ``#tryN`` (or ``#tryN.R``) after a
     redo; a job submitted another way (``fstream submit``, a flow) has no key or another shape: None.
     """
-    m = _AIRFLOW_KEY.match(Keys.unowned(idempotency_key) or "")  # without the submitter's prefix (issue 40)
+    m = _AIRFLOW_KEY.match(idempotency_key or "")  # as given: JobState drops the submitter's prefix (issue 40)
     if m is None:
         return None
     return {"dag_id": m.group(1), "run_id": m.group(2), "task_id": m.group(3), "map_index": int(m.group(4))}

@@ -41,28 +41,11 @@ def add_acl_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def read_password_file(path: str) -> str:
-    """The password in ``path`` (surrounding whitespace stripped); refuses a file group or others may read or write
-    (``fstream_provider.model.keyfile.read_key_file``)."""
-    from fstream_provider.model.keyfile import KeyFileError, read_key_file
-
-    try:
-        data = read_key_file(path, "password file", min_bytes=1)
-    except KeyFileError as exc:
-        raise FStreamError(str(exc)) from None
-    try:
-        password = data.decode()
-    except UnicodeDecodeError:
-        raise FStreamError(f"password file {path}: not UTF-8 text") from None
-    if any(c.isspace() for c in password):
-        raise FStreamError(f"password file {path}: whitespace inside the password")
-    return password
-
-
 def cmd_redis_acl(args: argparse.Namespace) -> int:
     from fstream_provider.bus.acl import acl_setuser_line, password_hash
+    from transfer_agent.cli.redis_auth import read_password
 
-    digest = password_hash(read_password_file(args.password_file)) if args.password_file else None
+    digest = password_hash(read_password(args.password_file, "password file")) if args.password_file else None
     try:
         line = acl_setuser_line(args.role, args.user, namespace=args.namespace, password_hash=digest,
                                 server_version=args.server_version, submitter=args.submitter)

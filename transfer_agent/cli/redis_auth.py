@@ -50,20 +50,22 @@ def refusal(argv: Sequence[str]) -> str | None:
     return None
 
 
-def read_password(path: str) -> str:
-    """The password in ``path``: mode 0600 (``model.keyfile``), one line of text without whitespace inside."""
+def read_password(path: str, what: str = "Redis password file") -> str:
+    """The password in ``path``: mode 0600 (``model.keyfile``), one line of text without whitespace inside (surrounding
+    whitespace stripped); ``FStreamError`` naming ``what``, the file and the reason. ``fstream redis-acl`` reads its
+    password file with it too."""
     from fstream_provider.model.keyfile import KeyFileError, read_key_file
 
     try:
-        data = read_key_file(path, "Redis password file", min_bytes=1)
+        data = read_key_file(path, what, min_bytes=1)
     except KeyFileError as exc:
         raise FStreamError(str(exc)) from None
     try:
         password = data.decode()
     except UnicodeDecodeError:
-        raise FStreamError(f"Redis password file {path}: not UTF-8 text") from None
+        raise FStreamError(f"{what} {path}: not UTF-8 text") from None
     if any(c.isspace() for c in password):
-        raise FStreamError(f"Redis password file {path}: whitespace inside the password")
+        raise FStreamError(f"{what} {path}: whitespace inside the password")
     return password
 
 
