@@ -30,7 +30,8 @@ from fstream_provider.model.units import format_bytes, format_rate  # noqa: E402
 
 import authkit  # noqa: E402
 from airflowkit import api_server, browser_page, token  # noqa: E402
-from test_airflow_live_view import Driven, _frame, _run_dags, _xcom_value  # noqa: E402
+from airflowkit import plugin_frame  # noqa: E402
+from test_airflow_live_view import Driven, _run_dags, _xcom_value  # noqa: E402
 
 DAG = "fstream_live_tab"
 SHARDS = 7
@@ -359,7 +360,7 @@ def test_one_line_per_tuner_decision_and_the_plot_stays_in_the_tab(site, redis):
         with browser_page(site["base"], site["admin"]) as page:
             page.set_viewport_size({"width": 1280, "height": 800})
             page.goto(f"{site['base']}/dags/{DAG}/runs/{run}/tasks/shard/mapped/4/plugin/{TAB}")
-            jv = _frame(page, "/fstream/page/")
+            jv = plugin_frame(page, "/fstream/page/")
             _text_is(jv, "#summary dd.rate", format_rate(2.1e8), 30_000)
             lines = jv.locator("#decisions li").all_inner_texts()
             assert sum(reason in line for line in lines) == 1, lines
