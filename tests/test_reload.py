@@ -174,3 +174,22 @@ def test_sighup_changes_the_agents_limits_and_metrics_address(tmp_path, redis_ur
         assert agent.proc.poll() is None
     finally:
         agent.close()
+
+
+def test_each_live_option_reaches_its_attribute_converted():
+    """The setter tables (issue 42): every plain live option lands on its attribute, converted from its text."""
+    from types import SimpleNamespace
+
+    from transfer_agent.cli.reload import agent_apply, receiver_apply
+
+    agent = SimpleNamespace()
+    done = agent_apply(agent, None, "", None)(
+        {"max_retries": "7", "max_deliveries": "9", "claim_idle": "2m", "drain_grace": "30s"})
+    assert done == ["max_retries", "max_deliveries", "claim_idle", "drain_grace"]
+    assert (agent.max_retries, agent.max_deliveries, agent.claim_idle_ms, agent.drain_grace) == (7, 9, 120_000, 30.0)
+    rcv = SimpleNamespace()
+    done = receiver_apply(rcv, None, SimpleNamespace())(
+        {"handshake_timeout": "1500ms", "require_encryption": 1, "max_part_age": "2h", "drain_grace": "5s"})
+    assert done == ["handshake_timeout", "require_encryption", "max_part_age", "drain_grace"]
+    assert (rcv.handshake_timeout, rcv.require_encryption, rcv.part_max_age) == (1.5, True, 7200.0)
+    assert not hasattr(rcv, "drain_grace")  # checked only: the receiver reads args.drain_grace when it drains

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fstream_provider.model.units import parse_duration, parse_size
 from transfer_agent.errors import FStreamError
 from transfer_agent.service import sdnotify
 
@@ -133,15 +134,43 @@ class Reloader:
 
 
 # -- what each daemon changes in place ------------------------------------------------------------------
-RECEIVER_LIVE = ("log_level", "max_unauth", "max_unauth_per_addr", "handshake_timeout", "require_encryption", "max_part_age",
-                 "drain_grace", "metrics_listen", "free_space_floor")
+RECEIVER_LIVE = ("log_level", "max_unauth", "max_unauth_per_addr", "handshake_timeout", "require_encryption",
+                 "max_part_age", "drain_grace", "metrics_listen", "free_space_floor")
 AGENT_LIVE = ("log_level", "max_retries", "max_deliveries", "claim_idle", "drain_grace", "metrics_listen")
+
+
+# What a reload sets in place, beyond the grouped cases below: (option, attribute of the running object or None when
+# the value is only checked because the daemon reads ``args`` when it needs it, converter of the option's text).
+Setter = tuple[str, str | None, Callable[[Any], Any]]
+RECEIVER_SETTERS: tuple[Setter, ...] = (
+    ("handshake_timeout", "handshake_timeout", parse_duration),
+    ("require_encryption", "require_encryption", bool),
+    ("max_part_age", "part_max_age", parse_duration),
+    ("drain_grace", None, parse_duration),  # the daemon reads args.drain_grace when it drains
+)
+AGENT_SETTERS: tuple[Setter, ...] = (
+    ("max_retries", "max_retries", int),
+    ("max_deliveries", "max_deliveries", int),
+    ("claim_idle", "claim_idle_ms", lambda text: int(parse_duration(text) * 1000)),
+    ("drain_grace", "drain_grace", parse_duration),
+)
+
+
+def set_live(target: Any, setters: Iterable[Setter], live: dict[str, Any]) -> list[str]:
+    """Each setter's option that changed, converted and set on ``target``; the options set, in table order."""
+    done = []
+    for option, attribute, convert in setters:
+        if option in live:
+            value = convert(live[option])
+            if attribute is not None:
+                setattr(target, attribute, value)
+            done.append(option)
+    return done
 
 
 def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable[[dict[str, Any]], list[str]]:
     """The receiver's live changes: pre-auth caps, handshake time, encryption required, part age, drain grace, and
     the metrics endpoint (restarted on its new address or free-space floor; transfers are not touched)."""
-    from fstream_provider.model.units import parse_duration, parse_size
 
     def apply(live: dict[str, Any]) -> list[str]:
         done = []
@@ -149,22 +178,11 @@ def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable
             rcv.set_preauth_limits(live.get("max_unauth", args.max_unauth),
                                    live.get("max_unauth_per_addr", args.max_unauth_per_addr))
             done += [k for k in ("max_unauth", "max_unauth_per_addr") if k in live]
-        if "handshake_timeout" in live:
-            rcv.handshake_timeout = parse_duration(live["handshake_timeout"])
-            done.append("handshake_timeout")
-        if "require_encryption" in live:
-            rcv.require_encryption = bool(live["require_encryption"])
-            done.append("require_encryption")
-        if "max_part_age" in live:
-            rcv.part_max_age = parse_duration(live["max_part_age"])
-            done.append("max_part_age")
-        if "drain_grace" in live:
-            parse_duration(live["drain_grace"])  # the daemon reads args.drain_grace when it drains
-            done.append("drain_grace")
+        done += set_live(rcv, RECEIVER_SETTERS, live)
         if {"metrics_listen", "free_space_floor"} & set(live):
             floor = parse_size(live.get("free_space_floor", args.free_space_floor))
-            done += _restart_endpoint(service, live.get("metrics_listen", args.metrics_listen),
-                                      lambda: service.start(rcv), floor=floor)
+            _restart_endpoint(service, live.get("metrics_listen", args.metrics_listen),
+                              lambda: service.start(rcv), floor=floor)
             done += [k for k in ("metrics_listen", "free_space_floor") if k in live]
         return done
     return apply
@@ -173,22 +191,9 @@ def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable
 def agent_apply(agent: Any, service: Any, url: str, keys: Any) -> Callable[[dict[str, Any]], list[str]]:
     """The agent's live changes: retries and deliveries per job, the reclaim idle time, the drain grace and the
     metrics endpoint. The policy (its authority) is not reloaded: a change of authority is a restart."""
-    from fstream_provider.model.units import parse_duration
 
     def apply(live: dict[str, Any]) -> list[str]:
-        done = []
-        if "max_retries" in live:
-            agent.max_retries = int(live["max_retries"])
-            done.append("max_retries")
-        if "max_deliveries" in live:
-            agent.max_deliveries = int(live["max_deliveries"])
-            done.append("max_deliveries")
-        if "claim_idle" in live:
-            agent.claim_idle_ms = int(parse_duration(live["claim_idle"]) * 1000)
-            done.append("claim_idle")
-        if "drain_grace" in live:
-            agent.drain_grace = parse_duration(live["drain_grace"])
-            done.append("drain_grace")
+        done = set_live(agent, AGENT_SETTERS, live)
         if "metrics_listen" in live:
             agent.observer = None
             _restart_endpoint(service, live["metrics_listen"], lambda: service.start(agent, url, keys))
@@ -197,7 +202,7 @@ def agent_apply(agent: Any, service: Any, url: str, keys: Any) -> Callable[[dict
     return apply
 
 
-def _restart_endpoint(service: Any, listen: str | None, start: Callable[[], None], floor: int | None = None) -> list:
+def _restart_endpoint(service: Any, listen: str | None, start: Callable[[], None], floor: int | None = None) -> None:
     """The metrics endpoint on its new address: a bad or busy address is refused while the old one still serves;
     if the new one fails anyway, the old one is started again and the reload refused."""
     from transfer_agent.service.options import parse_listen
@@ -217,7 +222,6 @@ def _restart_endpoint(service: Any, listen: str | None, start: Callable[[], None
         service.listen, service.floor = old
         start()
         raise FStreamError(f"metrics on {listen}: {exc}; the endpoint stays on its old address") from None
-    return []
 
 
 def _can_bind(address: tuple[str, int]) -> None:
