@@ -5,6 +5,7 @@ package works the same without the native module (FSTREAM_NATIVE=0)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import socket
@@ -240,6 +241,40 @@ def test_a_chunk_not_written_stops_the_blocks_hashing_and_the_commit_reads_it_ba
         assert tree.bytes_hashed == 0  # nothing after the dropped chunk was kept as a piece
         os.pwrite(fd, data[:64 * KiB], 0)  # the bytes a resumed session would have written
         assert tree.digest(fd) == _reference(data, None)  # read back whole
+
+
+@native
+@pytest.mark.parametrize("how", ["pump", "splice"])
+def test_a_write_that_fails_is_reported_with_its_errno_and_nothing_after_it_is_hashed(tmp_path: Path,
+                                                                                       how: str) -> None:
+    """The native write loops (``io_all``: pwrite, splice out of the pipe) report the syscall's errno, not a
+    short count alone; the block's bytes still leave the socket (read and dropped) and none is kept as a piece."""
+    from transfer_agent.receiving.data import _pipe
+
+    data = random.Random(7).randbytes(MiB + 5)
+    tree = tree_hash.TreeDigest(len(data), None)
+    r, w = _pipe()
+    try:
+        with _streaming(tmp_path, data) as (sock, _fd, path, sent):
+            ro = os.open(path, os.O_RDONLY)  # the write into it fails with EBADF
+            try:
+                block, got, errs = tree.block(0, len(data)), 0, set()
+                while got < len(data):
+                    call = block.pump(sock, ro, len(data) - got) if how == "pump" else \
+                        block.splice(sock, r, w, ro, len(data) - got)
+                    n, written, werr, rerr = call
+                    assert (written, rerr) == (0, 0) and n > 0
+                    errs.add(werr)
+                    tree.add(block.take())
+                    got += n
+                sent()
+            finally:
+                os.close(ro)
+        assert errs == {errno.EBADF}
+        assert got == len(data) and tree.bytes_hashed == 0 and path.stat().st_size == 0
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_without_the_native_module_a_keyed_transfer_verifies_by_reading_back(tmp_path: Path, secret: Path,

@@ -174,13 +174,13 @@ fn recv_full(sock: i32, buf: &mut [u8], timeout_ms: i32) -> (usize, i32) {
     (got, 0)
 }
 
-/// pwrite all of `data` at `off`: (bytes written, errno).
-fn pwrite_all(fd: i32, data: &[u8], off: u64) -> (usize, i32) {
+/// Repeat one positioned I/O call until `len` bytes are done: (bytes done, errno). `io(done)` makes the call for
+/// the bytes from `done` on and returns what the syscall returns; EINTR is retried, and a call that moves nothing
+/// is EIO (a file that ends first, a device that takes no more).
+fn io_all(len: usize, mut io: impl FnMut(usize) -> isize) -> (usize, i32) {
     let mut done = 0usize;
-    while done < data.len() {
-        let n = unsafe {
-            libc::pwrite(fd, data[done..].as_ptr() as *const libc::c_void, data.len() - done, (off + done as u64) as libc::off_t)
-        };
+    while done < len {
+        let n = io(done);
         if n < 0 {
             let e = errno();
             if e == libc::EINTR {
@@ -194,6 +194,14 @@ fn pwrite_all(fd: i32, data: &[u8], off: u64) -> (usize, i32) {
         done += n as usize;
     }
     (done, 0)
+}
+
+/// pwrite all of `data` at `off`: (bytes written, errno).
+fn pwrite_all(fd: i32, data: &[u8], off: u64) -> (usize, i32) {
+    io_all(data.len(), |done| {
+        let rest = &data[done..];
+        unsafe { libc::pwrite(fd, rest.as_ptr() as *const libc::c_void, rest.len(), (off + done as u64) as libc::off_t) }
+    })
 }
 
 /// One data block [offset, offset + length) of a file of `size` bytes, hashed into tree pieces as it passes.
@@ -236,43 +244,19 @@ fn splice_in(from: i32, to: i32, len: usize) -> Result<usize, i32> {
 
 /// Move `n` bytes from the pipe into `fd` at `off`: (bytes moved, errno).
 fn splice_out(pipe_r: i32, fd: i32, off: u64, n: usize) -> (usize, i32) {
-    let mut m = 0usize;
-    while m < n {
+    io_all(n, |m| {
         let mut o = (off + m as u64) as libc::loff_t;
-        let k = unsafe { libc::splice(pipe_r, std::ptr::null_mut(), fd, &mut o, n - m, libc::SPLICE_F_MOVE) };
-        if k < 0 {
-            let e = errno();
-            if e == libc::EINTR {
-                continue;
-            }
-            return (m, e);
-        }
-        if k == 0 {
-            return (m, libc::EIO);
-        }
-        m += k as usize;
-    }
-    (m, 0)
+        unsafe { libc::splice(pipe_r, std::ptr::null_mut(), fd, &mut o, n - m, libc::SPLICE_F_MOVE) }
+    })
 }
 
 /// pread exactly `buf.len()` bytes at `off`: 0, or an errno (EIO for a file that ends first).
 fn pread_all(fd: i32, buf: &mut [u8], off: u64) -> i32 {
-    let mut got = 0usize;
-    while got < buf.len() {
-        let k = unsafe { libc::pread(fd, buf[got..].as_mut_ptr() as *mut libc::c_void, buf.len() - got, (off + got as u64) as libc::off_t) };
-        if k < 0 {
-            let e = errno();
-            if e == libc::EINTR {
-                continue;
-            }
-            return e;
-        }
-        if k == 0 {
-            return libc::EIO;
-        }
-        got += k as usize;
-    }
-    0
+    let len = buf.len();
+    io_all(len, |got| unsafe {
+        libc::pread(fd, buf[got..].as_mut_ptr() as *mut libc::c_void, len - got, (off + got as u64) as libc::off_t)
+    })
+    .1
 }
 
 #[pymethods]
