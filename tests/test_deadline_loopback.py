@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,30 @@ def test_a_watched_stream_reports_its_lag(tmp_path):
     assert lags and lags[-1]["landed"] == 6
     assert 3.0 <= lags[-1]["p50_s"] < 30 and lags[-1]["p99_s"] >= lags[-1]["p50_s"]
     assert any(l["oldest_s"] >= 3.0 for l in lags[:-1]) and lags[-1]["oldest_s"] == 0.0
+
+
+def test_the_deadline_and_the_live_eta_share_one_fit_per_interval(rig, monkeypatch):
+    """Issue 42: with a deadline, the live ETA and the deadline's plan come from one estimator fed by the interval
+    records, and a window is fitted once: before, each kept its own and both fitted every interval."""
+    import numpy as np
+
+    from fstream_provider.tuning import ols
+
+    real, fits = ols.fit, []
+
+    def counting(y: Any, X: Any) -> Any:
+        fits.append(1 if np.ndim(X) == 1 else np.shape(X)[1])  # 1 column: the rate fit; 2: bytes + files
+        return real(y, X)
+
+    monkeypatch.setattr(ols, "fit", counting)
+    tmp, secret, rx = rig
+    src = make_files(tmp / "src", {f"f{i:02d}.bin": 500_000 for i in range(20)})  # 80 Mbit
+    events: list = []
+    r = send(src, rx.port, secret, tuner="fstream", deadline=time.time() + 2.5, bandwidth="2Gbit",
+             sample_interval="0.2s", profile_interval="0.2s", on_event=lambda k, d: events.append((k, d)))
+    assert r.ok and r.verified_files == 20
+    ivs = [d for k, d in events if k == "interval"]
+    assert sum(1 for d in ivs if d["eta"] and d["eta"]["basis"] != "done") >= 3  # the live ETA was fitted
+    assert any("deadline on-track" in t["reason"] for k, t in events if k == "tuning")  # and the deadline planned
+    assert 0 < fits.count(1) <= len(ivs), f"{fits.count(1)} rate fits for {len(ivs)} interval records"
+    assert fits.count(2) <= len(ivs)

@@ -114,6 +114,8 @@ class Deadline:
     :param probe_s: seconds without a target at the start (measuring the best rate and a stream's); 0 with a
         bandwidth.
     :param margin: the share of the deadline's span (from the start) to land early.
+    :param eta: the ETA it plans with, fed by whoever gives it (the sender's interval records: one estimator and
+        one fit per interval serve the live ETA and the deadline); None: its own, fed by the observations.
     """
 
     def __init__(self, tuner: Tuner, deadline_t: float, *, bandwidth_bps: float | None = None,
@@ -125,7 +127,7 @@ class Deadline:
         self.name = getattr(tuner, "name", "tuner")
         self.bandwidth_bps = bandwidth_bps
         self.probe_s = 0.0 if bandwidth_bps else float(probe_s)
-        self.eta = eta or EtaEstimator()
+        self.eta, self._feeds_eta = (eta, False) if eta is not None else (EtaEstimator(), True)
         self.known_bytes = 0.0
         self.moved_bytes = 0.0
         self.best_seen_bps = 0.0
@@ -162,7 +164,8 @@ class Deadline:
             if obs.t <= self.probe_s + obs.dt and obs.throughput_bps > self.best_seen_bps and streams:
                 self.probe_per_stream = obs.throughput_bps / streams  # what a stream gave at the best rate
             self.best_seen_bps = max(self.best_seen_bps, obs.throughput_bps)
-            self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0)
+            if self._feeds_eta:
+                self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0)
         self.tuner.update(obs)
         self._note = ""
         remaining = max(0.0, self.known_bytes - self.moved_bytes)

@@ -16,6 +16,10 @@ waiting for the instrument) is not busy and is left out: it says nothing about h
 backlog drains. The per-file term matters when what is left differs from the window's mix (a
 tail of small files after large ones); otherwise the two bases agree.
 
+A window is fitted once: asking again before the next interval (the deadline's ETA at its own remaining
+bytes, after the live record's) predicts from the same fit. So one estimator serves a sender's live ETA and
+its deadline with one fit per interval (issue 42; before, each kept an estimator and fitted every second).
+
 This is a pure module (no I/O): the sender feeds it its interval records, the simulator its
 intervals, and ``bench/eta_bench`` scores it against the time the transfer really took.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
+from typing import Any
 
 DEFAULT_WINDOW_S = 20.0
 LEVEL = 0.90
@@ -62,6 +67,7 @@ class EtaEstimator:
             raise ValueError(f"ETA window {window_s!r}: must be positive seconds")
         self.window_s, self.level = float(window_s), float(level)
         self._rows: deque[tuple[float, float, float, float]] = deque()  # (t, dt, bytes, files)
+        self._fits: dict[str, Any] = {}  # "rate" / "files" -> the window's fit (None: no per-file cost); per window
 
     def add(self, t: float, dt: float, nbytes: float, files: float = 0.0, busy: bool = True) -> None:
         """One interval ending at ``t`` (seconds), ``dt`` long, that moved ``nbytes`` and finished ``files``."""
@@ -70,6 +76,7 @@ class EtaEstimator:
         self._rows.append((float(t), float(dt), float(nbytes), float(files)))
         while self._rows and self._rows[0][0] <= t - self.window_s:
             self._rows.popleft()
+        self._fits.clear()  # a new window: fitted again when next asked
 
     def rate_bps(self) -> float:
         """The rolling rate (bits/s) over the window; 0 before any busy interval."""
@@ -81,41 +88,36 @@ class EtaEstimator:
         rate = self.rate_bps()
         if remaining_bytes <= 0 and remaining_files <= 0:
             return Eta(0.0, 0.0, 0.0, rate, "done")
-        rows = [r for r in self._rows]
-        if len(rows) < 2 or rate <= 0:
+        if len(self._rows) < 2 or rate <= 0:
             return None
-        import numpy as np
-
-        from fstream_provider.tuning import ols
-
-        y = np.array([r[1] for r in rows])
-        xb = np.array([r[2] for r in rows])
-        xf = np.array([r[3] for r in rows])
         alpha = 1 - self.level
-        fit = self._files_fit(y, xb, xf, alpha) if len(rows) >= MIN_FILES_FIT and remaining_files > 0 else None
+        fit = self._fit("files") if len(self._rows) >= MIN_FILES_FIT and remaining_files > 0 else None
         if fit is not None:
-            res, basis = fit, "rate+files"
-            x = np.array([[remaining_bytes, remaining_files]])
+            res, basis, x = fit, "rate+files", (remaining_bytes, remaining_files)
         else:
-            res, basis = ols.fit(y, xb.reshape(-1, 1)), "rate"
-            x = np.array([[remaining_bytes]])
-        mean, lo, hi = res.predict(x[0], alpha)
+            res, basis, x = self._fit("rate"), "rate", (remaining_bytes,)
+        mean, lo, hi = res.predict(x, alpha)
         if not math.isfinite(mean) or mean <= 0:
             return None
         per_file = float(res.params[1]) if basis == "rate+files" else 0.0
         slope = float(res.params[0])
         return Eta(mean, max(0.0, min(lo, mean)), max(hi, mean), 8 / slope if slope > 0 else rate, basis, per_file)
 
-    @staticmethod
-    def _files_fit(y, xb, xf, alpha: float):
-        """The bytes+files fit when it measures a per-file cost (both coefficients > 0, files significant)."""
-        import numpy as np
+    def _fit(self, kind: str) -> Any:
+        """The window's ``kind`` fit, computed once per window: "rate" (bytes only) or "files" (bytes + files,
+        None unless it measures a per-file cost: both coefficients > 0, files significant at 5 %)."""
+        if kind not in self._fits:
+            import numpy as np
 
-        from fstream_provider.tuning import ols
+            from fstream_provider.tuning import ols
 
-        if np.ptp(xf) <= 0 or np.ptp(xb / np.maximum(xf, 1)) <= 0:
-            return None
-        res = ols.fit(y, np.column_stack([xb, xf]))
-        if res.params[0] <= 0 or res.params[1] <= 0 or not res.pvalues[1] < 0.05:
-            return None
-        return res
+            y, xb, xf = (np.array(column) for column in list(zip(*self._rows))[1:])
+            if kind == "rate":
+                self._fits[kind] = ols.fit(y, xb.reshape(-1, 1))
+            elif np.ptp(xf) <= 0 or np.ptp(xb / np.maximum(xf, 1)) <= 0:
+                self._fits[kind] = None
+            else:
+                res = ols.fit(y, np.column_stack([xb, xf]))
+                self._fits[kind] = None if res.params[0] <= 0 or res.params[1] <= 0 or not res.pvalues[1] < 0.05 \
+                    else res
+        return self._fits[kind]

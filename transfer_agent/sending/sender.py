@@ -216,7 +216,8 @@ class Transfer:
                                   if redis and info.uses_transfer_history else None))
             if self.spec.deadline is not None and getattr(tuner, "deadline_status", "none") == "none":
                 wall_t0 = time.time() - (time.monotonic() - self._t0)  # observations count from _t0
-                tuner = Deadline(tuner, self.spec.deadline - wall_t0, bandwidth_bps=self.spec.bandwidth_bps)
+                tuner = Deadline(tuner, self.spec.deadline - wall_t0, bandwidth_bps=self.spec.bandwidth_bps,
+                                 eta=self.live.eta)  # the live ETA's estimator, fed by the interval records
             tuner = grant.bounded(tuner, self._lease)
             if redis is not None and self.history.record and self._recorder is None:
                 self._recorder = history_io.HistoryRecorder(redis, self.history, path=path, destination=f"{host}:{port}",
