@@ -261,7 +261,7 @@ def test_live_holder_of_another_job_means_busy_retryable(tmp_path: Path, secret:
 
 def test_retryable_refusal_backs_off_with_jitter() -> None:
     """Retries of a file refused "busy" spread out exponentially (with jitter) within the bound, then stop."""
-    from transfer_agent.sending import sender
+    from transfer_agent.sending import file_retry
     from transfer_agent.errors import ChecksumError
     from fstream_provider.watch.sources import SrcFile
 
@@ -269,16 +269,16 @@ def test_retryable_refusal_backs_off_with_jitter() -> None:
     sf = SrcFile("/s/x", "x", 1, 1)
     busy = FStreamError("receiver: 'x': busy: another session is receiving this file", retryable=True)
     delays = []
-    while (d := sender.Transfer._retry_delay(sf, busy, now=clock[0])) is not None:
+    while (d := file_retry.retry_delay(sf, busy, now=clock[0])) is not None:
         delays.append(d)
         clock[0] += d
-    assert delays[0] < 0.2 and max(delays) <= sender.FILE_RETRY.cap_s
-    assert sum(delays) <= sender.RETRY_BUDGET_S + 1e-6 and sum(delays) >= sender.RETRY_BUDGET_S - 1e-6
+    assert delays[0] < 0.2 and max(delays) <= file_retry.FILE_RETRY.cap_s
+    assert sum(delays) <= file_retry.RETRY_BUDGET_S + 1e-6 and sum(delays) >= file_retry.RETRY_BUDGET_S - 1e-6
     assert 6 <= len(delays) <= 40
     assert all(delays[i] > delays[i - 1] * 0.3 for i in range(1, 5))  # growing, not a storm within ms
     sf2 = SrcFile("/s/y", "y", 1, 1)
     mism = ChecksumError("checksum mismatch", retryable=True)
-    counted = [sender.Transfer._retry_delay(sf2, mism, now=clock[0]) for _ in range(sender.MAX_FILE_TRIES)]
+    counted = [file_retry.retry_delay(sf2, mism, now=clock[0]) for _ in range(file_retry.MAX_FILE_TRIES)]
     assert counted[-1] is None and all(d is not None and d > 0 for d in counted[:-1])
 
 

@@ -9,6 +9,7 @@ Either way with exponential backoff and jitter (``FILE_RETRY``, the one retry po
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.watch.sources import SrcFile
@@ -38,3 +39,14 @@ def retry_delay(sf: SrcFile, err: FStreamError | None, now: float | None = None)
     if sf.retry_since:
         delay = min(delay, max(0.0, sf.retry_since + RETRY_BUDGET_S - now))
     return delay
+
+
+def left_over(*groups: Iterable[SrcFile]) -> list[SrcFile]:
+    """The files a failed session leaves to the next one (in flight, waiting out a retry, queued), each once, in
+    order of first appearance: keyed by source and destination, so O(n) (issue 43: a list membership test under
+    the dataclass's field-by-field equality was O(n²), minutes of CPU for 50,000 files)."""
+    once: dict[tuple[str, str], SrcFile] = {}
+    for group in groups:
+        for sf in group:
+            once.setdefault((sf.src, sf.rel), sf)
+    return list(once.values())

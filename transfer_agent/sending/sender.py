@@ -26,7 +26,7 @@ from transfer_agent.sending import drain as draining, grant, history_io, interva
 from transfer_agent.sending.progress import DeadlineNews, LiveProgress
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.sending.session_retry import SessionRetries
-from transfer_agent.sending.file_retry import FILE_RETRY, MAX_FILE_TRIES, RETRY_BUDGET_S, retry_delay  # noqa: F401
+from transfer_agent.sending.file_retry import left_over, retry_delay
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channel import MAX_SEALED_BLOCK
 from transfer_agent.sending.channels import ChannelPool
@@ -229,11 +229,7 @@ class Transfer:
             pool.shutdown(graceful=False)
             unfinished = control.close(graceful=False)
             self.result.bytes_sent += sum(f.bytes_sent for f in unfinished)  # every session's bytes count
-            left = [f.sf for f in unfinished] + list(retry_files) + pool.drain()
-            files[:] = []
-            for sf in left:
-                if sf not in files:
-                    files.append(sf)
+            files[:] = left_over([f.sf for f in unfinished], list(retry_files), pool.drain())
             with self._lock:
                 self._outstanding = 0
             raise
@@ -254,9 +250,7 @@ class Transfer:
         next_scan = start + spec.interval_s
         last_new = start
         pending_reason, self._paced = "", intervals.PacedCount(pool)
-        if self.drain.is_set() and self._held is None:  # drained before it started: nothing is opened
-            self._held, watcher = list(files), None
-            files.clear()
+        watcher = self._hold_back_if_draining(pool, files, retry_files, watcher)  # drained before it started
         self._add_files(tuner, pool, files)
         pending_reason = self._retune(tuner, pool, self._observe(tuner, pool, start, 0.0, 0, {}, files))
         files.clear()
@@ -265,11 +259,7 @@ class Transfer:
                 raise CancelledError("transfer cancelled")
             if control.failed.is_set():
                 raise control.error or FStreamError("session failed", retryable=True)
-            if self.drain.is_set() and self._held is None:  # what is open finishes; nothing new starts
-                self._held, watcher = draining.hold_back(pool, retry_files, self._lock), None
-                with self._lock:
-                    self._outstanding -= len(self._held)
-                self.on_event("log", {"level": "info", "message": f"draining: {len(self._held)} file(s) held back"})
+            watcher = self._hold_back_if_draining(pool, files, retry_files, watcher)  # open files finish
             now = time.monotonic()
             if retry_files:
                 with self._lock:  # files refused for now wait out their backoff in retry_files
@@ -332,6 +322,23 @@ class Transfer:
             self._record(now, max(now - last_sample, 1e-6), max(0, total - last_bytes), per_cluster, last_cluster,
                          pool, pending_reason)
 
+    def _hold_back_if_draining(self, pool: ChannelPool, files: list[SrcFile], retry_files: list[SrcFile],
+                               watcher: SourceWatcher | None) -> SourceWatcher | None:
+        """Once the transfer is asked to drain (``sending.drain``): hold back every file not opened yet (those not
+        yet given to the pool, queued in it, or waiting out a retry), stop polling the sources; the watcher to poll.
+
+        Called before the session's first files go to the pool (then nothing is opened) and on every pass of the
+        loop (then what is open finishes and nothing new starts)."""
+        if not self.drain.is_set() or self._held is not None:
+            return watcher
+        queued = draining.hold_back(pool, retry_files, self._lock)  # files already counted as outstanding
+        with self._lock:
+            self._outstanding -= len(queued)
+        self._held = list(files) + queued
+        files.clear()
+        self.on_event("log", {"level": "info", "message": f"draining: {len(self._held)} file(s) held back"})
+        return None
+
     # -- files ---------------------------------------------------------------------------------
     def _add_files(self, tuner: Tuner, pool: ChannelPool, files: list[SrcFile]) -> None:
         if self.guard is not None:  # a listed file outside the job's roots (a link pointing out) fails, unread
@@ -351,7 +358,7 @@ class Transfer:
         self.result.resumed_bytes += f.resumed
         self.result.bytes_sent += f.bytes_sent
         if f.outcome == "retry":
-            delay = self._retry_delay(sf, f.error)
+            delay = retry_delay(sf, f.error)
             # also while the session is being torn down: the file goes to the next session, never
             # to "failed" without a reason (found by tests/faults: receiver SIGKILL mid-block)
             if delay is not None:
@@ -386,8 +393,6 @@ class Transfer:
         else:
             self._fail_file(sf, f.error or FStreamError("failed"))
         self._wake.set()
-
-    _retry_delay = staticmethod(retry_delay)  # tests call it as the transfer's
 
     def _on_unopenable(self, sf: SrcFile, err: FStreamError, watching: bool) -> None:
         with self._lock:
