@@ -17,9 +17,9 @@ from pathlib import Path
 import blake3
 import pytest
 
-from transfer_agent.receiving.control import TREE_MIN
 from transfer_agent.sending.inflight import ALIGN, cut_blocks
 from transfer_agent.storage import tree_hash
+from transfer_agent.storage.hash_plan import TREE_MIN
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -27,7 +27,7 @@ from transfer_agent.receiving.data import DataStreams
 from transfer_agent.receiving.quota import Charge
 from transfer_agent.receiving.state import RecvFile, Session
 from transfer_agent.storage import durable as storage
-from transfer_agent.storage import tree_hash
+from transfer_agent.storage import hash_plan
 from transfer_agent.storage.checksum import ALGORITHMS, KEYED, PrefixHasher, hash_fd
 from transfer_agent.storage.paths import open_parent, safe_relpath, temp_name
 from transfer_agent.storage.ranges import RangeSet, read_meta, write_meta
@@ -39,11 +39,6 @@ from transfer_agent.wire.secure import ControlLink
 MAX_FILE_SIZE = 1 << 50
 RESERVE_MIN = 8 << 20  # smaller files rely on the free-space check; a preallocation each is not worth it
 FREE_CHECK_MIN = 1 << 20  # larger files always re-read free space; smaller ones use the running estimate
-HASH_AHEAD_MIN = 32 << 20  # files this large are hashed while they arrive
-# files this large are hashed block by block as they land (storage.tree_hash); smaller ones once at commit, read
-# back while their pages are still cached: hashing a 256 KiB file in its data stream's thread cost 2000 such
-# files 13 % of their throughput at the same CPU (BENCHMARKS §12, issue 29)
-TREE_MIN = 1 << 20
 FENCE_WAIT = 5.0  # how long an OPEN waits for a fenced stale holder to release the file
 REPLY_EARLY = 0.002  # seconds: answers to a batch's OPENs held longer than this go at once, not with the rest
 
@@ -213,10 +208,12 @@ class ControlSessions(DataStreams):
                 self._quotas.writing(self._part_rel(dkey, tmp), True)
             charge = None  # the file carries it from here (given back if it is not committed)
             f.dirty = True
-            if verify and tree_hash.usable(algo) and size >= TREE_MIN:
+            how = hash_plan.plan(size, algo, verify)
+            if how == hash_plan.TREE:
                 f.tree = TreeDigest(size, digest_key)  # hashed as blocks arrive; a taken-over part is read back
-            elif size >= HASH_AHEAD_MIN and verify:
-                f.hasher = PrefixHasher(algo, digest_key, size)  # reads from disk: a taken-over part is hashed with this key
+            elif how == hash_plan.AHEAD:
+                # reads from disk: a taken-over part is hashed with this key
+                f.hasher = PrefixHasher(algo, digest_key, size)
             f.meta_written = resumed_part  # a taken-over part brought its sidecar along
         except BaseException:
             if fd >= 0:

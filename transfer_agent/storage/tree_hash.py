@@ -10,7 +10,8 @@ chunk boundary. The result is exactly ``blake3(file)``, keyed or not: no second 
 The native module (``_blake3tree``, Rust, built by setuptools-rust from ``native/``) does the hashing,
 the receive loop and the read-back with the GIL released. Without it (no cargo where the package was
 built, or ``FSTREAM_NATIVE=0``) ``NATIVE`` is False and the receiver keeps the old path, a read of each
-file back at commit (``checksum.PrefixHasher``/``hash_fd``), which gives the same digests.
+file back at commit (``checksum.PrefixHasher``/``hash_fd``), which gives the same digests. Which way a file
+is hashed is decided in one place: ``hash_plan.plan``.
 """
 
 from __future__ import annotations
