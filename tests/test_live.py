@@ -411,3 +411,44 @@ def test_a_spark_trail_reads_only_new_events_and_gives_the_same_sparkline(redis_
     assert again == ([float(i) for i in range(13, 43)], "r42") == _sparks(redis_client, keys, ["j1"], 30)["j1"]
     assert after - before == 1  # one forward read, not a new backward scan
     assert trail.read(redis_client, keys, [])  == {} and trail._jobs == {}  # a job no longer running is forgotten
+
+
+class CountingRedis(redis.Redis):
+    """A real client to the test's redis-server that writes down every command it sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent.append(tuple(str(a) for a in args))
+        return super().execute_command(*args, **options)
+
+
+def test_the_job_views_snapshot_reads_the_event_stream_once(redis_url, keys, jobs):
+    """Issue 42: ``ui.sse._snapshot`` took the job's story (its newest notable events) from a second read of the
+    stream (XREVRANGE) after ``job_detail`` had paged through every event; now ``job_detail`` collects it in its
+    one pass, and a short page ends the paging (no read that comes back empty)."""
+    from fstream_provider.ui.sse import NOTABLE, RECENT, _snapshot
+
+    job_id = jobs.submit("story")
+    attempt = jobs.run(job_id)
+    for i in range(RECENT + 5):  # more notable events than the story keeps: the oldest (the claim) falls out
+        jobs.interval(job_id, attempt, {"t": float(i + 1), "throughput_bps": 1e8, "reason": ""},
+                      [("retry", {"attempt": 1, "try": i + 1, "delay": 0.1, "message": f"retry {i}"})])
+    jobs.finish(job_id, attempt)
+    client = CountingRedis.from_url(redis_url, decode_responses=True)
+    try:
+        detail = _snapshot(JobStore(client, keys=keys, signer=authkit.signer()), job_id)
+        stream_reads = [cmd for cmd in client.sent if keys.job_events(job_id) in cmd]
+        assert [cmd[0].upper() for cmd in stream_reads] == ["XREAD"], stream_reads
+        every = JobStore(client, keys=keys).all_events(job_id)
+    finally:
+        client.close()
+    newest = [eid for eid, ev in every if ev["kind"] in NOTABLE][-RECENT:]
+    story = detail["recent_events"]
+    assert [ev["id"] for ev in story] == newest and len(story) == RECENT
+    assert story[0]["kind"] == "retry" and story[-1]["kind"] == "done"
+    assert story[-1]["result"] == {"bytes": 1000, "throughput_bps": 8000.0, "verified_files": 3,
+                                   "skipped_files": 1, "failed_files": 0}  # a done event's result: its totals
+    assert len(detail["intervals"]) == RECENT + 5 and detail["done"] == "succeeded"

@@ -146,13 +146,14 @@ class JobStore:
         return out
 
     def all_events(self, job_id: str, *, after: str = "0-0", page: int = 1000) -> list[tuple[str, dict]]:
-        """Every event of a job from ``after`` on, oldest first (pages through the stream)."""
+        """Every event of a job from ``after`` on, oldest first (pages through the stream; a short page is the
+        last, so a job with fewer than ``page`` events costs one read)."""
         out: list[tuple[str, dict]] = []
         while True:
             batch = self.events(job_id, after=after, count=page)
-            if not batch:
-                return out
             out.extend(batch)
+            if len(batch) < page:
+                return out
             after = batch[-1][0]
 
     def append_event(self, job_id: str, kind: str, data: dict) -> str:

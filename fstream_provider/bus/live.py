@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
+from collections.abc import Collection
 from typing import Any
 
 import redis
@@ -304,7 +305,8 @@ def _before(entry_id: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------- one job
-def job_detail(store: JobStore, job_id: str, *, after: str = "0-0") -> dict | None:
+def job_detail(store: JobStore, job_id: str, *, after: str = "0-0", story: Collection[str] = (),
+               recent: int = 0) -> dict | None:
     """One job's row with what its events tell: ``intervals``, ``tuning``, ``files``; None for an unknown job.
 
     Reads the events after ``after`` (exclusive; ``events_last_id`` says where to continue). The files
@@ -312,7 +314,9 @@ def job_detail(store: JobStore, job_id: str, *, after: str = "0-0") -> dict | No
     counts the file's earlier failed attempts and the retry/log messages that name it. ``done`` is the
     job's terminal state once it ended (the hash is read before the events, so the events read hold its
     ``done`` event then). A sliver (an interval under a tenth of the job's) is folded into the interval
-    before it (``model.intervals.fold_slivers``), as every other view shows the timeline.
+    before it (``model.intervals.fold_slivers``), as every other view shows the timeline. With ``recent``,
+    ``recent_events`` holds the newest ``recent`` events of a kind in ``story``, ``(id, event)`` oldest first,
+    taken in the same pass (the job view's story: claims, retries, errors, the end).
     """
     job = store.get(job_id)
     if job is None:
@@ -324,8 +328,11 @@ def job_detail(store: JobStore, job_id: str, *, after: str = "0-0") -> dict | No
     messages: list[str] = []
     done: str | None = None
     reason: str | None = None
-    for _entry_id, ev in events:
+    told: deque[tuple[str, dict]] = deque(maxlen=recent)
+    for entry_id, ev in events:
         kind = ev.get("kind")
+        if kind in story:
+            told.append((entry_id, ev))
         if kind == "interval":
             rec = {name: ev.get(name) for name in INTERVAL_FIELDS}
             rec["ts"] = ev.get("ts")
@@ -352,8 +359,11 @@ def job_detail(store: JobStore, job_id: str, *, after: str = "0-0") -> dict | No
         row["reason"] = reason
     if done is None and job.state in TERMINAL_STATES:
         done = job.state
-    return {**row, "intervals": intervals, "tuning": tuning, "files": list(files.values()),
-            "events_last_id": events[-1][0] if events else after, "done": done}
+    out = {**row, "intervals": intervals, "tuning": tuning, "files": list(files.values()),
+           "events_last_id": events[-1][0] if events else after, "done": done}
+    if recent:
+        out["recent_events"] = list(told)
+    return out
 
 
 def _note_file(files: dict[str, dict], ev: dict) -> None:

@@ -109,17 +109,11 @@ RECENT = 50
 
 
 def _snapshot(store: Any, job_id: str) -> dict | None:
-    """``job_detail`` and its newest ``RECENT`` notable events up to the same id (blocking: run in a thread)."""
-    detail = job_detail(store, job_id)
-    if detail is None:
-        return None
-    recent = []
-    if detail["events_last_id"] != "0-0":
-        entries = store.client.xrevrange(store.keys.job_events(job_id), max=detail["events_last_id"], count=RECENT * 4)
-        for eid, fields in reversed(entries):
-            if fields.get("kind") in NOTABLE:
-                recent.append(_slim(decode_event(eid, fields)[1], eid))
-    detail["recent_events"] = recent[-RECENT:]
+    """``job_detail`` with its newest ``RECENT`` notable events, from its one pass over the job's events
+    (blocking: run in a thread)."""
+    detail = job_detail(store, job_id, story=NOTABLE, recent=RECENT)
+    if detail is not None:
+        detail["recent_events"] = [_slim(ev, eid) for eid, ev in detail["recent_events"]]
     return detail
 
 
