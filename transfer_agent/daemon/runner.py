@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fstream_provider.bus.audit import mark_ended
 from fstream_provider.bus.client import REDIS_UNREACHABLE, redis_unreachable
@@ -53,9 +54,14 @@ class JobRunnerMixin:
 
     Uses the agent's settings (``name``, ``keys``, ``authorizer``, ``audit``, ``max_deliveries``, ``max_retries``,
     ``retry_base_s``, ``retry_cap_s``, ``flush_interval``, ``redis_outage_s``, ``transfer_factory``,
-    ``rng``), its ``counters``, ``log``, ``_client``, ``_store``, ``_stop``, ``_current``, ``_note_fence`` and
-    ``_alive`` (pings systemd's watchdog from the job's events and retries).
+    ``rng``), its ``counters``, ``log``, ``_client``, ``_store``, ``_current``, ``_note_fence``, ``_alive`` (pings
+    systemd's watchdog from the job's events and retries) and its stop state, declared below.
     """
+
+    _stop: threading.Event  # no new job (set by ``drain`` and ``stop``)
+    _halt: threading.Event  # stop at once (``stop`` only): a job's Redis writes are no longer retried
+    _drain_ends: float | None  # a drain's end (monotonic): a job's Redis writes are retried until then
+    _board: Any  # the agents' shared scheduling board (``scheduled``), None under ``fifo``
 
     def _handle(self, entry_id: str, fields: dict | None) -> None:
         stream, group = self.keys.jobs_stream(), self.keys.jobs_group()
@@ -107,7 +113,7 @@ class JobRunnerMixin:
         self.counters["jobs_refused"] += 1
         self.log.warning("job %s: %s; dead-lettered", job_id, d.reason)
         if self._store.reject(job_id, claim.attempt, entry_id, d.reason):
-            board = getattr(self, "_board", None)
+            board = self._board
             if board is not None:
                 board.remove(job_id)
         return None
@@ -121,9 +127,7 @@ class JobRunnerMixin:
         run.observe = observer.job(decision.run_spec) if observer is not None else None  # metrics
         self._current = run
         if self._stop.is_set():  # stopping since before it started: handed back untouched (``_try``)
-            run.stopping = True
-            run.drain.set()
-            run.cancel.set()
+            self._hand_back(run, cut=True)
         pump_stop = threading.Event()
         pump = threading.Thread(target=self._pump_loop, args=(run, pump_stop), name=f"events-{job_id}", daemon=True)
         pump.start()
@@ -142,6 +146,19 @@ class JobRunnerMixin:
         if outcome is not None and not run.lost:
             state, error, result = outcome
             self._audit_outcome(run, state, error, result)
+
+    @staticmethod
+    def _hand_back(run: JobRun, *, cut: bool) -> None:
+        """Stop ``run`` so that its job is released to the bus (``_conclude``) for another try: no new try starts
+        (``_try``); its transfer finishes the files it has open and starts no other (``sending.drain``) or, with
+        ``cut``, stops them now at their last flushed ranges. Either way the files it did not land are handed
+        back, never reported failed: the next try sends them."""
+        run.stopping = True
+        if cut:
+            run.drain.set()  # with the cancel: what the transfer holds back, not what it fails
+            run.signal(run.cancel)
+        else:
+            run.signal(run.drain)
 
     def _mark_ended(self, run: JobRun, state: str) -> None:
         """The job's nonce marked ended (``bus.audit.mark_ended``): no later change of its hash runs it again."""
@@ -184,10 +201,10 @@ class JobRunnerMixin:
                              run.job_id, run.attempt, what, exc, delay)
 
         # a drain (SIGTERM) keeps retrying until its grace ends; only a hard stop (SIGINT, ``stop()``) gives up at once
-        ends = getattr(self, "_drain_ends", None)
+        ends = self._drain_ends
         limit = self.redis_outage_s if ends is None else max(0.0, min(self.redis_outage_s, ends - time.monotonic()))
         policy = dataclasses.replace(REDIS_BACKOFF, deadline_s=limit)
-        policy.call(write, stop=getattr(self, "_halt", self._stop), rng=self.rng, on_failure=failed, on_retry=retrying)
+        policy.call(write, stop=self._halt, rng=self.rng, on_failure=failed, on_retry=retrying)
         if tries:
             self.log.info("job %s attempt %d: Redis is back; %s succeeded after %d tries", run.job_id,
                           run.attempt, what, tries + 1)
@@ -197,7 +214,7 @@ class JobRunnerMixin:
             self.log.warning("job %s attempt %d: superseded by a newer attempt; not acknowledging", run.job_id,
                              run.attempt)
             return
-        board = getattr(self, "_board", None)
+        board = self._board
         if outcome is None and run.preempt_reason:  # the scheduler's: stopped at its checkpoint, runs again later
             data = {"by": run.preempt_by, "committed_bytes": run.moved, "agent": self.name}
             if self._store.preempt(run.job_id, run.attempt, run.preempt_reason, data):

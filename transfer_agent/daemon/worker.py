@@ -180,9 +180,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self._halt.set()
         run = self._current
         if run is not None:
-            run.stopping = True
-            run.drain.set()  # handed back: its files are not failed (``sending.drain``)
-            run.signal(run.cancel)
+            self._hand_back(run, cut=True)
 
     def drain(self, grace: float | None = None) -> None:
         """Stop gracefully (SIGTERM; issue 30): take no new job; the running one finishes the files it has open
@@ -198,8 +196,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         self._stop.set()
         run = self._current
         if run is not None:
-            run.stopping = True
-            run.signal(run.drain)
+            self._hand_back(run, cut=False)
         cut = max(0.0, grace - min(5.0, max(1.0, 0.4 * grace)))  # the reserve: cancel, checkpoint, release, exit
         sdnotify.stopping(f"draining (up to {grace:.0f} s)", grace)
         self.log.info("draining: no new jobs; %s; open files are cut at their checkpoint in %.1f s",
@@ -213,8 +210,7 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
         if current is not None and (run is None or current is run):
             self.log.warning("drain grace over: job %s cut at its checkpoint (its parts resume from their ranges)",
                              current.job_id)
-            current.stopping = True
-            current.signal(current.cancel)
+            self._hand_back(current, cut=True)
 
     @property
     def stopped(self) -> bool:
