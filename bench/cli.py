@@ -95,28 +95,28 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = {"airflow": "fstream_bench.airflow_bench", "qos": "fstream_bench.qos_bench",
-             "breakdown": "fstream_bench.breakdown_bench", "pathfill": "fstream_bench.pathfill",
-             "trust": "fstream_bench.trust_bench", "soak": "fstream_bench.soak",
-             "scheduling": "fstream_bench.scheduling", "flow": "fstream_bench.flow_bench",
-             "harp": "fstream_bench.harp_bench", "tuning-science": "fstream_bench.tuning_science",
-             "tuning-wan": "fstream_bench.tuning_wan", "pools-wan": "fstream_bench.pools_wan",
-             "sched-wan": "fstream_bench.sched_wan", "ab": "fstream_bench.ab", "micro": "fstream_bench.micro",
-             "authz": "fstream_bench.authz_bench", "deadline": "fstream_bench.deadline_bench",
-             "live-view": "fstream_bench.live_view_bench", "drain": "fstream_bench.drain_bench",
-             "metrics": "fstream_bench.metrics_bench", "doctor": "fstream_bench.doctor_bench",
-             "rotation": "fstream_bench.rotation_bench", "retention": "fstream_bench.retention_bench",
-             "history-cache": "fstream_bench.history_cache_bench", "triggerer": "fstream_bench.triggerer_bench",
-             "sched-cycle": "fstream_bench.sched_cycle_bench", "facility": "fstream_bench.facility_jobs",
-             "sched-compute": "fstream_bench.sched_compute_bench", "gil": "fstream_bench.gil_bench",
-             "hundred-g": "fstream_bench.hundred_g", "airflow-soak": "fstream_bench.airflow_soak",
-             "quota-first-file": "fstream_bench.quota_first_file"}
+    extra = {"airflow": "fstream_bench.airflow.bench", "qos": "fstream_bench.tuning.qos",
+             "breakdown": "fstream_bench.tuning.breakdown", "pathfill": "fstream_bench.tuning.pathfill",
+             "trust": "fstream_bench.ops.trust", "soak": "fstream_bench.soak.bench",
+             "scheduling": "fstream_bench.scheduling.replay", "flow": "fstream_bench.datapath.flow",
+             "harp": "fstream_bench.tuning.harp", "tuning-science": "fstream_bench.tuning.science",
+             "tuning-wan": "fstream_bench.tuning.wan", "pools-wan": "fstream_bench.tuning.pools_wan",
+             "sched-wan": "fstream_bench.scheduling.wan", "ab": "fstream_bench.datapath.ab", "micro": "fstream_bench.datapath.micro",
+             "authz": "fstream_bench.datapath.authz", "deadline": "fstream_bench.tuning.deadline",
+             "live-view": "fstream_bench.airflow.live_view", "drain": "fstream_bench.ops.drain",
+             "metrics": "fstream_bench.ops.metrics", "doctor": "fstream_bench.ops.doctor",
+             "rotation": "fstream_bench.ops.rotation", "retention": "fstream_bench.scale.retention",
+             "history-cache": "fstream_bench.scale.history_cache", "triggerer": "fstream_bench.airflow.triggerer",
+             "sched-cycle": "fstream_bench.scheduling.cycle", "facility": "fstream_bench.scale.facility",
+             "sched-compute": "fstream_bench.scheduling.compute", "gil": "fstream_bench.datapath.gil",
+             "hundred-g": "fstream_bench.datapath.hundred_g", "airflow-soak": "fstream_bench.airflow.soak",
+             "quota-first-file": "fstream_bench.datapath.quota_first_file"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 
         return int(importlib.import_module(extra[argv[0]]).main(argv[1:]) or 0)
     if argv and argv[0] == "sim":  # issue 4's simulator tables as a result file (its own parser)
-        from fstream_bench.sim_bench import main as sim_main
+        from fstream_bench.tuning.sim import main as sim_main
 
         return int(sim_main(argv[1:]) or 0)
     if argv and argv[0] == "wan":
@@ -131,29 +131,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "workload":
         return _workload(args)
     if args.cmd == "loopback":
-        from fstream_bench.loopback import main as loopback_main
+        from fstream_bench.datapath.loopback import main as loopback_main
         return loopback_main(args)
     if args.cmd == "run":
-        from fstream_bench.harness import main as run_main
+        from fstream_bench.wan.harness import main as run_main
         return run_main(args)
     if args.cmd == "report" and (args.goals or args.check):
         from fstream_bench.goals import GOALS
-        from fstream_bench.goals_table import main as goals_main
+        from fstream_bench.core.goals_table import main as goals_main
         return goals_main(args, GOALS)
     if args.cmd == "report":
-        from fstream_bench.report import main as report_main
+        from fstream_bench.core.report import main as report_main
         return report_main(args)
     if args.cmd == "stream":
-        from fstream_bench.stream_million import main as stream_main
+        from fstream_bench.scale.stream_million import main as stream_main
         return stream_main(args)
     if args.cmd == "scale":
-        from fstream_bench.scale import main as scale_main
+        from fstream_bench.scale.growth import main as scale_main
         return scale_main(args)
     return 2
 
 
 def _workload(args) -> int:
-    from fstream_bench.workload_gen import build, describe, generate
+    from fstream_bench.core.workload_gen import build, describe, generate
 
     w = build(args.name, bandwidth_bps=parse_rate(args.bandwidth), rtt_s=parse_duration(args.rtt),
               scale=args.scale, seed=args.seed, interval_s=parse_duration(args.interval),

@@ -1,6 +1,6 @@
 """The rows of BENCHMARKS.md's "Goals at a glance": each goal, its evidence and how to re-measure it.
 
-``fstream bench report --goals`` renders them (``fstream_bench.goals_table``); ``--check`` fails
+``fstream bench report --goals`` renders them (``fstream_bench.core.goals_table``); ``--check`` fails
 when the committed table says something its results or today's code do not. A goal's number is
 read from the newest result that matches ``source`` and carries provenance; results from before
 provenance existed are quoted as ``was`` and never shown as met. Summaries are the median and the
@@ -9,24 +9,24 @@ range of every run in the result (``med_range``), ratios taken within a run.
 
 from __future__ import annotations
 
-from fstream_bench.goal_readers import (
+from fstream_bench.readers import (
     authz_cost, deadline_sim, deadline_wan, eta_error, plugin_cpu, view_freshness,
     flow_latency, flow_memory, flow_throughput, harp_first_window, harp_optimizer, harp_total, harp_validation,
     loopback_cpu, loopback_disk, loopback_throughput, operator_overhead, pathfill_large, pathfill_small,
     pools_two_agents, qos_default, qos_issue4, qos_thesis, scale, sched_burst, seal_vs_baselines, selfcheck,
     sim_default_vs_oracle, sim_mix_recovery, sim_oracle, steal_with_batch, trigger_latency, trust_modes,
 )
-from fstream_bench.airflow_soak import soak_goal  # issue 41: the reader beside the soak it reads
-from fstream_bench.drain_bench import drain_goal  # issue 30: the reader sits beside the summary it reads
-from fstream_bench.goal_readers_datapath import (
+from fstream_bench.airflow.soak import soak_goal  # issue 41: the reader beside the soak it reads
+from fstream_bench.ops.drain import drain_goal  # issue 30: the reader sits beside the summary it reads
+from fstream_bench.datapath.readers import (
     cpu_vs_fast, flow_small, gil_receiver, per_file, receiver_core, startup, wan_no_regression,
 )
-from fstream_bench.goal_readers_ops import doctor_goal, metrics_overhead, rotation_goal
-from fstream_bench.goal_readers_scale import (
+from fstream_bench.ops.readers import doctor_goal, metrics_overhead, rotation_goal
+from fstream_bench.scale.readers import (
     facility_goal, history_cache_goal, retention_goal, sched_cycle_goal, stream_goal, stream_redis_goal,
     triggerer_goal,
 )
-from fstream_bench.goals_table import Goal
+from fstream_bench.core.goals_table import Goal
 
 # ---- the goals, in issue order ---------------------------------------------------------------------
 

@@ -11,38 +11,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from fstream_bench.pathfill import pathfill_ratios
-from fstream_bench.runstats import med_range
-
-
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "no"
-
-
-def _loopback_runs(doc: dict) -> dict[tuple[str, str], dict[int, dict]]:
-    runs: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
-    for r in doc["results"]:
-        if r.get("ok"):
-            runs[(r["case"], r["tool"])][r["repeat"]] = r
-    return runs
-
-
-def _ratios(doc: dict, case: str, a: str, b: str, key) -> list[float]:
-    """``key(run a) / key(run b)`` for every repeat where both ran: ratios within one repeat."""
-    runs = _loopback_runs(doc)
-    ra, rb = runs[(case, a)], runs[(case, b)]
-    out = [key(ra[i]) / key(rb[i]) for i in sorted(ra) if i in rb and key(rb[i])]
-    if not out:
-        raise ValueError(f"no repeat of {case!r} has both {a} and {b}")
-    return out
-
-
-def _tput(r: dict) -> float:
-    return r["throughput_bps"]
-
-
-def _cpu(r: dict) -> float:
-    return r["cpu_src_s"] + r["cpu_dst_s"]
+from fstream_bench.tuning.pathfill import pathfill_ratios
+from fstream_bench.core.runstats import med_range
+from fstream_bench.datapath.readers import _cpu, _loopback_runs, _ratios, _tput, _yes
 
 
 def loopback_throughput(case: str):

@@ -426,7 +426,7 @@ def _pending(url: str, scope: str) -> int:
 def test_the_transfer_trigger_follows_a_sentinel_failover_and_fires_the_jobs_outcome(tmp_path, monkeypatch):
     """The master is SIGKILLed mid-follow; the sentinel promotes the replica; the trigger finds the new master
     through the Sentinel URL and goes on from the last event it handled (the job's writes wait for the replica)."""
-    from fstream_bench.sentinel_group import SentinelGroup
+    from fstream_bench.ops.sentinel_group import SentinelGroup
 
     group = SentinelGroup(tmp_path / "sentinel").start()
     url = group.url + "&wait_replicas=1"

@@ -1,4 +1,4 @@
-"""A real Airflow (bench/airflow_procs.py, four processes) runs the asset pipeline once per batch, not twice a file."""
+"""A real Airflow (bench/airflow/procs.py, four processes) runs the asset pipeline once per batch, not twice a file."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from transfer_agent.receiving.receiver import Receiver  # noqa: E402
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 import authkit  # noqa: E402
-from fstream_bench.airflow_procs import Airflow, wait as _wait  # noqa: E402
+from fstream_bench.airflow.procs import Airflow, wait as _wait  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

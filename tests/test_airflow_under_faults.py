@@ -1,6 +1,6 @@
 """Faults in a real Airflow while its deferred FStream transfer runs: the task ends as its job did, files land once.
 
-One Airflow 3 (api-server, scheduler, dag-processor and triggerer as four processes: bench/airflow_procs.py)
+One Airflow 3 (api-server, scheduler, dag-processor and triggerer as four processes: bench/airflow/procs.py)
 runs ``FStreamTransferOperator(deferrable=True)`` for every test, through a real agent and a real receiver on
 loopback. The receiver writes at a fixed rate (``PacedReceiver``), so a transfer lasts long enough for the fault
 to land while files are still moving: each test checks that some files were committed after the fault. Each
@@ -23,12 +23,12 @@ pytest.importorskip("airflow")
 
 from fstream_provider.bus.client import connect  # noqa: E402
 from fstream_provider.bus.jobs import JobStore  # noqa: E402
-from fstream_bench.sentinel_group import SentinelGroup  # noqa: E402
+from fstream_bench.ops.sentinel_group import SentinelGroup  # noqa: E402
 from transfer_agent.daemon.worker import Agent  # noqa: E402
 
 import authkit  # noqa: E402
 from agentkit import PacedReceiver, make_files, part_files, start_receiver, trees_identical, write_secret  # noqa: E402
-from fstream_bench.airflow_procs import Airflow, wait  # noqa: E402
+from fstream_bench.airflow.procs import Airflow, wait  # noqa: E402
 
 pytestmark = pytest.mark.slow  # four Airflow processes; paced transfers, so a busy neighbour cannot hurry them past a fault
 

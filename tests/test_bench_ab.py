@@ -7,7 +7,11 @@ import json
 
 import pytest
 
-from fstream_bench import ab, cli, runstats
+from fstream_bench.datapath import ab
+
+from fstream_bench import cli
+
+from fstream_bench.core import runstats
 
 
 class FakeSide:
@@ -59,7 +63,7 @@ def test_main_writes_raw_pairs_and_provenance(tmp_path, monkeypatch):
     doc = json.loads(jp.read_text())
     prov = doc["provenance"]
     assert prov["bench"] == "ab" and prov["command"].startswith("fstream bench ab --a-cmd old/fstream")
-    assert prov["code_hash"].startswith("sha256:") and "load_end" in prov and "fstream_bench.ab" in prov["modules"]
+    assert prov["code_hash"].startswith("sha256:") and "load_end" in prov and "fstream_bench.datapath.ab" in prov["modules"]
     assert len(doc["pairs"]["1 x 1 B"]) == 3 and doc["pairs"]["1 x 1 B"][1]["order"] == "BA"
     assert doc["summary"]["1 x 1 B"]["wall"]["A"]["n"] == 3
     assert doc["sides"]["A"]["cmd"] == "old/fstream" and doc["error"] is None

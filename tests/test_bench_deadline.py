@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fstream_bench.deadline_bench import eta_points, main, stream_seconds
+from fstream_bench.tuning.deadline import eta_points, main, stream_seconds
 
 
 @pytest.mark.slow

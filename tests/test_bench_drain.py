@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fstream_bench import goals_table as gt
-from fstream_bench import provenance
+from fstream_bench.core import goals_table as gt, provenance
 from fstream_bench.cli import main as bench_main
-from fstream_bench.drain_bench import build_files, compare_trees, drain_goal, run_met, score_events, summarize_case
+from fstream_bench.ops.drain import build_files, compare_trees, drain_goal, run_met, score_events, summarize_case
 from fstream_bench.goals import GOALS
 
 MiB = 2**20
@@ -113,7 +112,7 @@ def test_case_summary_gives_median_and_range_of_every_number():
 
 def test_the_goals_row_reads_the_newest_wan_result_and_skips_loopback_smokes(tmp_path):
     row = next(g for g in GOALS if g.issue == "30")
-    prov = provenance.finish(provenance.start("drain", [], ["fstream_bench.drain_bench"]))
+    prov = provenance.finish(provenance.start("drain", [], ["fstream_bench.ops.drain"]))
     wan = tmp_path / "bench" / "results" / "drain-20260101-000000"
     smoke = tmp_path / "bench" / "results" / "drain-20260301-000000"
     for d, loop, exit_s in ((wan, False, 4.0), (smoke, True, 99.0)):

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fstream_bench import goals_table as gt
-from fstream_bench import provenance
+from fstream_bench.core import goals_table as gt, provenance
 from fstream_bench.goals import GOALS
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from fstream_bench import harp_windows as hw
-from fstream_bench import provenance
-from fstream_bench.harp_bench import MODULES, report
+from fstream_bench.tuning import harp_windows as hw
+from fstream_bench.core import provenance
+from fstream_bench.tuning.harp import MODULES, report
 
 MBIT = 1e6
 
@@ -152,6 +152,6 @@ def test_provenance_command_reruns_the_benchmark(capsys):
     assert e.value.code == 0 and "usage: fstream bench harp" in capsys.readouterr().out
     prov = provenance.start("harp", ["--datasets", "small", "--repeat", "3"], MODULES)
     assert prov["command"] == "fstream bench harp --datasets small --repeat 3"
-    assert {"fstream_bench.harp_bench", "fstream_bench.harp_windows", "fstream_bench.wan_rig"} <= set(prov["modules"])
+    assert {"fstream_bench.tuning.harp", "fstream_bench.tuning.harp_windows", "fstream_bench.wan.rig"} <= set(prov["modules"])
     assert prov["code_hash"].startswith("sha256:")
     assert "load_end" in provenance.finish(prov)

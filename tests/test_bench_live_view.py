@@ -15,7 +15,7 @@ pytest.importorskip("playwright")
 
 @pytest.mark.slow
 def test_live_view_bench_measures_both_views_and_three_cpu_phases(tmp_path):
-    from fstream_bench.live_view_bench import CHROMIUM, main
+    from fstream_bench.airflow.live_view import CHROMIUM, main
 
     if not Path(CHROMIUM).exists():
         if os.environ.get("FSTREAM_REQUIRE_WAN", "") not in ("", "0"):

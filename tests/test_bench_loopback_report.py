@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fstream_bench import loopback
-from fstream_bench.cpu_meter import ServerCpu, wait_with_usage
+from fstream_bench.datapath import loopback
+from fstream_bench.core.cpu_meter import ServerCpu, wait_with_usage
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\nprint('done')"
 

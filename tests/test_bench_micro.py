@@ -8,7 +8,13 @@ import time
 
 import pytest
 
-from fstream_bench import cli, micro, runstats, vm_memory
+from fstream_bench import cli
+
+from fstream_bench.datapath import micro
+
+from fstream_bench.core import runstats
+
+from fstream_bench.core import vm_memory
 
 
 def test_summarize_median_and_range():

@@ -1,4 +1,4 @@
-"""The goals table's readers of issue 30's results (``bench/goal_readers_ops.py``): each says what was measured
+"""The goals table's readers of issue 30's results (``bench/ops/readers.py``): each says what was measured
 and is met or not from the result alone (synthetic results, one field changed at a time)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fstream_bench.goal_readers_ops import doctor_goal, metrics_overhead, rotation_goal
+from fstream_bench.ops.readers import doctor_goal, metrics_overhead, rotation_goal
 
 METRICS = {"cpu_s_per_gb": {"off": {"values": [1.00, 1.02, 0.98]}, "on": {"values": [1.01, 1.02, 1.00]}},
            "pair_ratios": [1.01, 1.0, 1.02], "ratio": 1.01, "goal_ratio_max": 1.02,

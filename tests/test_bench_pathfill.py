@@ -1,6 +1,6 @@
 """``fstream bench pathfill``'s summary: ratios taken within a round, the median and range of every round."""
 
-from fstream_bench.pathfill import pathfill_ratios, pathfill_summary
+from fstream_bench.tuning.pathfill import pathfill_ratios, pathfill_summary
 
 
 def _row(k, tool, bps, ok=True):

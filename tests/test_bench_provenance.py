@@ -1,4 +1,4 @@
-"""Issue 26, "every result records what it measured": ``fstream_bench.provenance`` and the benches that use it.
+"""Issue 26, "every result records what it measured": ``fstream_bench.core.provenance`` and the benches that use it.
 
 The code hash is stable, blind to docstrings, comments and layout, and changes with the code (a temp
 package on sys.path); ``start``/``finish`` fill every field; each bench's module list covers what it
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"bench", "command", "commit", "dirty", "modules", "code_hash", "machine", "python", "load_start",
@@ -144,7 +144,7 @@ def _closure(module: str) -> set[str]:
     seen, todo = set(), [module]
     while todo:
         m = todo.pop()
-        if m not in seen and m != "fstream_bench.provenance":
+        if m not in seen and m != "fstream_bench.core.provenance":
             seen.add(m)
             todo += [i for i in _imports(m) if i.startswith("fstream_bench")]
     return seen
@@ -155,26 +155,34 @@ def _covered(name: str, modules) -> bool:
 
 
 def _bench_modules():
-    from fstream_bench import airflow_results, flow_bench, loopback, pathfill, scale, scheduling, sim_bench
-    from fstream_bench import harp_bench, pools_wan, qos_bench, sched_wan, soak, tuning_science, tuning_wan
+    from fstream_bench.airflow import results as airflow_results
+    from fstream_bench.datapath import flow as flow_bench, loopback
+    from fstream_bench.tuning import pathfill
+    from fstream_bench.scale import growth as scale
+    from fstream_bench.scheduling import replay as scheduling
+    from fstream_bench.tuning import sim as sim_bench, harp as harp_bench, pools_wan, qos as qos_bench
+    from fstream_bench.scheduling import wan as sched_wan
+    from fstream_bench.soak import bench as soak
+    from fstream_bench.tuning import science as tuning_science, wan as tuning_wan
     from fstream_bench.wan import cli as wan_cli
 
-    return [("fstream_bench.scale", scale.MODULES), ("fstream_bench.loopback", loopback.MODULES),
-            ("fstream_bench.pathfill", pathfill.MODULES), ("fstream_bench.scheduling", scheduling.MODULES),
-            ("fstream_bench.airflow_bench", airflow_results.MODULES), ("fstream_bench.flow_bench", flow_bench.MODULES),
-            ("fstream_bench.sim_bench", sim_bench.MODULES), ("fstream_bench.tuning_science", tuning_science.MODULES),
-            ("fstream_bench.wan.cli", wan_cli.SELFCHECK_MODULES), ("fstream_bench.qos_bench", qos_bench.MODULES),
-            ("fstream_bench.harp_bench", harp_bench.MODULES), ("fstream_bench.pools_wan", pools_wan.MODULES),
-            ("fstream_bench.sched_wan", sched_wan.MODULES), ("fstream_bench.soak", soak.MODULES),
-            ("fstream_bench.tuning_wan", tuning_wan.MODULES)]
+    return [("fstream_bench.scale.growth", scale.MODULES), ("fstream_bench.datapath.loopback", loopback.MODULES),
+            ("fstream_bench.tuning.pathfill", pathfill.MODULES), ("fstream_bench.scheduling.replay", scheduling.MODULES),
+            ("fstream_bench.airflow.bench", airflow_results.MODULES), ("fstream_bench.datapath.flow", flow_bench.MODULES),
+            ("fstream_bench.tuning.sim", sim_bench.MODULES), ("fstream_bench.tuning.science", tuning_science.MODULES),
+            ("fstream_bench.wan.cli", wan_cli.SELFCHECK_MODULES), ("fstream_bench.tuning.qos", qos_bench.MODULES),
+            ("fstream_bench.tuning.harp", harp_bench.MODULES), ("fstream_bench.tuning.pools_wan", pools_wan.MODULES),
+            ("fstream_bench.scheduling.wan", sched_wan.MODULES), ("fstream_bench.soak.bench", soak.MODULES),
+            ("fstream_bench.tuning.wan", tuning_wan.MODULES)]
 
 
 @pytest.mark.parametrize("entry,modules", _bench_modules(), ids=lambda x: x if isinstance(x, str) else "")
 def test_each_bench_names_every_module_it_runs(entry, modules):
     """Every fstream_bench module the bench reaches, and every agent or provider module those import
     (the package root aside), is covered by the list its results are hashed over; and the list hashes."""
-    assert "fstream_bench.provenance" not in modules  # recording a result is not what was measured
-    reached = _closure(entry) - {"fstream_bench", "fstream_bench.provenance"}
+    assert "fstream_bench.core.provenance" not in modules  # recording a result is not what was measured
+    rooms = {"fstream_bench." + r for r in ("core", "datapath", "tuning", "scheduling", "airflow", "ops", "scale", "soak")}
+    reached = _closure(entry) - {"fstream_bench", "fstream_bench.core.provenance"} - rooms  # a room's __init__: a docstring
     missing = sorted(m for m in reached if not _covered(m, modules))
     assert not missing, f"{entry}: add to its MODULES: {missing}"
     used = {i for m in reached for i in _imports(m)
@@ -185,7 +193,10 @@ def test_each_bench_names_every_module_it_runs(entry, modules):
 
 
 def test_simulator_benches_hash_the_simulator_and_agent_benches_the_agent():
-    from fstream_bench import loopback, scale, scheduling, sim_bench, tuning_science
+    from fstream_bench.datapath import loopback
+    from fstream_bench.scale import growth as scale
+    from fstream_bench.scheduling import replay as scheduling
+    from fstream_bench.tuning import sim as sim_bench, science as tuning_science
 
     for mods in (sim_bench.MODULES, scheduling.MODULES, tuning_science.MODULES):
         assert "fstream_provider.tuning" in mods
@@ -211,8 +222,8 @@ def test_bench_sim_writes_provenance_and_raw_rows(tmp_path):
     prov = doc["provenance"]
     assert FIELDS | {"load_end", "finished_unix"} <= set(prov)
     assert prov["bench"] == "sim" and prov["command"].startswith("fstream bench sim --paths 10G/40ms")
-    assert prov["modules"] == ["fstream_bench.sim_bench", "fstream_provider.tuning"]
-    assert prov["code_hash"] == provenance.code_hash(["fstream_provider.tuning", "fstream_bench.sim_bench"])
+    assert prov["modules"] == ["fstream_bench.tuning.sim", "fstream_provider.tuning"]
+    assert prov["code_hash"] == provenance.code_hash(["fstream_provider.tuning", "fstream_bench.tuning.sim"])
     by = {r["tuner"]: r for r in doc["throughput"]}
     assert set(by) == {"static", "fstream", "oracle"}
     assert by["oracle"]["of_oracle"] == 1.0
@@ -244,7 +255,7 @@ def test_bench_scheduling_writes_every_trace_and_task(tmp_path):
     doc = json.loads(js.read_text())
     assert doc["provenance"]["command"] == "fstream bench scheduling --traces 25% --scale 0.05 " \
                                           f"--algorithms basecc1,seal --results {tmp_path}"
-    assert doc["provenance"]["modules"] == ["fstream_bench.scheduling", "fstream_provider.tuning"]
+    assert doc["provenance"]["modules"] == ["fstream_bench.scheduling.replay", "fstream_provider.tuning"]
     trace = doc["traces"]["25%"]
     n = trace["tasks_in_trace"]
     assert n == len(trace["tasks"]["rows"]) > 0 and trace["tasks"]["columns"][:2] == ["class", "category"]
@@ -259,7 +270,7 @@ def test_bench_scheduling_writes_every_trace_and_task(tmp_path):
 
 
 def test_scale_times_the_watcher_send_watch_uses_and_reports_the_senders_scans():
-    from fstream_bench import scale
+    from fstream_bench.scale import growth as scale
     from transfer_agent.sending import sender
 
     assert scale.watcher_class() is sender.SourceWatcher

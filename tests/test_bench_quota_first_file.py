@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def test_quota_first_file_bench_walks_once_then_reads_the_persisted_count(tmp_path: Path) -> None:
-    from fstream_bench.quota_first_file import main
+    from fstream_bench.datapath.quota_first_file import main
 
     assert main(["--files", "2000", "--repeats", "1", "--dir", str(tmp_path / "work"),
                  "--results", str(tmp_path / "results")]) == 0

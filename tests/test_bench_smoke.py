@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fstream_bench import harness
-from fstream_bench.workload_gen import build, generate, materialize, release
+from fstream_bench.wan import harness
+from fstream_bench.core.workload_gen import build, generate, materialize, release
 
 
 def _digest(p: Path) -> str:
@@ -112,7 +112,7 @@ def test_smoke_two_tools_on_loopback(tmp_path):
     for tool in tools:
         assert any(f",{tool}," in row for row in csv_rows[1:]), f"no samples for {tool}"
 
-    from fstream_bench.report import render
+    from fstream_bench.core.report import render
 
     md = render(out)
     for tool in tools:
@@ -133,7 +133,7 @@ def test_bench_tool_names_select_tuner_variant_and_fixed_settings():
 
 
 def test_pools_wan_reports_the_overlap_and_jains_index_of_two_agents():
-    from fstream_bench.pools_wan import _overlap
+    from fstream_bench.tuning.pools_wan import _overlap
 
     a = [(float(t), 500e6) for t in range(0, 40)]
     b = [(float(t), 300e6) for t in range(5, 45)]
@@ -144,7 +144,7 @@ def test_pools_wan_reports_the_overlap_and_jains_index_of_two_agents():
 
 
 def test_sched_wan_metrics_slowdown_jain_overlap_and_attempt_runs():
-    from fstream_bench.sched_wan import _runs, bounded_slowdown, jain, overlap_rates
+    from fstream_bench.scheduling.wan import _runs, bounded_slowdown, jain, overlap_rates
 
     assert bounded_slowdown(10.0, 5.0) == 2.0 and bounded_slowdown(0.5, 0.1) == 1.0  # bounded at 1 s, >= 1
     assert bounded_slowdown(3.0, 0.2) == 3.0

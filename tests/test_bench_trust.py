@@ -10,8 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fstream_bench import trust_bench as tb
-from fstream_bench import trust_report as tr
+from fstream_bench.ops import trust as tb, trust_report as tr
 
 GB = 10**9
 
@@ -122,7 +121,7 @@ def test_auth_args_per_mode_and_side(tmp_path):
 
 def test_runner_keeps_every_run_in_schedule_order(tmp_path, monkeypatch):
     """The bookkeeping of ``run_cases`` with the agents replaced: nothing is started."""
-    from fstream_bench import cpu_meter
+    from fstream_bench.core import cpu_meter
     from fstream_bench.peers import base
 
     sent = []
@@ -186,7 +185,7 @@ def test_cli_parses_and_refuses_what_cannot_run(capsys):
 
 
 def test_wan_site_says_whether_the_path_or_the_window_limits(monkeypatch):
-    from fstream_bench import wan_rig
+    from fstream_bench.wan import rig as wan_rig
     from fstream_bench.peers.base import Sites
     from fstream_bench.wan.path import WanConfig
 

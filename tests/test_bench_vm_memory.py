@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fstream_bench import vm_memory
+from fstream_bench.core import vm_memory
 
 
 @pytest.fixture

@@ -340,9 +340,9 @@ def test_survey_and_reclaim_on_a_redis_cluster(tmp_path, spec):
 
 
 def test_the_retention_bench_measures_jobs_and_their_expiry():
-    """``bench/retention_bench.py`` at 20 jobs: bytes per job measured before any expired, and after the retention
+    """``bench/scale/retention.py`` at 20 jobs: bytes per job measured before any expired, and after the retention
     only the families bounded otherwise (audit, history, nonces) are left."""
-    from fstream_bench.retention_bench import run
+    from fstream_bench.scale.retention import run
 
     out = run(20, retention_s=2, log=lambda _msg: None)
     assert out["measured_before_expiry"] and out["bytes_per_job"] > out["one_job"]["hash"] > 0

@@ -21,7 +21,7 @@ import pytest
 
 from fstream_provider.tuning.sched_model import EndpointCurve, LoadModel
 from fstream_provider.tuning.scheduler import SealConfig, SealScheduler, Task
-from fstream_bench.sched_compute_bench import Counting  # the same evaluation counter the bench uses
+from fstream_bench.scheduling.compute import Counting  # the same evaluation counter the bench uses
 
 RECORD = Path(__file__).parent / "data" / "scheduler_replay.json"
 ENDS = {"a": 10e9, "b": 5e9, "c": 2e9, "d": 1e9}

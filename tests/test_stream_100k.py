@@ -1,6 +1,6 @@
 """Issue 28, CI's size of the million-file stream: 100,000 files through one real ``fstream send --watch``.
 
-The benchmark's own code (``fstream_bench.stream_million.run``) with 4 KiB files, unpinned: every file
+The benchmark's own code (``fstream_bench.scale.stream_million.run``) with 4 KiB files, unpinned: every file
 lands exactly once (a consumer deletes them as they land, so each is counted once), idle rescans of the
 full tree list nothing, and a restarted stream lands exactly the files added while it was down (the
 landed journal skipped all 100,000 others). Rates and memory are the benchmark's business
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fstream_bench.stream_million import run
+from fstream_bench.scale.stream_million import run
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fstream_bench import scheduling
+from fstream_bench.scheduling import replay as scheduling
 from fstream_provider.tuning import sched_sim as S
 from fstream_provider.tuning import trace as T
 from fstream_provider.tuning.sched_model import EndpointCurve

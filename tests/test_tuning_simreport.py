@@ -64,7 +64,7 @@ def test_the_simulator_against_the_committed_emulated_wan_runs():
     per stream, 1.41 in the one after. It must stay optimistic beyond the tuned band and within the worst
     committed ratio plus the same 0.04, or BENCHMARKS.md no longer describes the simulator.
     """
-    from fstream_bench.breakdown_bench import calibration
+    from fstream_bench.tuning.breakdown import calibration
 
     summaries = [RESULTS / name / "summary.json" for name in BREAKDOWN_RUNS]
     tuned, outlier = [], []

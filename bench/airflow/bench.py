@@ -1,6 +1,6 @@
 """Issue 5's Airflow benchmark: file-closed -> event/claim latency, and operator-path overhead vs ``fstream send``.
 
-``fstream bench airflow latency|overhead`` (or ``python -m fstream_bench.airflow_bench ...``); the parts live in
+``fstream bench airflow latency|overhead`` (or ``python -m fstream_bench.airflow.bench ...``); the parts live in
 ``airflow_latency`` and ``airflow_overhead``, on the rig of ``airflow_rig`` with the classes of ``airflow_timed``.
 """
 
@@ -10,11 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from fstream_bench.airflow_latency import cmd_latency
-from fstream_bench.airflow_overhead import cmd_overhead
-from fstream_bench.airflow_results import KIB
+from fstream_bench.airflow.latency import cmd_latency
+from fstream_bench.airflow.overhead import cmd_overhead
+from fstream_bench.airflow.results import KIB
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -15,9 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fstream_bench.airflow_results import KIB, machine_line, say, start, summary, write_results
-from fstream_bench.airflow_rig import Rig
-from fstream_bench.airflow_timed import MARKS
+from fstream_bench.airflow.results import KIB, machine_line, say, start, summary, write_results
+from fstream_bench.airflow.rig import Rig
+from fstream_bench.airflow.timed import MARKS
 
 
 def simulate_poller(arrivals: list[float], period: float, looks: int, phase: float = 0.0) -> list[float]:

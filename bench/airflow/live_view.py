@@ -53,8 +53,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-MODULES = ("fstream_provider.ui", "fstream_provider.bus", "fstream_bench.live_view_bench", "fstream_bench.cpu_meter")
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+MODULES = ("fstream_provider.ui", "fstream_provider.bus", "fstream_bench.airflow.live_view", "fstream_bench.core.cpu_meter")
 DAG_ID, TASK_ID = "fstream_live_view_bench", "transfer"
 STEP_BPS = 1e4  # record k shows k × STEP_BPS: a distinct text (format_rate) for every k < 100,000
 PASSWORD = "fstream-live-view-bench"
@@ -66,7 +66,7 @@ GRACE_S = 3.0  # after (b), before reading the pages: the last records of (b) re
 GOALS = {"p50_ms": 1000.0, "p99_ms": 2000.0, "added_pct_core": 5.0}
 
 DAG_SRC = '''
-"""The live-view benchmark's DAG (bench/live_view_bench.py): each mapped task submits one job and records it."""
+"""The live-view benchmark's DAG (bench/airflow/live_view.py): each mapped task submits one job and records it."""
 from datetime import datetime
 
 from airflow.sdk import DAG, task
@@ -289,7 +289,7 @@ class Meter:
         self.api_pid, self.redis_pid = api_pid, redis_pid
 
     def read(self) -> dict:
-        from fstream_bench.cpu_meter import tree_cpu
+        from fstream_bench.core.cpu_meter import tree_cpu
 
         return {"t": time.monotonic(), "wall": time.time(), "api": tree_cpu(self.api_pid), "browser": browser_cpu(),
                 "redis": tree_cpu(self.redis_pid)}
@@ -442,7 +442,7 @@ def run(a: argparse.Namespace, prov: dict) -> dict:
 
 
 def report(res: dict) -> str:
-    from fstream_bench import runstats
+    from fstream_bench.core import runstats
 
     _ms = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     c, cfg = res["cpu"], res["config"]
@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.pages < 2 or a.jobs < 1 or a.pages - 1 > a.jobs:
         ap.error("--pages needs at least 2 (the overview and one job view) and no more job views than --jobs")
-    from fstream_bench import provenance, runstats
+    from fstream_bench.core import provenance, runstats
 
     prov = provenance.start("live-view", argv, MODULES)
     res = run(a, prov)

@@ -13,12 +13,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from fstream_bench.airflow_results import machine_line, say, size_label, start, write_results
-from fstream_bench.airflow_rig import Rig, fstream_bin
+from fstream_bench.airflow.results import machine_line, say, size_label, start, write_results
+from fstream_bench.airflow.rig import Rig, fstream_bin
 
 
 def _dataset(root: Path, count: int, size: int, seed: int) -> Path:
-    from fstream_bench.workload_gen import content_block, write_file
+    from fstream_bench.core.workload_gen import content_block, write_file
 
     block = content_block(seed)
     for i in range(count):

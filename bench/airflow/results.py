@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 
 KIB, MIB = 2**10, 2**20
 
 #: what an Airflow result exercised (``provenance``): the agent, the whole provider (operator, sensor,
 #: trigger, hooks, bus), and the benchmark's own pieces (rig, timed classes, dataset writer)
-MODULES = (*provenance.AGENT, "fstream_provider", "fstream_bench.airflow_bench", "fstream_bench.airflow_latency",
-           "fstream_bench.airflow_overhead", "fstream_bench.airflow_results", "fstream_bench.airflow_rig",
-           "fstream_bench.airflow_timed", "fstream_bench.report", "fstream_bench.workload_gen")
+MODULES = (*provenance.AGENT, "fstream_provider", "fstream_bench.airflow.bench", "fstream_bench.airflow.latency",
+           "fstream_bench.airflow.overhead", "fstream_bench.airflow.results", "fstream_bench.airflow.rig",
+           "fstream_bench.airflow.timed", "fstream_bench.core.report", "fstream_bench.core.workload_gen")
 
 
 def start(args: argparse.Namespace) -> dict:
@@ -37,7 +37,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 
 def machine_line() -> str:
-    from fstream_bench.report import machine_info
+    from fstream_bench.core.report import machine_info
 
     m = machine_info()
     return (f"Machine: nproc {m['nproc']}, {m['cpu']}, kernel {m['kernel']}, load average {m['loadavg']}, "

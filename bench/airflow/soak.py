@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_provider.model.units import parse_duration
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODULES = (*provenance.AGENT, "fstream_provider.operators", "fstream_provider.triggers", "fstream_provider.hooks",
-           "fstream_bench.airflow_soak", "fstream_bench.airflow_procs", "fstream_bench.sentinel_group")
+           "fstream_bench.airflow.soak", "fstream_bench.airflow.procs", "fstream_bench.ops.sentinel_group")
 FAULTS = ("redis_outage", "sentinel_failover", "triggerer_kill", "scheduler_restart", "api_server_restart",
           "agent_drain", "key_rotation")
 DAG_ID, TASK, SUBMITTER = "fstream_soak", "transfer", "soak"
@@ -105,8 +105,8 @@ class Soak:
     """The rig and the run: Sentinel group, receiver, agent, Airflow; the producer and the fault injector."""
 
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
-        from fstream_bench.airflow_procs import Airflow
-        from fstream_bench.sentinel_group import SentinelGroup
+        from fstream_bench.airflow.procs import Airflow
+        from fstream_bench.ops.sentinel_group import SentinelGroup
         from fstream_provider.authz.ed25519 import ensure_pair
 
         self.work, self.args = work, args

@@ -73,7 +73,7 @@ def _build_classes() -> dict[str, type]:
     classes = {"TimedNewFilesTrigger": TimedNewFilesTrigger, "TimedNewFilesSensor": TimedNewFilesSensor,
                "TimedTransferOperator": TimedTransferOperator}
     for name, cls in classes.items():  # importable by classpath (the trigger is re-created from serialize())
-        cls.__module__, cls.__qualname__ = "fstream_bench.airflow_timed", name
+        cls.__module__, cls.__qualname__ = "fstream_bench.airflow.timed", name
     return classes
 
 

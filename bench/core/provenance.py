@@ -9,7 +9,7 @@ The hash is taken over each module's syntax tree with docstrings dropped, writte
 (``ast.unparse``: the same text on every Python that parses it, where ``ast.dump``'s fields change
 between versions), so a comment, a blank line or a reworded docstring does not stale a result and
 any change to what runs does.
-Modules are named by import name (``transfer_agent``, ``fstream_bench.loopback``); a package
+Modules are named by import name (``transfer_agent``, ``fstream_bench.datapath.loopback``); a package
 stands for every source file under it (``.py`` by syntax tree; ``.c``, ``.h``, ``.rs`` byte for byte).
 """
 
@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fstream_bench.report import machine_info
+from fstream_bench.core.report import machine_info
 
 #: What most benchmarks that start real agents exercise: the agent, everything it imports from
 #: the provider side, and the benchmark's own harness pieces are added per benchmark.
@@ -73,7 +73,7 @@ def code_hash(modules: list[str] | tuple[str, ...]) -> str:
 
 
 def _git(*args: str) -> str:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):

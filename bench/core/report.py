@@ -113,7 +113,7 @@ def _arrival_bound(sc: dict, wl: str, limit_bps: float | None) -> str:
     if not limit_bps:
         return ""
     try:
-        from fstream_bench.workload_gen import build
+        from fstream_bench.core.workload_gen import build
 
         w = build(wl, bandwidth_bps=sc["bandwidth_bps"], rtt_s=sc["rtt_s"], seed=sc["seed"],
                   interval_s=sc["interval_s"], count_factor=sc["count_factor"])

@@ -1,7 +1,7 @@
 """Summaries and result files shared by ``fstream bench ab`` and ``fstream bench micro`` (issue 26).
 
 Every figure is kept raw (each run's value) next to its median and range, and every result file
-carries ``provenance`` (``fstream_bench.provenance``): a number in BENCHMARKS.md points at a file
+carries ``provenance`` (``fstream_bench.core.provenance``): a number in BENCHMARKS.md points at a file
 that says what was run, on which code and machine, and what each repeat measured.
 """
 
@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 
 def summarize(values: list[float]) -> dict:

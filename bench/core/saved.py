@@ -6,10 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
-from fstream_bench.report import machine_info
+from fstream_bench.core import provenance
+from fstream_bench.core.report import machine_info
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 
 def run_saved(name: str, argv: list[str], modules: tuple[str, ...], fn, results: str | Path | None = None) -> dict:  # noqa: ANN001

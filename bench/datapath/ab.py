@@ -7,7 +7,7 @@ Reports medians, the spread (min-max) and B/A ratios, and writes every pair's ra
 run's provenance to ``bench/results/ab-<stamp>.json`` (and a short ``.md`` table). Usage::
 
     fstream bench ab --a-cmd '/tmp/old/fstream' --a-path /work/wt/base --b-cmd .venv/bin/fstream --repeat 5
-    python -m fstream_bench.ab ...        # the same
+    python -m fstream_bench.datapath.ab ...        # the same
 
 A checkout from before issue 15 has its CLI at ``transfer_agent.cli`` (not ``.cli.main``); run it as
 ``--a-cmd ".venv/bin/python -c 'import sys; from transfer_agent.cli import main; sys.exit(main())'"``
@@ -30,7 +30,9 @@ from pathlib import Path
 
 import psutil
 
-from fstream_bench import provenance, runstats
+from fstream_bench.core import provenance
+
+from fstream_bench.core import runstats
 
 CASES = {  # name: (file count, file size, send options)
     "1 x 1 GiB, p=4": (1, 1 << 30, ["--tuner", "fixed", "--cc", "1", "--p", "4", "--pp", "0"]),
@@ -42,7 +44,7 @@ CASES = {  # name: (file count, file size, send options)
 DEFAULT_CASES = ("1 x 1 GiB, p=4", "2000 x 256 KiB, cc=4 pp=16")
 METRICS = {"wall": "wall s", "tx_cpu": "sender CPU s", "rx_cpu": "receiver CPU s"}
 #: what an A/B exercises in this checkout (side B, when B is this checkout)
-MODULES = (*provenance.AGENT, "fstream_bench.ab", "fstream_bench.runstats")
+MODULES = (*provenance.AGENT, "fstream_bench.datapath.ab", "fstream_bench.core.runstats")
 
 
 def _make(root: Path, count: int, size: int) -> Path:
@@ -191,7 +193,7 @@ def markdown(doc: dict) -> str:
 
 
 def _checkout(path: str | None) -> dict:
-    root = Path(path) if path else Path(__file__).resolve().parent.parent
+    root = Path(path) if path else Path(__file__).resolve().parents[2]
 
     def git(*a: str) -> str:
         try:

@@ -29,15 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
            "fstream_provider.model", "fstream_provider.watch",
-           "fstream_provider.tuning", "fstream_bench.authz_bench", "fstream_bench.runstats")
+           "fstream_provider.tuning", "fstream_bench.datapath.authz", "fstream_bench.core.runstats")
 PIN = {"src": (), "dst": ()}
 
 
 def drive(argv: list[str]) -> int:
-    """``python -m fstream_bench.authz_bench --drive plain|guarded SRC URL SECRET``: one transfer, one JSON line."""
+    """``python -m fstream_bench.datapath.authz --drive plain|guarded SRC URL SECRET``: one transfer, one JSON line."""
     mode, src, url, secret = argv
     from fstream_provider.model.spec import TransferSpec
     from transfer_agent.daemon.authorize import Guard
@@ -78,7 +78,7 @@ def guard_runs(work: Path, secret: Path, files: int, size: int, repeats: int) ->
             shutil.rmtree(dst, ignore_errors=True)
             rx, port = _receiver(dst, secret)
             try:
-                out = subprocess.run([*PIN["src"], sys.executable, "-m", "fstream_bench.authz_bench", "--drive", mode,
+                out = subprocess.run([*PIN["src"], sys.executable, "-m", "fstream_bench.datapath.authz", "--drive", mode,
                                       str(src), f"fstream://127.0.0.1:{port}/t", str(secret)],
                                      capture_output=True, text=True, timeout=1800, check=True)
                 r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -163,7 +163,7 @@ def decide_rounds(work: Path, secret: Path, n: int) -> dict:
 
 
 def report(res: dict) -> str:
-    from fstream_bench import runstats
+    from fstream_bench.core import runstats
 
     g = res["guard"]
     lines = [f"Command: `{res['provenance']['command']}`  ", runstats.provenance_line(res["provenance"]), "",
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decisions", type=int, default=500)
     ap.add_argument("--results", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
-    from fstream_bench import provenance
+    from fstream_bench.core import provenance
     from fstream_provider.model.units import parse_size
     from transfer_agent.wire.auth import create_secret_file
 

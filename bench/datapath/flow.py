@@ -32,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from fstream_bench.report import machine_info
+from fstream_bench.core.report import machine_info
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 
 def __getattr__(name: str):
@@ -42,16 +42,16 @@ def __getattr__(name: str):
     flow package and this benchmark (its driver runs in the measured processes). Computed on use, so
     the driver processes, whose peak RSS is measured, do not import ``provenance``."""
     if name == "MODULES":
-        from fstream_bench import provenance
+        from fstream_bench.core import provenance
 
-        return (*provenance.AGENT, "fstream_provider.flow", "fstream_bench.flow_bench", "fstream_bench.report",
-                "fstream_bench.workload_gen")
+        return (*provenance.AGENT, "fstream_provider.flow", "fstream_bench.datapath.flow", "fstream_bench.core.report",
+                "fstream_bench.core.workload_gen")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- the driver: one measured run in a fresh process -------------------------------------------------
 def drive(argv: list[str]) -> int:
-    """``python -m fstream_bench.flow_bench --drive MODE ...``: run one transfer, print one JSON line."""
+    """``python -m fstream_bench.datapath.flow --drive MODE ...``: run one transfer, print one JSON line."""
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("send", "send-manifest", "flow", "watch"))
     ap.add_argument("--src", required=True)
@@ -125,7 +125,7 @@ def _vm_hwm_kib() -> int:
 
 
 def _drive(*args: str, timeout: float = 1800) -> dict:
-    r = subprocess.run([*PIN["src"], sys.executable, "-m", "fstream_bench.flow_bench", "--drive", *args],
+    r = subprocess.run([*PIN["src"], sys.executable, "-m", "fstream_bench.datapath.flow", "--drive", *args],
                        capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"driver {args[0]} failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -189,7 +189,7 @@ def latency(work: Path, secret: Path, n: int, size: int, rate: float, inotify: b
         stamps, closes = work / "stamps.txt", work / "closes.txt"
         args = ["watch", "--src", str(src), "--to", rx.url("lat"), "--secret-file", str(secret), "--files", str(n),
                 "--interval", "1.0", "--stamps", str(stamps)] + ([] if inotify else ["--no-inotify"])
-        flow = subprocess.Popen([*PIN["src"], sys.executable, "-m", "fstream_bench.flow_bench", "--drive", *args],
+        flow = subprocess.Popen([*PIN["src"], sys.executable, "-m", "fstream_bench.datapath.flow", "--drive", *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(1.5)  # the flow is watching before the first file closes
         subprocess.run([sys.executable, "-c", WRITER, str(src), str(n), str(size), str(rate), str(closes)],
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     pin(not a.no_pin)
     parts = set(a.parts.split(","))
-    from fstream_bench import provenance
+    from fstream_bench.core import provenance
 
     prov = provenance.start("flow", argv, __getattr__("MODULES"))
     res: dict = {"bench": "flow", "provenance": prov, "machine": machine_info(), "argv": argv,

@@ -30,7 +30,7 @@ from typing import Any
 
 from transfer_agent.storage import tree_hash
 
-MODULES = ("transfer_agent", "fstream_provider.authz", "fstream_provider.model", "fstream_bench.gil_bench")
+MODULES = ("transfer_agent", "fstream_provider.authz", "fstream_provider.model", "fstream_bench.datapath.gil")
 
 _RECEIVER = """
 import json, resource, sys
@@ -231,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-perf", action="store_true", help="do not sample the interpreter's share with perf")
     ap.add_argument("--results", default=None)
     args = ap.parse_args(argv)
-    from fstream_bench.saved import run_saved
+    from fstream_bench.core.saved import run_saved
 
-    from fstream_bench.vm_memory import held_free_pages
+    from fstream_bench.core.vm_memory import held_free_pages
 
     work = Path(tempfile.mkdtemp(prefix="fstream-gil-", dir=args.workdir))
 

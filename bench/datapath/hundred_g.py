@@ -30,7 +30,7 @@ from fstream_provider.tuning.base import FileInfo, PathInfo
 from fstream_provider.tuning.sim import StorageModel, simulate
 from fstream_provider.tuning.workloads import Batch, Workload
 
-MODULES = ("fstream_bench.hundred_g", "fstream_provider.tuning.sim")
+MODULES = ("fstream_bench.datapath.hundred_g", "fstream_provider.tuning.sim")
 TARGET_GBPS = 94.0  # what a 100G NIC carries as TCP payload (Globus reports 93 sustained)
 GIL_BUSY_MAX = 0.8  # a process whose GIL is busier than this stalls its threads on the hand-offs
 PER_FLOW_GBPS = (15.0, 35.0)  # ESnet fasterdata: one TCP flow on a tuned 100G host
@@ -116,7 +116,7 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fstream_bench.saved import RESULTS_DIR, run_saved
+    from fstream_bench.core.saved import RESULTS_DIR, run_saved
 
     ap = argparse.ArgumentParser(prog="fstream bench hundred-g", description=__doc__.splitlines()[0])
     ap.add_argument("--gil", default=None, help="a gil bench result (default: the newest in bench/results)")

@@ -24,22 +24,21 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fstream_bench import provenance
-from fstream_bench.cpu_meter import ServerCpu
-from fstream_bench.peers import fstream as fs_peer
-from fstream_bench.peers import gridftp, iperf
+from fstream_bench.core import provenance
+from fstream_bench.core.cpu_meter import ServerCpu
+from fstream_bench.peers import fstream as fs_peer, gridftp, iperf
 from fstream_bench.peers.base import PeerError, PeerResult, Sites
-from fstream_bench.report import machine_info
-from fstream_bench.vm_memory import held_free_pages
-from fstream_bench.workload_gen import content_block, write_file
+from fstream_bench.core.report import machine_info
+from fstream_bench.core.vm_memory import held_free_pages
+from fstream_bench.core.workload_gen import content_block, write_file
 
 GIB = 2**30
 KIB = 2**10
 
 #: what a loopback result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
 #: GridFTP, iperf3 drivers), CPU meter, memory hold and dataset writer
-MODULES = (*provenance.AGENT, "fstream_bench.loopback", "fstream_bench.peers", "fstream_bench.cpu_meter",
-           "fstream_bench.report", "fstream_bench.vm_memory", "fstream_bench.workload_gen")
+MODULES = (*provenance.AGENT, "fstream_bench.datapath.loopback", "fstream_bench.peers", "fstream_bench.core.cpu_meter",
+           "fstream_bench.core.report", "fstream_bench.core.vm_memory", "fstream_bench.core.workload_gen")
 
 
 def make_datasets(root: Path, *, big_bytes: int = GIB, small_count: int = 2000, small_bytes: int = 256 * KIB,
@@ -148,7 +147,7 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
     """Run every case ``repeat`` times; return a document with all results and the medians.
 
     Each side runs pinned (``taskset``: the source on CPU 0, the destination on CPU 1) unless
-    ``pin`` is False; each result carries both sides' CPU-seconds (``fstream_bench.cpu_meter``).
+    ``pin`` is False; each result carries both sides' CPU-seconds (``fstream_bench.core.cpu_meter``).
     ``only`` keeps the cases whose name contains one of its comma-separated words; ``tools`` the
     tools named in it.
     """

@@ -13,7 +13,7 @@ and range and its provenance to ``bench/results/micro-<stamp>.json`` and a short
     fstream bench micro --list               # what each entry reproduces, and what none can
 
 The in-process entries are ``micro_cpu`` (pinned to CPU 0, CPU from ``time.process_time``), the ones
-that start the agent ``micro_agent`` (A/B pairs in ABBA order on ``fstream_bench.ab``'s pinned sides);
+that start the agent ``micro_agent`` (A/B pairs in ABBA order on ``fstream_bench.datapath.ab``'s pinned sides);
 this module is the registry, the run and the result file.
 """
 
@@ -28,14 +28,16 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from fstream_bench import provenance, runstats
-from fstream_bench.micro_agent import run_bytecode, run_gc, run_pipe, run_startup
-from fstream_bench.micro_cpu import (GIB, KIB, MIB, Ctx, run_checksum, run_frame, run_gmac, run_hash_small,
+from fstream_bench.core import provenance
+
+from fstream_bench.core import runstats
+from fstream_bench.datapath.micro_agent import run_bytecode, run_gc, run_pipe, run_startup
+from fstream_bench.datapath.micro_cpu import (GIB, KIB, MIB, Ctx, run_checksum, run_frame, run_gmac, run_hash_small,
                                      run_pydantic, run_touch, tmpfs_dir)
 
-AGENT_RUN = (*provenance.AGENT, "fstream_bench.ab", "fstream_bench.micro_agent", "fstream_bench.micro_cpu",
-             "fstream_bench.vm_memory", "fstream_bench.peers.fstream", "fstream_bench.peers.base")
-CPU_RUN = ("fstream_bench.micro_cpu",)
+AGENT_RUN = (*provenance.AGENT, "fstream_bench.datapath.ab", "fstream_bench.datapath.micro_agent", "fstream_bench.datapath.micro_cpu",
+             "fstream_bench.core.vm_memory", "fstream_bench.peers.fstream", "fstream_bench.peers.base")
+CPU_RUN = ("fstream_bench.datapath.micro_cpu",)
 
 
 @dataclass
@@ -53,7 +55,7 @@ class Entry:
 
 ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("touch", "§12 'Why loopback numbers swung': touching 4 GiB took 7.3 s cold and 1.7 s warm (~1.8 CPU-s per GiB)",
-          run_touch.__doc__ or "", (*CPU_RUN, "fstream_bench.vm_memory"), run_touch),
+          run_touch.__doc__ or "", (*CPU_RUN, "fstream_bench.core.vm_memory"), run_touch),
     Entry("gmac", "§12 'What would close it': AES-GMAC 26.6 GB/s on this CPU (cryptography, AAD only) against keyed "
           "BLAKE3's 6.7 GB/s; ~0.8 CPU-s per GiB bound", run_gmac.__doc__ or "", CPU_RUN, run_gmac),
     Entry("checksum", "§12 table of changes: keyed BLAKE3 over a page-cached GiB, pinned, one process: 0.32 → 0.27 CPU-s "
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"fstream bench micro: {e}", file=sys.stderr)
         return 2
-    modules = sorted({"fstream_bench.micro", "fstream_bench.runstats", *(m for e in entries for m in e.modules)})
+    modules = sorted({"fstream_bench.datapath.micro", "fstream_bench.core.runstats", *(m for e in entries for m in e.modules)})
     prov = provenance.start("micro", argv, modules)
     old_handlers = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):  # a kill or a hang-up still restores the memory hold and cleans up

@@ -2,7 +2,7 @@
 
 An A/B changes one thing in one checkout, in both processes of a side, through a ``python -c``
 wrapper around ``transfer_agent.cli.main`` (both sides run the same wrapper, so its own cost
-cancels); the pairs run in ABBA order on ``fstream_bench.ab``'s sides: sender pinned to CPU 0,
+cancels); the pairs run in ABBA order on ``fstream_bench.datapath.ab``'s sides: sender pinned to CPU 0,
 receiver to CPU 1 writing to tmpfs with ``--no-fsync``, CPU-s from ``wait4`` and the receiver's process.
 """
 
@@ -17,10 +17,14 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from fstream_bench import ab, runstats, vm_memory
-from fstream_bench.micro_cpu import MIB, Ctx
+from fstream_bench.datapath import ab
 
-REPO = Path(__file__).resolve().parent.parent
+from fstream_bench.core import runstats
+
+from fstream_bench.core import vm_memory
+from fstream_bench.datapath.micro_cpu import MIB, Ctx
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def agent_cmd(pre: str = "", post: str = "") -> str:
@@ -34,7 +38,7 @@ def agent_cmd(pre: str = "", post: str = "") -> str:
 def _ab(ctx: Ctx, name: str, a_cmd: str, b_cmd: str, count: int, size: int, opts: list[str], *,
         hold_bytes: int = 0, env: dict[str, str] | None = None) -> tuple[list[dict], str | None]:
     """``ctx.repeat`` pairs of sends of ``count`` files of ``size`` bytes, A then B, B then A, ...
-    (``fstream_bench.ab``'s pinned sides); returns the pairs and the memory-hold note."""
+    (``fstream_bench.datapath.ab``'s pinned sides); returns the pairs and the memory-hold note."""
     root = ctx.work / name
     root.mkdir()
     secret = root / "secret"

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from fstream_bench import runstats, vm_memory
+from fstream_bench.core import runstats
+
+from fstream_bench.core import vm_memory
 
 GIB = 1 << 30
 MIB = 1 << 20

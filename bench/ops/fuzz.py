@@ -1,6 +1,6 @@
 """Optional coverage-guided fuzzing with atheris (``pip install atheris``): frame reader and path validator.
 
-Run: ``python bench/atheris_fuzz.py -atheris_runs=100000``. Only ``ProtocolError``/``NetworkError`` may
+Run: ``python bench/ops/fuzz.py -atheris_runs=100000``. Only ``ProtocolError``/``NetworkError`` may
 escape ``recv_frame`` and only ``RefusedError`` ``safe_relpath``; anything else is a crash atheris reports.
 Not collected by pytest; skipped (exit 0 with a note) when atheris is absent.
 """

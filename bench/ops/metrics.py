@@ -30,11 +30,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
            "fstream_provider.model", "fstream_provider.watch",
-           "fstream_provider.tuning", "fstream_bench.metrics_bench", "fstream_bench.loopback",
-           "fstream_bench.cpu_meter", "fstream_bench.peers", "fstream_bench.runstats")
+           "fstream_provider.tuning", "fstream_bench.ops.metrics", "fstream_bench.datapath.loopback",
+           "fstream_bench.core.cpu_meter", "fstream_bench.peers", "fstream_bench.core.runstats")
 GOAL = 1.02
 _METRICS_AT = re.compile(r"metrics on (http://\S+)/metrics")
 
@@ -85,7 +85,7 @@ def _wait_for(path: Path, pattern: re.Pattern, proc, what: str, timeout: float =
 
 def dataset(root: Path, total: int, files: int, seed: int = 0) -> Path:
     """``files`` files of ``total // files`` bytes under ``root/data`` (seeded content, as the loopback bench's)."""
-    from fstream_bench.workload_gen import content_block, write_file
+    from fstream_bench.core.workload_gen import content_block, write_file
 
     block = content_block(seed)
     src = root / "data"
@@ -96,7 +96,7 @@ def dataset(root: Path, total: int, files: int, seed: int = 0) -> Path:
 
 def one_run(ctx: dict, mode: str, rep: int) -> dict:
     """One transfer through a fresh agent and receiver, metrics ``on`` or ``off``; both daemons' CPU."""
-    from fstream_bench.cpu_meter import ServerCpu
+    from fstream_bench.core.cpu_meter import ServerCpu
     from fstream_bench.peers import fstream as fs_peer
     from fstream_bench.peers.base import spawn, stop
     from fstream_provider.bus.jobs import JobStore
@@ -155,7 +155,7 @@ def one_run(ctx: dict, mode: str, rep: int) -> dict:
 
 def run(work: Path, *, repeats: int, total: int, files: int, knobs: dict, scrape_interval: float, pin: bool,
         timeout: float, log=print) -> dict:
-    from fstream_bench.loopback import _warm
+    from fstream_bench.datapath.loopback import _warm
     from fstream_bench.peers.base import Sites
     from fstream_provider.bus.client import connect
     from fstream_provider.bus.embedded import RedisServer
@@ -191,7 +191,7 @@ def run(work: Path, *, repeats: int, total: int, files: int, knobs: dict, scrape
 
 
 def summarize(runs: list[dict], **setup) -> dict:
-    from fstream_bench import runstats
+    from fstream_bench.core import runstats
 
     doc: dict = {"bench": "metrics", "setup": setup, "runs": runs, "goal_ratio_max": GOAL}
     for key in ("cpu_s_per_gb", "rx_s_per_gb", "agent_s_per_gb", "seconds"):
@@ -206,7 +206,7 @@ def summarize(runs: list[dict], **setup) -> dict:
 
 
 def markdown(doc: dict) -> str:
-    from fstream_bench import runstats
+    from fstream_bench.core import runstats
 
     s = doc["setup"]
     lines = [f"Command: `{doc['provenance']['command']}`  ", runstats.provenance_line(doc["provenance"]), "",
@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="where the trees go (default: a new directory on tmpfs)")
     ap.add_argument("--results", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
-    from fstream_bench import provenance, runstats
-    from fstream_bench.loopback import _tmpfs_root
+    from fstream_bench.core import provenance, runstats
+    from fstream_bench.datapath.loopback import _tmpfs_root
     from fstream_provider.model.units import parse_duration, parse_size
 
     total, files = parse_size(a.bytes), a.files

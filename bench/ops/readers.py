@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fstream_bench.runstats import med_range
+from fstream_bench.core.runstats import med_range
 
 
 def metrics_overhead(doc: dict, _: Path) -> tuple[str, str]:

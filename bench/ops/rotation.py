@@ -30,10 +30,10 @@ import threading
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
            "fstream_provider.model", "fstream_provider.watch",
-           "fstream_provider.tuning", "fstream_bench.rotation_bench")
+           "fstream_provider.tuning", "fstream_bench.ops.rotation")
 SESSION_LINE = re.compile(r"session \S+ from \S+ \(key (\S+) generation (\S+), protocol (\d+)\): job (\S+) attempt")
 FSTREAM = [sys.executable, "-m", "transfer_agent.cli"]
 
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", default="10m", help="the rotation's --window (default 10m)")
     ap.add_argument("--results", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
-    from fstream_bench import provenance
+    from fstream_bench.core import provenance
 
     prov = provenance.start("rotation", argv, MODULES)
     res = {"provenance": prov, **run(a)}

@@ -19,8 +19,8 @@ range of all runs, with each mode's ratio to ``hmac`` taken within a round.
 CPU per GB is the evidence (on a 2-core VM throughput moves with the machine); CPU-seconds are
 user + system of every thread: the sender's from ``wait4`` at its exit (its ~0.2 s start-up
 included), the receiver's as the difference of its process tree's CPU around the run
-(``fstream_bench.cpu_meter``). Freed pages are held in the guest for the whole run
-(``fstream_bench.vm_memory``, root only; without it a run's CPU swung 2-3x with how long ago
+(``fstream_bench.core.cpu_meter``). Freed pages are held in the guest for the whole run
+(``fstream_bench.core.vm_memory``, root only; without it a run's CPU swung 2-3x with how long ago
 its memory was freed).
 
 Loopback (default): each side pinned (sender on CPU 0, receiver on CPU 1, as ``bench loopback``).
@@ -48,9 +48,9 @@ from types import SimpleNamespace
 
 from fstream_provider.model.units import format_bytes, parse_duration, parse_rate, parse_size
 
-from fstream_bench.trust_report import BASE, MODES, markdown, schedule, summarise, wan_buffer
+from fstream_bench.ops.trust_report import BASE, MODES, markdown, schedule, summarise, wan_buffer
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def log(msg: str) -> None:
@@ -156,7 +156,7 @@ def _remove(p: Path) -> None:
 def _one(mode: str, rx, sites, sources: list[Path], knobs: list[str], dest: str, secret: Path,
          certs: dict[str, str], workdir: Path, timeout: float) -> dict:
     """One ``fstream send`` with ``mode``: status, bytes, the agent's throughput, both sides' CPU-seconds."""
-    from fstream_bench.cpu_meter import ServerCpu
+    from fstream_bench.core.cpu_meter import ServerCpu
     from fstream_bench.peers.base import PeerError, log_tail, run_client
     from fstream_bench.peers.fstream import _last_json, fstream_argv
 
@@ -213,7 +213,7 @@ def run_cases(where: str, sites, cases: dict[str, tuple[list[Path], list[str]]],
 def _wan_site(args, buffer: int, pin: bool) -> tuple[object, object, dict]:
     """Our own WAN path (``--wan-run-id``), selfchecked; (bench, sites, what the report says of it)."""
     from fstream_bench.peers.base import Sites
-    from fstream_bench.wan_rig import open_bench
+    from fstream_bench.wan.rig import open_bench
 
     bench = open_bench(SimpleNamespace(rate=args.wan_rate, rtt=args.wan_rtt, buffer=str(buffer),
                                        run_id=args.wan_run_id, loopback=False, force_path=args.force_path), log=log)
@@ -292,15 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"warning: --wan-buffer {format_bytes(buffer)} is under twice the bandwidth-delay product "
             f"({format_bytes(int(rate * rtt / 8))}): the window may be the limit, not the mode")
 
-    from fstream_bench import provenance
+    from fstream_bench.core import provenance
     from fstream_bench.peers import fstream as fs_peer
-    from fstream_bench.vm_memory import held_free_pages
+    from fstream_bench.core.vm_memory import held_free_pages
     from transfer_agent.wire.auth import create_secret_file
 
-    modules = [*provenance.AGENT, "fstream_bench.trust_bench", "fstream_bench.trust_report", "fstream_bench.cpu_meter",
-               "fstream_bench.vm_memory", "fstream_bench.peers.base", "fstream_bench.peers.fstream"]
+    modules = [*provenance.AGENT, "fstream_bench.ops.trust", "fstream_bench.ops.trust_report", "fstream_bench.core.cpu_meter",
+               "fstream_bench.core.vm_memory", "fstream_bench.peers.base", "fstream_bench.peers.fstream"]
     if args.wan:
-        modules += ["fstream_bench.wan_rig", "fstream_bench.wan"]
+        modules += ["fstream_bench.wan.rig", "fstream_bench.wan"]
     prov = provenance.start("trust", argv, modules)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # so the memory hold, the path and the tmpfs data go on a kill
         signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from fstream_bench.cpu_meter import Finished, wait_with_usage
+from fstream_bench.core.cpu_meter import Finished, wait_with_usage
 
 
 class PeerError(RuntimeError):

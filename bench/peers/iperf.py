@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fstream_bench.cpu_meter import wait_with_usage
+from fstream_bench.core.cpu_meter import wait_with_usage
 from fstream_bench.peers.base import PeerError, PeerResult, Sites, run_client, spawn, stop, wait_listening
 
 

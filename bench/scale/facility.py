@@ -31,11 +31,11 @@ from typing import Any
 
 import psutil
 
-from fstream_bench import provenance
-from fstream_bench.history_cache_bench import synthetic_rows
+from fstream_bench.core import provenance
+from fstream_bench.scale.history_cache import synthetic_rows
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers.base import Sites, spawn, stop
-from fstream_bench.sched_cycle_bench import AGENT_CONFIG, CAP_BPS, fill_live
+from fstream_bench.scheduling.cycle import AGENT_CONFIG, CAP_BPS, fill_live
 from fstream_provider.bus.client import connect
 from fstream_provider.bus.embedded import RedisServer
 from fstream_provider.bus.jobs import JobStore
@@ -43,8 +43,8 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.sched_board import SchedBoard
 from fstream_provider.bus.transfer_history import TransferHistory
 
-MODULES = (*provenance.AGENT, "fstream_bench.facility_jobs", "fstream_bench.sched_cycle_bench",
-           "fstream_bench.history_cache_bench", "fstream_bench.peers")
+MODULES = (*provenance.AGENT, "fstream_bench.scale.facility", "fstream_bench.scheduling.cycle",
+           "fstream_bench.scale.history_cache", "fstream_bench.peers")
 
 
 def _fill_history(client: Any, keys: Keys, rows: int, log) -> float:  # noqa: ANN001
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--results", default=None)
     args = ap.parse_args(argv)
-    from fstream_bench.saved import run_saved
+    from fstream_bench.core.saved import run_saved
 
     workdir = Path(args.workdir or f"/tmp/fstream-bench-facility-{os.getpid()}")
     try:

@@ -23,17 +23,17 @@ import threading
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers.base import PeerError, Sites, spawn, stop
-from fstream_bench.report import machine_info
-from fstream_bench.workload_gen import content_block
+from fstream_bench.core.report import machine_info
+from fstream_bench.core.workload_gen import content_block
 
 PER_DIR = 1000
 
 #: what a scale result exercised (``provenance``): the agent, this benchmark and its harness pieces
-MODULES = (*provenance.AGENT, "fstream_bench.scale", "fstream_bench.peers", "fstream_bench.cpu_meter",
-           "fstream_bench.report", "fstream_bench.workload_gen")
+MODULES = (*provenance.AGENT, "fstream_bench.scale.growth", "fstream_bench.peers", "fstream_bench.core.cpu_meter",
+           "fstream_bench.core.report", "fstream_bench.core.workload_gen")
 
 
 def watcher_class():

@@ -13,7 +13,7 @@ intervals of many jobs over a few paths, and a calibration pass now and then), w
    (``TransferHistory.frame`` parsed for each job, every group fitted each time).
 
 scikit-learn is imported before anything is timed (the agent imports it in the loader thread; its ~1.4 s
-is the same with and without the cache). Run: ``python -m fstream_bench.history_cache_bench --rows 20000``.
+is the same with and without the cache). Run: ``python -m fstream_bench.scale.history_cache --rows 20000``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from transfer_agent.sending.history_io import HISTORY_LOAD_LIMIT, BackgroundHist
 
 #: what a result exercised (``provenance``)
 MODULES = ("fstream_provider.bus", "fstream_provider.tuning", "transfer_agent.sending.history_io",
-           "fstream_bench.history_cache_bench")
+           "fstream_bench.scale.history_cache")
 
 log = logging.getLogger("fstream.bench.history_cache")
 
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-baseline", action="store_true", help="skip the jobs as they ran before the cache")
     ap.add_argument("--results", default=None, help="directory of the result file (default bench/results)")
     args = ap.parse_args(argv)
-    from fstream_bench.saved import run_saved
+    from fstream_bench.core.saved import run_saved
 
     result = run_saved("history-cache", list(sys.argv[1:] if argv is None else argv), MODULES,
                        lambda: run(args.rows, limit=args.limit, new_rows=args.new_rows, repeat=args.repeat,

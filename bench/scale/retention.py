@@ -1,6 +1,6 @@
 """Issue 28: Redis memory of N finished jobs, per job and per key family, and what is left once their retention ends.
 
-``python -m fstream_bench.retention_bench [--jobs 10000 --files 4 --intervals 10 --retention 180s]``
+``python -m fstream_bench.scale.retention [--jobs 10000 --files 4 --intervals 10 --retention 180s]``
 
 A fresh ``redis-server`` (``bus.embedded.RedisServer``: no AOF, nothing else on it). ``used_memory`` (``INFO memory``)
 is read once the clients are connected and the scripts loaded (the baseline). Then ``--jobs`` signed jobs of
@@ -47,7 +47,7 @@ from fstream_provider.model.units import parse_duration
 from fstream_provider.tuning.harp_history import HistoryRow
 
 #: what a result exercised (``provenance``)
-MODULES = ("fstream_provider.bus", "fstream_provider.authz", "fstream_provider.model", "fstream_bench.retention_bench")
+MODULES = ("fstream_provider.bus", "fstream_provider.authz", "fstream_provider.model", "fstream_bench.scale.retention")
 
 DEST = "fstream://dtn02.slac.example.org:9000/lcls/xpp/run"
 FILE_SIZE = 2_147_483_648  # 2 GiB detector files
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--results", default=None, help="directory of the result file (default bench/results)")
     args = p.parse_args(argv)
-    from fstream_bench.saved import run_saved
+    from fstream_bench.core.saved import run_saved
 
     out = run_saved("retention", list(sys.argv[1:] if argv is None else argv), MODULES,
                     lambda: run(args.jobs, files=args.files, intervals=args.intervals,

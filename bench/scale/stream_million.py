@@ -26,15 +26,15 @@ import threading
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers.base import PeerError, Sites, spawn, stop
-from fstream_bench.report import machine_info
-from fstream_bench.scale import PER_DIR, _add, _rss
-from fstream_bench.workload_gen import content_block
+from fstream_bench.core.report import machine_info
+from fstream_bench.scale.growth import PER_DIR, _add, _rss
+from fstream_bench.core.workload_gen import content_block
 
-MODULES = (*provenance.AGENT, "fstream_bench.stream_million", "fstream_bench.scale", "fstream_bench.peers",
-           "fstream_bench.report", "fstream_bench.workload_gen")
+MODULES = (*provenance.AGENT, "fstream_bench.scale.stream_million", "fstream_bench.scale.growth", "fstream_bench.peers",
+           "fstream_bench.core.report", "fstream_bench.core.workload_gen")
 
 
 class Reaper(threading.Thread):

@@ -1,6 +1,6 @@
 """What one SEAL/STEAL scheduling cycle costs in Python at thousands of live tasks (no Redis, no I/O).
 
-``python -m fstream_bench.sched_compute_bench [--live 1000,10000] [--running 2,32] [--repeat 20] [--profile]
+``python -m fstream_bench.scheduling.compute [--live 1000,10000] [--running 2,32] [--repeat 20] [--profile]
 [--json out.json]`` (``run(live, running) -> dict``)
 
 The board an idle agent sees behind busy ones: ``running`` interactive tasks on two streams each from ``a`` to
@@ -161,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--results", default=None, help="directory of the result file (default bench/results)")
     args = ap.parse_args(argv)
-    from fstream_bench.saved import run_saved
+    from fstream_bench.core.saved import run_saved
 
     res = run_saved("sched-compute", list(sys.argv[1:] if argv is None else argv),
-                    ("fstream_provider.tuning", "fstream_bench.sched_compute_bench"),
+                    ("fstream_provider.tuning", "fstream_bench.scheduling.compute"),
                     lambda: run(tuple(int(x) for x in args.live.split(",")),
                                 tuple(int(x) for x in args.running.split(",")), args.repeat, args.profile,
                                 tuple(args.config.split(",")), tuple(args.scenario.split(","))), args.results)

@@ -1,6 +1,6 @@
 """Issue 28 (one part): what one scheduling cycle costs Redis, and what an idle agent costs Redis per second.
 
-``python -m fstream_bench.sched_cycle_bench [--live 10,100,1000] [--finished 0,10000] [--agents 32]
+``python -m fstream_bench.scheduling.cycle [--live 10,100,1000] [--finished 0,10000] [--agents 32]
 [--seconds 10] [--cycles 20] [--json out.json]`` (``main(argv)``: ready for ``fstream bench sched-cycle``)
 
 For each (live, finished) pair, a fresh ``redis-server`` (``bus.embedded.RedisServer``, no AOF) gets:
@@ -52,13 +52,13 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.sched_board import SchedBoard
 from fstream_provider.model.spec import TransferSpec
 from fstream_provider.tuning.scheduler import SealConfig
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 
 NAMESPACE = "bench-sched"
 SRC, DST = "src-dtn", "dst-dtn:9000"
 CAP_BPS, UNIT_BPS = 10e9, 1e9
 TASK_BYTES = 100e9
-MODULES = (*provenance.AGENT, "fstream_bench.sched_cycle_bench")
+MODULES = (*provenance.AGENT, "fstream_bench.scheduling.cycle")
 AGENT_CONFIG = SealConfig(small_s=1.0, steal=True, resize_running=False)  # as worker.Agent.run builds it
 
 
@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode, idle in r["idle"].items():
             print(f"live {r['live']} finished {r['finished']} {mode}: {idle['ops_per_agent_s']:.1f} ops/s per idle "
                   f"agent: {idle['by_command_per_agent_s']}")
-    from fstream_bench.report import machine_info
-    from fstream_bench.saved import RESULTS_DIR
+    from fstream_bench.core.report import machine_info
+    from fstream_bench.core.saved import RESULTS_DIR
 
     path = a.json or str(RESULTS_DIR / f"sched-cycle-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json")
     with open(path, "w") as f:

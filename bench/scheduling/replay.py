@@ -35,16 +35,16 @@ import time
 import tomllib
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_provider.tuning import sched_model
 from fstream_provider.tuning.common import fmt_bps
 from fstream_provider.tuning import sched_sim as S
 from fstream_provider.tuning import trace as T
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 DEFAULT_TRACES = "25%,45%,60%,60%-hv"
 #: what a scheduling result exercised (``provenance``): the simulator and schedulers, and this driver
-MODULES = ("fstream_provider.tuning", "fstream_bench.scheduling")
+MODULES = ("fstream_provider.tuning", "fstream_bench.scheduling.replay")
 #: the trace, once per trace in the result JSON: one row per task, in replay order
 TRACE_COLUMNS = ("class", "category", "size", "arrival")
 #: each task's outcome per algorithm, rows aligned with the trace's (``ReplayResult.tasks``)

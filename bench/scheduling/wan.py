@@ -1,6 +1,6 @@
 """Issue #11 on the emulated WAN: a burst of mixed jobs through several agents, first come first served vs STEAL.
 
-``python -m fstream_bench.sched_wan [--agents 8] [--batch 1.5GB] [--interactive 300MB] [--small 30MB]`` (root;
+``python -m fstream_bench.scheduling.wan [--agents 8] [--batch 1.5GB] [--interactive 300MB] [--small 30MB]`` (root;
 ``--loopback`` for a smoke run).
 
 One receiver at the destination; one Redis over a unix socket; ``--agents`` ``fstream agent`` processes at
@@ -35,18 +35,18 @@ import threading
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_bench.peers import fstream as fs_peer
-from fstream_bench.pools_wan import _overlap, _redis, jain
-from fstream_bench.qos_bench import build_dataset
-from fstream_bench.wan_rig import add_path_args, machine_line, open_bench, selfcheck_line
+from fstream_bench.tuning.pools_wan import _overlap, _redis, jain
+from fstream_bench.tuning.qos import build_dataset
+from fstream_bench.wan.rig import add_path_args, machine_line, open_bench, selfcheck_line
 from fstream_provider.model.units import parse_size
 
 #: what a sched-wan result exercised (``provenance``): the agents and their scheduler over the bus, the
 #: WAN rig and testbed, the peers, the pools bench's helpers and the dataset builder
-MODULES = (*provenance.AGENT, "fstream_bench.sched_wan", "fstream_bench.pools_wan", "fstream_bench.qos_bench",
-           "fstream_bench.wan_rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.report",
-           "fstream_bench.workload_gen", "fstream_bench.cpu_meter")
+MODULES = (*provenance.AGENT, "fstream_bench.scheduling.wan", "fstream_bench.tuning.pools_wan", "fstream_bench.tuning.qos",
+           "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.report",
+           "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter")
 
 # (name, class, dataset kind, size option, submitted at s)
 BURST = [("batch-1", "batch", "large", "batch", 0.0), ("batch-2", "batch", "large", "batch", 0.0),
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     _plots(summary, out)
     lines = ["# A burst of mixed jobs through several agents: fifo vs STEAL\n", summary["machine_line"], "",
              summary["selfcheck_line"], "",
-             f"`python -m fstream_bench.sched_wan {' '.join(argv or [])}`; {args.agents} agents, every job with "
+             f"`python -m fstream_bench.scheduling.wan {' '.join(argv or [])}`; {args.agents} agents, every job with "
              f"`--pool` (Greedy 16/16/4/4); load average before {summary['load_before'][0]:.2f}.", "",
              "| scheduler | interactive avg / worst slowdown | batch avg / worst | aggregate / link | "
              "Jain (2 equal interactive) | preemptions | preempted jobs resent nothing |", "|---|---|---|---|---|---|---|"]

@@ -36,17 +36,17 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
-from fstream_bench.soak_report import write_report
-from fstream_bench.soak_run import Soak
+from fstream_bench.core import provenance
+from fstream_bench.soak.report import write_report
+from fstream_bench.soak.run import Soak
 from fstream_provider.model.units import parse_rate
 
 #: what a soak result exercised (``provenance``): the agents, receivers and bus, the soak's producer, agents,
 #: faults, checks and report, the WAN testbed and the peers
-MODULES = (*provenance.AGENT, "fstream_bench.soak", "fstream_bench.soak_run", "fstream_bench.soak_agents",
-           "fstream_bench.soak_producer", "fstream_bench.soak_faults", "fstream_bench.soak_check",
-           "fstream_bench.soak_monitor", "fstream_bench.soak_report", "fstream_bench.wan", "fstream_bench.peers",
-           "fstream_bench.report", "fstream_bench.workload_gen")
+MODULES = (*provenance.AGENT, "fstream_bench.soak.bench", "fstream_bench.soak.run", "fstream_bench.soak.agents",
+           "fstream_bench.soak.producer", "fstream_bench.soak.faults", "fstream_bench.soak.check",
+           "fstream_bench.soak.monitor", "fstream_bench.soak.report", "fstream_bench.wan", "fstream_bench.peers",
+           "fstream_bench.core.report", "fstream_bench.core.workload_gen")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--final-timeout", type=float, default=600.0, help="seconds the final send may take")
     ap.add_argument("--workdir", default=None, help="where source and destination go (default /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the source and destination")
-    ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--results", default=str(Path(__file__).resolve().parents[1] / "results"))
     args = ap.parse_args(argv)
     prov = provenance.start("soak", list(sys.argv[1:] if argv is None else argv), MODULES)
-    from fstream_bench.report import machine_info
+    from fstream_bench.core.report import machine_info
 
     if not args.loopback and os.geteuid() != 0:
         print("fstream bench soak: the emulated WAN needs root (use --loopback)", file=sys.stderr)

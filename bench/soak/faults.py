@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from fstream_bench.soak_agents import Agents
-from fstream_bench.soak_check import scan
-from fstream_bench.soak_producer import Producer
+from fstream_bench.soak.agents import Agents
+from fstream_bench.soak.check import scan
+from fstream_bench.soak.producer import Producer
 
 
 class FaultInjector:

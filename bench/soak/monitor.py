@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fstream_bench.soak_agents import Agents
-from fstream_bench.soak_check import scan
+from fstream_bench.soak.agents import Agents
+from fstream_bench.soak.check import scan
 
 
 class Monitor:

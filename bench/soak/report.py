@@ -7,7 +7,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from fstream_bench.soak_agents import Agents, slim
+from fstream_bench.soak.agents import Agents, slim
 
 MiB = 1 << 20
 

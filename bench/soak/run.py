@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fstream_bench.soak_agents import Agents
-from fstream_bench.soak_check import check, scan
-from fstream_bench.soak_faults import FaultInjector
-from fstream_bench.soak_monitor import Monitor
-from fstream_bench.soak_producer import Producer
-from fstream_bench.soak_report import summarize
+from fstream_bench.soak.agents import Agents
+from fstream_bench.soak.check import check, scan
+from fstream_bench.soak.faults import FaultInjector
+from fstream_bench.soak.monitor import Monitor
+from fstream_bench.soak.producer import Producer
+from fstream_bench.soak.report import summarize
 from fstream_provider.model.units import parse_rate
 
 

@@ -1,18 +1,18 @@
 """Breakdown benchmark (issue 4, thesis Fig. 4.4-4.5): static -> dynamic -> fstream -> fstream + history.
 
-Each workload (default w2 and lcls, from ``fstream_bench.workload_gen``) is released into a
+Each workload (default w2 and lcls, from ``fstream_bench.core.workload_gen``) is released into a
 fresh source directory batch by batch at its arrival times (hard links from a staging copy,
 identical for every variant) while ``fstream send --watch --idle-exit`` runs in the source
 namespace and ``fstream receive`` in the destination namespace of our own emulated WAN path.
 Time is from the first batch's release to the first destination sample where every file is
-present under its final name with all its bytes (``DestSampler``, as in ``bench/harness.py``).
+present under its final name with all its bytes (``DestSampler``, as in ``bench/wan/harness.py``).
 
 Variants, in this order per workload: ``static``, ``dynamic``, ``fstream`` without ``--redis``
 (online profiling only), a warm-up ``fstream --redis`` run on the same workload shape with
 another seed (it fills the profiling history in an empty Redis; not scored), then the scored
 ``fstream --redis`` run that starts from that history.
 
-Run: ``python -m fstream_bench.breakdown_bench`` (root; ``--loopback`` for a smoke run).
+Run: ``python -m fstream_bench.tuning.breakdown`` (root; ``--loopback`` for a smoke run).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-from fstream_bench.wan_rig import (
+from fstream_bench.wan.rig import (
     add_path_args,
     concurrent_benchmarks,
     machine_line,
@@ -37,7 +37,7 @@ from fstream_bench.wan_rig import (
     selfcheck_line,
     send_json,
 )
-from fstream_bench.report import machine_info
+from fstream_bench.core.report import machine_info
 
 from fstream_provider.model.units import parse_duration
 
@@ -101,7 +101,7 @@ def run_variant(bench, rx, staged, src: Path, dst_root: Path, label: str, *, tun
                 timeout: float) -> dict:
     """Release ``staged`` into ``src`` over time while the agent streams it; return the run's record."""
     from fstream_bench.peers.base import DestSampler
-    from fstream_bench.workload_gen import release
+    from fstream_bench.core.workload_gen import release
 
     w = staged.workload
     dst = dst_root / label
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     from fstream_bench.peers import fstream as fs_peer
-    from fstream_bench.workload_gen import build, materialize
+    from fstream_bench.core.workload_gen import build, materialize
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
         "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
         "selfcheck_line": selfcheck_line(bench.selfcheck),
-        "command": "python -m fstream_bench.breakdown_bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+        "command": "python -m fstream_bench.tuning.breakdown " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "scenario": {"bandwidth_bps": bench.bandwidth_bps, "rtt_s": bench.rtt_s, "tcp_buffer": 2**20,
                      "seed": args.seed, "interval_s": interval_s, "count_factor": args.count_factor,
                      "scale": default_scale(bench.bandwidth_bps, bench.rtt_s)},

@@ -27,11 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 
-RESULTS = Path(__file__).resolve().parent / "results"
-MODULES = (*provenance.AGENT, "fstream_bench.deadline_bench", "fstream_bench.wan", "fstream_bench.wan_rig",
-           "fstream_bench.peers", "fstream_bench.workload_gen", "fstream_bench.report")
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+MODULES = (*provenance.AGENT, "fstream_bench.tuning.deadline", "fstream_bench.wan", "fstream_bench.wan.rig",
+           "fstream_bench.peers", "fstream_bench.core.workload_gen", "fstream_bench.core.report")
 FACTORS = (1.2, 1.5, 2.0)
 #: what a backlogged run keeps of each interval record (the raw data to re-score an ETA rule offline)
 RECORD_KEYS = ("t", "dt", "bytes", "bytes_total", "bytes_left", "files_pending", "active_files", "eta", "cc", "p",
@@ -110,8 +110,8 @@ def run_sim(args) -> dict:
 # -- the emulated WAN ---------------------------------------------------------------------------------------------
 def run_wan(args) -> dict:
     from fstream_bench.peers import fstream as fs_peer
-    from fstream_bench.wan_rig import open_bench, selfcheck_line, send_json
-    from fstream_bench.workload_gen import build, materialize
+    from fstream_bench.wan.rig import open_bench, selfcheck_line, send_json
+    from fstream_bench.core.workload_gen import build, materialize
     from fstream_provider.tuning.base import PathInfo
     from fstream_provider.tuning.deadline_report import fixed_runs
     from fstream_provider.tuning.sim import dtn_storage
@@ -190,8 +190,8 @@ def run_wan(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fstream_bench.report import machine_info
-    from fstream_bench.wan_rig import add_path_args
+    from fstream_bench.core.report import machine_info
+    from fstream_bench.wan.rig import add_path_args
     from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 
     argv = list(sys.argv[1:] if argv is None else argv)

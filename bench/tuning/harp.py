@@ -8,7 +8,7 @@
    share the bottleneck); ``buffer`` (the tuners are told an 8 MiB TCP buffer while the path caps at 1 MiB).
 3. In-process on the same history: the Optimizer's time per chunk and the paper's validation accuracy.
 
-Every tuner is measured alike from its own interval records (``fstream_bench.harp_windows``): from the
+Every tuner is measured alike from its own interval records (``fstream_bench.tuning.harp_windows``): from the
 transfer's first byte (connection set-up and a tuner's start-up before it excluded for all) to the last byte
 landed (every file committed). The headline is that **total time**, HARP's sample transfer included, as
 the median and range of every repeat. The "first window" is the rate over the first ``--first-window``
@@ -18,7 +18,7 @@ its own first byte as HARP's allocation came after HARP's. Ratios are taken with
 amortisation size is Eq. 6–7 of the paper solved for D with the measured Thr_0 (static), Thr_S (the
 sample) and Thr_H (after the sample), all from the first byte.
 
-Run: ``fstream bench harp`` or ``python -m fstream_bench.harp_bench`` (root; ``--loopback`` for a smoke run).
+Run: ``fstream bench harp`` or ``python -m fstream_bench.tuning.harp`` (root; ``--loopback`` for a smoke run).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
-from fstream_bench.breakdown_bench import UnixRedis
-from fstream_bench.harp_windows import PAIRS, med_range, run_metrics, summarize
-from fstream_bench.wan_rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
-from fstream_bench.report import machine_info
+from fstream_bench.core import provenance
+from fstream_bench.tuning.breakdown import UnixRedis
+from fstream_bench.tuning.harp_windows import PAIRS, med_range, run_metrics, summarize
+from fstream_bench.wan.rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
+from fstream_bench.core.report import machine_info
 
 from fstream_provider.model.units import parse_duration, parse_size
 
@@ -89,9 +89,9 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
 
 
 #: the modules a run exercises (provenance's code hash): the agent, this benchmark and its rig
-MODULES = (*provenance.AGENT, "fstream_bench.harp_bench", "fstream_bench.harp_windows", "fstream_bench.wan_rig",
-           "fstream_bench.breakdown_bench", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.report",
-           "fstream_bench.cpu_meter", "fstream_bench.workload_gen")
+MODULES = (*provenance.AGENT, "fstream_bench.tuning.harp", "fstream_bench.tuning.harp_windows", "fstream_bench.wan.rig",
+           "fstream_bench.tuning.breakdown", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.core.report",
+           "fstream_bench.core.cpu_meter", "fstream_bench.core.workload_gen")
 
 
 def _settings(r: dict) -> str:

@@ -16,13 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 
 #: what a pathfill result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
 #: GridFTP, iperf3), the WAN testbed (path, delay line driver, selfcheck) and the harness pieces
-MODULES = (*provenance.AGENT, "fstream_bench.pathfill", "fstream_bench.peers", "fstream_bench.wan",
-           "fstream_bench.cpu_meter", "fstream_bench.report", "fstream_bench.workload_gen", "fstream_bench.runstats")
+MODULES = (*provenance.AGENT, "fstream_bench.tuning.pathfill", "fstream_bench.peers", "fstream_bench.wan",
+           "fstream_bench.core.cpu_meter", "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.runstats")
 
 
 def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:
@@ -63,7 +63,7 @@ def pathfill_ratios(rows: list[dict], link_bps: float) -> dict[str, list[float]]
 
 
 def pathfill_summary(rows: list[dict], link_bps: float) -> dict[str, str]:
-    from fstream_bench.runstats import med_range
+    from fstream_bench.core.runstats import med_range
 
     return {k: med_range(v) for k, v in pathfill_ratios(rows, link_bps).items()}
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-interval", default="2s")
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds; each runs iperf3, fstream on both sets and GridFTP, ratios taken within a round")
-    ap.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--results", default=str(Path(__file__).resolve().parents[1] / "results"))
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("fstream bench pathfill: needs root (network namespaces)", file=sys.stderr)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from fstream_bench.peers.fstream import FStreamReceiver, send
     from fstream_bench.peers.gridftp import GridFTPServer, copy, globus_preset
     from fstream_bench.peers.iperf import Iperf3
-    from fstream_bench.report import machine_info
+    from fstream_bench.core.report import machine_info
     from fstream_bench.wan import netns
     from fstream_bench.wan.path import WanConfig, WanPath
     from fstream_bench.wan.selfcheck import selfcheck

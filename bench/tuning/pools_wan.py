@@ -1,6 +1,6 @@
 """Issue #11 on the emulated WAN: two agents share one path through an ADAPT stream pool, beside the same two without.
 
-``python -m fstream_bench.pools_wan [--size 2GB] [--stagger 5s] [--s-pmax 16 --s-cmax 16 --s-i 4 --s-u 4]`` (root).
+``python -m fstream_bench.tuning.pools_wan [--size 2GB] [--stagger 5s] [--s-pmax 16 --s-cmax 16 --s-i 4 --s-u 4]`` (root).
 
 One receiver at the destination; one Redis reached over a unix socket from both namespaces; two
 ``fstream send --tuner fstream`` of equal datasets (large files) at the source, the second started
@@ -24,17 +24,17 @@ import threading
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_bench.peers import fstream as fs_peer
-from fstream_bench.qos_bench import build_dataset
-from fstream_bench.wan_rig import add_path_args, machine_line, open_bench, selfcheck_line, send_json
+from fstream_bench.tuning.qos import build_dataset
+from fstream_bench.wan.rig import add_path_args, machine_line, open_bench, selfcheck_line, send_json
 from fstream_provider.model.units import parse_duration, parse_size
 
 #: what a pools-wan result exercised (``provenance``): the agents, the bus's pools, the WAN rig and testbed,
 #: the peers and the dataset builder
-MODULES = (*provenance.AGENT, "fstream_bench.pools_wan", "fstream_bench.qos_bench", "fstream_bench.wan_rig",
-           "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen",
-           "fstream_bench.cpu_meter")
+MODULES = (*provenance.AGENT, "fstream_bench.tuning.pools_wan", "fstream_bench.tuning.qos", "fstream_bench.wan.rig",
+           "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.report", "fstream_bench.core.workload_gen",
+           "fstream_bench.core.cpu_meter")
 
 
 def _redis(workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     provenance.finish(prov)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     lines = [f"# Two agents, one path: stream pool vs none\n", summary["machine_line"], "", summary["selfcheck_line"], "",
-             f"`python -m fstream_bench.pools_wan {' '.join(argv or [])}`; each agent {size / 1e9:.1f} GB of large files, "
+             f"`python -m fstream_bench.tuning.pools_wan {' '.join(argv or [])}`; each agent {size / 1e9:.1f} GB of large files, "
              f"the second {stagger:g} s later; pool Greedy {summary['policy']}.", "",
              "| mode | agent a Mbit/s (overlap) | agent b | aggregate / link | Jain | max streams a / b | a, b total s |",
              "|---|---|---|---|---|---|---|"]

@@ -8,7 +8,7 @@ interval records the error against the target is computed per profiling window (
 controller's granularity: ``--profile-interval`` / ``--sample-interval`` one-second samples
 summed) and per one-second sample; see :func:`qos_metrics` for the exact definitions.
 
-Run: ``python -m fstream_bench.qos_bench`` (root; ``--loopback`` for a smoke run).
+Run: ``python -m fstream_bench.tuning.qos`` (root; ``--loopback`` for a smoke run).
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
-from fstream_bench.report import machine_info
-from fstream_bench.wan_rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
+from fstream_bench.core import provenance
+from fstream_bench.core.report import machine_info
+from fstream_bench.wan.rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
 
 from fstream_provider.model.units import parse_duration, parse_size
 
 #: what a QoS result exercised (``provenance``): the agent and tuners, this benchmark (its simulator
 #: view too), the WAN rig and testbed, the peers that run the agent, and the dataset writer
-MODULES = (*provenance.AGENT, "fstream_bench.qos_bench", "fstream_bench.wan_rig", "fstream_bench.wan",
-           "fstream_bench.peers", "fstream_bench.report", "fstream_bench.workload_gen", "fstream_bench.cpu_meter")
+MODULES = (*provenance.AGENT, "fstream_bench.tuning.qos", "fstream_bench.wan.rig", "fstream_bench.wan",
+           "fstream_bench.peers", "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter")
 
 MiB = 2**20
 KINDS = ("small", "large", "mixed")
@@ -47,7 +47,7 @@ def _unique_files(kind: str, base: Path, n: int, seed: int) -> list[Path]:
     import math
     import random
 
-    from fstream_bench.workload_gen import content_block, write_file
+    from fstream_bench.core.workload_gen import content_block, write_file
 
     lo, hi = SIZES[kind]
     rng = random.Random(f"qos:{kind}:{seed}")
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
                "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
                "selfcheck_line": selfcheck_line(bench.selfcheck),
-               "command": "python -m fstream_bench.qos_bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+               "command": "python -m fstream_bench.tuning.qos " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
                "profile_interval": args.profile_interval or f"{window_s:g}s", "variant": args.variant or "default",
                "sample_interval": args.sample_interval,
                "window_s": window_s, "concurrent": concurrent_benchmarks(), "cases": [], "provenance": prov}

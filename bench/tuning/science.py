@@ -1,6 +1,6 @@
 """Issue #16 figures and tables by one command: thesis vs ours in the simulator, against a grid oracle.
 
-``python -m fstream_bench.tuning_science [--out docs/figures] [--quick]`` runs
+``python -m fstream_bench.tuning.science [--out docs/figures] [--quick]`` runs
 ``fstream_provider.tuning.ablation`` (pure simulation of the emulated WAN's path: 1 Gbit/s, 40 ms,
 1 MiB buffers) and writes, next to the CSV behind each:
 
@@ -31,15 +31,15 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
+from fstream_bench.core import provenance
 from fstream_provider.tuning import ablation as A
 from fstream_provider.tuning import harp_ablation as H
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 QUICK_GRID = ((2, 4, 8, 16, 32), (1, 4, 16), (0, 4, 32))
 #: what a tuning-science result exercised (``provenance``): the simulator, tuners and ablation, and this driver
-MODULES = ("fstream_provider.tuning", "fstream_bench.tuning_science")
+MODULES = ("fstream_provider.tuning", "fstream_bench.tuning.science")
 
 
 def _plain(rows: list[dict]) -> list[dict]:
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         _csv(out / "tuning-harp.csv", hr)
         md = harp_markdown(hr, grid=grid, seconds=time.time() - t0)
         (out / "tuning-harp.md").write_text(
-            f"<!-- python -m fstream_bench.tuning_science --part harp{' --quick' if args.quick else ''}; "
+            f"<!-- python -m fstream_bench.tuning.science --part harp{' --quick' if args.quick else ''}; "
             f"load {load:.2f} -->\n\n" + md + "\n")
         print(md)
     if args.part == "harp":
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     _csv(out / "tuning-mix-recovery.csv", rec)
     md = markdown(tp, rec, qos, grid=grid, seconds=seconds)
     (out / "tuning-ablation.md").write_text(
-        f"<!-- python -m fstream_bench.tuning_science{' --quick' if args.quick else ''}; load {load:.2f} -->\n\n"
+        f"<!-- python -m fstream_bench.tuning.science{' --quick' if args.quick else ''}; load {load:.2f} -->\n\n"
         + md + "\n")
     print(md)
     return _write(doc, args)

@@ -1,6 +1,6 @@
 """Issue #16 on the emulated WAN: backlogged workloads, static / thesis / default vs a real, sim-pruned oracle.
 
-``python -m fstream_bench.tuning_wan [--workloads w1,w3,sra,lcls,mix] [--count-factor 0.3] [--top 3]``
+``python -m fstream_bench.tuning.wan [--workloads w1,w3,sra,lcls,mix] [--count-factor 0.3] [--top 3]``
 (root: it builds the emulated WAN, 1 Gbit/s, 40 ms, 1 MiB buffers). Per workload, every file present at
 the start (``interval 0``; ``mix`` times its own phases):
 
@@ -27,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from fstream_bench import provenance
-from fstream_bench.harness import Scenario, run_scenario
-from fstream_bench.report import machine_info
-from fstream_bench.workload_gen import build
+from fstream_bench.core import provenance
+from fstream_bench.wan.harness import Scenario, run_scenario
+from fstream_bench.core.report import machine_info
+from fstream_bench.core.workload_gen import build
 from fstream_provider.tuning.ablation import ORACLE_GRID, SIM_KW, Setup
 from fstream_provider.tuning.base import PathInfo
 from fstream_provider.tuning.fixed import FixedTuner
@@ -38,11 +38,11 @@ from fstream_provider.tuning.sim import dtn_storage
 
 #: what a tuning-wan result exercised (``provenance``): the agent and tuners, the scenario harness with its
 #: peers and the WAN testbed, the workloads, and this driver (its simulator ranking too)
-MODULES = (*provenance.AGENT, "fstream_bench.tuning_wan", "fstream_bench.harness", "fstream_bench.peers",
-           "fstream_bench.wan", "fstream_bench.report", "fstream_bench.workload_gen", "fstream_bench.cpu_meter",
-           "fstream_bench.oracle")
+MODULES = (*provenance.AGENT, "fstream_bench.tuning.wan", "fstream_bench.wan.harness", "fstream_bench.peers",
+           "fstream_bench.wan", "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter",
+           "fstream_bench.wan.oracle")
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 TUNERS = ("fstream-static", "fstream-fstream@thesis", "fstream-fstream")
 LABELS = {"fstream-static": "static", "fstream-fstream@thesis": "thesis", "fstream-fstream": "default"}
 

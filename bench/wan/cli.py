@@ -142,7 +142,7 @@ def _dispatch(a: argparse.Namespace) -> int:
 
         prov = None
         if a.results:
-            from fstream_bench import provenance
+            from fstream_bench.core import provenance
 
             prov = provenance.start("wan", a.raw_argv, SELFCHECK_MODULES)
         try:
@@ -192,7 +192,7 @@ def _dispatch(a: argparse.Namespace) -> int:
 
 def _write_selfcheck(out_dir: Path, res: dict, prov: dict, *, built: bool) -> Path:
     """``selfcheck-<stamp>.json``: the measurement (every RTT sample, each iperf3 second) and provenance."""
-    from fstream_bench import provenance
+    from fstream_bench.core import provenance
 
     provenance.finish(prov)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -25,12 +25,11 @@ from typing import Callable
 from fstream_provider.tuning.registry import TUNER_NAMES
 from fstream_provider.tuning.workloads import Workload
 from fstream_provider.model.units import parse_duration
-from fstream_bench.peers import fstream as fs_peer
-from fstream_bench.peers import gridftp, iperf, rsync, sftp
+from fstream_bench.peers import fstream as fs_peer, gridftp, iperf, rsync, sftp
 from fstream_bench.peers.base import DestSampler, PeerError, PeerResult, Sites, free_port
 from fstream_bench.peers.sshd import PrivateSshd
-from fstream_bench.report import machine_info
-from fstream_bench.workload_gen import Staged, build, materialize, release
+from fstream_bench.core.report import machine_info
+from fstream_bench.core.workload_gen import Staged, build, materialize, release
 
 FSTREAM_TUNERS = TUNER_NAMES  # ``fstream-<tuner>`` tools: every built tuner
 DEFAULT_TOOLS = ("iperf3", "gridftp-globus", "gridftp-static", "rsync", "sftp", "fstream-static",
@@ -434,7 +433,7 @@ def run_scenario(sc: Scenario, results: Path, workdir: Path, log: Callable[[str]
                     f"{r.throughput_bps / 1e6:.0f} Mbit/s {r.error[:200]}")
                 rows += [{"workload": name, "tool": tool, **s} for s in tr.samples]
             if sc.oracle:
-                from fstream_bench.oracle import search
+                from fstream_bench.wan.oracle import search
                 for attempt in range(3):
                     if not handle.alive():
                         handle.revive(log)
@@ -483,7 +482,7 @@ def main(args) -> int:
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    from fstream_bench.report import render
+    from fstream_bench.core.report import render
 
     md = render(out)
     summary = json.loads((out / "summary.json").read_text())

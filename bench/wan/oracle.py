@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers.base import PeerError, Sites
-from fstream_bench.workload_gen import Staged
+from fstream_bench.core.workload_gen import Staged
 
 DEFAULT_GRID = {"cc": (1, 4, 8), "p": (1, 4), "pp": (1, 8)}
 

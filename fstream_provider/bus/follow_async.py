@@ -17,7 +17,7 @@ __all__ = ["afollow_job", "job_event_reader", "follow_mux_enabled", "raise_if_ca
 ReadEvents = Callable[..., Awaitable[list[tuple[str, dict]]]]
 
 #: ``FSTREAM_FOLLOW_MUX=0`` puts the triggers back on the path before issue 28 (a client of their own, one
-#: ``XREAD BLOCK`` each): for ``bench/triggerer_bench.py``'s comparison only, not a setting to run with
+#: ``XREAD BLOCK`` each): for ``bench/airflow/triggerer.py``'s comparison only, not a setting to run with
 FOLLOW_MUX_ENV = "FSTREAM_FOLLOW_MUX"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)\s*$")
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -52,20 +53,25 @@ def parse_duration(text: str | float | int) -> float:
     return float(m.group(1)) * _DUR_UNIT[m.group(2)]
 
 
-def parse_until(text: str, now: float | None = None, what: str = "until") -> float:
+def parse_until(text: Any, start: float | None = None, what: str = "until") -> float:
     """A stop time as UNIX seconds: an ISO-8601 time (``2026-11-25T18:00``, UTC unless it names a
-    zone) or a duration from ``now`` (``30m``, ``2h``)."""
+    zone) or a duration (``30m``, ``2h``, a ``timedelta``) from ``start``, the time it counts from (UNIX
+    seconds: a DAG run's start for an operator's deadline; now when None)."""
+    import datetime as dt
     import time
 
-    try:
-        return (now if now is not None else time.time()) + parse_duration(text)
-    except ValueError:
-        pass
-    try:
-        return iso_to_unix(text)
-    except ValueError:
-        raise ValueError(f"{what} {text!r}: expected an ISO-8601 time such as 2026-11-25T18:00 "
-                         f"or a duration from now such as 30m") from None
+    if isinstance(text, dt.timedelta):
+        span = text.total_seconds()
+    else:
+        try:
+            span = parse_duration(text)
+        except ValueError:
+            try:
+                return iso_to_unix(text)
+            except ValueError:
+                raise ValueError(f"{what} {text!r}: expected an ISO-8601 time such as 2026-11-25T18:00 "
+                                 f"or a duration from {'now' if start is None else 'the start'} such as 30m") from None
+    return (start if start is not None else time.time()) + span
 
 
 def iso_to_unix(text: str) -> float:

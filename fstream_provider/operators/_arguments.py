@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from fstream_provider.model.units import iso_to_unix, parse_duration, parse_rate
+from fstream_provider.model.units import iso_to_unix, parse_rate, parse_until
 
 
 def normalize_sources(sources: Any) -> list[str]:
@@ -50,27 +50,27 @@ def to_unix_time(until: Any) -> float | None:
 
 def deadline_time(deadline: Any, context: Any = None) -> float | None:
     """``deadline`` as UNIX seconds: a datetime, ISO-8601 string or UNIX seconds is absolute; a duration
-    (``timedelta``, ``"2h"``, ``"90m"``) counts from the DAG run's start (now when there is no run)."""
+    (``timedelta``, ``"2h"``, ``"90m"``) counts from the DAG run's start (now when there is no run): text and
+    durations are ``model.units.parse_until``'s, with the run's start as the time they count from."""
     if deadline in (None, ""):
         return None
-    span = None
-    if isinstance(deadline, dt.timedelta):
-        span = deadline.total_seconds()
-    elif isinstance(deadline, str):
+    if isinstance(deadline, (str, dt.timedelta)):
         try:
-            span = parse_duration(deadline)
+            return parse_until(deadline, start=_run_start(context), what="deadline")
         except ValueError:
-            span = None
-    if span is None:
-        try:
-            return to_unix_time(deadline)
-        except ValueError:
-            raise ValueError(f"deadline {deadline!r}: expected a datetime, an ISO-8601 string, UNIX seconds, or a "
-                             "duration from the run's start (timedelta or a string such as 2h)") from None
+            pass
+    try:
+        return to_unix_time(deadline)
+    except ValueError:
+        raise ValueError(f"deadline {deadline!r}: expected a datetime, an ISO-8601 string, UNIX seconds, or a "
+                         "duration from the run's start (timedelta or a string such as 2h)") from None
+
+
+def _run_start(context: Any) -> float | None:
+    """The DAG run's start (its logical date if it has none) as UNIX seconds; None without a run."""
     run = context.get("dag_run") if context is not None else None
     start = getattr(run, "start_date", None) or getattr(run, "logical_date", None)
-    base = start.timestamp() if isinstance(start, dt.datetime) else time.time()
-    return base + span
+    return start.timestamp() if isinstance(start, dt.datetime) else None
 
 
 def rendered_int(task_id: str, name: str, value: Any) -> int | None:

@@ -7,7 +7,7 @@ After every fault case:
 3. every file of the job is accounted for: at the destination and verified, or reported failed
    with a reason naming the cause (or retryable, i.e. resumable) — none silently vanished.
 
-Used by the tests under ``tests/faults`` and by ``fstream bench soak`` (``bench/soak_check.py`` has
+Used by the tests under ``tests/faults`` and by ``fstream bench soak`` (``bench/soak/check.py`` has
 its own copy of the same checks, since the bench package must not import from tests).
 """
 

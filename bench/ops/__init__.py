@@ -1,0 +1,1 @@
+"""Operations: trust modes, drain, metrics, doctor, key rotation, embedded servers, the Sentinel group, fuzzing."""

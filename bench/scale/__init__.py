@@ -1,0 +1,1 @@
+"""Scale: growing and million-file streams, the facility's 10,000 jobs, retention, the history cache."""

@@ -1,0 +1,1 @@
+"""Issue 8's soak: a streamed workload under random faults, ended by the invariant check."""
