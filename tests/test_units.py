@@ -40,3 +40,25 @@ def test_sizes_are_binary() -> None:
 
 def test_format_rate() -> None:
     assert format_rate(1.5e9) == "1.50 Gbit/s"
+
+
+def test_parse_until_counts_a_duration_from_the_start_it_is_given() -> None:
+    """Issue 42: one parser of "when" for the command line, the spec and the operator's deadline (which counts a
+    duration from the DAG run's start): ``parse_until`` takes that start, and a ``timedelta`` as a duration."""
+    import datetime as dt
+    import time
+
+    from fstream_provider.model.units import parse_until
+    from fstream_provider.operators._arguments import deadline_time
+
+    assert parse_until("2h", start=1000.0) == 8200.0
+    assert parse_until(dt.timedelta(minutes=30), start=1000.0) == 2800.0
+    assert parse_until(dt.timedelta(minutes=-1), start=1000.0) == 940.0  # already past: a time, said late later
+    assert parse_until("2026-11-26T18:00", start=1000.0) == 1795716000.0  # a time is a time, whatever the start
+    before = time.time()
+    assert before + 60 <= parse_until("1m") <= time.time() + 60  # no start: from now
+    with pytest.raises(ValueError, match="deadline 'soon': expected an ISO-8601 time .* a duration from the start"):
+        parse_until("soon", start=1000.0, what="deadline")
+    run = {"dag_run": type("Run", (), {"start_date": dt.datetime.fromtimestamp(1000.0, dt.timezone.utc)})()}
+    for given in ("2h", "90m", dt.timedelta(minutes=30), "2026-11-26T18:00"):
+        assert deadline_time(given, run) == parse_until(given, start=1000.0), given

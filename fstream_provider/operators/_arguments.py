@@ -8,12 +8,11 @@ checks run on every value that is already known (not a template), so a typo fail
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from fstream_provider.model.units import iso_to_unix, parse_rate, parse_until
+from fstream_provider.model.units import iso_to_unix, parse_duration, parse_rate, parse_until
 
 
 def normalize_sources(sources: Any) -> list[str]:
