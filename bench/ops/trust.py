@@ -122,28 +122,11 @@ def auth_args(side: str, mode: str, secret: Path, certs: dict[str, str]) -> list
 
 
 def _receiver(mode: str, *, sites, workdir: Path, root: Path, secret: Path, certs: dict[str, str]):
-    """``fstream receive`` for ``mode`` at the destination site (pinned / in its namespace by ``sites``)."""
-    from fstream_bench.peers import fstream as fs_peer
-    from fstream_bench.peers.base import spawn, stop
+    """``fstream receive --no-fsync`` for ``mode`` at the destination site (pinned / in its namespace by ``sites``)."""
+    from fstream_bench.peers.fstream import FStreamReceiver
 
-    class ModeReceiver(fs_peer.FStreamReceiver):
-        def __enter__(self) -> "ModeReceiver":
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            self.root.mkdir(parents=True, exist_ok=True)
-            self.secret = secret
-            self.log = self.workdir / "receiver.log"
-            argv = [*fs_peer.fstream_argv(), "receive", "--listen", f"{self.sites.dst_host}:0", "--root",
-                    str(self.root), "--no-fsync", *auth_args("receive", mode, secret, certs)]
-            self.proc = spawn(self.sites, "dst", argv, log_path=self.log, stdout=subprocess.PIPE,
-                              env={**os.environ, "FSTREAM_STATE_DIR": str(self.workdir / "state")})
-            try:
-                self.port = self._wait_port(timeout=30.0)
-            except BaseException:
-                stop(self.proc)
-                raise
-            return self
-
-    return ModeReceiver(sites=sites, workdir=workdir, root=root)
+    return FStreamReceiver(sites=sites, workdir=workdir, root=root, extra_args=["--no-fsync"], secret=secret,
+                           auth_args=auth_args("receive", mode, secret, certs))
 
 
 def _remove(p: Path) -> None:

@@ -157,22 +157,6 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def goal_measure(doc: dict, _path=None) -> tuple[str, str]:
-    """For BENCHMARKS.md's goals table (``fstream_bench.goals``): what each mode costs against ``hmac``
-    in CPU per GB (both sides) on loopback, and whether the WAN was limited by the path."""
-    parts = []
-    for c in doc["summary"]:
-        vs = c.get("vs_" + BASE)
-        if c["where"] == "loopback" and vs and c["mode"] in ("hmac+encrypt", "tls"):
-            parts.append(f"{c['case']}: {c['mode']} {_mr(vs['cpu_per_gb'])}× the CPU per GB, "
-                         f"{_mr(vs['bps'])}× the Gbit/s")
-    text = ("loopback, against `hmac`: " + "; ".join(parts)) if parts else "no loopback runs"
-    wan = doc.get("sites", {}).get("wan")
-    if wan and wan.get("single_stream_of_path") is not None:
-        text += f"; WAN: one iperf3 stream reached {wan['single_stream_of_path']:.2f} of the path (not window-bound)"
-    return text, "measured"
-
-
 def wan_buffer(rate_bps: float, rtt_s: float) -> int:
     """The TCP buffer cap for a WAN run: the smallest power of two at least twice the bandwidth-delay
     product (Linux counts socket overhead against the cap, so a stream's window is about half of it),

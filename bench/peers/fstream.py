@@ -57,22 +57,30 @@ def available() -> str | None:
 
 
 class FStreamReceiver:
-    """``fstream receive`` on a free port at the destination, with a temp shared secret.
+    """``fstream receive`` on a free port at the destination, with a temp shared secret unless the caller brings
+    its own authentication.
 
     :param sites: where it runs (``dst``) and the address it listens on.
     :param workdir: directory for the secret file and the log.
     :param root: destination root the receiver writes under.
     :param extra_args: more ``receive`` options.
     :param env: more environment for the receiver (``FSTREAM_NATIVE=0``: without the native module).
+    :param secret: the caller's shared-secret file (senders read ``self.secret``); default: a fresh one in
+        ``workdir``.
+    :param auth_args: the ``receive`` options that authenticate (TLS certificates, ...); default
+        ``--secret-file SECRET``.
     """
 
     def __init__(self, *, sites: Sites, workdir: Path, root: Path, extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, secret: Path | None = None,
+                 auth_args: Sequence[str] | None = None) -> None:
         self.sites = sites
         self.env = dict(env or {})
         self.workdir = Path(workdir)
         self.root = Path(root)
         self.extra_args = list(extra_args)
+        self.given_secret = secret
+        self.auth_args = None if auth_args is None else list(auth_args)
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -83,13 +91,17 @@ class FStreamReceiver:
         precompile()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.secret = self.workdir / "secret"
-        fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
+        if self.given_secret is not None:
+            self.secret = Path(self.given_secret)
+        else:
+            self.secret = self.workdir / "secret"
+            fd = os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
         self.log = self.workdir / "receiver.log"
+        auth = ["--secret-file", str(self.secret)] if self.auth_args is None else self.auth_args
         argv = [*fstream_argv(), "receive", "--listen", f"{self.sites.dst_host}:0", "--root", str(self.root),
-                "--secret-file", str(self.secret), *self.extra_args]
+                *auth, *self.extra_args]
         self.proc = spawn(self.sites, "dst", argv, log_path=self.log, stdout=subprocess.PIPE,
                           env={**os.environ, "FSTREAM_STATE_DIR": str(self.workdir / "state"), **self.env})
         try:
