@@ -234,3 +234,20 @@ def test_a_watch_stream_with_idle_exit_gives_up_after_an_outage_that_long() -> N
         retries.call(lambda: (_ for _ in ()).throw(NetworkError("refused")), landed=lambda: 0)
     assert len(logged) >= 2 and 0.3 <= time.monotonic() - t0 < 5
     assert "an outage of --idle-exit (0.3 s)" in str(err.value)
+
+
+def test_idle_exit_is_the_watch_streams_seconds_budget_its_last_try_starts_as_that_outage_ends() -> None:
+    """Issue 42's mend: ``--idle-exit`` was a special case of the retry loop that waited out whole backoffs past it (a
+    15 s backoff after an outage of 0.3 s); now it is the seconds of the stream's ``Budget``, cut like ``--retry-for``."""
+    spec = TransferSpec.from_options(["/x"], "fstream://127.0.0.1:9/o", secret_file="/s", watch=True, idle_exit="0.3s")
+    slow = RetryPolicy(retryable=lambda exc: isinstance(exc, NetworkError), base_s=8.0, cap_s=8.0)  # 4-8 s waits
+    events: list[dict] = []
+    retries = SessionRetries(spec, log=_Log([]), on_event=lambda kind, data: events.append(data),
+                             stop=threading.Event(), policy=slow)
+    t0 = time.monotonic()
+    with pytest.raises(NetworkError) as err:
+        retries.call(lambda: (_ for _ in ()).throw(NetworkError("refused")), landed=lambda: 0)
+    delays = [e["delay"] for e in events]
+    assert delays and all(0 < d <= 0.3 for d in delays), delays  # never a backoff past the budget's end
+    assert 0.3 <= time.monotonic() - t0 < 3.0  # the old loop waited at least 4 s
+    assert "an outage of --idle-exit (0.3 s)" in str(err.value)

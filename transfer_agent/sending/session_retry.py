@@ -6,8 +6,10 @@ A plain send, a pipeline step, gives up, as retryable (exit 75), after ``max_att
 ``retry_for_s`` seconds of one outage (``fstream send --max-attempts / --retry-for``; 5 tries if neither is
 given). A watch stream retries for as long as it is asked to run (until stopped, until ``--until``, or, with
 ``--idle-exit``, until an outage lasts that long: a stream told to end after so long with nothing new ends after
-so long without a receiver too) unless its spec gives a budget. A session that landed a file, or stayed connected for ``HEALTHY_S`` without
-stalling, ends an outage: the next failure starts a new one, from the shortest backoff with the whole budget.
+so long without a receiver too) unless its spec gives a budget. Either way a ``Budget`` (tries and seconds of one
+outage, derived once from the spec) decides; the last try starts as its seconds end. A session that landed a file,
+or stayed connected for ``HEALTHY_S`` without stalling, ends an outage: the next failure starts a new one, from the
+shortest backoff with the whole budget.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fstream_provider.model.retry import RetryPolicy
@@ -31,6 +34,27 @@ SESSION_RETRY = RetryPolicy(retryable=lambda exc: isinstance(exc, FStreamError) 
                             and not isinstance(exc, CancelledError), base_s=1.5, cap_s=15.0)
 DEFAULT_ATTEMPTS = 5  # tries of one outage for a plain send given no budget (the first included)
 HEALTHY_S = 30.0  # connected this long without stalling: the session was up, its failure starts a new outage
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one outage may cost before the transfer gives up (None: no limit).
+
+    :param attempts: tries of the outage, the first included.
+    :param seconds: length of the outage; its last try starts as it ends.
+    """
+
+    attempts: int | None = None
+    seconds: float | None = None
+
+    def delay(self, backoff: float, tries: int, elapsed: float) -> float | None:
+        """The wait before the next try (``backoff``, cut to what is left), or None once the budget is used up."""
+        if self.attempts is not None and tries >= self.attempts:
+            return None
+        if self.seconds is None:
+            return backoff
+        left = self.seconds - elapsed
+        return None if left <= 0 else min(backoff, left)
 
 
 class SessionRetries:
@@ -54,6 +78,10 @@ class SessionRetries:
         self.until = spec.until
         self.idle_exit_s = spec.idle_exit_s if self.streaming else None
         self.log, self.on_event, self.stop, self.policy = log, on_event, stop, policy
+        # derived once: a watch stream retries while it runs, but one told to end after ``--idle-exit`` with nothing
+        # new ends after an outage that long too; otherwise (and once its ``--until`` passed) the spec's budget
+        self._while_streaming = Budget(seconds=self.idle_exit_s)
+        self._bounded = Budget(self.attempts, self.retry_for_s)
         self._connected_at: float | None = None
 
     def connected(self) -> None:
@@ -97,20 +125,9 @@ class SessionRetries:
 
     def _delay(self, tries: int, elapsed: float) -> float | None:
         """The wait before the next try, or None when the budget is used up."""
-        delay = self.policy.delay(min(tries - 1, 30))  # at the cap long before; 2**1024 would overflow a float
-        if self.unbounded():
-            # a stream asked to stop after ``idle_exit`` with nothing new stops after an outage that long too
-            if self.idle_exit_s is not None and elapsed >= self.idle_exit_s:
-                return None
-            return delay
-        if self.attempts is not None and tries >= self.attempts:
-            return None
-        if self.retry_for_s is not None:
-            left = self.retry_for_s - elapsed
-            if left <= 0:
-                return None
-            delay = min(delay, left)  # the last try starts as the budget ends
-        return delay
+        backoff = self.policy.delay(min(tries - 1, 30))  # at the cap long before; 2**1024 would overflow a float
+        budget = self._while_streaming if self.unbounded() else self._bounded
+        return budget.delay(backoff, tries, elapsed)
 
     def budget(self) -> str:
         """The budget in words, for logs and the final error."""
