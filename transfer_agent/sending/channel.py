@@ -205,6 +205,18 @@ class Channel:
         self.moved += length
 
     @staticmethod
+    def _block_sent(f: InFlight, sent: int, length: int) -> bool:
+        """Count the ``sent`` bytes of one block of ``f`` (of ``length``) that left, under ``f.lock`` once per block
+        (issue 42: it was taken per ``sendfile``/``pread`` call), and the block itself when it left whole: True when
+        it was the file's last."""
+        with f.lock:
+            f.bytes_sent += sent
+            if sent < length:
+                return False
+            f.blocks_left -= 1
+            return f.blocks_left == 0
+
+    @staticmethod
     def _peer_closed(poller: select.poll) -> str | None:
         """Why the data connection is unusable (the receiver closed or reset it), or None. The receiver never
         sends on a data connection, so a hang-up, an error or end-of-stream is the only news it can bring."""
@@ -254,35 +266,34 @@ class Channel:
                     pool.control.flush_commits(0.0 if delay > 0 or length > KEEP_BLOCK_MAX else KEEP_MAX_S)
                     if delay > 0 and pool.stopping.wait(delay):  # QoS pacing; stopping cuts it short
                         return
-                    sent = length
-                    if sealer is not None:
-                        self._send_sealed(sock, sealer, f, off, length)
-                        with f.lock:
-                            f.bytes_sent += length
-                    else:
-                        sock.sendall(pack_header(Frame.DATA, f.file_id, off, length, version), 0 if tls else MSG_MORE)
-                        sent = 0
-                    while sent < length:
-                        if tls:
-                            # pread, never a file object: streams share the fd, and a shared seek
-                            # offset would interleave two blocks' bytes (caught by the checksum)
-                            chunk = os.pread(f.fd, min(TLS_CHUNK, length - sent), off + sent)
-                            sock.sendall(chunk)
-                            n = len(chunk)
+                    sent = 0  # bytes of this block that left: counted into the file once, whole or cut short
+                    try:
+                        if sealer is not None:
+                            self._send_sealed(sock, sealer, f, off, length)
+                            sent = length
                         else:
-                            t = gil_meter.clock()
-                            n = os.sendfile(fileno, f.fd, off + sent, length - sent)
-                            gil_meter.add(gil_meter.clock() - t)
-                        if n == 0:
-                            raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
-                        sent += n
-                        pool.count(f, n)
-                        self.moved += n
-                        with f.lock:  # per call, not per block: a block cut short still counts what left
-                            f.bytes_sent += n
-                    with f.lock:
-                        f.blocks_left -= 1
-                        last = f.blocks_left == 0
+                            sock.sendall(pack_header(Frame.DATA, f.file_id, off, length, version),
+                                         0 if tls else MSG_MORE)
+                        while sent < length:
+                            if tls:
+                                # pread, never a file object: streams share the fd, and a shared seek
+                                # offset would interleave two blocks' bytes (caught by the checksum)
+                                chunk = os.pread(f.fd, min(TLS_CHUNK, length - sent), off + sent)
+                                sock.sendall(chunk)
+                                n = len(chunk)
+                            else:
+                                t = gil_meter.clock()
+                                n = os.sendfile(fileno, f.fd, off + sent, length - sent)
+                                gil_meter.add(gil_meter.clock() - t)
+                            if n == 0:
+                                raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
+                            sent += n
+                            pool.count(f, n)
+                            self.moved += n
+                    except BaseException:
+                        self._block_sent(f, sent, length)  # a block cut short still counts what left
+                        raise
+                    last = self._block_sent(f, sent, length)
                     if last:  # its COMMIT may go with the next ones while this stream has a block at hand
                         pool.control.all_sent(f, keep=not self.blocks.empty())
                 finally:
