@@ -55,8 +55,8 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.S
 def _send_block(tmp_path: Path, tls: tuple[ssl.SSLContext, ssl.SSLContext], length: int,
                 read_upto: int | None = None) -> tuple[InFlight, _CountingLock, Channel, _Control, bytes, bytes]:
     """One block of ``length`` bytes sent by a channel's TLS stream to a reader that takes ``read_upto`` bytes (the
-    whole block when None) and then closes; returns the file, its counting lock, the channel, its control, what was sent, what
-    was read."""
+    whole block when None) and then closes; returns the file, its counting lock, the channel, its control, what
+    was sent, what was read."""
     data = os.urandom(length)
     src = tmp_path / f"src-{length}"
     src.write_bytes(data)
