@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fstream_bench.core.provenance import code_hash
+from fstream_bench.core.provenance import current_hash
 from fstream_bench.core.runstats import med_range  # noqa: F401 - the goals' summary form, re-exported
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,15 +74,16 @@ class Row:
         return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
 
-_hash_cache: dict[tuple[str, ...], str] = {}
+_hash_cache: dict[tuple, str] = {}
 
 
-def _current_hash(modules: list[str]) -> str:
-    """Today's hash of ``modules``; "gone: …" when one no longer exists (moved or removed: its code changed)."""
-    key = tuple(sorted(modules))
+def _current_hash(prov: dict) -> str:
+    """Today's hash of the code ``prov`` hashed (its recorded files, or its modules before issue 42);
+    "gone: …" when one no longer exists (moved or removed: its code changed)."""
+    key = ("files", *sorted(prov["files"])) if prov.get("files") else ("modules", *sorted(prov["modules"]))
     if key not in _hash_cache:
         try:
-            _hash_cache[key] = code_hash(list(key))
+            _hash_cache[key] = current_hash(prov)
         except LookupError as e:
             _hash_cache[key] = f"gone: {e}"
     return _hash_cache[key]
@@ -168,7 +169,7 @@ def resolve(goal: Goal, root: Path = REPO) -> Row:
     load = prov.get("load_start", [0])[0], prov.get("load_end", [prov.get("load_start", [0])[0]])[0]
     evidence = (f"`{rel}` at {str(prov.get('commit', '?'))[:9]}{'+dirty' if prov.get('dirty') else ''}, "
                 f"{when}, load {load[0]:.1f}→{load[1]:.1f}")
-    if _current_hash(prov["modules"]) != prov["code_hash"]:
+    if _current_hash(prov) != prov["code_hash"]:
         return Row(goal, "stale", f"was: {measured}", f"stale (was “{met}”)",
                    f"{evidence}; code changed since; re-measure: `{goal.rerun}`")
     return Row(goal, "current", measured, met, evidence)

@@ -7,18 +7,28 @@ be offered anywhere, and an option a tuner would ignore is refused before anythi
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from fstream_provider.tuning.base import PathInfo, Tuner
-from fstream_provider.tuning.baselines import AdaptiveCCTuner, GlobusTuner
-from fstream_provider.tuning.dynamic import DynamicTuner, StaticTuner
-from fstream_provider.tuning.fixed import FixedTuner
-from fstream_provider.tuning.fstream import FStreamTuner
-from fstream_provider.tuning.harp import HarpTuner, harp_start
 from fstream_provider.tuning.heuristic import StartLayout
-from fstream_provider.tuning.profile_history import ProfileHistory
-from fstream_provider.tuning.variants import DEFAULT, FStreamVariant, HarpVariant
+
+if TYPE_CHECKING:
+    from fstream_provider.tuning.base import PathInfo, Tuner
+    from fstream_provider.tuning.profile_history import ProfileHistory
+
+
+def _lazy(module: str, name: str) -> Any:
+    """``module``'s ``name`` (dotted), imported when first used: a process imports only the tuner it runs
+    (issue 42: a benchmark's provenance covers the code it ran, so ``fixed`` does not hash HARP)."""
+    obj: Any = importlib.import_module("fstream_provider.tuning." + module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _parse(module: str, name: str) -> Callable[..., Any]:
+    return lambda *args, **kwargs: _lazy(module, name)(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,7 @@ class TunerArgs:
     variant: Any = None
 
 
-Factory = Callable[[TunerArgs], Tuner]
+Factory = Callable[[TunerArgs], "Tuner"]
 
 
 @dataclass(frozen=True)
@@ -92,16 +102,17 @@ class TunerInfo:
 
 def _fixed(a: TunerArgs) -> Tuner:
     s = a.start
-    return FixedTuner(cc=4 if s.cc is None else s.cc, p=1 if s.p is None else s.p, pp=4 if s.pp is None else s.pp)
+    return _lazy("fixed", "FixedTuner")(cc=4 if s.cc is None else s.cc, p=1 if s.p is None else s.p, pp=4 if s.pp is None else s.pp)
 
 
 def _fstream(a: TunerArgs) -> Tuner:
-    return FStreamTuner(path=a.path, start=a.start, target_throughput_bps=a.target, history=a.history,
-                        start_time=a.start_time, seed=harp_start(a.path, a.transfer_history), variant=a.variant or DEFAULT)
+    return _lazy("fstream", "FStreamTuner")(
+        path=a.path, start=a.start, target_throughput_bps=a.target, history=a.history, start_time=a.start_time,
+        seed=_lazy("harp", "harp_start")(a.path, a.transfer_history), variant=a.variant or _lazy("variants", "DEFAULT"))
 
 
 def _harp(a: TunerArgs) -> Tuner:
-    return HarpTuner(path=a.path, history=a.transfer_history, variant=a.variant)
+    return _lazy("harp", "HarpTuner")(path=a.path, history=a.transfer_history, variant=a.variant)
 
 
 _ALL = (
@@ -109,31 +120,31 @@ _ALL = (
               layout="settings",
               no_interval="it keeps the given cc/p/pp for the whole transfer and never looks at a measurement"),
     TunerInfo("static", "the heuristic per cluster on the initial dataset, then kept",
-              lambda a: StaticTuner(path=a.path),
+              lambda a: _lazy("dynamic", "StaticTuner")(path=a.path),
               no_layout="it takes cc/p/pp from the heuristic once and never moves, so a starting point "
                         "would be the whole transfer (that is the fixed tuner)",
               takes_interval=True),
     TunerInfo("dynamic", "the heuristic again for every cluster that receives new files",
-              lambda a: DynamicTuner(path=a.path),
+              lambda a: _lazy("dynamic", "DynamicTuner")(path=a.path),
               no_layout="it takes cc/p/pp from the heuristic on every dataset and measures nothing, "
                         "so there is no search for a starting point to start",
               takes_interval=True),
     TunerInfo("fstream", "dynamic heuristic + online profiling + profiling history + QoS target; starts from "
               "HARP's prediction when transfer history exists", _fstream,
               layout="start", holds_target=True, uses_history=True, uses_transfer_history=True,
-              variant_of=FStreamVariant.parse, takes_profiling=True, takes_interval=True),
+              variant_of=_parse("variants", "FStreamVariant.parse"), takes_profiling=True, takes_interval=True),
     TunerInfo("globus", "Globus-like presets by average file size (2 files at once)",
-              lambda a: GlobusTuner(path=a.path),
+              lambda a: _lazy("baselines", "GlobusTuner")(path=a.path),
               no_layout="its presets by file size are the point of the baseline",
               no_interval="it picks its preset when files arrive (and it is consulted at every arrival) and "
                           "changes nothing in between"),
     TunerInfo("adaptivecc", "heuristic start, concurrency doubled while a utility improves, then kept",
-              lambda a: AdaptiveCCTuner(path=a.path, start=a.start),
+              lambda a: _lazy("baselines", "AdaptiveCCTuner")(path=a.path, start=a.start),
               layout="start", takes_interval=True),
     TunerInfo("harp", "HARP: one sample transfer per chunk, then settings from regression over transfer history",
               _harp, no_layout="its settings come from the history and the sample transfers (the sample "
                                "itself uses the heuristic, as in the paper)", uses_transfer_history=True,
-              variant_of=HarpVariant.parse, takes_interval=True),
+              variant_of=_parse("variants", "HarpVariant.parse"), takes_interval=True),
 )
 
 TUNERS: dict[str, TunerInfo] = {t.name: t for t in _ALL}

@@ -170,12 +170,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
     how = "" if args.scheduler == "fifo" else f" (scheduler {args.scheduler})"
     print(f"fstream agent {agent.name}: consuming jobs on {describe(url)}{how}", file=sys.stderr, flush=True)
     print(f"fstream agent {agent.name}: {native_line()}", file=sys.stderr, flush=True)  # issue 39: once, at start
-    from transfer_agent.cli.reload import AGENT_LIVE, Reloader, agent_apply
+    from transfer_agent.cli.sighup import Hangup
+
+    def _reloader():
+        from transfer_agent.cli.reload import AGENT_LIVE, Reloader, agent_apply
+        return Reloader(args, AGENT_LIVE, agent_apply(agent, service, url, Keys(args.namespace)))
 
     reloader = None
     try:
         service.start(agent, url, Keys(args.namespace))  # issue 30: /metrics, /healthz, /readyz (with the option)
-        reloader = Reloader(args, AGENT_LIVE, agent_apply(agent, service, url, Keys(args.namespace))).install()
+        reloader = Hangup(_reloader).install()  # SIGHUP (cli.reload is imported on the first one)
         agent.run(once=args.once)
     finally:
         signal.signal(signal.SIGINT, previous)

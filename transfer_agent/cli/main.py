@@ -89,12 +89,16 @@ def cmd_receive(args: argparse.Namespace) -> int:
                    max_unauth_per_addr=args.max_unauth_per_addr,
                    require_encryption=args.require_encryption, keyring=keyring, quota_state=quota_state,
                    watchdog=sdnotify.Watchdog.from_env()).start()  # a unit's WatchdogSec= (issue 39)
-    from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, receiver_apply
+    from transfer_agent.cli.sighup import Hangup
+
+    def _reloader():
+        from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, receiver_apply
+        return Reloader(args, RECEIVER_LIVE, receiver_apply(rcv, service, args))
 
     reloader = None
     try:
         service.start(rcv)  # issue 30: /metrics, /healthz and /readyz on --metrics-listen (nothing without it)
-        reloader = Reloader(args, RECEIVER_LIVE, receiver_apply(rcv, service, args)).install()  # SIGHUP
+        reloader = Hangup(_reloader).install()  # SIGHUP (cli.reload is imported on the first one)
         print(f"fstream receive: {tree_hash.native_line()}", file=sys.stderr, flush=True)  # issue 39: once
         print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)  # ready: SIGHUP is handled from here
         sdnotify.ready(f"listening on {rcv.listen_addr[0]}:{rcv.port}, root {args.root}")

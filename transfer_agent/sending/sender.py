@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Callable
 from fstream_provider.tuning.pacing import paced_block_size
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.registry import make_tuner, tuner_info
-from fstream_provider.tuning.deadline import Deadline
 from transfer_agent.sending import drain as draining, grant, history_io, intervals
 from transfer_agent.sending.progress import DeadlineNews, LiveProgress
 from transfer_agent.sending.result import TransferResult
@@ -215,6 +214,8 @@ class Transfer:
                 transfer_history=(history_io.BackgroundHistory(redis, self.log, self.history)
                                   if redis and info.uses_transfer_history else None))
             if self.spec.deadline is not None and getattr(tuner, "deadline_status", "none") == "none":
+                from fstream_provider.tuning.deadline import Deadline  # only a transfer with a deadline runs it
+
                 wall_t0 = time.time() - (time.monotonic() - self._t0)  # observations count from _t0
                 tuner = Deadline(tuner, self.spec.deadline - wall_t0, bandwidth_bps=self.spec.bandwidth_bps,
                                  eta=self.live.eta)  # the live ETA's estimator, fed by the interval records
