@@ -7,7 +7,7 @@ import json
 
 def test_authz_bench_writes_every_run_and_the_goal_reader_reads_it(tmp_path):
     from fstream_bench.datapath.authz import main
-    from fstream_bench.readers import authz_cost
+    from fstream_bench.datapath.readers import authz_cost
 
     assert main(["--files", "30", "--size", "16KiB", "--repeats", "1", "--decisions", "5",
                  "--results", str(tmp_path)]) == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fstream_bench.core import goals_table as gt, provenance
+from fstream_bench.core.runstats import med_range
 from fstream_bench.goals import GOALS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +39,8 @@ def world(tmp_path, monkeypatch):
         return p
 
     goal = gt.Goal("99", "probe ≥ 2", "bench/results/probe-*.json", "fstream bench probe",
-                   measure=lambda doc, _: (gt.med_range(doc["runs"]), "yes" if sorted(doc["runs"])[len(doc["runs"]) // 2] >= 2 else "no"))
+                   measure=lambda doc, _: (med_range(doc["runs"]),
+                                           "yes" if sorted(doc["runs"])[len(doc["runs"]) // 2] >= 2 else "no"))
     yield {"root": root, "md": md, "pkg": pkg, "result": result, "goal": goal}
     gt._hash_cache.clear()
 

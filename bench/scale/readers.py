@@ -1,9 +1,12 @@
-"""Readers of issue 28's results for the goals table (``bench/goals.py``): the million-file stream and the facility's
-jobs. Each turns one result document into (measured, met)."""
+"""Readers of the scale room's results for the goals table (``fstream_bench.scale.goals``): growth to 100k files,
+the million-file stream, the facility's jobs, the history cache and retention. Each turns one result document into
+(measured, met)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from fstream_bench.core.readers import yes
 
 MB = 1e6
 
@@ -18,15 +21,16 @@ def stream_goal(doc: dict, _: Path) -> tuple[str, str]:
     via = "`fstream agent` job" if doc.get("via") == "agent" else "`fstream send --watch`"
     redis = (f"; Redis {doc['checkpoints'][-1]['redis_bytes'] / last['files']:.0f} B per file at "
              f"{last['files']:,}" if last.get("redis_bytes") is not None else "")
-    text = (f"{doc['files']:,} × {doc['size'] // 1024} KiB via {via}: peak RSS sender {peaks['sender'] / 2**20:.0f} MiB, "
-            f"receiver {peaks['receiver'] / 2**20:.0f} MiB; {doc['files_per_s']:.0f} files/s overall "
+    text = (f"{doc['files']:,} × {doc['size'] // 1024} KiB via {via}: "
+            f"peak RSS sender {peaks['sender'] / 2**20:.0f} MiB, receiver {peaks['receiver'] / 2**20:.0f} MiB; "
+            f"{doc['files_per_s']:.0f} files/s overall "
             f"({doc['steady_files_per_s'] or 0:.0f} steady); idle rescans list {idle['listed_max']} entries; restart: "
             f"first new file after {r['first_new_s'] or 0:.1f} s, {r['landed_new']} new and {r['landed_old_again']} "
             f"old files landed{redis}")
     ok = (doc["landed"] >= doc["files"] and max(peaks.values()) < 300 * MB and doc["files_per_s"] >= 2000
           and idle["listed_max"] == 0 and r["first_new_s"] is not None and r["first_new_s"] <= 60
           and r["landed_new"] == r["new_files"] and r["landed_old_again"] == 0)
-    return text, "yes" if ok else "no"
+    return text, yes(ok)
 
 
 def facility_goal(doc: dict, _: Path) -> tuple[str, str]:
@@ -40,27 +44,7 @@ def facility_goal(doc: dict, _: Path) -> tuple[str, str]:
             f"{doc['agents']} agents, {doc['history']:,} history rows; agents' CPU {doc['agents_cpu_per_s']:.2f} s/s, "
             f"Redis {doc['redis_cmds_per_s']:.0f} commands/s")
     ok = s["n"] == doc["probes"] and doc["succeeded"] == doc["probes"] and s["p50"] <= 0.3 and s["p99"] <= 1.0
-    return text, "yes" if ok else "no"
-
-
-def sched_cycle_goal(doc: dict, _: Path) -> tuple[str, str]:
-    """An idle agent's scheduling cycle at the largest live count, with and without finished jobs: wall time,
-    Redis commands, and the idle agents' Redis operations per second. Met: the steady cycle ≤ 10 ms, its commands
-    the same with 0 and with the most finished jobs, and every idle agent's ops/s the same at every size (±20 %)."""
-    rows = doc["rows"]
-    top = max(r["live"] for r in rows)
-    at = {r["finished"]: r for r in rows if r["live"] == top}
-    lo, hi = at[min(at)], at[max(at)]
-    steady = [r["cycle"]["steady"] for r in (lo, hi)]
-    ops = {m: [r["idle"][m]["ops_per_agent_s"] for r in rows] for m in rows[0]["idle"]}
-    text = (f"at {top:,} live jobs: steady cycle {steady[0]['wall_ms']:.2f} ms with {int(steady[0]['commands'])} "
-            f"commands ({min(at):,} finished) and {steady[1]['wall_ms']:.2f} ms with {int(steady[1]['commands'])} "
-            f"({max(at):,} finished); a cold cycle {lo['cycle']['cold']['wall_ms']:.1f} ms; idle agents' Redis ops/s "
-            + ", ".join(f"{m} {min(v):.1f}–{max(v):.1f}" for m, v in ops.items())
-            + f" over {len(rows)} sizes ({doc['agents']} agents)")
-    ok = (max(s["wall_ms"] for s in steady) <= 10 and steady[0]["commands"] == steady[1]["commands"]
-          and all(max(v) <= 1.2 * min(v) for v in ops.values()))
-    return text, "yes" if ok else "no"
+    return text, yes(ok)
 
 
 def stream_redis_goal(doc: dict, _: Path) -> tuple[str, str]:
@@ -70,17 +54,18 @@ def stream_redis_goal(doc: dict, _: Path) -> tuple[str, str]:
     checkpoint at most 1.25× the memory at the one before, although it held twice the files or more."""
     cps = [c for c in doc["checkpoints"] if c.get("redis_bytes") is not None]
     r, peaks = doc["restart"], doc["peak_rss"]
-    per = "; ".join(f"{c['files'] // 1000}k: {c['redis_bytes'] / 2**20:.1f} MiB ({c['redis_bytes'] / c['files']:.0f} B/file)"
-                    for c in cps)
+    per = "; ".join(f"{c['files'] // 1000}k: {c['redis_bytes'] / 2**20:.1f} MiB "
+                    f"({c['redis_bytes'] / c['files']:.0f} B/file)" for c in cps)
     text = (f"{doc['files']:,} × {doc['size'] // 1024} KiB as an `fstream agent` job: peak RSS agent "
-            f"{peaks['sender'] / 2**20:.0f} MiB, receiver {peaks['receiver'] / 2**20:.0f} MiB; {doc['files_per_s']:.0f} "
-            f"files/s; restart (drain, second agent): first new file after {r['first_new_s'] or 0:.1f} s, "
+            f"{peaks['sender'] / 2**20:.0f} MiB, receiver {peaks['receiver'] / 2**20:.0f} MiB; "
+            f"{doc['files_per_s']:.0f} files/s; restart (drain, second agent): "
+            f"first new file after {r['first_new_s'] or 0:.1f} s, "
             f"{r['landed_new']} new and {r['landed_old_again']} old files landed; Redis {per}")
     bounded = len(cps) >= 2 and cps[-1]["redis_bytes"] <= 1.25 * cps[-2]["redis_bytes"]
     ok = (bounded and doc["landed"] >= doc["files"] and max(peaks.values()) < 300 * MB and doc["files_per_s"] >= 2000
           and r["first_new_s"] is not None and r["first_new_s"] <= 60 and r["landed_new"] == r["new_files"]
           and r["landed_old_again"] == 0)
-    return text, "yes" if ok else "no"
+    return text, yes(ok)
 
 
 def retention_goal(doc: dict, _: Path) -> tuple[str, str]:
@@ -93,7 +78,7 @@ def retention_goal(doc: dict, _: Path) -> tuple[str, str]:
             f"one job's hash {one['hash']} B, events {one['events']} B ({one['events_entries']} entries); after the "
             f"retention and gc: {a['jobs_left']} jobs left, {a['not_bounded_bytes']} B in the expiring families, "
             f"{a['delta_per_job']:.0f} B per job left in the bounded ones")
-    return text, "yes" if a["jobs_left"] == 0 and a["not_bounded_bytes"] == 0 else "no"
+    return text, yes(a["jobs_left"] == 0 and a["not_bounded_bytes"] == 0)
 
 
 def history_cache_goal(doc: dict, _: Path) -> tuple[str, str]:
@@ -103,21 +88,26 @@ def history_cache_goal(doc: dict, _: Path) -> tuple[str, str]:
     before = j.get("before", {}).get("second", {}).get("model_ready_s")
     text = (f"{doc['rows']:,} rows: the job window ({load['entries']:,} rows) loads in {load['seconds']:.2f} s "
             f"(+{load['rss_delta_mb']:.0f} MiB); a refresh after {doc['new_rows']} new rows "
-            f"{doc['refresh']['median_s'] * 1000:.1f} ms; model ready: first job {j['cached']['first']['model_ready_s']:.2f} s, "
+            f"{doc['refresh']['median_s'] * 1000:.1f} ms; model ready: first job "
+            f"{j['cached']['first']['model_ready_s']:.2f} s, "
             f"second {j['cached']['second']['model_ready_s']:.3f} s"
             + (f" (before the cache: {before:.2f} s)" if before is not None else ""))
-    return text, "yes" if j["cached"]["second"]["model_ready_s"] <= 0.3 else "no"
+    return text, yes(j["cached"]["second"]["model_ready_s"] <= 0.3)
 
 
-def triggerer_goal(doc: dict, _: Path) -> tuple[str, str]:
-    """200 deferred transfer tasks on one triggerer: its Redis connections at peak and CPU, shared follower against
-    one client per trigger, in one run. Met (our bound): ≤ 5 connections at peak in every window with the mux."""
-    modes = doc["modes"]
-    mux = modes.get("mux", {})
-    parts = []
-    for mode, m in modes.items():
-        parts.append(f"{mode}: " + ", ".join(f"{w} {m[w]['conn_peak']} conn / {m[w]['cpu_per_wall']} CPU-s/s"
-                                              for w in ("queued", "running", "finish") if w in m))
-    text = f"{doc['tasks']} deferred tasks: " + "; ".join(parts)
-    ok = bool(mux) and all(mux[w]["conn_peak"] <= 5 for w in ("queued", "running", "finish") if w in mux)
-    return text, "yes" if ok else "no"
+def scale(doc: dict, _: Path) -> tuple[str, str]:
+    """Peak RSS at the largest checkpoint; idle scans (median of 5 each) at every checkpoint: flat means
+    a scan's cost follows what is new, not what was ever seen (met: the largest ≤ 2× the smallest + 1 ms)."""
+    cps = doc["checkpoints"]
+    last = cps[-1]
+    idle = [c["scan_idle_poll_s"] * 1000 for c in cps]
+    new = [c["scan_new_poll_s"] * 1000 for c in cps]
+    at = " / ".join(f"{c['files'] // 1000}k" for c in cps)
+    text = (f"peak RSS sender {last['sender_peak_rss'] / 2**20:.0f} MiB, "
+            f"receiver {last['receiver_peak_rss'] / 2**20:.0f} MiB at {last['files']:,} files; "
+            f"idle scan {' / '.join(f'{x:.2f}' for x in idle)} ms and a scan "
+            f"with {cps[0]['new_per_scan']:,} new files {' / '.join(f'{x:.0f}' for x in new)} ms at {at} (today's "
+            f"watcher, polling)")
+    ok = (all(c["landed"] >= c["files"] for c in cps)
+          and max(last["sender_peak_rss"], last["receiver_peak_rss"]) < 500e6 and max(idle) <= 2 * min(idle) + 1)
+    return text, yes(ok)
