@@ -38,29 +38,25 @@ import json
 import math
 import os
 import re
-import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from fstream_bench.airflow.api_server import login, serve
+from fstream_bench.airflow.browser import CHROMIUM, CHROMIUM_ARGS
+
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-MODULES = ("fstream_provider.ui", "fstream_provider.bus", "fstream_bench.airflow.live_view", "fstream_bench.core.cpu_meter")
+MODULES = ("fstream_provider.ui", "fstream_provider.bus", "fstream_bench.airflow.live_view",
+           "fstream_bench.airflow.api_server", "fstream_bench.core.cpu_meter")
 DAG_ID, TASK_ID = "fstream_live_view_bench", "transfer"
 STEP_BPS = 1e4  # record k shows k × STEP_BPS: a distinct text (format_rate) for every k < 100,000
 PASSWORD = "fstream-live-view-bench"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 SETTLE_S = 4.0  # after the pages close, before (c): the server's streams notice within sse.BLOCK_MS (2 s)
 GRACE_S = 3.0  # after (b), before reading the pages: the last records of (b) reach them
 GOALS = {"p50_ms": 1000.0, "p99_ms": 2000.0, "added_pct_core": 5.0}
@@ -149,56 +145,6 @@ def airflow_site(work: Path, redis_url: str, n_jobs: int) -> tuple[dict, str, di
         raise RuntimeError(f"dag.test made {len(jobs)} of {n_jobs} jobs (rc {p.returncode}):\n"
                            f"{(p.stdout + p.stderr)[-4000:]}")
     return env, out["run_id"], jobs
-
-
-@contextlib.contextmanager
-def api_server(env: dict) -> Iterator[tuple[str, subprocess.Popen]]:
-    """An api-server (own process group, one worker) with SimpleAuthManager and one user, ``admin``."""
-    from fstream_provider.bus.embedded import free_port
-
-    port, home = free_port(), Path(env["AIRFLOW_HOME"])
-    passwords = home / "bench-passwords.json"
-    passwords.write_text(json.dumps({"admin": PASSWORD}))
-    env = dict(env, AIRFLOW__API__HOST="127.0.0.1", AIRFLOW__API__PORT=str(port),
-               AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
-               AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(24), AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
-               AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="False",
-               AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
-               AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords))
-    log_path = home / "api-server.log"
-    with open(log_path, "a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "1"],
-                                env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while not _up(base):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("api-server did not come up:\n" + log_path.read_text(errors="replace")[-3000:])
-            time.sleep(0.5)  # polling another process with a deadline
-        yield base, proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-
-
-def _up(base: str) -> bool:
-    with contextlib.suppress(urllib.error.URLError, ConnectionError, OSError):
-        urllib.request.urlopen(base + "/api/v2/monitor/health", timeout=5).close()
-        return True
-    return False
-
-
-def login(base: str) -> str:
-    req = urllib.request.Request(base + "/auth/token", method="POST", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"username": "admin", "password": PASSWORD}).encode())
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())["access_token"]
 
 
 # ---------------------------------------------------------------------------------------------------- the jobs
@@ -394,8 +340,8 @@ def run(a: argparse.Namespace, prov: dict) -> dict:
         t0 = time.monotonic()
         env, run_id, jobs = airflow_site(work, redis.url, a.jobs)
         res["setup_s"] = {"airflow_and_jobs": time.monotonic() - t0}
-        base, proc = stack.enter_context(api_server(env))
-        jwt = login(base)
+        base, proc = stack.enter_context(serve(env, password=PASSWORD, passwords_file="bench-passwords.json"))
+        jwt = login(base, "admin", PASSWORD)
         attempts = claim_all(redis.url, [jobs[i] for i in sorted(jobs)])
         pub = Publisher(redis.url, attempts, a.interval)
         pub.start()
