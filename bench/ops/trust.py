@@ -280,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     from fstream_bench.core.vm_memory import held_free_pages
     from transfer_agent.wire.auth import create_secret_file
 
-    modules = [*provenance.AGENT, "fstream_bench.ops.trust", "fstream_bench.ops.trust_report", "fstream_bench.core.cpu_meter",
-               "fstream_bench.core.vm_memory", "fstream_bench.peers.base", "fstream_bench.peers.fstream"]
+    modules = [*provenance.AGENT, "fstream_bench.ops.trust", "fstream_bench.ops.trust_report",
+               "fstream_bench.core.cpu_meter", "fstream_bench.core.vm_memory", "fstream_bench.peers.base",
+               "fstream_bench.peers.fstream"]
     if args.wan:
         modules += ["fstream_bench.wan.rig", "fstream_bench.wan"]
     prov = provenance.start("trust", argv, modules)
