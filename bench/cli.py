@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
              "sched-cycle": "fstream_bench.scheduling.cycle", "facility": "fstream_bench.scale.facility",
              "sched-compute": "fstream_bench.scheduling.compute", "gil": "fstream_bench.datapath.gil",
              "hundred-g": "fstream_bench.datapath.hundred_g", "airflow-soak": "fstream_bench.airflow.soak",
-             "quota-first-file": "fstream_bench.datapath.quota_first_file"}
+             "quota-first-file": "fstream_bench.datapath.quota_first_file",
+             "carry": "fstream_bench.carry_cmd", "refresh": "fstream_bench.refresh"}
     if argv and argv[0] in extra:  # benchmarks with their own parsers
         import importlib
 

@@ -6,7 +6,8 @@ read the number out of it and the command that re-measures it. A row is
 - **current**: the newest result carries provenance (``fstream_bench.core.provenance``) and the code
   it exercised hashes the same today; the number is computed from the result's raw runs;
 - **stale**: it carries provenance but the code has changed since; the old number is shown as
-  "was", never as met;
+  "was", never as met; unless ``fstream bench carry`` showed today's code measures the same within the
+  noise of its pairs (``fstream_bench.core.carry``): then it is current, "carried from" that commit;
 - **unrecorded**: the result predates provenance (before issue 26); shown as "was", unverified;
 - **not here**: it cannot be re-measured on this machine, and the row says why.
 
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fstream_bench.core.provenance import current_hash
+from fstream_bench.core.carry import carries
+from fstream_bench.core.provenance import current_hash, files_hash
 from fstream_bench.core.runstats import med_range  # noqa: F401 - the goals' summary form, re-exported
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +89,21 @@ def _current_hash(prov: dict) -> str:
         except LookupError as e:
             _hash_cache[key] = f"gone: {e}"
     return _hash_cache[key]
+
+
+def _carried(result: Path, root: Path) -> dict | None:
+    """The newest carry of ``result`` whose re-stamped code is still today's, or None."""
+    results = root / "bench" / "results"
+    if results not in _carry_cache:
+        _carry_cache[results] = carries(results)
+    newest = (_carry_cache[results].get(_rel(result, root)) or [None])[-1]
+    try:
+        return newest if newest and files_hash(newest["files"]) == newest["code_hash"] else None
+    except LookupError:  # a file it ran is gone: its code changed
+        return None
+
+
+_carry_cache: dict[Path, dict[str, list[dict]]] = {}
 
 
 def _load(path: Path, doc: str) -> dict:
@@ -170,6 +187,11 @@ def resolve(goal: Goal, root: Path = REPO) -> Row:
     evidence = (f"`{rel}` at {str(prov.get('commit', '?'))[:9]}{'+dirty' if prov.get('dirty') else ''}, "
                 f"{when}, load {load[0]:.1f}→{load[1]:.1f}")
     if _current_hash(prov) != prov["code_hash"]:
+        carried = _carried(path / goal.doc if path.is_dir() else path, root)
+        if carried:
+            return Row(goal, "current", measured, met,
+                       f"{evidence}; carried from {carried['then'][:9]} to {carried['today'][:9]} "
+                       f"(`{carried['file']}`)")
         return Row(goal, "stale", f"was: {measured}", f"stale (was “{met}”)",
                    f"{evidence}; code changed since; re-measure: `{goal.rerun}`")
     return Row(goal, "current", measured, met, evidence)

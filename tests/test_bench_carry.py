@@ -1,0 +1,116 @@
+"""Issue 42: ``fstream bench carry`` re-stamps a result only with evidence; ``fstream bench refresh`` plans the rest.
+
+A real carry: a scheduling result made by today's code, carried by running its smoke in a git worktree
+of the result's commit and in today's tree, ABBA (a deterministic smoke: every number must be equal).
+A metric that moves between the sides refuses the carry and writes no re-stamp. The goals table shows
+a stale result with a carry whose code still hashes the same as current, "carried from" its commit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fstream_bench import refresh
+from fstream_bench.core import carry as C
+from fstream_bench.core import goals_table as gt
+from fstream_bench.core import provenance
+from fstream_bench.smokes import SMOKES
+
+FSTREAM = str(Path(sys.executable).with_name("fstream"))
+
+
+def _pairs(then, today):
+    return [{"order": "AB", "then": {"m": a}, "today": {"m": b}} for a, b in zip(then, today)]
+
+
+def test_within_the_noise_the_same_code_shows_against_itself():
+    v = C.verdict(_pairs([100, 104, 98], [101, 99, 103]), exact=False)["m"]
+    assert v["within"] and v["noise"] == pytest.approx(0.0577, abs=1e-3)
+
+
+def test_a_metric_that_moved_beyond_the_noise_is_not_within():
+    v = C.verdict(_pairs([100, 101, 100], [110, 111, 109]), exact=False)["m"]
+    assert not v["within"] and v["median"] == pytest.approx(1.1, abs=0.01)
+
+
+def test_an_exact_smoke_needs_every_number_equal():
+    assert C.verdict(_pairs([3.0, 3.0], [3.0, 3.0]), exact=True)["m"]["within"]
+    assert not C.verdict(_pairs([3.0, 3.0], [3.0, 3.0000001]), exact=True)["m"]["within"]
+
+
+@pytest.fixture(scope="module")
+def sched_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("made")
+    smoke = SMOKES["scheduling"]
+    done = subprocess.run([FSTREAM, "bench", "scheduling", *smoke.args, "--results", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return next(out.glob("scheduling-*.json"))
+
+
+def test_a_real_carry_between_a_worktree_and_today(sched_result, tmp_path):
+    ok, record = C.carry(sched_result, SMOKES["scheduling"], pairs=2, results=tmp_path, log=lambda *_: None)
+    body = json.loads(record.read_text())
+    assert ok and body["carried"], body["metrics"]
+    assert [p["order"] for p in body["pairs"]] == ["AB", "BA"]
+    assert body["then"] == json.loads(sched_result.read_text())["provenance"]["commit"]
+    assert len(body["metrics"]) > 10 and all(v["within"] for v in body["metrics"].values())
+    assert "bench/scheduling/replay.py" in body["files"]
+    assert body["code_hash"] == provenance.files_hash(body["files"])
+    assert not list(Path(tmp_path).glob("wt-*")) and "wt-" not in subprocess.run(
+        ["git", "-C", str(provenance.REPO), "worktree", "list"], capture_output=True, text=True).stdout
+
+
+def test_a_moved_metric_refuses_the_carry_and_restamps_nothing(sched_result, tmp_path):
+    moved = C.Smoke("scheduling", SMOKES["scheduling"].args, lambda d: {"started": d["provenance"]["started_unix"]},
+                    exact=True)
+    ok, record = C.carry(sched_result, moved, pairs=2, results=tmp_path, log=lambda *_: None)
+    body = json.loads(record.read_text())
+    assert not ok and not body["carried"] and "files" not in body and "code_hash" not in body
+    assert C.carries(tmp_path) == {}
+
+
+def test_a_result_of_another_bench_is_refused(sched_result, tmp_path):
+    with pytest.raises(ValueError, match="is a `scheduling` result; this smoke runs `loopback`"):
+        C.carry(sched_result, SMOKES["loopback"], results=tmp_path)
+
+
+def _goal():
+    return gt.Goal("99", "probe", "bench/results/probe-*.json", "fstream bench scheduling",
+                   measure=lambda d, _p: (str(d["value"]), "yes"))
+
+
+def _write_result(root: Path, files: list[str], code_hash: str) -> Path:
+    res = root / "bench" / "results" / "probe-20260101-000000.json"
+    res.parent.mkdir(parents=True, exist_ok=True)
+    res.write_text(json.dumps({"value": 7, "provenance": {
+        "bench": "scheduling", "commit": "0" * 40, "modules": [], "files": files, "code_hash": code_hash,
+        "started_unix": 0, "load_start": [0.1]}}))
+    return res
+
+
+def test_the_table_shows_a_carried_result_as_current_while_its_code_holds(tmp_path):
+    files = ["bench/smokes.py"]
+    _write_result(tmp_path, files, "sha256:older")
+    gt._carry_cache.clear()
+    assert gt.resolve(_goal(), tmp_path).status == "stale"
+    steps, _ = refresh.plan(root=tmp_path, goals=[_goal()])
+    assert [s.command for s in steps] == ["fstream bench scheduling"] and steps[0].rows == ["issue 99: probe"]
+    (tmp_path / "bench/results/carry-20260102-000000.json").write_text(json.dumps({
+        "result": "bench/results/probe-20260101-000000.json", "carried": True, "then": "a" * 40, "today": "b" * 40,
+        "files": files, "code_hash": provenance.files_hash(files)}))
+    gt._carry_cache.clear()
+    row = gt.resolve(_goal(), tmp_path)
+    assert row.status == "current" and row.measured == "7" and "carried from aaaaaaaaa to bbbbbbbbb" in row.evidence
+    assert refresh.plan(root=tmp_path, goals=[_goal()])[0] == []
+    (tmp_path / "bench/results/carry-20260103-000000.json").write_text(json.dumps({
+        "result": "bench/results/probe-20260101-000000.json", "carried": True, "then": "b" * 40, "today": "c" * 40,
+        "files": files, "code_hash": "sha256:not-today"}))
+    gt._carry_cache.clear()
+    assert gt.resolve(_goal(), tmp_path).status == "stale"  # the newest carry's code has changed since
+    gt._carry_cache.clear()
