@@ -60,6 +60,9 @@ class Goal:
     not_here: str | None = None  #: why it cannot be re-measured on this machine
     #: why a result from before provenance has not been re-measured yet (it can be, here)
     pending: str | None = None
+    #: earlier wordings of this goal, each "commit: text" (a goal's wording changes only in a commit that
+    #: says why, and the table keeps the old beside the new)
+    earlier: tuple[str, ...] = ()
 
 
 @dataclass
@@ -72,7 +75,9 @@ class Row:
     problem: str | None = None  # why --check fails on this row regardless of the committed table
 
     def line(self) -> str:
-        cells = [self.goal.issue, self.goal.goal, self.measured, self.met, self.evidence]
+        goal = self.goal.goal + "".join(f" (worded differently at {e.split(': ', 1)[0]}: “{e.split(': ', 1)[1]}”)"
+                                        for e in self.goal.earlier)
+        cells = [self.goal.issue, goal, self.measured, self.met, self.evidence]
         return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
 
