@@ -49,8 +49,10 @@ router = APIRouter()
 
 @lru_cache(maxsize=4)
 def _template(name: str) -> str:
+    """A page with the pieces both pages share in place: the head (``head.html``) and the script (``common.js``)."""
     text = (PAGES / name).read_text(encoding="utf-8")
-    return text.replace("/*__COMMON_JS__*/", (PAGES / "common.js").read_text(encoding="utf-8"))
+    return (text.replace("<!--__HEAD__-->", (PAGES / "head.html").read_text(encoding="utf-8").rstrip("\n"))
+            .replace("/*__COMMON_JS__*/", (PAGES / "common.js").read_text(encoding="utf-8")))
 
 
 def render(name: str, config: dict[str, Any], title: str, plot_html: str = "") -> HTMLResponse:
