@@ -181,3 +181,12 @@ def test_transfer_refuses_options_that_belong_to_the_channel(tmp_path: Path, sec
     with pytest.raises(FlowError, match=r"Landed\(.*is not a file path"):  # a record is not a batch of paths
         list(channel.from_path(str(src / "*.dat")).transfer(to=url, secret_file=str(secret))
              .transfer(to=url, secret_file=str(secret)))
+
+
+def test_a_channel_transfer_through_redis_names_no_key_files():
+    """Issue 32, with the names from ``spec_fields.KEY_FILE_FIELDS`` (issue 42): every key file given is named."""
+    from fstream_provider.flow.transfer import transfer_opener
+
+    with pytest.raises(ValueError, match=r"transfer\(secret_file=\.\.\., tls_ca=\.\.\., redis=\.\.\.\): jobs may "
+                                         r"not name key files"):
+        transfer_opener(None, "fstream://127.0.0.1:9/x", redis="redis://127.0.0.1:9/0", secret_file="/s", tls_ca="/c")

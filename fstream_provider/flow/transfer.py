@@ -30,6 +30,7 @@ from fstream_provider.flow.jobs import follow_batches
 from fstream_provider.flow.pipe import END, Cancelled, Failure, Pipe, Subscription, items
 from fstream_provider.flow.records import FlowError, landed_from_event
 from fstream_provider.model.spec import TransferSpec
+from fstream_provider.model.spec_fields import KEY_FILE_FIELDS
 from fstream_provider.watch.sources import SrcFile, join_dest
 
 class FlowFeed:
@@ -182,7 +183,7 @@ def transfer_opener(ch: Any, to: str, *, secret_file: str | None = None, tuner: 
             raise ValueError(f"transfer({name}=...): not an option of a channel's transfer; use watch_path, "
                              f".until() or .take() on the channel")
     if redis is not None:
-        named = [n for n in ("tls_cert", "tls_key", "tls_ca") if options.get(n)] + (["secret_file"] if secret_file else [])
+        named = [n for n in KEY_FILE_FIELDS if (secret_file if n == "secret_file" else options.get(n))]
         if named:  # issue 32: an agent opens only the keys of its own keyring
             raise ValueError(f"transfer({', '.join(n + '=...' for n in named)}, redis=...): jobs may not name key "
                              "files on the agent's host; pass key=ID (the agent's keyring; default 'default')")

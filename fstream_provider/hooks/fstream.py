@@ -225,13 +225,15 @@ class FStreamHook(BaseHook):
 
     def submit(self, spec: "TransferSpec", *, idempotency_key: str) -> tuple[str, bool]:
         """Queue ``spec``; the same key returns the existing job instead of a second one."""
+        from fstream_provider.model.spec_fields import KEY_FILE_FIELDS
+
         s = self.settings
-        named = [f for f in ("secret_file", "tls_cert", "tls_key", "tls_ca") if getattr(s, f)]
+        named = [f for f in KEY_FILE_FIELDS if getattr(s, f)]
         if named:
             raise ValueError(f"{s.source}: extra(s) {', '.join(named)} name key files on the agents' hosts, which "
                              "jobs may not do (issue 32): remove them and set 'key' to the id of the agents' keyring "
                              "key instead")
-        named = [f for f in ("secret_file", "tls_cert", "tls_key", "tls_ca") if getattr(spec, f)]
+        named = [f for f in KEY_FILE_FIELDS if getattr(spec, f)]
         if named:
             raise ValueError(f"transfer spec: {', '.join(named)} name key files on the agent's host; jobs refer to "
                              "keys by id (key=...)")

@@ -37,6 +37,9 @@ DURATION_OPTIONS = {"rtt": "rtt_s", "profile_interval": "profile_interval_s", "i
                     "idle_exit": "idle_exit_s", "sample_interval": "sample_interval_s",
                     "connect_timeout": "connect_timeout_s", "retry_for": "retry_for_s"}
 CONNECT_TIMEOUT_S = 10.0  # one connection attempt: TCP connect, TLS and the handshake (issue 30, defect 1)
+# The fields that name key files on the sending host (the spec's, and the same names in a policy's key entry and
+# an Airflow connection's extras). A job submitted through the bus names none: it names a key by id (issue 32).
+KEY_FILE_FIELDS = ("secret_file", "tls_cert", "tls_key", "tls_ca")
 # Fields left out of the JSON while at their default, so agents older than the field still take the job.
 OPTIONAL_FIELDS = {"connect_timeout_s": CONNECT_TIMEOUT_S, "max_attempts": None, "retry_for_s": None}
 

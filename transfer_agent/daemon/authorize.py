@@ -40,12 +40,11 @@ from fstream_provider.model.keyfile import KeyFileError
 from fstream_provider.authz.policy import KeyEntry, PolicyError, PolicyFile, as_list, load_policy
 from fstream_provider.authz.signing import JobAuth, hmac_envelope_submitter, verify
 from fstream_provider.model.spec import Destination, TransferSpec
+from fstream_provider.model.spec_fields import KEY_FILE_FIELDS
 from fstream_provider.model.units import parse_duration
 from transfer_agent.errors import AuthError, RefusedError
 from transfer_agent.storage.contain import Guard, OutsideRootsError, SourceRoots
 from transfer_agent.wire.auth import load_secret
-
-KEY_FILE_FIELDS = ("secret_file", "tls_cert", "tls_key", "tls_ca")
 
 
 @dataclass(frozen=True)
