@@ -23,9 +23,6 @@ class _Control:
         self.error = exc
         self.failed.set()
 
-    def data_lost(self, exc: Exception) -> None:  # the real one first waits for the receiver's reason
-        self.fail(exc)
-
     def flush_commits(self, age: float = 0.0) -> None:  # an idle stream sends the COMMITs it held (issue 29): none here
         pass
 

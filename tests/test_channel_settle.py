@@ -25,9 +25,6 @@ class _Control:
         self.error = exc
         self.failed.set()
 
-    def data_lost(self, exc: Exception) -> None:  # the real one first waits for the receiver's reason
-        self.fail(exc)
-
     def all_sent(self, f: InFlight, keep: bool = False) -> None:
         self.sent.append(f)
 

@@ -303,7 +303,7 @@ class Channel:
             pool.control.fail(NetworkError(f"data stream closed after a short read: {exc}"))
         except OSError as exc:
             if not (self.closing or pool.stopping.is_set()):
-                pool.control.data_lost(NetworkError(f"data stream of channel {self.id} lost: {exc}"))
+                pool.control.fail(NetworkError(f"data stream of channel {self.id} lost: {exc}"))
 
     def stop(self) -> None:
         """Close the channel: the driver queues the rest of the file it is sending, takes no new file, hands the

@@ -30,7 +30,7 @@ from fstream_provider.tuning.base import ClusterLayout
 from fstream_provider.tuning.distribution import ChannelState, plan_channels
 from fstream_provider.tuning.pacing import TokenBucket
 from fstream_provider.watch.sources import SrcFile
-from transfer_agent.errors import FStreamError, ProtocolError
+from transfer_agent.errors import FStreamError
 from transfer_agent.sending.channel import Channel
 from transfer_agent.sending.connector import Connector
 from transfer_agent.sending.control import ControlSession
@@ -176,13 +176,7 @@ class ChannelPool:
                 self._next_cid += 1
                 ch.cluster = req.cluster
                 ch.pp = layouts[req.cluster][2]
-                try:
-                    ch.start()
-                except ProtocolError as exc:
-                    # the receiver ended the session (its reason arrives on the control connection): report that
-                    if "unknown session" in str(exc) and self.control.failed.wait(2.0) and self.control.error:
-                        raise self.control.error from exc
-                    raise
+                ch.start()  # refused ("unknown session"): the session's failure is the receiver's reason (control)
                 with self.cond:
                     self.channels[ch.id] = ch
                     self.cond.notify_all()

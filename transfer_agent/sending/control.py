@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 from fstream_provider.watch.sources import SrcFile
 from transfer_agent import faultpoints
 from transfer_agent.errors import (
+    CancelledError,
     ChecksumError,
     FStreamError,
     NetworkError,
@@ -42,7 +43,8 @@ from transfer_agent.wire.protocol import Frame, error_from_body
 log = logging.getLogger("fstream.sender")
 INLINE_HASH_MAX = 64 << 10  # sources this small are hashed by the thread that opens them, not the hasher pool
 KEEP_MAX_S = 0.001  # a COMMIT kept for a stream's next write (``all_sent(keep=True)``) is sent within this at most
-PEER_REASON_WAIT_S = 0.5  # a data stream that lost its connection waits this long for the receiver's reason
+PEER_SILENCE_S = 0.5  # a failed session's reader waiting this long for the receiver's next frame: it has no more to say
+ANSWER_MAX_S = 10.0  # the longest a failed session waits for the receiver to have said everything (as a BYE's answer)
 
 
 class ControlSession:
@@ -60,6 +62,8 @@ class ControlSession:
 
     public_algo: str | None = None  # set per session in __init__ (a class default for sessions built without it)
     batch = False  # the receiver speaks batch frames (set in __init__ from its handshake; default: single frames)
+    stated = False  # ``error`` is the reason the receiver gave for ending the session (``fail``)
+    _listening_since: float | None = None  # when the reader began to wait for the receiver's next frame (None: busy)
 
     def __init__(self, connector: Connector, on_finished: Callable[[InFlight], None], hasher: Any,
                  algo: str | None = None, verify: bool = True, public_algo: str | None = None,
@@ -91,6 +95,7 @@ class ControlSession:
         self._next_id = 1
         self._pongs: dict[int, threading.Event] = {}
         self.error: FStreamError | None = None
+        self._fail_lock = threading.Lock()
         self.failed = threading.Event()
         self.bye = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, name="fstream-control-reader", daemon=True)
@@ -316,7 +321,9 @@ class ControlSession:
     def _read_loop(self) -> None:
         try:
             while True:
+                self._listening_since = time.monotonic()
                 ftype, fid, body = self.writer.recv()
+                self._listening_since = None
                 if ftype == Frame.BYE:
                     self.bye.set()
                     return
@@ -325,25 +332,27 @@ class ControlSession:
                     if ev:
                         ev.set()
                     continue
+                subs = [(ftype, fid, body)]
                 if ftype in (Frame.OPEN_OK_BATCH, Frame.COMMITTED_BATCH):
                     subs = unpack(ftype, body)
                     self.stats["batches_received"] += 1
                     self.stats["batched_received"] += len(subs)
-                    for sub in subs:
-                        self._reply(*sub)
-                    continue
-                self._reply(ftype, fid, body)
+                for sub_type, sub_fid, sub_body in subs:
+                    if sub_type == Frame.ERROR and sub_fid == 0:  # the receiver ends the session and says why
+                        self.fail(error_from_body(sub_body), stated=True)
+                        return
+                    self._reply(sub_type, sub_fid, sub_body)
         except FStreamError as exc:
             self.fail(exc)
         except OSError as exc:
             self.fail(NetworkError(f"control connection lost: {exc}"))
+        finally:
+            self._listening_since = None
 
     def _reply(self, ftype: Frame, fid: int, body: dict[str, Any]) -> None:
         """One answer about file ``fid`` (alone, or out of a batch)."""
         with self._lock:
             f = self._files.get(fid)
-        if ftype == Frame.ERROR and fid == 0:
-            raise error_from_body(body)
         if f is None:
             # a late reply about a file already settled (e.g. a second stream's write error
             # after the first refused it): never a reason to fail the session's other files
@@ -371,18 +380,45 @@ class ControlSession:
         else:
             raise ProtocolError(f"unexpected {ftype.name} frame on control connection")
 
-    def fail(self, exc: FStreamError) -> None:
-        if self.error is None:
-            self.error = exc
+    def fail(self, exc: FStreamError, stated: bool = False) -> None:
+        """The session failed with ``exc``: the first local failure (a broken data or control connection, a write
+        that failed), unless the receiver states its reason (``stated``: an ERROR frame for the session), which
+        replaces whatever local consequence of it was seen first."""
+        with self._fail_lock:
+            if self.error is None or (stated and not self.stated):
+                self.error, self.stated = exc, stated
         self.failed.set()
 
-    def data_lost(self, exc: FStreamError) -> None:
-        """A data connection broke. The receiver that closes one (a block that failed authentication, a refused
-        write) first says why on the control connection: give that reason ``PEER_REASON_WAIT_S`` to arrive, so
-        the session fails with it, not with the broken pipe its consequence was (seen under load in
-        ``test_encrypted_payload_tampering_detected``). A path cut for real fails the session that much later."""
-        if not self.failed.wait(PEER_REASON_WAIT_S):
-            self.fail(exc)
+    def failure(self, local: BaseException) -> BaseException:
+        """Why the session failed, given what stopped it here (``local``): the reason the receiver stated, if it
+        gave one, else ``local``. A receiver that ends a session (a block that failed authentication, a refused
+        write, a session it no longer knows) says why on the control connection before it closes anything, but
+        the sender may see the closed data connection, a failed write or a refused data connection first
+        (issue 29: under load, a tampered block's session failed with a broken pipe). So unless its reason is in,
+        the receiver is asked (a BYE: it answers after everything it sent before, its reason first) and the
+        reader is given until the receiver has said everything: until the reader ends, or has waited
+        ``PEER_SILENCE_S`` for a next frame (a path cut for real costs that much), or ``ANSWER_MAX_S``.
+        A cancel is no failure: it is returned as it is, at once."""
+        if isinstance(local, CancelledError) or not isinstance(local, Exception):
+            return local
+        if not self.stated:
+            self._hear_out()
+        return self.error if self.stated else local
+
+    def _hear_out(self) -> None:
+        """Ask the receiver to finish (BYE) and wait until it said everything it had to say (``failure``)."""
+        if not self._reader.is_alive():
+            return
+        try:
+            self.writer.send(Frame.BYE, {})
+        except (FStreamError, OSError):
+            pass  # the connection is gone: the reader ends with what it read
+        asked = time.monotonic()
+        while self._reader.is_alive() and not self.stated and time.monotonic() < asked + ANSWER_MAX_S:
+            since = self._listening_since  # silent since we asked, or since its last frame if that came later
+            if since is not None and time.monotonic() - max(since, asked) >= PEER_SILENCE_S:
+                return  # the receiver is silent: nothing more is coming
+            self._reader.join(0.05)
 
     def close(self, graceful: bool = True) -> list[InFlight]:
         """Close the connection; return the files whose outcome never arrived (their fds are closed)."""

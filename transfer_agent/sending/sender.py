@@ -226,13 +226,16 @@ class Transfer:
             self._tuner = tuner
             self.result.tuner = getattr(tuner, "name", self.spec.tuner)
             self._loop(tuner, pool, control, files, retry_files, watcher)
-        except BaseException:
+        except BaseException as exc:
             pool.shutdown(graceful=False)
+            cause = control.failure(exc)  # the receiver's stated reason over what it caused here
             unfinished = control.close(graceful=False)
             self.result.bytes_sent += sum(f.bytes_sent for f in unfinished)  # every session's bytes count
             files[:] = left_over([f.sf for f in unfinished], list(retry_files), pool.drain())
             with self._lock:
                 self._outstanding = 0
+            if cause is not exc:
+                raise cause from exc
             raise
         pool.shutdown(graceful=True)
         control.close(graceful=True)
