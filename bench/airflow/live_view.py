@@ -53,7 +53,7 @@ from fstream_bench.airflow.browser import CHROMIUM, CHROMIUM_ARGS
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 MODULES = ("fstream_provider.ui", "fstream_provider.bus", "fstream_bench.airflow.live_view",
-           "fstream_bench.airflow.api_server", "fstream_bench.core.cpu_meter")
+           "fstream_bench.airflow.api_server", "fstream_bench.airflow.browser", "fstream_bench.core.cpu_meter")
 DAG_ID, TASK_ID = "fstream_live_view_bench", "transfer"
 STEP_BPS = 1e4  # record k shows k × STEP_BPS: a distinct text (format_rate) for every k < 100,000
 PASSWORD = "fstream-live-view-bench"
@@ -124,7 +124,8 @@ def airflow_site(work: Path, redis_url: str, n_jobs: int) -> tuple[dict, str, di
     home = work / "airflow"
     dags = home / "dags"
     dags.mkdir(parents=True)
-    (dags / "fstream_live_view_bench_dag.py").write_text(DAG_SRC.replace("__DAG__", DAG_ID).replace("__N__", str(n_jobs)))
+    (dags / "fstream_live_view_bench_dag.py").write_text(
+        DAG_SRC.replace("__DAG__", DAG_ID).replace("__N__", str(n_jobs)))
     from fstream_provider.authz.ed25519 import ensure_pair
 
     key = work / "submitter.key"
@@ -412,7 +413,8 @@ def report(res: dict) -> str:
     po = res["page_open"]
     lines += ["", f"plugin adds {c['added_pct_core']:.2f} % of a core to the api-server (b − mean(a, c); goal ≤ "
               f"{GOALS['added_pct_core']:g} %: {'met' if res['met']['cpu'] else 'NOT met'}); api-server total in (b) "
-              f"{c['api_total_pct_core']:.2f} %, {rel} over its baseline; browser adds {c['browser_added_pct_core']:.1f} "
+              f"{c['api_total_pct_core']:.2f} %, {rel} over its baseline; browser adds "
+              f"{c['browser_added_pct_core']:.1f} "
               f"% (not counted)", f"opening the pages (outside the phases): api-server {po['api_cpu_s']:.2f} CPU-s, "
               f"browser {po['browser_cpu_s']:.2f} CPU-s in {po['wall_s']:.1f} s"]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from fstream_bench.airflow.api_server import is_up
 from fstream_provider.bus.embedded import free_port
 
 # each component's command line after ``python -m airflow``
@@ -34,15 +35,16 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
 FINISHED = ("success", "failed", "upstream_failed", "skipped", "removed")
 
 
-def wait(pred: Callable[[], Any], timeout: float, what: str, diag: Callable[[], str] = lambda: "") -> Any:
-    """Poll ``pred`` (every 0.25 s) until it returns something true and return that; after ``timeout`` seconds
-    fail naming ``what``, with ``diag()`` (logs) appended."""
+def wait(pred: Callable[[], Any], timeout: float, what: str, diag: Callable[[], str] = lambda: "", *,
+         every: float = 0.25) -> Any:
+    """Poll ``pred`` (every ``every`` seconds) until it returns something true and return that; after ``timeout``
+    seconds fail naming ``what``, with ``diag()`` (logs) appended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = pred()
         if value:
             return value
-        time.sleep(0.25)  # polling other processes (their database, their HTTP port) with a deadline
+        time.sleep(every)  # polling other processes (their database, their HTTP port) with a deadline
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{diag()}")
 
 
@@ -51,7 +53,8 @@ class Airflow:
 
     :param home: the AIRFLOW_HOME (made if missing); logs go to ``home/<component>.log``, tasks' to ``home/logs``.
     :param dags: the DAGs folder.
-    :param env: extra environment (connections ``AIRFLOW_CONN_*``, config ``AIRFLOW__*``) over ``os.environ``.
+    :param env: extra environment (connections ``AIRFLOW_CONN_*``, config ``AIRFLOW__*``) over ``os.environ`` and
+        the defaults below, which it may override; ``None`` drops a default (the key is as ``os.environ`` has it).
     :param triggerer_health_s: seconds after its last heartbeat that a triggerer counts as dead and its
         triggers go to another one (Airflow's default is 30; a restarted triggerer waits that long).
     """
@@ -64,7 +67,7 @@ class Airflow:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = dict(
-            os.environ, AIRFLOW_HOME=str(self.home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW_HOME=str(self.home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
             AIRFLOW__CORE__DAGS_FOLDER=str(self.dags), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{self.db}",
             AIRFLOW__CORE__EXECUTOR="LocalExecutor", AIRFLOW__CORE__PARALLELISM="4",
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
@@ -77,26 +80,34 @@ class Airflow:
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5", AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
             AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
             AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD=f"{triggerer_health_s:g}",
-            PYTHONUNBUFFERED="1",  # a component's log is read while it runs (and kept whole when it is killed)
-            **(env or {}))
+            PYTHONUNBUFFERED="1")  # a component's log is read while it runs (and kept whole when it is killed)
+        for key, value in (env or {}).items():
+            if value is None:
+                self.env.pop(key, None)
+            else:
+                self.env[key] = value
+        self.env = {**os.environ, **self.env}
         self.procs: dict[str, subprocess.Popen] = {}
         self._token: str | None = None
 
     # -- processes -----------------------------------------------------------------------------------
-    def migrate(self) -> None:
+    def migrate(self, timeout: float = 300) -> None:
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env, cwd=self.home, check=True,
-                       capture_output=True, timeout=300)
+                       capture_output=True, timeout=timeout)
 
-    def start(self, name: str) -> None:
-        """Start component ``name`` (a key of ``COMPONENTS``); its output is appended to ``home/<name>.log``."""
+    def start(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start component ``name`` (a key of ``COMPONENTS``), with ``env`` over ``self.env`` for this process only;
+        its output is appended to ``home/<name>.log``. Returns its process."""
         assert name not in self.procs or self.procs[name].poll() is not None, f"{name} is already running"
         args = COMPONENTS[name] + (("--port", str(self.port)) if name == "api-server" else ())
         with open(self.home / f"{name}.log", "a") as log:
             log.write(f"\n===== airflow_procs: starting {name} at {time.strftime('%H:%M:%S')}\n")
             log.flush()
             # cwd is the home, where nothing can shadow a module Airflow imports
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", "airflow", *args], env=self.env, cwd=self.home,
-                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", "airflow", *args],
+                                                env={**self.env, **(env or {})}, cwd=self.home, stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+        return self.procs[name]
 
     def start_all(self, names: Iterable[str] = tuple(COMPONENTS), timeout: float = 180) -> None:
         """Start ``names`` (default: all four) and wait for the api-server (if started) to answer."""
@@ -141,9 +152,9 @@ class Airflow:
             self.wait_api()
         return graceful
 
-    def stop_all(self) -> None:
+    def stop_all(self, timeout: float = 30) -> None:
         for name in list(self.procs):
-            self.stop(name)
+            self.stop(name, timeout)
 
     def alive(self, name: str) -> bool:
         return name in self.procs and self.procs[name].poll() is None
@@ -158,11 +169,7 @@ class Airflow:
 
     # -- the REST API ----------------------------------------------------------------------------------
     def api_up(self) -> bool:
-        try:
-            urllib.request.urlopen(self.base + "/api/v2/monitor/health", timeout=5).close()
-            return True
-        except (urllib.error.URLError, ConnectionError, OSError):
-            return False
+        return is_up(self.base)
 
     def wait_api(self, timeout: float = 180) -> None:
         wait(lambda: self.api_up() or (not self.alive("api-server") and _raise(self.log("api-server")[-3000:])),
