@@ -1,1 +1,1 @@
-"""Airflow under measurement: trigger latency, operator overhead, the triggerer at scale, the live view, the Airflow soak."""
+"""Airflow under measurement: trigger latency, operator overhead, the triggerer at scale, the live view, the soak."""

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fstream_bench.airflow.results import machine_line, say, size_label, start, write_results
-from fstream_bench.airflow.rig import Rig, fstream_bin
+from fstream_bench.airflow.rig import Rig
+from fstream_bench.peers.fstream import fstream_argv
 
 
 def _dataset(root: Path, count: int, size: int, seed: int) -> Path:
@@ -82,7 +83,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
                     return {"seconds": dt}
 
                 def cli(dest_rel: str) -> dict[str, float]:
-                    cmd = [fstream_bin(), "send", str(src), "--to", rig.url(dest_rel), "--secret-file",
+                    cmd = [*fstream_argv(), "send", str(src), "--to", rig.url(dest_rel), "--secret-file",
                            str(rig.secret_file), "--tuner", args.tuner, "--cc", str(args.cc)]
                     t0 = time.monotonic()
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
@@ -154,14 +155,16 @@ def _overhead_summary(runs: dict[str, list[dict[str, float]]], count: int, size:
 
 def overhead_markdown(res: dict[str, Any]) -> str:
     lines = [f"### Overhead: `FStreamTransferOperator` vs `fstream send` ({res['machine']})", "",
-             f"Same receiver (an `fstream receive` process), same source files (page-cached), tuner `{res['tuner']}` cc={res['cc']}, checksums on, "
+             "Same receiver (an `fstream receive` process), same source files (page-cached), "
+             f"tuner `{res['tuner']}` cc={res['cc']}, checksums on, "
              f"{res['reps']} runs per method in rotated order (ABC, BCA, CAB…) after {res['warmup']} unmeasured "
              "warm-up round(s), `sync` before each. "
              "Operator = `execute()` start → `execute_complete` end under `dag.test()` (job submitted to a real "
              "agent thread, in-line trigger); in-process = `Transfer(spec).run()` wall; CLI = `fstream send` "
              "subprocess wall.", "",
              "| Dataset | operator p50 (s) | in-process p50 (s) | CLI p50 (s) | operator / in-process (per-rep range) "
-             "| operator / CLI (per-rep range) | operator − in-process, p50 (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| operator / CLI (per-rep range) | operator − in-process, p50 (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, d in res["datasets"].items():
         med, rr = d["median_s"], d["ratio_per_rep"]
         mm = d["ratio_median_of_medians"]

@@ -15,10 +15,11 @@ from fstream_bench.core import provenance
 KIB, MIB = 2**10, 2**20
 
 #: what an Airflow result exercised (``provenance``): the agent, the whole provider (operator, sensor,
-#: trigger, hooks, bus), and the benchmark's own pieces (rig, timed classes, dataset writer)
+#: trigger, hooks, bus), and the benchmark's own pieces (rig, timed classes, dataset writer, the receiver peer)
 MODULES = (*provenance.AGENT, "fstream_provider", "fstream_bench.airflow.bench", "fstream_bench.airflow.latency",
            "fstream_bench.airflow.overhead", "fstream_bench.airflow.results", "fstream_bench.airflow.rig",
-           "fstream_bench.airflow.timed", "fstream_bench.core.report", "fstream_bench.core.workload_gen")
+           "fstream_bench.airflow.timed", "fstream_bench.core.report", "fstream_bench.core.workload_gen",
+           "fstream_bench.peers.base", "fstream_bench.peers.fstream", "fstream_bench.core.cpu_meter")
 
 
 def start(args: argparse.Namespace) -> dict:

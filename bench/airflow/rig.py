@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -100,11 +99,15 @@ class Rig:
 
         from transfer_agent.daemon.worker import Agent
 
+        from fstream_bench.peers.base import Sites
+        from fstream_bench.peers.fstream import FStreamReceiver
+
         self.dst = w / "dst"
-        self.dst.mkdir(exist_ok=True)
         # The receiver runs in its own process (as in production) so it never shares this process's GIL with
         # the in-process sender or the agent thread, and all three methods see the same receiver.
-        self.port = self._start_receiver()
+        self.receiver = self._stack.enter_context(
+            FStreamReceiver(sites=Sites(), workdir=w, root=self.dst, secret=self.secret_file, precompiled=False))
+        self.port = self.receiver.port
         from transfer_agent.daemon.authorize import AgentPolicy
 
         policy = AgentPolicy.local(["/"], self.secret_file, submitter="bench",
@@ -127,39 +130,8 @@ class Rig:
         if self.bag.import_errors:
             raise RuntimeError(f"bench DAG file does not import: {self.bag.import_errors}")
 
-    def _start_receiver(self) -> int:
-        import socket
-
-        from fstream_provider.bus.embedded import free_port
-
-        port = free_port()
-        log = open(self.workdir / "receiver.log", "ab")
-        self._stack.callback(log.close)
-        proc = subprocess.Popen([fstream_bin(), "receive", "--listen", f"127.0.0.1:{port}", "--root", str(self.dst),
-                                 "--secret-file", str(self.secret_file)], stdout=log, stderr=log)
-
-        def stop() -> None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-        self._stack.callback(stop)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"fstream receive exited {proc.returncode}; see {self.workdir / 'receiver.log'}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return port
-            except OSError:
-                time.sleep(0.05)  # polling a subprocess's listening socket, with a deadline
-        raise RuntimeError(f"fstream receive did not listen on 127.0.0.1:{port} within 60 s")
-
     def url(self, path: str) -> str:
-        return f"fstream://127.0.0.1:{self.port}/{path}"
+        return self.receiver.url(path)
 
     def dag_test(self, dag_id: str, conf: dict[str, Any], log_path: Path) -> tuple[str, dict[str, float], float]:
         """``dag.test(run_conf=conf)`` in this process with Airflow's output sent to ``log_path``.
@@ -201,9 +173,3 @@ def _stdout_to(f):
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
-
-
-def fstream_bin() -> str:
-    """The ``fstream`` console script of this interpreter's environment."""
-    return shutil.which("fstream", path=str(Path(sys.executable).parent)) or "fstream"
-

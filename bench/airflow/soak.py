@@ -351,7 +351,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--fault-every", default="100s", help="a fault this often, jittered ±30%% (default 100s)")
     ap.add_argument("--outage", default="30s", help="how long a redis_outage lasts (default 30s)")
     ap.add_argument("--settle", default="10m", help="how long the end waits for the last runs (default 10m)")
-    ap.add_argument("--retries", type=int, default=2, help="the transfer task's retries (default 2, as the docs advise)")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="the transfer task's retries (default 2, as the docs advise)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--results", default=str(RESULTS))

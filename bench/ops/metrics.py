@@ -69,20 +69,6 @@ class Scraper:
         return {"ok": self.ok, "failed": self.failed, "bytes": self.bytes}
 
 
-def _wait_for(path: Path, pattern: re.Pattern, proc, what: str, timeout: float = 30.0) -> re.Match:
-    from fstream_bench.peers.base import PeerError, log_tail
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        m = pattern.search(path.read_text(errors="replace")) if path.exists() else None
-        if m:
-            return m
-        if proc.poll() is not None:
-            raise PeerError(f"{what}: exited with status {proc.returncode}: {log_tail(path)}")
-        time.sleep(0.02)  # polling a log file with a deadline
-    raise PeerError(f"{what}: not seen within {timeout:.0f} s: {log_tail(path)}")
-
-
 def dataset(root: Path, total: int, files: int, seed: int = 0) -> Path:
     """``files`` files of ``total // files`` bytes under ``root/data`` (seeded content, as the loopback bench's)."""
     from fstream_bench.core.workload_gen import content_block, write_file
@@ -98,7 +84,7 @@ def one_run(ctx: dict, mode: str, rep: int) -> dict:
     """One transfer through a fresh agent and receiver, metrics ``on`` or ``off``; both daemons' CPU."""
     from fstream_bench.core.cpu_meter import ServerCpu
     from fstream_bench.peers import fstream as fs_peer
-    from fstream_bench.peers.base import spawn, stop
+    from fstream_bench.peers.base import wait_logged
     from fstream_provider.bus.jobs import JobStore
     from fstream_provider.bus.keys import Keys
     from fstream_provider.model.spec import TransferSpec
@@ -118,17 +104,16 @@ def one_run(ctx: dict, mode: str, rep: int) -> dict:
         policy.write_text(f'[agent]\nroots = ["{ctx["src"]}"]\ndestinations = ["{rx.url("")}"]\n'
                           f'[agent.keys]\ndefault = "{rx.secret}"\n'
                           f'[submitters.bench]\npublic_key_file = "{ctx["key"]}.pub"\n')
-        agent = spawn(sites, "src", [*fs_peer.fstream_argv(), "agent", "--redis", ctx["redis_url"], "--namespace", ns,
-                                     "--policy", str(policy), "--name", f"bench-{rep}-{mode}", *extra],
-                      log_path=log, env={**os.environ, "FSTREAM_STATE_DIR": str(work / "state")})
-        _wait_for(log, re.compile("consuming jobs on"), agent, "fstream agent")
+        agent = fs_peer.FStreamAgent(sites=sites, redis_url=ctx["redis_url"], namespace=ns, policy=policy,
+                                     name=f"bench-{rep}-{mode}", extra_args=extra, log=log,
+                                     env={"FSTREAM_STATE_DIR": str(work / "state")}).__enter__()
         if on:
-            urls = [_wait_for(p, _METRICS_AT, proc, f"{what} metrics address").group(1) + "/metrics"
-                    for p, proc, what in ((rx.log, rx.proc, "fstream receive"), (log, agent, "fstream agent"))]
+            urls = [wait_logged(p, _METRICS_AT, proc, f"{what} metrics address").group(1) + "/metrics"
+                    for p, proc, what in ((rx.log, rx.proc, "fstream receive"), (log, agent.proc, "fstream agent"))]
             scraper = Scraper(urls, ctx["scrape_interval"]).start()
         store = JobStore(ctx["client"], keys=Keys(ns), signer=ctx["signer"])
         spec = TransferSpec(sources=[str(ctx["src"])], destination=rx.url("in"), tuner="fixed", **ctx["knobs"])
-        cpu_rx, cpu_agent = ServerCpu(rx.proc.pid).start(), ServerCpu(agent.pid).start()
+        cpu_rx, cpu_agent = ServerCpu(rx.proc.pid).start(), ServerCpu(agent.proc.pid).start()
         t0 = time.monotonic()
         job_id, _ = store.submit(spec)
         while not (job := store.get(job_id)).terminal:
@@ -148,7 +133,8 @@ def one_run(ctx: dict, mode: str, rep: int) -> dict:
     finally:
         if scraper is not None:
             scraper.stop()
-        stop(agent)
+        if agent is not None:
+            agent.__exit__(None, None, None)
         rx.__exit__(None, None, None)
         shutil.rmtree(dst, ignore_errors=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import socket
@@ -115,6 +116,21 @@ def wait_listening(sites: Sites, side: str, port: int, proc: subprocess.Popen | 
         threading.Event().wait(delay)
         delay = min(delay * 2, 0.2)
     raise PeerError(f"{what}: nothing listening on port {port} after {timeout:.0f} s")
+
+
+def wait_logged(log_path: Path, pattern: re.Pattern, proc: subprocess.Popen, what: str,
+                timeout: float = 30.0) -> re.Match:
+    """Poll ``log_path`` until ``pattern`` is in it and return the match; fail if ``proc`` exits first, or after
+    ``timeout`` seconds, naming ``what`` and the log's tail."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        m = pattern.search(log_path.read_text(errors="replace")) if log_path.exists() else None
+        if m:
+            return m
+        if proc.poll() is not None:
+            raise PeerError(f"{what}: exited with status {proc.returncode}: {log_tail(log_path)}")
+        time.sleep(0.02)  # polling a log file with a deadline
+    raise PeerError(f"{what}: not seen within {timeout:.0f} s: {log_tail(log_path)}")
 
 
 def _tail(proc: subprocess.Popen) -> str:

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from fstream_bench.peers.base import PeerError, PeerResult, Sites, log_tail, run_client, spawn, stop
+from fstream_bench.peers.base import PeerError, PeerResult, Sites, log_tail, run_client, spawn, stop, wait_logged
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+_CONSUMING = re.compile(r"consuming jobs on")
 
 
 def fstream_argv() -> list[str]:
@@ -69,11 +70,13 @@ class FStreamReceiver:
         ``workdir``.
     :param auth_args: the ``receive`` options that authenticate (TLS certificates, ...); default
         ``--secret-file SECRET``.
+    :param precompiled: write the agent's bytecode first (``precompile``), as an installed agent has it; the
+        Airflow bench's rig does not (its CLI figures were measured without).
     """
 
     def __init__(self, *, sites: Sites, workdir: Path, root: Path, extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None, secret: Path | None = None,
-                 auth_args: Sequence[str] | None = None) -> None:
+                 auth_args: Sequence[str] | None = None, precompiled: bool = True) -> None:
         self.sites = sites
         self.env = dict(env or {})
         self.workdir = Path(workdir)
@@ -81,6 +84,7 @@ class FStreamReceiver:
         self.extra_args = list(extra_args)
         self.given_secret = secret
         self.auth_args = None if auth_args is None else list(auth_args)
+        self.precompiled = precompiled
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -88,7 +92,8 @@ class FStreamReceiver:
         why = available()
         if why:
             raise PeerError(why)
-        precompile()
+        if self.precompiled:
+            precompile()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         if self.given_secret is not None:
@@ -140,6 +145,41 @@ class FStreamReceiver:
 
     def url(self, dest: str) -> str:
         return f"fstream://{self.sites.dst_host}:{self.port}/{dest.strip('/')}"
+
+
+class FStreamAgent:
+    """``fstream agent`` at the source site, in its own process group, up once its log says it consumes jobs.
+
+    :param sites: where it runs (``src``).
+    :param redis_url: the bus.
+    :param policy: its policy file (roots, destinations, keys, submitters).
+    :param name: its worker name.
+    :param log: its log file (stdout and stderr).
+    :param namespace: the bus namespace (default: the agent's).
+    :param extra_args: more ``agent`` options.
+    :param env: more environment (``FSTREAM_STATE_DIR``, ...).
+    """
+
+    def __init__(self, *, sites: Sites, redis_url: str, policy: Path, name: str, log: Path,
+                 namespace: str | None = None, extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 timeout: float = 30.0) -> None:
+        self.sites, self.log, self.timeout = sites, Path(log), timeout
+        self.argv = [*fstream_argv(), "agent", "--redis", redis_url, *(("--namespace", namespace) if namespace else ()),
+                     "--policy", str(policy), "--name", name, *extra_args]
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "FStreamAgent":
+        self.proc = spawn(self.sites, "src", self.argv, log_path=self.log, env={**os.environ, **self.env})
+        try:
+            wait_logged(self.log, _CONSUMING, self.proc, "fstream agent", self.timeout)
+        except BaseException:
+            stop(self.proc)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stop(self.proc)
 
 
 def tool_tuner(tool: str) -> tuple[str, dict]:
