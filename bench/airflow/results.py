@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
-from fstream_bench.core import provenance
+from fstream_bench.core import provenance, runstats
 
 KIB, MIB = 2**10, 2**20
 
@@ -58,18 +55,13 @@ def write_results(kind: str, res: dict[str, Any], md: str, args: argparse.Namesp
                   prov: dict | None = None) -> int:
     """``airflow-KIND-<stamp>.json`` and ``.md``; the JSON carries ``provenance`` (``prov`` from
     :func:`start`, finished here; one started now if the caller had none)."""
-    out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
     res["provenance"] = provenance.finish(prov if prov is not None else start(args))
     md += (f"\nProvenance: `{res['provenance']['command']}`, commit {res['provenance']['commit'][:12]}"
            f"{' (dirty)' if res['provenance']['dirty'] else ''}, code {res['provenance']['code_hash'][:19]}; "
            "every sample is in the JSON.\n")
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = out / f"airflow-{kind}-{stamp}"
-    base.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    base.with_suffix(".md").write_text(md)
+    jp, mp = runstats.write_result(args.results, f"airflow-{kind}", res, md)
     print(md)
-    print(f"results: {base}.json, {base}.md")
+    print(f"results: {jp}, {mp}")
     return 0
 
 

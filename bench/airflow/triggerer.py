@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import statistics
 import sys
@@ -375,7 +374,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fstream_bench.core import provenance
+    from fstream_bench.core import provenance, runstats
 
     args = _parser().parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -386,13 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     res["provenance"] = provenance.finish(prov)
     md = markdown(res) + (f"\nProvenance: commit {res['provenance']['commit'][:12]}"
                           f"{' (dirty)' if res['provenance']['dirty'] else ''}; every sample is in the JSON.\n")
-    out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
-    base = out / f"triggerer-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    base.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    base.with_suffix(".md").write_text(md)
+    jp, mp = runstats.write_result(args.results, "triggerer", res, md)
     print(md)
-    print(f"results: {base}.json, {base}.md")
+    print(f"results: {jp}, {mp}")
     return 0
 
 
