@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import threading
 import time
 from datetime import datetime, timezone
@@ -34,10 +33,9 @@ def _runs(af: Airflow) -> list[tuple[str, str]]:
     return af.runs(DAG_ID)
 
 
-def _batches(db: Path) -> dict[str, list[str]]:
-    with sqlite3.connect(db, timeout=5) as c:
-        rows = c.execute("select run_id, value from xcom where dag_id = ? and task_id = 'batch_files' "
-                         "and key = 'return_value'", (DAG_ID,)).fetchall()
+def _batches(af: Airflow) -> dict[str, list[str]]:
+    rows = af.query("select run_id, value from xcom where dag_id = ? and task_id = 'batch_files' "
+                    "and key = 'return_value'", DAG_ID)
     return {run_id: json.loads(v) for run_id, v in rows}
 
 
@@ -52,13 +50,11 @@ def _drop(watch: Path, names: list[str]) -> float:
     return closed
 
 
-def _latencies(redis_url: str, db: Path, closed: list[float]) -> str:
+def _latencies(redis_url: str, af: Airflow, closed: list[float]) -> str:
     """File closed -> asset event, and -> the agent claiming the transfer job (the transfer starting)."""
-    from fstream_provider.bus.client import connect
     from fstream_provider.bus.jobs import JobStore
 
-    with sqlite3.connect(db, timeout=5) as c:
-        events = [r[0] for r in c.execute("select timestamp from asset_event order by id")]
+    events = [r[0] for r in af.query("select timestamp from asset_event order by id")]
     to_event = [datetime.fromisoformat(ts).replace(tzinfo=timezone.utc).timestamp() - t  # stored as naive UTC
                 for ts, t in zip(events, closed)]
     client = connect(redis_url)
@@ -99,7 +95,6 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
         "FSTREAM_EXAMPLE_DESTINATION": f"fstream://127.0.0.1:{receiver.port}/landed",
         "FSTREAM_STATE_DIR": str(tmp_path / "state"),
         "AIRFLOW_CONN_FSTREAM_DEFAULT": redis_url.replace("redis://", "fstream://", 1) + "?" + authkit.conn_query()})
-    db = af.db
     diag = af.diag
     fired = lambda: sum(1 for line in af.log("triggerer").splitlines()  # noqa: E731  (watcher events only)
                         if "Trigger fired event" in line and "new complete file(s)" in line)
@@ -135,13 +130,13 @@ def test_asset_triggered_dag_runs_once_per_batch_never_twice_per_file(tmp_path, 
 
         runs = _runs(af)
         assert [s for _, s in runs] == ["success", "success", "success"], f"{runs}\n{diag()}"
-        batches = _batches(db)
+        batches = _batches(af)
         assert sorted(map(sorted, batches.values())) == [sorted(str(watch / n) for n in batch1),
                                                          sorted(str(watch / n) for n in batch2),
                                                          sorted(str(watch / n) for n in batch3)]
         assert sorted(p.name for p in (tmp_path / "dst" / "landed").iterdir()) == sorted(batch1 + batch2 + batch3)
         assert fired() == 3  # one watcher event per batch, none for files already reported
-        print("LATENCY " + _latencies(redis_url, db, closed))
+        print("LATENCY " + _latencies(redis_url, af, closed))
     finally:
         af.stop_all()
         agent.stop()
