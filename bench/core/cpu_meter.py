@@ -107,3 +107,11 @@ def wait_with_usage(proc: subprocess.Popen, timeout: float) -> tuple[str, float]
         reader.join(5.0)
         proc.stdout.close()  # type: ignore[union-attr]
     return b"".join(chunks).decode(errors="replace"), ru.ru_utime + ru.ru_stime
+
+
+def reap(proc: subprocess.Popen) -> float:
+    """Wait for ``proc`` to exit (``wait4``, blocking), set its ``returncode`` and return its CPU-seconds (user +
+    system, every thread and every child it reaped): a client's CPU as the kernel accounts it at its exit."""
+    _pid, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime

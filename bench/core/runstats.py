@@ -12,8 +12,6 @@ import statistics
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-
 
 def summarize(values: list[float]) -> dict:
     """``{"n", "median", "min", "max"}`` of ``values`` (None for an empty list: nothing ran)."""

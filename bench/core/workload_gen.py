@@ -49,6 +49,16 @@ def write_file(path: Path, size: int, block: bytes, *, key: str) -> None:
     os.replace(tmp, path)
 
 
+def write_repeated(path: Path, size: int, block: bytes) -> None:
+    """Write ``size`` bytes to ``path``: ``block`` again and again, the last copy cut short (in place)."""
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+
+
 @dataclass
 class Staged:
     """A workload materialised once in a staging directory, to be released into sources by hard link.

@@ -33,6 +33,10 @@ import psutil
 from fstream_bench.core import provenance
 
 from fstream_bench.core import runstats
+from fstream_bench.core.children import end
+from fstream_bench.core.cpu_meter import reap
+from fstream_bench.core import RESULTS_DIR
+from fstream_bench.core.workload_gen import write_repeated
 
 CASES = {  # name: (file count, file size, send options)
     "1 x 1 GiB, p=4": (1, 1 << 30, ["--tuner", "fixed", "--cc", "1", "--p", "4", "--pp", "0"]),
@@ -52,12 +56,7 @@ def _make(root: Path, count: int, size: int) -> Path:
     d.mkdir(parents=True)
     block = os.urandom(min(size, 1 << 20))
     for i in range(count):
-        with open(d / f"f{i:05d}.dat", "wb") as f:
-            left = size
-            while left:
-                n = min(left, len(block))
-                f.write(block[:n])
-                left -= n
+        write_repeated(d / f"f{i:05d}.dat", size, block)
     return d
 
 
@@ -106,25 +105,18 @@ class Side:
                                   f"fstream://127.0.0.1:{self.port}/out", "--secret-file", str(self.secret),
                                   "--json", *opts], stdout=subprocess.PIPE, stderr=err, env=self.env)
             out = p.stdout.read()  # the JSON summary, at the end; read before reaping so the pipe never fills
-            _pid, status, ru = os.wait4(p.pid, 0)
+            tx_cpu = reap(p)
             wall = time.monotonic() - t0
-            p.returncode = os.waitstatus_to_exitcode(status)
             p.stdout.close()
-            if status != 0:
+            if p.returncode != 0:
                 err.seek(0)
                 raise RuntimeError(f"{self.name}: send failed ({p.returncode}): {out[-300:]!r} {err.read()[-500:]!r}")
         doc = _last_json(out.decode(errors="replace")) or {}
-        return {"wall": wall, "tx_cpu": ru.ru_utime + ru.ru_stime, "rx_cpu": self._rx_cpu() - rx0,
+        return {"wall": wall, "tx_cpu": tx_cpu, "rx_cpu": self._rx_cpu() - rx0,
                 "agent_seconds": doc.get("seconds"), "bytes": doc.get("bytes"), "files": doc.get("files")}
 
     def close(self) -> None:
-        if self.rx.poll() is None:
-            self.rx.terminate()
-            try:
-                self.rx.wait(15)
-            except subprocess.TimeoutExpired:
-                self.rx.kill()
-                self.rx.wait(5)
+        end(self.rx, 15, 5)
         self.rx.stdout.close()
 
 
@@ -216,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src-dir", default=None, help="where the datasets are written (default: a temp dir)")
     ap.add_argument("--case", action="append", choices=sorted(CASES),
                     help=f"run only these cases (repeatable; default: {', '.join(DEFAULT_CASES)})")
-    ap.add_argument("--results", default=str(runstats.RESULTS_DIR), help="where ab-<stamp>.json/.md go")
+    ap.add_argument("--results", default=str(RESULTS_DIR), help="where ab-<stamp>.json/.md go")
     a = ap.parse_args(argv)
     prov = provenance.start("ab", argv, MODULES)
     cases = {k: CASES[k] for k in (a.case or DEFAULT_CASES)}

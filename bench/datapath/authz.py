@@ -29,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
            "fstream_provider.model", "fstream_provider.watch",
            "fstream_provider.tuning", "fstream_bench.datapath.authz", "fstream_bench.core.runstats")
@@ -185,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--drive":
         return drive(argv[1:])
+    from fstream_bench.core.saved import RESULTS_DIR, save  # here: the --drive child imports no more than it did
+
     ap = argparse.ArgumentParser(prog="fstream bench authz", description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--size", default="64KiB")
@@ -202,17 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fstream-authz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
         secret = create_secret_file(work / "secret")
-        res = {"bench": "authz", "provenance": prov,
+        res = {"bench": "authz",
                "guard": guard_runs(work, secret, a.files, parse_size(a.size), a.repeats),
                "check_fd": check_fd_rounds(work), "decide": decide_rounds(work, secret, a.decisions)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    provenance.finish(prov)
-    out = Path(a.results) / f"authz-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
+    save("authz", res, prov, a.results)
     print(report(res))
-    print(f"\nresults: {out}")
     return 0
 
 

@@ -12,7 +12,6 @@ both sides' CPU-seconds (``cpu_meter``), reported per GB and per 1,000 files.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from fstream_bench.core import provenance
+from fstream_bench.core.saved import save_with_markdown
 from fstream_bench.core.cpu_meter import ServerCpu
 from fstream_bench.peers import fstream as fs_peer, gridftp, iperf
 from fstream_bench.peers.base import PeerError, PeerResult, Sites
@@ -38,7 +38,7 @@ KIB = 2**10
 #: what a loopback result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
 #: GridFTP, iperf3 drivers), CPU meter, memory hold and dataset writer
 MODULES = (*provenance.AGENT, "fstream_bench.datapath.loopback", "fstream_bench.peers", "fstream_bench.core.cpu_meter",
-           "fstream_bench.core.report", "fstream_bench.core.vm_memory", "fstream_bench.core.workload_gen")
+           "fstream_bench.core.report", "fstream_bench.core.vm_memory", "fstream_bench.core.workload_gen", "fstream_bench.core.runstats", "fstream_bench.core.saved")
 
 
 def make_datasets(root: Path, *, big_bytes: int = GIB, small_count: int = 2000, small_bytes: int = 256 * KIB,
@@ -368,16 +368,8 @@ def main(args) -> int:
     prov = provenance.start("loopback", list(args.raw_argv), MODULES)
     doc = run(workdir, repeat=args.repeat, big_bytes=args.big_bytes, small_count=args.small_count,
               small_bytes=args.small_bytes, pp=args.pp, pin=not args.no_pin, only=args.cases, tools=args.tools)
-    doc["provenance"] = provenance.finish(prov)
-    doc["command"] = prov["command"]
     doc["wall_seconds"] = time.time() - t0
-    out = Path(args.results) / f"loopback-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps(doc, indent=1))
-    md = markdown(doc, doc["command"])
-    Path(f"{out}.md").write_text(md)
-    print(md)
-    print(f"results: {out}.json, {out}.md")
+    save_with_markdown("loopback", doc, prov, args.results, markdown)
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0 if all(r["ok"] for r in doc["results"]) else 1

@@ -31,6 +31,7 @@ from typing import Callable
 from fstream_bench.core import provenance
 
 from fstream_bench.core import runstats
+from fstream_bench.core import RESULTS_DIR
 from fstream_bench.datapath.micro_agent import run_bytecode, run_gc, run_pipe, run_startup
 from fstream_bench.datapath.micro_cpu import (GIB, KIB, MIB, Ctx, run_checksum, run_frame, run_gmac, run_hash_small,
                                      run_pydantic, run_touch, tmpfs_dir)
@@ -105,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"comma-separated entries (repeatable): {', '.join(ENTRIES)}")
     ap.add_argument("--list", action="store_true", help="print each entry's §12 figure and what no entry reproduces")
     ap.add_argument("--repeat", type=int, default=None, help="repeats (pairs for A/B entries); default 5, gc 7")
-    ap.add_argument("--results", default=str(runstats.RESULTS_DIR), help="where micro-<stamp>.json/.md go")
+    ap.add_argument("--results", default=str(RESULTS_DIR), help="where micro-<stamp>.json/.md go")
     ap.add_argument("--mac-bytes", type=parse_size, default=4 * GIB, help="gmac: bytes per repeat (default 4GiB)")
     ap.add_argument("--chunk", type=parse_size, default=MIB, help="gmac: bytes per call (default 1MiB, in cache)")
     ap.add_argument("--checksum-bytes", type=parse_size, default=GIB, help="checksum: file size (default 1GiB)")

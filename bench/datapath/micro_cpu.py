@@ -70,13 +70,9 @@ def tmpfs_dir(prefix: str) -> Path:
 
 def write_file(path: Path, size: int) -> Path:
     """``size`` bytes of one repeated 1 MiB random block."""
-    block = os.urandom(min(size, MIB)) if size else b""
-    with open(path, "wb") as f:
-        left = size
-        while left:
-            n = min(left, len(block))
-            f.write(block[:n])
-            left -= n
+    from fstream_bench.core.workload_gen import write_repeated
+
+    write_repeated(path, size, os.urandom(min(size, MIB)) if size else b"")
     return path
 
 
@@ -305,16 +301,17 @@ def run_pydantic(ctx: Ctx) -> dict:
     the import's cost."""
     import pydantic
 
+    from fstream_bench.core.cpu_meter import reap
+
     env = {**os.environ, "PYDANTIC_DISABLE_PLUGINS": "__all__"}
     prefix = ["taskset", "-c", "0"] if shutil.which("taskset") else []
 
     def cpu(code: str) -> float:
         p = subprocess.Popen([*prefix, sys.executable, "-c", code], env=env)
-        _pid, status, ru = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        if status:
+        cpu_s = reap(p)
+        if p.returncode:
             raise RuntimeError(f"python -c {code!r} failed ({p.returncode})")
-        return ru.ru_utime + ru.ru_stime
+        return cpu_s
 
     bare, imp = [], []
     cpu("from pydantic import BaseModel")  # warm-up: the files in the page cache

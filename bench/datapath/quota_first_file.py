@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+from fstream_bench.core import RESULTS_DIR
+
 MODULES = ("transfer_agent.receiving", "fstream_bench.datapath.quota_first_file")
 MODES = ("no-quota", "first-count", "persisted")
 PER_DIR = 1000

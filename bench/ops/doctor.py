@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core import RESULTS_DIR
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODULES = (*provenance.AGENT, "fstream_bench.ops.doctor", "fstream_bench.wan", "fstream_bench.peers")
 CASES = ("baseline", "buffer", "bottleneck", "disk")
 EXPECTED = {"baseline": "none found", "buffer": "buffer cap", "bottleneck": "bottleneck",
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-selfcheck", action="store_true", help="skip the iperf3 selfcheck of each path")
     ap.add_argument("--run-id", default="tb30d", help="prefix of the own WAN run ids (one per case; never shared)")
     ap.add_argument("--loopback", action="store_true", help="smoke run against a loopback receiver (no root)")
-    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--results", default=str(RESULTS_DIR))
     ap.add_argument("--workdir", default=None, help="scratch directory (default under /dev/shm)")
     args = ap.parse_args(argv)
     args.rate, args.rtt, args.seconds = parse_rate(args.rate), parse_duration(args.rtt), parse_duration(args.seconds)

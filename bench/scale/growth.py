@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core.saved import save_with_markdown
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers.base import PeerError, Sites, spawn, stop
 from fstream_bench.core.report import machine_info
@@ -33,7 +34,7 @@ PER_DIR = 1000
 
 #: what a scale result exercised (``provenance``): the agent, this benchmark and its harness pieces
 MODULES = (*provenance.AGENT, "fstream_bench.scale.growth", "fstream_bench.peers", "fstream_bench.core.cpu_meter",
-           "fstream_bench.core.report", "fstream_bench.core.workload_gen")
+           "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.runstats", "fstream_bench.core.saved")
 
 
 def watcher_class():
@@ -253,7 +254,6 @@ def _scan_cell(s: dict | None) -> str:
 
 def main(args) -> int:
     """Entry for ``fstream bench scale``."""
-    from fstream_provider.model.units import parse_duration  # noqa: F401  (interval is passed through as text)
 
     workdir = Path(args.workdir or f"/tmp/fstream-bench-scale-{os.getpid()}")
     cps = tuple(int(x) for x in args.checkpoints.split(",") if x.strip())
@@ -264,14 +264,5 @@ def main(args) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    doc["provenance"] = provenance.finish(prov)
-    cmd = prov["command"]
-    doc["command"] = cmd
-    out = Path(args.results) / f"scale-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps(doc, indent=1))
-    md = markdown(doc, cmd)
-    Path(f"{out}.md").write_text(md)
-    print(md)
-    print(f"results: {out}.json")
+    save_with_markdown("scale", doc, prov, args.results, markdown)
     return 0 if doc["checkpoints"] and all(c["landed"] >= c["files"] for c in doc["checkpoints"]) else 1

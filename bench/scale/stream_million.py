@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core.saved import save_with_markdown
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.peers.base import PeerError, Sites, spawn, stop
 from fstream_bench.core.report import machine_info
-from fstream_bench.scale.growth import PER_DIR, _add, _rss
+from fstream_bench.scale.growth import _add, _rss
 from fstream_bench.core.workload_gen import content_block
 
 MODULES = (*provenance.AGENT, "fstream_bench.scale.stream_million", "fstream_bench.scale.growth", "fstream_bench.peers",
@@ -281,14 +282,6 @@ def main(args) -> int:
                   via_agent=args.via_agent)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    doc["provenance"] = provenance.finish(prov)
-    doc["command"] = prov["command"]
-    out = Path(args.results) / f"stream-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps(doc, indent=1))
-    md = markdown(doc, prov["command"])
-    Path(f"{out}.md").write_text(md)
-    print(md)
-    print(f"results: {out}.json")
+    save_with_markdown("stream", doc, prov, args.results, markdown)
     r = doc["restart"]
     return 0 if doc["landed"] >= doc["files"] and r["landed_new"] == r["new_files"] and not r["landed_old_again"] else 1

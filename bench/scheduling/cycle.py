@@ -1,7 +1,8 @@
 """Issue 28 (one part): what one scheduling cycle costs Redis, and what an idle agent costs Redis per second.
 
 ``python -m fstream_bench.scheduling.cycle [--live 10,100,1000] [--finished 0,10000] [--agents 32]
-[--seconds 10] [--cycles 20] [--json out.json]`` (``main(argv)``: ready for ``fstream bench sched-cycle``)
+[--seconds 10] [--cycles 20] [--results DIR] [--json out.json]`` (``main(argv)``: ready for
+``fstream bench sched-cycle``)
 
 For each (live, finished) pair, a fresh ``redis-server`` (``bus.embedded.RedisServer``, no AOF) gets:
 
@@ -28,7 +29,8 @@ Measured:
     ``seconds`` (``INFO commandstats`` delta) divided by agents and seconds: ops/s per idle agent, with the
     commands that make it up.
 
-Nothing is written unless ``--json`` is given. Run it alone: 32 agents and a ``redis-server`` on one machine.
+The result, with its provenance, goes to ``bench/results/sched-cycle-<UTC stamp>.json`` (``core.saved.run_saved``;
+``--results DIR`` elsewhere, ``--json`` a copy). Run it alone: 32 agents and a ``redis-server`` on one machine.
 """
 
 from __future__ import annotations
@@ -266,24 +268,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", type=int, default=32)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--cycles", type=int, default=20)
-    p.add_argument("--json", help="write the whole result here")
+    p.add_argument("--json", help="also write the whole result here")
+    p.add_argument("--results", default=None, help="directory of the result file (default bench/results)")
     a = p.parse_args(argv)
-    prov = provenance.start("sched-cycle", list(sys.argv[1:] if argv is None else argv), MODULES)
-    result = run(tuple(int(x) for x in a.live.split(",")), tuple(int(x) for x in a.finished.split(",")),
-                 a.agents, a.seconds, a.cycles)
+    from fstream_bench.core.saved import run_saved
+
+    result = run_saved("sched-cycle", list(sys.argv[1:] if argv is None else argv), MODULES,
+                       lambda: run(tuple(int(x) for x in a.live.split(",")),
+                                   tuple(int(x) for x in a.finished.split(",")), a.agents, a.seconds, a.cycles),
+                       a.results)
     print(table(result))
     for r in result["rows"]:
         for mode, idle in r["idle"].items():
             print(f"live {r['live']} finished {r['finished']} {mode}: {idle['ops_per_agent_s']:.1f} ops/s per idle "
                   f"agent: {idle['by_command_per_agent_s']}")
-    from fstream_bench.core.report import machine_info
-    from fstream_bench.core.saved import RESULTS_DIR
-
-    path = a.json or str(RESULTS_DIR / f"sched-cycle-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json")
-    with open(path, "w") as f:
-        json.dump({**result, "machine": machine_info(), "provenance": provenance.finish(prov),
-                   "command": prov["command"]}, f, indent=1)
-    print(f"results: {path}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
     return 0
 
 

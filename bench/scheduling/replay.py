@@ -40,8 +40,8 @@ from fstream_provider.tuning import sched_model
 from fstream_provider.tuning.common import fmt_bps
 from fstream_provider.tuning import sched_sim as S
 from fstream_provider.tuning import trace as T
+from fstream_bench.core import RESULTS_DIR
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 DEFAULT_TRACES = "25%,45%,60%,60%-hv"
 #: what a scheduling result exercised (``provenance``): the simulator and schedulers, and this driver
 MODULES = ("fstream_provider.tuning", "fstream_bench.scheduling.replay")

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core import RESULTS_DIR
 from fstream_bench.soak.report import write_report
 from fstream_bench.soak.run import Soak
 from fstream_provider.model.units import parse_rate
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--final-timeout", type=float, default=600.0, help="seconds the final send may take")
     ap.add_argument("--workdir", default=None, help="where source and destination go (default /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the source and destination")
-    ap.add_argument("--results", default=str(Path(__file__).resolve().parents[1] / "results"))
+    ap.add_argument("--results", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
     prov = provenance.start("soak", list(sys.argv[1:] if argv is None else argv), MODULES)
     from fstream_bench.core.report import machine_info

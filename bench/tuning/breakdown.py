@@ -37,6 +37,7 @@ from fstream_bench.wan.rig import (
     selfcheck_line,
     send_json,
 )
+from fstream_bench.core.children import end
 from fstream_bench.core.report import machine_info
 
 from fstream_provider.model.units import parse_duration
@@ -88,13 +89,7 @@ class UnixRedis:
         return int(redis.Redis(unix_socket_path=str(self.sock)).dbsize())
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc, 10, None)
 
 
 def run_variant(bench, rx, staged, src: Path, dst_root: Path, label: str, *, tuner: str, opts: dict, watch: dict,

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core import RESULTS_DIR
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.deadline", "fstream_bench.wan", "fstream_bench.wan.rig",
            "fstream_bench.peers", "fstream_bench.core.workload_gen", "fstream_bench.core.report")
 FACTORS = (1.2, 1.5, 2.0)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bandwidth", default="1Gbit")
     s.add_argument("--rtt", default="40ms")
     s.add_argument("--buffer", default="1MiB")
-    s.add_argument("--results", default=str(RESULTS))
+    s.add_argument("--results", default=str(RESULTS_DIR))
     wn = sub.add_parser("wan", help="(root) the emulated WAN")
     add_path_args(wn, "tb27d")
     wn.add_argument("--workloads", default="w1,w3,sra,lcls")

@@ -37,7 +37,7 @@ from fstream_bench.tuning.harp_windows import PAIRS, med_range, run_metrics, sum
 from fstream_bench.wan.rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
 from fstream_bench.core.report import machine_info
 
-from fstream_provider.model.units import parse_duration, parse_size
+from fstream_provider.model.units import parse_duration
 
 TUNERS = ("static", "harp", "fstream", "fstream+harp")
 CONDITIONS = ("quiet", "background", "buffer")
@@ -91,7 +91,7 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
 #: the modules a run exercises (provenance's code hash): the agent, this benchmark and its rig
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.harp", "fstream_bench.tuning.harp_windows", "fstream_bench.wan.rig",
            "fstream_bench.tuning.breakdown", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.core.report",
-           "fstream_bench.core.cpu_meter", "fstream_bench.core.workload_gen")
+           "fstream_bench.core.cpu_meter", "fstream_bench.core.workload_gen", "fstream_bench.core.children")
 
 
 def _settings(r: dict) -> str:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core import RESULTS_DIR
 from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 
 #: what a pathfill result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-interval", default="2s")
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds; each runs iperf3, fstream on both sets and GridFTP, ratios taken within a round")
-    ap.add_argument("--results", default=str(Path(__file__).resolve().parents[1] / "results"))
+    ap.add_argument("--results", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("fstream bench pathfill: needs root (network namespaces)", file=sys.stderr)

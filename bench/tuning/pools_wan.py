@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     provenance.finish(prov)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    lines = [f"# Two agents, one path: stream pool vs none\n", summary["machine_line"], "", summary["selfcheck_line"], "",
+    lines = ["# Two agents, one path: stream pool vs none\n", summary["machine_line"], "", summary["selfcheck_line"], "",
              f"`python -m fstream_bench.tuning.pools_wan {' '.join(argv or [])}`; each agent {size / 1e9:.1f} GB of large files, "
              f"the second {stagger:g} s later; pool Greedy {summary['policy']}.", "",
              "| mode | agent a Mbit/s (overlap) | agent b | aggregate / link | Jain | max streams a / b | a, b total s |",

@@ -34,9 +34,9 @@ from pathlib import Path
 from fstream_bench.core import provenance
 from fstream_provider.tuning import ablation as A
 from fstream_provider.tuning import harp_ablation as H
+from fstream_bench.core import RESULTS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 QUICK_GRID = ((2, 4, 8, 16, 32), (1, 4, 16), (0, 4, 32))
 #: what a tuning-science result exercised (``provenance``): the simulator, tuners and ablation, and this driver
 MODULES = ("fstream_provider.tuning", "fstream_bench.tuning.science")

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core import RESULTS_DIR
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 #: what a sim result exercised (``provenance``): the simulator, tuners, workloads and simreport, and this driver
 MODULES = ("fstream_provider.tuning", "fstream_bench.tuning.sim")
 PARTS = ("throughput", "breakdown", "qos")

@@ -35,6 +35,7 @@ from fstream_provider.tuning.ablation import ORACLE_GRID, SIM_KW, Setup
 from fstream_provider.tuning.base import PathInfo
 from fstream_provider.tuning.fixed import FixedTuner
 from fstream_provider.tuning.sim import dtn_storage
+from fstream_bench.core import RESULTS_DIR
 
 #: what a tuning-wan result exercised (``provenance``): the agent and tuners, the scenario harness with its
 #: peers and the WAN testbed, the workloads, and this driver (its simulator ranking too)
@@ -42,7 +43,6 @@ MODULES = (*provenance.AGENT, "fstream_bench.tuning.wan", "fstream_bench.wan.har
            "fstream_bench.wan", "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter",
            "fstream_bench.wan.oracle")
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 TUNERS = ("fstream-static", "fstream-fstream@thesis", "fstream-fstream")
 LABELS = {"fstream-static": "static", "fstream-fstream@thesis": "thesis", "fstream-fstream": "default"}
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count-factor", type=float, default=0.3)
     ap.add_argument("--top", type=int, default=1, help="simulated best grid points confirmed for real")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--results", default=str(RESULTS_DIR))
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args(argv)
     prov = provenance.start("tuning-wan", list(sys.argv[1:] if argv is None else argv), MODULES)

@@ -8,11 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+from fstream_bench.core import RESULTS_DIR
 from fstream_bench.wan import netns
 from fstream_bench.wan.netns import NotRootError, WanError
 
 EXIT_FAIL, EXIT_USAGE = 1, 2
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 #: what a selfcheck result exercised (``provenance``): the whole testbed (path, delay line driver,
 #: probe, background flows, storage cap) and this command line
 SELFCHECK_MODULES = ("fstream_bench.wan", "fstream_provider.model")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fstream_bench.peers.base import Sites
 from fstream_bench.core.report import machine_info
+from fstream_bench.core import RESULTS_DIR
 
 from fstream_provider.model.units import parse_duration, parse_rate
 
@@ -50,7 +51,7 @@ def add_path_args(ap: argparse.ArgumentParser, run_id: str) -> None:
     ap.add_argument("--run-id", default=run_id, help=f"own WAN run id (default {run_id}; never shared)")
     ap.add_argument("--loopback", action="store_true", help="smoke run on 127.0.0.1 (no WAN, no root)")
     ap.add_argument("--force-path", action="store_true", help="measure even if the selfcheck fails (noted)")
-    ap.add_argument("--results", default=str(Path(__file__).resolve().parents[1] / "results"),
+    ap.add_argument("--results", default=str(RESULTS_DIR),
                     help="where the result directory goes")
     ap.add_argument("--workdir", default=None, help="scratch directory (default under /dev/shm)")
 
