@@ -91,8 +91,8 @@ def release(staged: Staged, src_dir: Path, *, stop: threading.Event | None = Non
             on_batch: Callable[[int, Batch, float], None] | None = None) -> float:
     """Hard-link each batch from staging into ``src_dir`` at its arrival time; return the start time.
 
-    Files appear atomically under their final names (link beside ``src_dir``, then rename). Waits use ``stop.wait`` so a caller can
-    abort; falls back to copying when staging and sources are on different filesystems.
+    Files appear atomically under their final names (link beside ``src_dir``, then rename). Waits use ``stop.wait``
+    so a caller can abort; falls back to copying when staging and sources are on different filesystems.
     """
     stop = stop or threading.Event()
     start = clock() if t0 is None else t0

@@ -167,8 +167,11 @@ def markdown(doc: dict) -> str:
              + f" (commit `{(sides['A'].get('commit') or '?')[:12]}`); B: `{sides['B']['cmd']}`"
              + (f" with PYTHONPATH `{sides['B']['path']}`" if sides["B"]["path"] else "")
              + f" (commit `{(sides['B'].get('commit') or '?')[:12]}`).  ",
-             f"{doc['repeat']} rounds, {doc['order']}; pinned: {doc['pinned']}; raw pairs in the JSON beside this file.",
-             "", "| case | metric | A median (min-max) | B median (min-max) | B/A (of medians) | B/A per pair, median (min-max) |",
+             f"{doc['repeat']} rounds, {doc['order']}; pinned: {doc['pinned']}; "
+             "raw pairs in the JSON beside this file.",
+             "",
+             "| case | metric | A median (min-max) | B median (min-max) | B/A (of medians) "
+             "| B/A per pair, median (min-max) |",
              "|---|---|---|---|---|---|"]
 
     def mm(s: dict) -> str:

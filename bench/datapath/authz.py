@@ -77,7 +77,8 @@ def guard_runs(work: Path, secret: Path, files: int, size: int, repeats: int) ->
             shutil.rmtree(dst, ignore_errors=True)
             rx, port = _receiver(dst, secret)
             try:
-                out = subprocess.run([*PIN["src"], sys.executable, "-m", "fstream_bench.datapath.authz", "--drive", mode,
+                out = subprocess.run([*PIN["src"], sys.executable, "-m", "fstream_bench.datapath.authz",
+                                      "--drive", mode,
                                       str(src), f"fstream://127.0.0.1:{port}/t", str(secret)],
                                      capture_output=True, text=True, timeout=1800, check=True)
                 r = json.loads(out.stdout.strip().splitlines()[-1])

@@ -298,9 +298,9 @@ def report(res: dict) -> str:
             med, runs = r["median_bps"], r["runs_bps"]
             fmt = lambda v: ", ".join(f"{x / 1e9:.2f}" for x in v)  # noqa: E731
             lines.append(f"| {r['data']}: {r['files']} x {r['size'] >> 10} KiB | {med['send'] / 1e9:.2f} Gbit/s "
-                         f"| {med['send-manifest'] / 1e9:.2f} Gbit/s | {med['flow'] / 1e9:.2f} Gbit/s | {r['ratio']:.3f} "
-                         f"| {r['ratio_manifest']:.3f} | {fmt(runs['send'])}; {fmt(runs['send-manifest'])}; "
-                         f"{fmt(runs['flow'])} |")
+                         f"| {med['send-manifest'] / 1e9:.2f} Gbit/s | {med['flow'] / 1e9:.2f} Gbit/s "
+                         f"| {r['ratio']:.3f} | {r['ratio_manifest']:.3f} "
+                         f"| {fmt(runs['send'])}; {fmt(runs['send-manifest'])}; {fmt(runs['flow'])} |")
         lines += ["", "| data | sending process CPU-seconds (median): send | send --manifest | flow | per GB | "
                   "per 1,000 files |", "|---|---|---|---|---|---|"]
         for r in res["throughput"]:
@@ -313,8 +313,8 @@ def report(res: dict) -> str:
         r = res["memory"]
         lines += ["| files | flow (watch_path + transfer) peak RSS | fstream send peak RSS | flow time | send time |",
                   "|---|---|---|---|---|",
-                  f"| {r['files']:,} x {r['size']} B | {r['watch_maxrss_mib']:.0f} MiB | {r['send_maxrss_mib']:.0f} MiB "
-                  f"| {r['watch_seconds']:.0f} s | {r['send_seconds']:.0f} s |", ""]
+                  f"| {r['files']:,} x {r['size']} B | {r['watch_maxrss_mib']:.0f} MiB | {r['send_maxrss_mib']:.0f} "
+                  f"MiB | {r['watch_seconds']:.0f} s | {r['send_seconds']:.0f} s |", ""]
     if res.get("provenance"):
         p = res["provenance"]
         lines.append(f"Provenance: `{p['command']}`, commit {p['commit'][:12]}{' (dirty)' if p['dirty'] else ''}, "
@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-size", type=int, default=4096)
     ap.add_argument("--workdir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
     ap.add_argument("--results", default=str(RESULTS_DIR))
-    ap.add_argument("--no-pin", action="store_true", help="do not pin the sending side to CPU 0 and the receiver to CPU 1")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="do not pin the sending side to CPU 0 and the receiver to CPU 1")
     a = ap.parse_args(argv)
     pin(not a.no_pin)
     parts = set(a.parts.split(","))

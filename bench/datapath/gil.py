@@ -212,8 +212,8 @@ def summarize(runs: dict[str, list[dict]], sampled: dict | None = None) -> dict[
 
 
 def table(summary: dict[str, dict]) -> str:
-    lines = ["| case | Gbit/s | sender CPU-s | sender held ≤ | sender held, sampled | receiver CPU-s | receiver held ≤ "
-             "| receiver held, sampled | per |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | Gbit/s | sender CPU-s | sender held ≤ | sender held, sampled | receiver CPU-s "
+             "| receiver held ≤ | receiver held, sampled | per |", "|---|---|---|---|---|---|---|---|---|"]
     f = lambda m: f"{m['median']:.3f} ({m['min']:.3f}-{m['max']:.3f})" if m else "-"  # noqa: E731
     for case, s in summary.items():
         lines.append(f"| {case} | {s['gbps']['median']:.2f} | {f(s['tx_cpu'])} | {f(s['tx_held'])} | "

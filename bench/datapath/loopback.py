@@ -38,7 +38,8 @@ KIB = 2**10
 #: what a loopback result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
 #: GridFTP, iperf3 drivers), CPU meter, memory hold and dataset writer
 MODULES = (*provenance.AGENT, "fstream_bench.datapath.loopback", "fstream_bench.peers", "fstream_bench.core.cpu_meter",
-           "fstream_bench.core.report", "fstream_bench.core.vm_memory", "fstream_bench.core.workload_gen", "fstream_bench.core.runstats", "fstream_bench.core.saved")
+           "fstream_bench.core.report", "fstream_bench.core.vm_memory", "fstream_bench.core.workload_gen",
+           "fstream_bench.core.runstats", "fstream_bench.core.saved")
 
 
 def make_datasets(root: Path, *, big_bytes: int = GIB, small_count: int = 2000, small_bytes: int = 256 * KIB,
@@ -182,7 +183,8 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
             log(f"loopback: skipping {name}: {why}")
         hashing = checksum_cost(data["big"][0])
         log(f"loopback: checksum pass, CPU-s per GiB: {hashing}")
-        ceilings = [disk_ceiling(workdir / "ceiling") for _ in range(repeat)] if any(c[3] == "disk" for c in cases) else []
+        ceilings = ([disk_ceiling(workdir / "ceiling") for _ in range(repeat)]
+                    if any(c[3] == "disk" for c in cases) else [])
         results: list[dict] = []
         with held_free_pages(warm_bytes=2 * big_bytes + sizes["small"]) as memory_note:
             log(f"loopback: {memory_note}")
@@ -213,7 +215,8 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
     finally:
         if tmpfs:
             shutil.rmtree(fast_root, ignore_errors=True)
-    return {"machine": machine, "pinned": pinned, "memory": memory_note, "cases": [c[0] for c in cases], "results": results,
+    return {"machine": machine, "pinned": pinned, "memory": memory_note, "cases": [c[0] for c in cases],
+            "results": results,
             "files": {"big": 1, "small": small_count, "tiny": 1, "bytes": small_count}, "disk_ceiling_Bps": ceilings,
             "checksum_cpu_s_per_gib": hashing,
             "medians": medians(results)}
@@ -319,7 +322,8 @@ def markdown(doc: dict, command: str) -> str:
         for tool, c in doc["medians"].get(case, {}).items():
             unit = "" if case.startswith("z:") else (" /GB" if c["files"] <= 1 else " /1k files")
             per, net = cpu_per_unit(doc, case, tool), cpu_per_unit(doc, case, tool, net=True)
-            lines.append(f"| {case} | {tool} | {c['bps'] / 1e9:.2f} ({c['bps_min'] / 1e9:.2f}-{c['bps_max'] / 1e9:.2f}) "
+            lines.append(f"| {case} | {tool} | {c['bps'] / 1e9:.2f} "
+                         f"({c['bps_min'] / 1e9:.2f}-{c['bps_max'] / 1e9:.2f}) "
                          f"| {f(c['cpu_src_s'])} | {f(c['cpu_dst_s'])} | {f(c['cpu_s'])} "
                          f"({f(c['cpu_s_min'])}-{f(c['cpu_s_max'])}) | {f(per)}{unit if per is not None else ''} "
                          f"| {f(net)}{unit if net is not None else ''} |")

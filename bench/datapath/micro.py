@@ -36,7 +36,8 @@ from fstream_bench.datapath.micro_agent import run_bytecode, run_gc, run_pipe, r
 from fstream_bench.datapath.micro_cpu import (GIB, KIB, MIB, Ctx, run_checksum, run_frame, run_gmac, run_hash_small,
                                      run_pydantic, run_touch, tmpfs_dir)
 
-AGENT_RUN = (*provenance.AGENT, "fstream_bench.datapath.ab", "fstream_bench.datapath.micro_agent", "fstream_bench.datapath.micro_cpu",
+AGENT_RUN = (*provenance.AGENT, "fstream_bench.datapath.ab", "fstream_bench.datapath.micro_agent",
+             "fstream_bench.datapath.micro_cpu",
              "fstream_bench.core.vm_memory", "fstream_bench.peers.fstream", "fstream_bench.peers.base")
 CPU_RUN = ("fstream_bench.datapath.micro_cpu",)
 
@@ -55,14 +56,18 @@ class Entry:
 
 
 ENTRIES: dict[str, Entry] = {e.name: e for e in (
-    Entry("touch", "§12 'Why loopback numbers swung': touching 4 GiB took 7.3 s cold and 1.7 s warm (~1.8 CPU-s per GiB)",
+    Entry("touch",
+          "§12 'Why loopback numbers swung': touching 4 GiB took 7.3 s cold and 1.7 s warm (~1.8 CPU-s per GiB)",
           run_touch.__doc__ or "", (*CPU_RUN, "fstream_bench.core.vm_memory"), run_touch),
     Entry("gmac", "§12 'What would close it': AES-GMAC 26.6 GB/s on this CPU (cryptography, AAD only) against keyed "
           "BLAKE3's 6.7 GB/s; ~0.8 CPU-s per GiB bound", run_gmac.__doc__ or "", CPU_RUN, run_gmac),
-    Entry("checksum", "§12 table of changes: keyed BLAKE3 over a page-cached GiB, pinned, one process: 0.32 → 0.27 CPU-s "
-          "(commit b333e7f: 0.33 → 0.27); the loopback's own checksum pass: blake3-keyed 0.345, xxh3_128 0.204 CPU-s/GiB",
+    Entry("checksum",
+          "§12 table of changes: keyed BLAKE3 over a page-cached GiB, pinned, one process: 0.32 → 0.27 CPU-s "
+          "(commit b333e7f: 0.33 → 0.27); the loopback's own checksum pass: blake3-keyed 0.345, "
+          "xxh3_128 0.204 CPU-s/GiB",
           run_checksum.__doc__ or "", (*CPU_RUN, "transfer_agent.storage.checksum"), run_checksum),
-    Entry("hash-small", "§12 table of changes: BLAKE3 threads only for inputs ≥ 64 MiB: one 256 KiB file 67 → 37 µs of CPU",
+    Entry("hash-small",
+          "§12 table of changes: BLAKE3 threads only for inputs ≥ 64 MiB: one 256 KiB file 67 → 37 µs of CPU",
           run_hash_small.__doc__ or "", (*CPU_RUN, "transfer_agent.storage.checksum"), run_hash_small),
     Entry("frame", "§12 table of changes: control frames 25 µs per frame, both sides, in a tight loop",
           run_frame.__doc__ or "", (*CPU_RUN, "transfer_agent.wire"), run_frame),
@@ -75,25 +80,27 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
           "modules from source in every fstream send (~60 ms)", run_bytecode.__doc__ or "", AGENT_RUN, run_bytecode,
           agent=True),
     Entry("gc", "§12 table of changes: gc.freeze() after start-up, young generation every 20,000 allocations: A/B, 7 "
-          "interleaved pairs, 2000 one-byte files: sender 0.501 → 0.483 CPU-s", run_gc.__doc__ or "", AGENT_RUN, run_gc,
-          repeat=7, agent=True),
+          "interleaved pairs, 2000 one-byte files: sender 0.501 → 0.483 CPU-s", run_gc.__doc__ or "", AGENT_RUN,
+          run_gc, repeat=7, agent=True),
     Entry("pipe", "§12 table of changes, tried and dropped: a 4 MiB splice pipe instead of 1 MiB: A/B, 5 pairs: 6.74 "
           "Gbit/s both; receiver 0.86 → 0.98 CPU-s", run_pipe.__doc__ or "", AGENT_RUN, run_pipe, agent=True),
 )}
 
 #: §12 figures no entry here reproduces, and why (the report lists them with each run)
 NOT_HERE = {
-    "tried and dropped: hashing files ≤ 1 MiB in the opening thread (4.84 → 4.71 Gbit/s, sender 0.83 → 0.87 CPU-s)":
+    "tried and dropped: hashing files ≤ 1 MiB in the opening thread (4.84 → 4.71 Gbit/s, "
+    "sender 0.83 → 0.87 CPU-s)":
         "the tried code was never committed; reproducing it means writing that patch again",
-    "'before' halves of the table of changes (plugin entry points 0.27 → 0.20–0.22 and 0.20 → 0.17 CPU-s per send, "
-    "control frames before the one-shot MAC, --no-verify receiver 0.77 CPU-s)":
+    "'before' halves of the table of changes (plugin entry points 0.27 → 0.20–0.22 and 0.20 → 0.17 CPU-s per "
+    "send, control frames before the one-shot MAC, --no-verify receiver 0.77 CPU-s)":
         "need the agent of b333e7f^ (worktree WT, bytecode written with `python -m compileall -q WT/transfer_agent "
         "WT/fstream_provider`): `fstream bench ab --a-cmd .venv/bin/fstream --a-path WT --b-cmd .venv/bin/fstream "
         "--case '1 x 1 B'` (send of one byte), `PYTHONPATH=WT fstream bench loopback --tools fstream-noverify "
         "--cases a:` (today's benchmark driving the old agent)",
     "profile shares (perf, yappi, cProfile, -X importtime): 'where the cycles went'":
         "sampling profiles read by hand; not a repeatable figure",
-    "the run's table, the checksum pass (0.345 / 0.204), the z case, --no-verify receiver 0.48–0.57, disk dd 11.8 Gbit/s":
+    "the run's table, the checksum pass (0.345 / 0.204), the z case, --no-verify receiver 0.48–0.57, "
+    "disk dd 11.8 Gbit/s":
         "`fstream bench loopback --repeat 5` (bench/results/loopback-20261125-101934.json)",
 }
 
@@ -169,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"fstream bench micro: {e}", file=sys.stderr)
         return 2
-    modules = sorted({"fstream_bench.datapath.micro", "fstream_bench.core.runstats", *(m for e in entries for m in e.modules)})
+    modules = sorted({"fstream_bench.datapath.micro", "fstream_bench.core.runstats",
+                      *(m for e in entries for m in e.modules)})
     prov = provenance.start("micro", argv, modules)
     old_handlers = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):  # a kill or a hang-up still restores the memory hold and cleans up

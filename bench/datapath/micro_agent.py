@@ -62,7 +62,8 @@ def _ab(ctx: Ctx, name: str, a_cmd: str, b_cmd: str, count: int, size: int, opts
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _ab_series(pairs: list[dict], a: str, b: str, metrics: dict[str, tuple[str, Callable[[dict], float]]]) -> tuple[dict, dict]:
+def _ab_series(pairs: list[dict], a: str, b: str,
+               metrics: dict[str, tuple[str, Callable[[dict], float]]]) -> tuple[dict, dict]:
     """Series for each side and metric, and B/A per pair for each metric."""
     out, ratios = {}, {}
     for key, (unit, get) in metrics.items():
@@ -132,7 +133,8 @@ def run_bytecode(ctx: Ctx) -> dict:
                        "modules_compiled_by_a_send": len(compiled) if compiled is not None else None},
             "series": series, "ratios": ratios, "pairs": pairs,
             "compiled": [os.path.relpath(p, REPO) for p in compiled or []],
-            "notes": [] if compiled is not None else ["the sender wrote no module list (it did not exit through atexit)"]}
+            "notes": ([] if compiled is not None
+                      else ["the sender wrote no module list (it did not exit through atexit)"])}
 
 
 def run_gc(ctx: Ctx) -> dict:

@@ -112,9 +112,11 @@ def run_gmac(ctx: Ctx) -> dict:
             "series": {
                 "AES-GMAC (AESGCM, empty plaintext, data as AAD)": runstats.series(
                     [nbytes / c / 1e9 for c, _ in raw["gmac"]], "GB/s per CPU-s"),
-                "keyed BLAKE3, one thread": runstats.series([nbytes / c / 1e9 for c, _ in raw["blake3"]], "GB/s per CPU-s"),
+                "keyed BLAKE3, one thread": runstats.series([nbytes / c / 1e9 for c, _ in raw["blake3"]],
+                                                            "GB/s per CPU-s"),
                 "AES-GMAC, CPU-s per GiB": runstats.series([c / (nbytes / GIB) for c, _ in raw["gmac"]], "CPU-s/GiB"),
-                "keyed BLAKE3, CPU-s per GiB": runstats.series([c / (nbytes / GIB) for c, _ in raw["blake3"]], "CPU-s/GiB")},
+                "keyed BLAKE3, CPU-s per GiB": runstats.series([c / (nbytes / GIB) for c, _ in raw["blake3"]],
+                                                               "CPU-s/GiB")},
             "raw": {k: [{"cpu_s": c, "wall_s": w} for c, w in v] for k, v in raw.items()}}
 
 
@@ -143,7 +145,8 @@ def run_checksum(ctx: Ctx) -> dict:
     path = write_file(ctx.work / "checksum.dat", size)
     key = bytes(32)
     arms = {"blake3-keyed, hash_fd (today: one reused 1 MiB buffer)": lambda fd: hash_fd(fd, size, "blake3-keyed", key),
-            "blake3-keyed, before b333e7f (fresh 8 MiB bytes per read, AUTO threads)": lambda fd: _old_hash_fd(fd, size, key),
+            "blake3-keyed, before b333e7f (fresh 8 MiB bytes per read, AUTO threads)":
+                lambda fd: _old_hash_fd(fd, size, key),
             "xxh3_128, hash_fd (today)": lambda fd: hash_fd(fd, size, "xxh3_128", None)}
     raw: dict[str, list[float]] = {k: [] for k in arms}
     fd = os.open(path, os.O_RDONLY)
@@ -157,7 +160,8 @@ def run_checksum(ctx: Ctx) -> dict:
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)
-    return {"params": {"bytes": size, "pinned_cpu0": pin, "file": "tmpfs" if str(path).startswith("/dev/shm") else "temp dir"},
+    return {"params": {"bytes": size, "pinned_cpu0": pin,
+                       "file": "tmpfs" if str(path).startswith("/dev/shm") else "temp dir"},
             "series": {k: runstats.series(v, "CPU-s/GiB") for k, v in raw.items()},
             "ratios": {"before / today (keyed BLAKE3)": runstats.series(runstats.pair_ratios(
                 raw[next(iter(arms))], raw[list(arms)[1]]), "ratio")}}

@@ -40,7 +40,8 @@ from fstream_bench.core import provenance
 from fstream_bench.core.children import end
 from fstream_bench.core.runstats import med_range, series
 
-MODULES = (*provenance.AGENT, "fstream_bench.ops.drain", "fstream_bench.scheduling.wan", "fstream_bench.tuning.pools_wan",
+MODULES = (*provenance.AGENT, "fstream_bench.ops.drain", "fstream_bench.scheduling.wan",
+           "fstream_bench.tuning.pools_wan",
            "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.workload_gen")
 UNIQUE = 64  #: distinct contents a dataset hard-links its names to (neighbouring names differ)
 EXIT_MARGIN_S = 60.0  #: how long past the grace we wait for A before killing it (a run that then fails the goal)
@@ -143,7 +144,8 @@ def drain_goal(doc: dict, _: Path) -> tuple[str, str]:
         resent = [r["bytes_resent"] / 2**20 for r in ok if r.get("bytes_resent") is not None]
         cells.append(f"{name} (grace {case['grace_s']:g} s, {case['files']:,} × {case['size'] / 2**20:g} MiB): exit "
                      f"{med_range(exits, '{:.1f}')} s, code 0 in {sum(r.get('exit_code') == 0 for r in rs)}/{len(rs)}, "
-                     f"lost {sum(r.get('lost') or 0 for r in ok)}, duplicated {sum(r.get('duplicated') or 0 for r in ok)}, "
+                     f"lost {sum(r.get('lost') or 0 for r in ok)}, duplicated "
+                     f"{sum(r.get('duplicated') or 0 for r in ok)}, "
                      f"re-sent {med_range(resent, '{:.1f}')} MiB (bound: one block per part left, "
                      f"{max((r['parts_left'] for r in ok), default=0)} parts at most), cut in "
                      f"{sum(bool(r.get('cut')) for r in ok)}/{len(rs)}"
@@ -295,7 +297,8 @@ def report(summary: dict) -> str:
         lines += [f"## {name}: {c['files']:,} × {c['size'] / 2**20:g} MiB, grace {c['grace_s']:g} s, SIGTERM at "
                   f"{c['signal_at']:.0%} of the files landed\n",
                   f"Goal met in {c['summary']['met']} of {c['summary']['runs']} runs "
-                  "(exit within the grace, code 0, released, 0 lost, 0 duplicated, re-sent ≤ one block per part left).",
+                  "(exit within the grace, code 0, released, 0 lost, 0 duplicated, "
+                  "re-sent ≤ one block per part left).",
                   "", "| measure | median (range, runs) |", "|---|---|",
                   f"| exit after SIGTERM | {med_range(s['exit_s']['values'], '{:.1f}')} s |",
                   f"| exit code | {med_range(s['exit_code']['values'], '{:.0f}')} |",
@@ -317,10 +320,10 @@ def report(summary: dict) -> str:
             b_sent = ((r.get("b_result") or {}).get("bytes_sent") or 0) / 2**20
             resent = "—" if r.get("bytes_resent") is None else f"{r['bytes_resent'] / 2**20:.1f}"
             exit_s = "—" if r.get("exit_s") is None else f"{r['exit_s']:.1f}"
-            lines.append(f"| {r['run']} | {r.get('landed_at_signal', '—')} | {exit_s} | {r.get('exit_code', '—')} | "
-                         f"{r.get('open_at_signal', '—')} | {a_sent:.1f} | {b_sent:.1f} | {resent} | "
-                         f"{r.get('parts_left', '—')} | {r.get('cut')} | {r.get('lost')} | {r.get('duplicated', '—')} | "
-                         f"{r.get('error') or ''} |")
+            lines.append(f"| {r['run']} | {r.get('landed_at_signal', '—')} | {exit_s} "
+                         f"| {r.get('exit_code', '—')} | {r.get('open_at_signal', '—')} "
+                         f"| {a_sent:.1f} | {b_sent:.1f} | {resent} | {r.get('parts_left', '—')} | {r.get('cut')} "
+                         f"| {r.get('lost')} | {r.get('duplicated', '—')} | {r.get('error') or ''} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(out, indent=1))
     for name, s in out["servers"].items():
         print(f"{name:13s} {s['version'][:28]:28s} start {s['start_s']['median'] * 1000:6.1f} ms "
-              f"[{s['start_s']['min'] * 1000:.1f}-{s['start_s']['max'] * 1000:.1f}]  idle {s['idle_rss_mb']['median']:.1f} MB"
+              f"[{s['start_s']['min'] * 1000:.1f}-{s['start_s']['max'] * 1000:.1f}]  idle "
+              f"{s['idle_rss_mb']['median']:.1f} MB"
               f"  loaded {s['loaded_rss_mb']['median']:.1f} MB  package {s['package_mb'] or 0:.1f} MB")
     print(f"wrote {path}")
     return 0

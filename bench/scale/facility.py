@@ -1,4 +1,5 @@
-"""Issue 28: submit → first byte of a small job while 10,000 jobs wait, 32 agents share one Redis, history holds 1M rows.
+"""Issue 28: submit → first byte of a small job while 10,000 jobs wait, 32 agents share one Redis, history holds 1M
+rows.
 
 The bus is made as a facility's would be after a busy day, then real agents serve it:
 

@@ -34,7 +34,8 @@ PER_DIR = 1000
 
 #: what a scale result exercised (``provenance``): the agent, this benchmark and its harness pieces
 MODULES = (*provenance.AGENT, "fstream_bench.scale.growth", "fstream_bench.peers", "fstream_bench.core.cpu_meter",
-           "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.runstats", "fstream_bench.core.saved")
+           "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.runstats",
+           "fstream_bench.core.saved")
 
 
 def watcher_class():

@@ -124,7 +124,8 @@ class AgentStream:
 
 
 def _sender(sites: Sites, rx, src: Path, workdir: Path, tag: str, interval: str):  # noqa: ANN001, ANN202
-    argv = [*fs_peer.fstream_argv(), "-v", "send", str(src) + "/", "--to", rx.url("in"), "--secret-file", str(rx.secret),
+    argv = [*fs_peer.fstream_argv(), "-v", "send", str(src) + "/", "--to", rx.url("in"), "--secret-file",
+            str(rx.secret),
             "--tuner", "fixed", "--cc", "4", "--p", "1", "--pp", "16", "--watch", "--interval", interval,
             "--json"]
     out = open(workdir / f"send-{tag}.json", "wb")
@@ -194,7 +195,8 @@ def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch:
                                    "receiver_peak_rss": peak["receiver"],
                                    "redis_bytes": bus.used_memory() if bus else None})
                     log(f"stream: {cp:,} landed in {now - t0:.0f} s; sender RSS "
-                        f"{points[-1]['sender_rss'] / 2**20:.0f} MiB, receiver {points[-1]['receiver_rss'] / 2**20:.0f} MiB")
+                        f"{points[-1]['sender_rss'] / 2**20:.0f} MiB, receiver "
+                        f"{points[-1]['receiver_rss'] / 2**20:.0f} MiB")
                 if now - t0 > max(600.0, files / 200):
                     raise PeerError(f"stream too slow: {reaper.count} of {files} landed in {now - t0:.0f} s")
             elapsed = time.monotonic() - t0
@@ -237,7 +239,8 @@ def run(workdir: Path, *, files: int = 1_000_000, size: int = 64 * 2**10, batch:
     scans = _scans(workdir / "send-a.json")
     doc["sender_scans"] = scans
     tail = [s for s in scans if (s.get("files_done") or 0) >= files]  # after the last file: idle rescans
-    doc["idle_scans"] = {"n": len(tail), "median_s": statistics.median([s["scan_seconds"] for s in tail]) if tail else None,
+    doc["idle_scans"] = {"n": len(tail),
+                         "median_s": statistics.median([s["scan_seconds"] for s in tail]) if tail else None,
                          "listed_max": max((s["scan_listed"] or 0 for s in tail), default=None)}
     doc["restart_scans"] = _scans(workdir / "send-b.json")[:5]
     return doc
@@ -248,7 +251,8 @@ def markdown(doc: dict, command: str) -> str:
     lines = [f"Command: `{command}`  ",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}); load at start {m.get('loadavg', '?')}; {m['date']}. "
              f"{doc['files']:,} files of {doc['size'] // 1024} KiB, pinned: {doc['pinned']}.", "",
-             f"Sender: {'`fstream agent` running a `submit --watch` job' if doc.get('via') == 'agent' else '`fstream send --watch`'}.",
+             "Sender: " + ("`fstream agent` running a `submit --watch` job" if doc.get("via") == "agent"
+                           else "`fstream send --watch`") + ".",
              "", "| landed | elapsed (s) | sender RSS (MiB) | receiver RSS (MiB) | sender peak | receiver peak "
              "| Redis used (MiB) | Redis bytes per file |", "|---|---|---|---|---|---|---|---|"]
     for c in doc["checkpoints"]:

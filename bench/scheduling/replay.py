@@ -139,7 +139,8 @@ def write_results(out_dir: Path, results: dict[str, list[dict]], config: dict, p
 def _markdown(results: dict[str, list[dict]], args, command: str | None = None) -> str:
     command = command or f"fstream bench scheduling --traces {args.traces} --scale {args.scale} --seed {args.seed}"
     lines = [f"<!-- {command}; load {os.getloadavg()[0]:.2f} -->", "",
-             "| trace | algorithm | avg slowdown | worst slowdown | avg turnaround s | preemptions | batch spare used |",
+             "| trace | algorithm | avg slowdown | worst slowdown | avg turnaround s | preemptions "
+             "| batch spare used |",
              "|---|---|---|---|---|---|---|"]
     for trace, rows in results.items():
         for r in rows:

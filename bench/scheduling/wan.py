@@ -8,17 +8,17 @@ the source, all with ``--scheduler fifo`` in one run and ``--scheduler steal`` i
 order, a namespace per run). Every job holds a grant from the pair's stream pool (``--pool``), so the
 agents share the path's streams either way. The fifo run is FStream without priorities: its jobs are
 submitted without a class (all interactive), so the pool is plain Greedy; under ``steal`` they carry their
-class, and the pool too lets interactive jobs take streams from batch ones. The burst, submitted from the host: two batch jobs at t=0,
-two equal interactive jobs at t=3 s, three small interactive jobs at t=6 s. The scheduler's model is given
-the path (``fstream schedule set``: the selfchecked ``iperf3 -P 16`` rate as the maximum, one stream's rate
-as the unit).
+class, and the pool too lets interactive jobs take streams from batch ones. The burst, submitted from the host:
+two batch jobs at t=0, two equal interactive jobs at t=3 s, three small interactive jobs at t=6 s. The scheduler's
+model is given the path (``fstream schedule set``: the selfchecked ``iperf3 -P 16`` rate as the maximum, one
+stream's rate as the unit).
 
 Reported per run: each job's turnaround and bounded slowdown (turnaround / max(1 s, ideal), ideal = size at
 the path's rate + 1 s start-up), averages per class, the aggregate over the burst (all bytes / first claim
 to last done) as a fraction of the path, Jain's index of the two equal interactive jobs over their overlap,
 preemptions, and for every preempted job whether its last attempt sent only what was missing
-(``bytes_sent + resumed_bytes + skipped files' bytes == size``). Writes ``report.md``, ``summary.json``, ``slowdown.png`` and
-``timeline.png`` (jobs running over time, stream grants) into a results directory.
+(``bytes_sent + resumed_bytes + skipped files' bytes == size``). Writes ``report.md``, ``summary.json``,
+``slowdown.png`` and ``timeline.png`` (jobs running over time, stream grants) into a results directory.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from fstream_provider.model.units import parse_size
 
 #: what a sched-wan result exercised (``provenance``): the agents and their scheduler over the bus, the
 #: WAN rig and testbed, the peers, the pools bench's helpers and the dataset builder
-MODULES = (*provenance.AGENT, "fstream_bench.scheduling.wan", "fstream_bench.tuning.pools_wan", "fstream_bench.tuning.qos",
+MODULES = (*provenance.AGENT, "fstream_bench.scheduling.wan", "fstream_bench.tuning.pools_wan",
+           "fstream_bench.tuning.qos",
            "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.report",
            "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter")
 
@@ -108,7 +109,8 @@ def run_burst(bench, url: str, rx, srcs: dict[str, tuple[Path, int]], mode: str,
     client = connect(url)
     dst = f"{bench.sites.dst_host}:{rx.port}"
     client.hset(keys.sched_config(), mapping={f"cap:{dst}": link, f"unit:{dst}": unit,
-                                              f"cap:{socket.gethostname()}": link, f"unit:{socket.gethostname()}": unit})
+                                              f"cap:{socket.gethostname()}": link,
+                                              f"unit:{socket.gethostname()}": unit})
     pools = StreamPools(client, keys)
     pools.configure(socket.gethostname(), dst, GreedyPolicy(s_pmax=16, s_cmax=16, s_i=4, s_u=4))
     from fstream_provider.authz.signing import Signer
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agent-args", default="", help="more `fstream agent` options for the seal/steal agents")
     args = ap.parse_args(argv)
     prov = provenance.start("sched-wan", list(sys.argv[1:] if argv is None else argv), MODULES)
-    sizes = {"batch": parse_size(args.batch), "interactive": parse_size(args.interactive), "small": parse_size(args.small)}
+    sizes = {"batch": parse_size(args.batch), "interactive": parse_size(args.interactive),
+             "small": parse_size(args.small)}
     out = Path(args.results) / f"sched-wan-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fstream-sched-", dir="/dev/shm"))
@@ -297,14 +300,16 @@ def main(argv: list[str] | None = None) -> int:
              f"`python -m fstream_bench.scheduling.wan {' '.join(argv or [])}`; {args.agents} agents, every job with "
              f"`--pool` (Greedy 16/16/4/4); load average before {summary['load_before'][0]:.2f}.", "",
              "| scheduler | interactive avg / worst slowdown | batch avg / worst | aggregate / link | "
-             "Jain (2 equal interactive) | preemptions | preempted jobs resent nothing |", "|---|---|---|---|---|---|---|"]
+             "Jain (2 equal interactive) | preemptions | preempted jobs resent nothing |",
+             "|---|---|---|---|---|---|---|"]
     for mode, m in summary["modes"].items():
         pre = [j for j in m["jobs"].values() if j["preemptions"]]
         lines.append(f"| {mode} | {m['avg_slowdown_interactive']:.2f} / {m['worst_slowdown_interactive']:.2f} | "
-                     f"{m['avg_slowdown_batch']:.2f} / {m['worst_slowdown_batch']:.2f} | {m['aggregate_of_link']:.2f} | "
-                     f"{m['jain_interactive']:.3f} | {sum(j['preemptions'] for j in pre)} | "
+                     f"{m['avg_slowdown_batch']:.2f} / {m['worst_slowdown_batch']:.2f} | {m['aggregate_of_link']:.2f} "
+                     f"| {m['jain_interactive']:.3f} | {sum(j['preemptions'] for j in pre)} | "
                      f"{sum(j['resent_nothing'] for j in pre)}/{len(pre)} |")
-    lines += ["", "| scheduler | job | class | MB | turnaround s | slowdown | attempts |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| scheduler | job | class | MB | turnaround s | slowdown | attempts |",
+              "|---|---|---|---|---|---|---|"]
     for mode, m in summary["modes"].items():
         for name, j in m["jobs"].items():
             lines.append(f"| {mode} | {name} | {j['class']} | {j['size'] / 1e6:.0f} | {j['turnaround_s']:.1f} | "

@@ -109,7 +109,8 @@ class Agents:
             self.start_receiver()
 
     def stop_watching_sender(self) -> None:
-        """After the drain: SIGTERM the watching sender (SIGKILL after 30 s); a receiver must be up for the final send."""
+        """After the drain: SIGTERM the watching sender (SIGKILL after 30 s); a receiver must be up for the final
+        send."""
         with self.lock:
             if self.tx is not None and self.tx.poll() is None:
                 self.tx.send_signal(signal.SIGTERM)

@@ -35,7 +35,8 @@ class Producer(threading.Thread):
             while off < size:
                 n = min(MiB, size - off)
                 start = (idx * 7919 + off // MiB * 104729) % (len(self.block) - MiB)
-                chunk = idx.to_bytes(8, "little") + (off // MiB).to_bytes(8, "little") + self.block[start + 16:start + n]
+                chunk = (idx.to_bytes(8, "little") + (off // MiB).to_bytes(8, "little")
+                         + self.block[start + 16:start + n])
                 f.write(chunk[:n])
                 off += n
         os.rename(tmp, path)

@@ -63,9 +63,11 @@ def markdown(doc: dict) -> str:
               f"unknown: {r['runs_without_json']} killed sender runs printed no JSON (the runs that did sent "
               f"{r['bytes_sent_reported'] / 1e6:.1f} MB of {r['bytes_produced'] / 1e6:.1f} MB)")
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["faults_by_kind"].items()))
-    rx_exit, tx_exit = r["agent_restarts_unprovoked"]["receiver_exited"], r["agent_restarts_unprovoked"]["sender_exited"]
+    unprovoked = r["agent_restarts_unprovoked"]
+    rx_exit, tx_exit = unprovoked["receiver_exited"], unprovoked["sender_exited"]
     wire = r["bytes_resent_estimate_wire"]
-    wire_txt = (f"{wire / 1e6:.1f} MB (estimate: bytes the delay line delivered, with the few headers of its 64 KiB GSO packets)"
+    wire_txt = (f"{wire / 1e6:.1f} MB (estimate: bytes the delay line delivered, with the few headers of its "
+                "64 KiB GSO packets)"
                 if wire is not None else "n/a (loopback)")
     pk_tx, pk_rx = r["peak"]["sender"], r["peak"]["receiver"]
     rows = [

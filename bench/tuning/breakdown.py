@@ -46,7 +46,8 @@ VARIANTS = ("static", "dynamic", "fstream", "fstream-warmup", "fstream+history")
 
 
 class UnixRedis:
-    """A throw-away ``redis-server`` on a UNIX socket (file sockets cross network namespaces; TCP to 127.0.0.1 does not).
+    """A throw-away ``redis-server`` on a UNIX socket (file sockets cross network namespaces; TCP to 127.0.0.1 does
+    not).
 
     :param directory: where the socket and log go.
     """
@@ -206,14 +207,15 @@ def _md(summary: dict) -> str:
         if rs.get("static", {}).get("ok") and rs.get("fstream", {}).get("ok"):
             ratio = f"{rs['fstream']['throughput_bps'] / rs['static']['throughput_bps']:.2f}×"
             if rs.get("fstream+history", {}).get("ok"):
-                ratio += f" (with history {rs['fstream+history']['throughput_bps'] / rs['static']['throughput_bps']:.2f}×)"
+                hist = rs["fstream+history"]["throughput_bps"] / rs["static"]["throughput_bps"]
+                ratio += f" (with history {hist:.2f}×)"
         lines.append(f"| {wname} | {data} | {cell('static')} | {cell('dynamic')} | {cell('fstream')} | "
                      f"{cell('fstream+history')} | {ratio} |")
     warm = [r for r in summary["runs"] if r["variant"] == "fstream-warmup"]
     if warm:
         lines += ["", "Warm-up runs (fill the history, not scored): " + "; ".join(
-            f"{r['workload']}: {r['throughput_bps'] / 1e6:.0f} Mbit/s, {r.get('history_keys_after', '?')} Redis keys after"
-            for r in warm)]
+            f"{r['workload']}: {r['throughput_bps'] / 1e6:.0f} Mbit/s, "
+            f"{r.get('history_keys_after', '?')} Redis keys after" for r in warm)]
     if summary.get("calibration"):
         lines += ["", ("Simulator vs this run (`simreport.calibration_rows`, same workloads and path, "
                        f"profiling interval {summary['profile_interval']}):"), "",
@@ -260,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         "path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
         "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
         "selfcheck_line": selfcheck_line(bench.selfcheck),
-        "command": "python -m fstream_bench.tuning.breakdown " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+        "command": "python -m fstream_bench.tuning.breakdown " + " ".join(
+            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "scenario": {"bandwidth_bps": bench.bandwidth_bps, "rtt_s": bench.rtt_s, "tcp_buffer": 2**20,
                      "seed": args.seed, "interval_s": interval_s, "count_factor": args.count_factor,
                      "scale": default_scale(bench.bandwidth_bps, bench.rtt_s)},

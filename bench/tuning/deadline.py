@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     prov = provenance.start("deadline", argv, MODULES)
     if args.part == "sim":
-        args.bandwidth, args.rtt, args.buffer = parse_rate(args.bandwidth), parse_duration(args.rtt), parse_size(args.buffer)
+        args.bandwidth, args.rtt = parse_rate(args.bandwidth), parse_duration(args.rtt)
+        args.buffer = parse_size(args.buffer)
         doc = run_sim(args)
     else:
         args.buffer = parse_size(args.buffer)

@@ -1,4 +1,5 @@
-"""HARP benchmark (issue 10): calibrate one emulated WAN path, then HARP against the heuristic under load and a wrong buffer.
+"""HARP benchmark (issue 10): calibrate one emulated WAN path, then HARP against the heuristic under load and a wrong
+buffer.
 
 1. ``fstream calibrate`` seeds an empty Redis with probes on the path, background traffic off.
 2. Each dataset (default: 2 MB files, a *small* chunk, and 16 MB files, *medium*; about 1.5 GB each) is sent
@@ -34,7 +35,8 @@ from pathlib import Path
 from fstream_bench.core import provenance
 from fstream_bench.tuning.breakdown import UnixRedis
 from fstream_bench.tuning.harp_windows import PAIRS, med_range, run_metrics, summarize
-from fstream_bench.wan.rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
+from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line,
+                                   send_json)
 from fstream_bench.core.report import machine_info
 
 from fstream_provider.model.units import parse_duration
@@ -122,7 +124,8 @@ def report(summary: dict) -> str:
                   f"{_load(prov, 'load_end')} at the end.", ""]
     cal = summary.get("calibration", {})
     lines += [f"Calibration: status {cal.get('status')}, {cal.get('seconds', 0):.0f} s.", ""]
-    lines += ["| dataset | chunk | history rows | optimizer (s) | validation accuracy | prediction |", "|---|---|---:|---:|---:|---|"]
+    lines += ["| dataset | chunk | history rows | optimizer (s) | validation accuracy | prediction |",
+              "|---|---|---:|---:|---:|---|"]
     for o in summary.get("optimizer", []):
         acc = o["validation"].get("accuracy")
         pr = o["prediction"]
@@ -151,11 +154,13 @@ def report(summary: dict) -> str:
               f"of that repeat is measured over [its first byte + a, + {wtxt}] (HARP's own settings against the "
               f"others at the same stage of their transfers). A window is cut at the last byte when the transfer "
               f"is shorter. Mbit/s; median (min–max, n runs).", "",
-              "| dataset | condition | tuner | first window | at HARP's allocation offset | first byte (s after start) |",
+              "| dataset | condition | tuner | first window | at HARP's allocation offset "
+              "| first byte (s after start) |",
               "|---|---|---|---:|---:|---:|"]
     for c in cases:
         for t, v in c["tuners"].items():
-            lines.append(f"| {c['dataset']} | {c['condition']} | `{t}` | {med_range(v['first_window_bps'], '{:.0f}', 1e-6)} "
+            lines.append(f"| {c['dataset']} | {c['condition']} | `{t}` | "
+                         f"{med_range(v['first_window_bps'], '{:.0f}', 1e-6)} "
                          f"| {med_range(v['alloc_offset_window_bps'], '{:.0f}', 1e-6)} "
                          f"| {med_range(v['first_byte_s'], '{:.2f}')} |")
     lines += ["", "| dataset | condition | harp / static first window | fstream+harp / fstream first window | "
@@ -184,7 +189,8 @@ def report(summary: dict) -> str:
                      f"{f(m['first_byte_s'], '{:.2f}')} | {f(m['total_s'], '{:.1f}')} | "
                      f"{f(m['total_bps'] and m['total_bps'] / 1e6, '{:.0f}')} | "
                      f"{f(m['first_window_bps'] and m['first_window_bps'] / 1e6, '{:.0f}')} | "
-                     f"{f(m['alloc_after_first_byte_s'], '{:.1f}')} | {f(r.get('seconds'), '{:.1f}')} | {_settings(r)} |")
+                     f"{f(m['alloc_after_first_byte_s'], '{:.1f}')} | {f(r.get('seconds'), '{:.1f}')} | "
+                     f"{_settings(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -264,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     first = parse_duration(args.first_window)
     repeat = max(1, args.repeat)
     bench = open_bench(args)
-    summary: dict = {"machine": machine_info(), "machine_line": machine_line(), "selfcheck_line": selfcheck_line(bench.selfcheck),
+    summary: dict = {"machine": machine_info(), "machine_line": machine_line(),
+                     "selfcheck_line": selfcheck_line(bench.selfcheck),
                      "command": prov["command"], "provenance": prov,
-                     "path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
+                     "path": ("loopback smoke" if args.loopback
+                              else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer"),
                      "concurrent": concurrent_benchmarks(), "runs": [], "datasets": datasets,
                      "first_window": args.first_window, "repeat": repeat, "sample_interval": args.sample_interval,
                      "cases": []}
@@ -280,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             chunks = sorted({__import__("fstream_provider.tuning.harp_history", fromlist=["chunk_of"]).chunk_of(
                 s, bench.bandwidth_bps * bench.rtt_s / 8) for s, _ in datasets.values()})
             cal = [*fs_peer.fstream_argv(), "calibrate", "--to", rx.url("calibration"), "--secret-file", str(rx.secret),
-                   "--redis", redis_srv.url, "--budget", args.budget, "--bandwidth", base["bandwidth"], "--rtt", base["rtt"],
+                   "--redis", redis_srv.url, "--budget", args.budget, "--bandwidth", base["bandwidth"], "--rtt",
+                   base["rtt"],
                    "--chunks", ",".join(chunks), "--grid", args.grid, "--probe-seconds", args.probe_seconds,
                    "--passes", "10", "--json"]
             print("calibrating:", " ".join(cal[-12:]), flush=True)

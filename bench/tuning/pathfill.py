@@ -1,4 +1,5 @@
-"""Issue 4's path-filling checks on the emulated WAN: large files vs ``iperf3 -P 16``; 1000 × 1 MiB vs the link and GridFTP.
+"""Issue 4's path-filling checks on the emulated WAN: large files vs ``iperf3 -P 16``; 1000 × 1 MiB vs the link and
+GridFTP.
 
 ``fstream bench pathfill`` builds its own path (run id ``pf``), measures in one run:
 ``iperf3 -P 16`` (the path's limit), ``fstream send --tuner fstream`` on a path-filling set of
@@ -23,7 +24,8 @@ from fstream_provider.model.units import parse_duration, parse_rate, parse_size
 #: what a pathfill result exercised (``provenance``): the agent, this benchmark, its peers (fstream,
 #: GridFTP, iperf3), the WAN testbed (path, delay line driver, selfcheck) and the harness pieces
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.pathfill", "fstream_bench.peers", "fstream_bench.wan",
-           "fstream_bench.core.cpu_meter", "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.runstats")
+           "fstream_bench.core.cpu_meter", "fstream_bench.core.report", "fstream_bench.core.workload_gen",
+           "fstream_bench.core.runstats")
 
 
 def _dataset(root: Path, count: int, size: int, seed: int) -> list[Path]:
@@ -144,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         bps = r["throughput_bps"]
         ipbps = next(x["throughput_bps"] for x in rows if x["round"] == r["round"] and x["tool"] == "iperf3-P16")
-        lines.append(f"| {r['round'] + 1} | {r['case']} | {r['tool']} | {r['ok']} | {r['files']} | {r['bytes'] / 1e9:.2f} | "
-                     f"{r['seconds']:.1f} | {bps / 1e6:.0f} | {bps / ipbps:.2f} | {bps / link:.2f} |")
+        lines.append(f"| {r['round'] + 1} | {r['case']} | {r['tool']} | {r['ok']} | {r['files']} | "
+                     f"{r['bytes'] / 1e9:.2f} | {r['seconds']:.1f} | {bps / 1e6:.0f} | {bps / ipbps:.2f} "
+                     f"| {bps / link:.2f} |")
     summary = pathfill_summary(rows, link)
     lines += ["", "Over all rounds (median, min–max): " + "; ".join(f"{k} {v}" for k, v in summary.items())]
     provenance.finish(prov)

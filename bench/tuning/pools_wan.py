@@ -1,6 +1,7 @@
 """Issue #11 on the emulated WAN: two agents share one path through an ADAPT stream pool, beside the same two without.
 
-``python -m fstream_bench.tuning.pools_wan [--size 2GB] [--stagger 5s] [--s-pmax 16 --s-cmax 16 --s-i 4 --s-u 4]`` (root).
+``python -m fstream_bench.tuning.pools_wan [--size 2GB] [--stagger 5s] [--s-pmax 16 --s-cmax 16 --s-i 4
+--s-u 4]`` (root).
 
 One receiver at the destination; one Redis reached over a unix socket from both namespaces; two
 ``fstream send --tuner fstream`` of equal datasets (large files) at the source, the second started
@@ -163,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                                              "throughput_bps": r.self_throughput_bps,
                                              "rates": _rates(r.intervals, start - t0),
                                              "max_streams": max((sum(c["cc"] * c["p"] for c in iv["clusters"].values())
-                                                                 for iv in r.intervals if iv.get("clusters")), default=0)}
+                                                                 for iv in r.intervals if iv.get("clusters")),
+                                                                default=0)}
 
                 sampler = threading.Thread(target=sample, daemon=True)
                 sampler.start()
@@ -179,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 ma, mb, agg, jain = _overlap(runs["agent a"]["rates"], runs["agent b"]["rates"])
                 summary["modes"][mode] = {"runs": runs, "samples": samples, "overlap_a_bps": ma, "overlap_b_bps": mb,
                                           "aggregate_bps": agg, "aggregate_of_link": agg / link if link else 0.0,
-                                          "jain": jain, "left_in_pool": pools.status(socket.gethostname(), dst)["allocated"]}
+                                          "jain": jain,
+                                          "left_in_pool": pools.status(socket.gethostname(), dst)["allocated"]}
                 print(f"{mode}: aggregate {agg / 1e6:.0f} Mbit/s = {agg / link:.2f} of the link, Jain {jain:.3f}, "
                       f"max streams a/b {runs['agent a']['max_streams']}/{runs['agent b']['max_streams']}", flush=True)
                 if mode == "pool":
@@ -193,10 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     provenance.finish(prov)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    lines = ["# Two agents, one path: stream pool vs none\n", summary["machine_line"], "", summary["selfcheck_line"], "",
-             f"`python -m fstream_bench.tuning.pools_wan {' '.join(argv or [])}`; each agent {size / 1e9:.1f} GB of large files, "
-             f"the second {stagger:g} s later; pool Greedy {summary['policy']}.", "",
-             "| mode | agent a Mbit/s (overlap) | agent b | aggregate / link | Jain | max streams a / b | a, b total s |",
+    lines = ["# Two agents, one path: stream pool vs none\n", summary["machine_line"], "", summary["selfcheck_line"],
+             "",
+             f"`python -m fstream_bench.tuning.pools_wan {' '.join(argv or [])}`; each agent {size / 1e9:.1f} GB of "
+             f"large files, the second {stagger:g} s later; pool Greedy {summary['policy']}.", "",
+             "| mode | agent a Mbit/s (overlap) | agent b | aggregate / link | Jain | max streams a / b "
+             "| a, b total s |",
              "|---|---|---|---|---|---|---|"]
     for mode, m in summary["modes"].items():
         ra, rb = m["runs"]["agent a"], m["runs"]["agent b"]

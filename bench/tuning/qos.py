@@ -25,14 +25,16 @@ from pathlib import Path
 
 from fstream_bench.core import provenance
 from fstream_bench.core.report import machine_info
-from fstream_bench.wan.rig import add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line, send_json
+from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line,
+                                   send_json)
 
 from fstream_provider.model.units import parse_duration, parse_size
 
 #: what a QoS result exercised (``provenance``): the agent and tuners, this benchmark (its simulator
 #: view too), the WAN rig and testbed, the peers that run the agent, and the dataset writer
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.qos", "fstream_bench.wan.rig", "fstream_bench.wan",
-           "fstream_bench.peers", "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter")
+           "fstream_bench.peers", "fstream_bench.core.report", "fstream_bench.core.workload_gen",
+           "fstream_bench.core.cpu_meter")
 
 MiB = 2**20
 KINDS = ("small", "large", "mixed")
@@ -91,7 +93,8 @@ def build_dataset(kind: str, total_bytes: int, root: Path, uniq: Path, *, seed: 
 
 def simulate_case(files: list[tuple[str, int]], target_bps: float, bench, *, buffer_bytes: int,
                   window_s: float, variant: str | None = None) -> dict:
-    """The simulator's view of one case (same files at t=0, same path, target and variant; ``calibration_rows``' defaults)."""
+    """The simulator's view of one case (same files at t=0, same path, target and variant; ``calibration_rows``'
+    defaults)."""
     from fstream_provider.tuning.base import FileInfo, PathInfo
     from fstream_provider.tuning.fstream import FStreamTuner
     from fstream_provider.tuning.sim import simulate
@@ -233,8 +236,8 @@ def _md(summary: dict) -> str:
     for c in summary["cases"]:
         m = c["metrics"]
         if "error" in m or not c["ok"]:
-            lines.append(f"| {c['kind']} | {c['fraction']:.0%} | | | | | FAILED: {c.get('error', m.get('error'))[:120]} "
-                         "| | | | |")
+            lines.append(f"| {c['kind']} | {c['fraction']:.0%} | | | | | FAILED: "
+                         f"{c.get('error', m.get('error'))[:120]} | | | | |")
             continue
         g = goals_met(m)
         lines.append(
@@ -289,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"path": "loopback smoke" if args.loopback else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer",
                "machine": machine_info(), "machine_line": machine_line(), "selfcheck": bench.selfcheck,
                "selfcheck_line": selfcheck_line(bench.selfcheck),
-               "command": "python -m fstream_bench.tuning.qos " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+               "command": "python -m fstream_bench.tuning.qos " + " ".join(
+                   shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
                "profile_interval": args.profile_interval or f"{window_s:g}s", "variant": args.variant or "default",
                "sample_interval": args.sample_interval,
                "window_s": window_s, "concurrent": concurrent_benchmarks(), "cases": [], "provenance": prov}
@@ -327,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                         case["sim"] = {"error": f"{type(e).__name__}: {e}"}
                     if ivs:
                         png = out / f"{label}.png"
-                        plot_case(png, f"QoS {kind} files, target {frac:.0%} of {args.rate} ({target / 1e6:.0f} Mbit/s)",
+                        plot_case(png,
+                                  f"QoS {kind} files, target {frac:.0%} of {args.rate} ({target / 1e6:.0f} Mbit/s)",
                                   ivs, target, window_s)
                         case["png"] = png.name
                     summary["cases"].append(case)

@@ -40,7 +40,8 @@ from fstream_bench.core import RESULTS_DIR
 #: what a tuning-wan result exercised (``provenance``): the agent and tuners, the scenario harness with its
 #: peers and the WAN testbed, the workloads, and this driver (its simulator ranking too)
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.wan", "fstream_bench.wan.harness", "fstream_bench.peers",
-           "fstream_bench.wan", "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter",
+           "fstream_bench.wan", "fstream_bench.core.report", "fstream_bench.core.workload_gen",
+           "fstream_bench.core.cpu_meter",
            "fstream_bench.wan.oracle")
 
 TUNERS = ("fstream-static", "fstream-fstream@thesis", "fstream-fstream")
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "tuning-wan.json").write_text(json.dumps(summary, indent=1, default=str))
     lines = [f"Emulated WAN 1 Gbit/s, 40 ms, 1 MiB buffers; backlogged; count factor {args.count_factor}; "
              f"load {summary['load_start'][0]:.2f} -> {summary['load_end'][0]:.2f}.", "",
-             "| workload | files / GB | static | thesis | default | oracle (real: best of the simulator's top %d and its fewest-stream near-ties) |" % args.top,
+             "| workload | files / GB | static | thesis | default | oracle (real: best of the simulator's top %d and "
+             "its fewest-stream near-ties) |" % args.top,
              "|---|---|---|---|---|---|"]
     for name, d in summary["workloads"].items():
         cells = []
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "Candidates confirmed (simulated -> measured Mbit/s):", ""]
     for name, d in summary["workloads"].items():
         lines.append(f"- {name}: " + "; ".join(
-            f"{t.replace('fstream-fixed:', '')} {sim / 1e6:.0f} -> {(d['runs'].get(t, {}).get('throughput_bps') or 0) / 1e6:.0f}"
+            f"{t.replace('fstream-fixed:', '')} {sim / 1e6:.0f} -> "
+            f"{(d['runs'].get(t, {}).get('throughput_bps') or 0) / 1e6:.0f}"
             for t, sim in d["sim_best"].items()))
     (out / "tuning-wan.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
