@@ -75,3 +75,27 @@ def test_sched_cycle_writes_its_result_with_provenance_through_run_saved(tmp_pat
     assert [(r["live"], r["finished"]) for r in doc["rows"]] == [(4, 0)]
     assert doc["command"].startswith("fstream bench sched-cycle --live 4") and doc["machine"]["nproc"] >= 1
     assert "load_end" in doc["provenance"] and json.loads(copy.read_text())["rows"] == doc["rows"]
+
+
+def test_unix_redis_serves_on_its_socket_until_it_exits(tmp_path):
+    """The one throw-away unix-socket Redis of the WAN benches (breakdown, HARP; pools_wan's, drain's and
+    sched-wan's through ``pools_wan._redis`` with the embedded server's binary)."""
+    import redis
+
+    from fstream_bench.core.unix_redis import UnixRedis
+    from fstream_bench.tuning import pools_wan
+
+    with UnixRedis(tmp_path / "r") as srv:
+        client = redis.Redis(unix_socket_path=str(srv.sock))
+        client.set("k", "v")
+        assert client.get("k") == b"v" and srv.keys() == 1 and srv.url == f"unix://{tmp_path}/r/redis.sock"
+        srv.flush()
+        assert srv.keys() == 0
+        client.close()
+    assert srv.proc.returncode is not None  # stopped on exit
+    proc, url = pools_wan._redis(tmp_path / "p")
+    try:
+        assert redis.Redis.from_url(url).ping() is True
+    finally:
+        end(proc, 10)
+    assert proc.returncode is not None

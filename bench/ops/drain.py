@@ -41,8 +41,8 @@ from fstream_bench.core.children import end
 from fstream_bench.core.runstats import med_range, series
 
 MODULES = (*provenance.AGENT, "fstream_bench.ops.drain", "fstream_bench.scheduling.wan",
-           "fstream_bench.tuning.pools_wan",
-           "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.workload_gen")
+           "fstream_bench.tuning.pools_wan", "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers",
+           "fstream_bench.core.workload_gen", "fstream_bench.core.children", "fstream_bench.core.unix_redis")
 UNIQUE = 64  #: distinct contents a dataset hard-links its names to (neighbouring names differ)
 EXIT_MARGIN_S = 60.0  #: how long past the grace we wait for A before killing it (a run that then fails the goal)
 #: the per-case numbers the report gives as median and range

@@ -45,9 +45,9 @@ from fstream_provider.model.units import parse_size
 #: what a sched-wan result exercised (``provenance``): the agents and their scheduler over the bus, the
 #: WAN rig and testbed, the peers, the pools bench's helpers and the dataset builder
 MODULES = (*provenance.AGENT, "fstream_bench.scheduling.wan", "fstream_bench.tuning.pools_wan",
-           "fstream_bench.tuning.qos",
-           "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.report",
-           "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter")
+           "fstream_bench.tuning.qos", "fstream_bench.wan.rig", "fstream_bench.wan", "fstream_bench.peers",
+           "fstream_bench.core.report", "fstream_bench.core.workload_gen", "fstream_bench.core.cpu_meter",
+           "fstream_bench.core.children", "fstream_bench.core.unix_redis")
 
 # (name, class, dataset kind, size option, submitted at s)
 BURST = [("batch-1", "batch", "large", "batch", 0.0), ("batch-2", "batch", "large", "batch", 0.0),

@@ -22,12 +22,10 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Self
 
 from fstream_bench.wan.rig import (
     add_path_args,
@@ -37,7 +35,7 @@ from fstream_bench.wan.rig import (
     selfcheck_line,
     send_json,
 )
-from fstream_bench.core.children import end
+from fstream_bench.core.unix_redis import UnixRedis
 from fstream_bench.core.report import machine_info
 
 from fstream_provider.model.units import parse_duration
@@ -45,52 +43,6 @@ from fstream_provider.model.units import parse_duration
 VARIANTS = ("static", "dynamic", "fstream", "fstream-warmup", "fstream+history")
 
 
-class UnixRedis:
-    """A throw-away ``redis-server`` on a UNIX socket (file sockets cross network namespaces; TCP to 127.0.0.1 does
-    not).
-
-    :param directory: where the socket and log go.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self.sock = self.directory / "redis.sock"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"unix://{self.sock}"
-
-    def __enter__(self) -> Self:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise SystemExit("redis-server is not installed: the '+ history' variant needs a Redis")
-        self.proc = subprocess.Popen([exe, "--port", "0", "--unixsocket", str(self.sock), "--unixsocketperm", "777",
-                                      "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
-                                     stdout=open(self.directory / "redis.log", "ab"), stderr=subprocess.STDOUT)
-        import redis
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis(unix_socket_path=str(self.sock)).ping()
-                return self
-            except (redis.ConnectionError, FileNotFoundError):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    raise SystemExit(f"redis-server on {self.sock} did not come up (see {self.directory}/redis.log)")
-                threading.Event().wait(0.05)
-
-    def flush(self) -> None:
-        import redis
-        redis.Redis(unix_socket_path=str(self.sock)).flushall()
-
-    def keys(self) -> int:
-        import redis
-        return int(redis.Redis(unix_socket_path=str(self.sock)).dbsize())
-
-    def __exit__(self, *exc) -> None:
-        end(self.proc, 10, None)
 
 
 def run_variant(bench, rx, staged, src: Path, dst_root: Path, label: str, *, tuner: str, opts: dict, watch: dict,

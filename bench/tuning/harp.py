@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
-from fstream_bench.tuning.breakdown import UnixRedis
+from fstream_bench.core.unix_redis import UnixRedis
 from fstream_bench.tuning.harp_windows import PAIRS, med_range, run_metrics, summarize
 from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line,
                                    send_json)
@@ -93,7 +93,8 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
 #: the modules a run exercises (provenance's code hash): the agent, this benchmark and its rig
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.harp", "fstream_bench.tuning.harp_windows", "fstream_bench.wan.rig",
            "fstream_bench.tuning.breakdown", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.core.report",
-           "fstream_bench.core.cpu_meter", "fstream_bench.core.workload_gen", "fstream_bench.core.children")
+           "fstream_bench.core.cpu_meter", "fstream_bench.core.workload_gen", "fstream_bench.core.children",
+           "fstream_bench.core.unix_redis")
 
 
 def _settings(r: dict) -> str:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core.unix_redis import UnixRedis
 from fstream_bench.peers import fstream as fs_peer
 from fstream_bench.tuning.qos import build_dataset
 from fstream_bench.wan.rig import add_path_args, machine_line, open_bench, selfcheck_line, send_json
@@ -35,23 +36,15 @@ from fstream_provider.model.units import parse_duration, parse_size
 #: the peers and the dataset builder
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.pools_wan", "fstream_bench.tuning.qos", "fstream_bench.wan.rig",
            "fstream_bench.wan", "fstream_bench.peers", "fstream_bench.core.report", "fstream_bench.core.workload_gen",
-           "fstream_bench.core.cpu_meter")
+           "fstream_bench.core.cpu_meter", "fstream_bench.core.children", "fstream_bench.core.unix_redis")
 
 
 def _redis(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """A throw-away Redis on ``<workdir>/redis.sock`` (the embedded server's binary): its process and URL."""
     from fstream_provider.bus.embedded import find_redis_server
 
-    sock = workdir / "redis.sock"
-    proc = subprocess.Popen([find_redis_server(), "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "777",
-                             "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not sock.exists():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            raise SystemExit("redis-server did not open its unix socket")
-        time.sleep(0.05)
-    return proc, f"unix://{sock}"
+    srv = UnixRedis(workdir, exe=find_redis_server()).__enter__()
+    return srv.proc, srv.url
 
 
 def _rates(intervals: list[dict], t0: float) -> list[tuple[float, float]]:
