@@ -23,8 +23,8 @@ GOALS: list[Goal] = [
          "1,000,000 history rows on one Redis (cold agents: what a facility has after every restart)",
          "bench/results/facility-*.json", "fstream bench facility", measure=facility_goal,
          select=lambda d: not d.get("warm"),
-         earlier=("6566a48: … on one Redis (agents warm; cold agents missed the p99 in 1 of 2 runs, §16.2), measured "
-                  "with --warm 64: moved after a miss, undone by issue 42",)),
+         earlier=("6566a48: … on one Redis (agents warm; cold agents missed the p99 in 1 of 2 runs, §16.2), "
+                  "measured with --warm 64: moved after a miss, undone by issue 42",)),
     Goal("28", "a later job's history with 1,000,000 rows: model ready ≤ 0.3 s (our goal, from the issue's "
          "per-process cache)", "bench/results/history-cache-*.json", "fstream bench history-cache --rows 1000000",
          measure=history_cache_goal),
