@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,24 @@ def test_unix_redis_serves_on_its_socket_until_it_exits(tmp_path):
     finally:
         end(proc, 10)
     assert proc.returncode is not None
+
+
+def test_wan_bench_result_dirs_share_one_stamp_and_the_summary_is_rewritten(tmp_path):
+    """breakdown, HARP and QoS: ``<results>/<name>-<UTC stamp>/`` made, the run's files under ``--workdir`` or a
+    /dev/shm directory with the same stamp; summary.json after every run, report.md at the end."""
+    import argparse
+    import re
+
+    from fstream_bench.wan.rig import result_dirs, write_summary
+
+    out, work = result_dirs(argparse.Namespace(results=str(tmp_path), workdir=None), "qos")
+    stamp = re.fullmatch(r"qos-(\d{8}-\d{6})", out.name).group(1)
+    assert out.is_dir() and work == Path(f"/dev/shm/fstream-qos-{stamp}") and not work.exists()
+    given = argparse.Namespace(results=str(tmp_path), workdir=str(tmp_path / "w"))
+    assert result_dirs(given, "qos")[1] == tmp_path / "w"
+    write_summary(out, {"runs": [1], "path": tmp_path})
+    assert json.loads((out / "summary.json").read_text()) == {"runs": [1], "path": str(tmp_path)}
+    assert not (out / "report.md").exists()
+    write_summary(out, {"runs": [1, 2]}, "# report\n")
+    assert json.loads((out / "summary.json").read_text())["runs"] == [1, 2]
+    assert (out / "report.md").read_text() == "# report\n"

@@ -18,7 +18,6 @@ Run: ``python -m fstream_bench.tuning.breakdown`` (root; ``--loopback`` for a sm
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -32,8 +31,10 @@ from fstream_bench.wan.rig import (
     concurrent_benchmarks,
     machine_line,
     open_bench,
+    result_dirs,
     selfcheck_line,
     send_json,
+    write_summary,
 )
 from fstream_bench.core.unix_redis import UnixRedis
 from fstream_bench.core.report import machine_info
@@ -201,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         raise SystemExit(f"unknown variant(s) {bad}: expected some of {', '.join(VARIANTS)}")
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    out = Path(args.results) / f"breakdown-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.workdir or f"/dev/shm/fstream-breakdown-{stamp}")
+    out, work = result_dirs(args, "breakdown")
     interval_s = parse_duration(args.interval)
     watch = {"interval": args.watch_interval, "idle_exit": args.idle_exit}
     bench = open_bench(args)
@@ -262,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{rec['error'][:200]}", flush=True)
                     if v == "fstream-warmup":
                         shutil.rmtree(st.staging, ignore_errors=True)
-                    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+                    write_summary(out, summary)
                 png = out / f"{wname}.png"
                 plot_breakdown(png, wname, scored)
                 summary["plots"].append(png.name)
@@ -276,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["calibration"] = calibration(summary, parse_duration(args.profile_interval))
         except Exception as e:  # noqa: BLE001 - the measurement stands without the simulator's view
             summary["calibration_error"] = f"{type(e).__name__}: {e}"
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        (out / "report.md").write_text(_md(summary))
+        write_summary(out, summary, _md(summary))
     print(_md(summary))
     print(f"results: {out}")
     return 0 if all(r["ok"] for r in summary["runs"]) else 1

@@ -35,8 +35,8 @@ from pathlib import Path
 from fstream_bench.core import provenance
 from fstream_bench.core.unix_redis import UnixRedis
 from fstream_bench.tuning.harp_windows import PAIRS, med_range, run_metrics, summarize
-from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line,
-                                   send_json)
+from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, result_dirs,
+                                   selfcheck_line, send_json, write_summary)
 from fstream_bench.core.report import machine_info
 
 from fstream_provider.model.units import parse_duration
@@ -264,10 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     datasets = {k: (DATASETS[k][0], max(2, int(DATASETS[k][1] * args.scale))) for k in args.datasets.split(",")}
     conditions = [c for c in args.conditions.split(",") if c]
     tuners = [t for t in args.tuners.split(",") if t]
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    out = Path(args.results) / f"harp-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.workdir or f"/dev/shm/fstream-harp-{stamp}")
+    out, work = result_dirs(args, "harp")
     first = parse_duration(args.first_window)
     repeat = max(1, args.repeat)
     bench = open_bench(args)
@@ -325,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                                 summary["runs"].append(_one_run(bench, rx, redis_srv, src, base, args, dname, cond,
                                                                 tuner, k, pos, first, work))
                                 summary["cases"] = summarize(summary["runs"], first, bench.bandwidth_bps)
-                                (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+                                write_summary(out, summary)
                     finally:
                         if cond == "background" and bench.path is not None:
                             from fstream_bench.wan.background import set_background
@@ -339,8 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["bandwidth_bps"] = bench.bandwidth_bps
         summary["cases"] = summarize(summary["runs"], first, bench.bandwidth_bps)
         summary["provenance"] = provenance.finish(prov)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        (out / "report.md").write_text(report(summary))
+        write_summary(out, summary, report(summary))
     print(f"results: {out}", flush=True)
     return 0
 

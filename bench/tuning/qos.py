@@ -14,19 +14,17 @@ Run: ``python -m fstream_bench.tuning.qos`` (root; ``--loopback`` for a smoke ru
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
 from fstream_bench.core.report import machine_info
-from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, selfcheck_line,
-                                   send_json)
+from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, result_dirs,
+                                   selfcheck_line, send_json, write_summary)
 
 from fstream_provider.model.units import parse_duration, parse_size
 
@@ -279,10 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance.start("qos", list(sys.argv[1:] if argv is None else argv), MODULES)
     from fstream_bench.peers import fstream as fs_peer
 
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    out = Path(args.results) / f"qos-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.workdir or f"/dev/shm/fstream-qos-{stamp}")
+    out, work = result_dirs(args, "qos")
     duration = parse_duration(args.duration)
     bench = open_bench(args)
     from fstream_provider.tuning.variants import FStreamVariant
@@ -341,15 +336,14 @@ def main(argv: list[str] | None = None) -> int:
                           f" {r.error[:200]}", flush=True)
                     shutil.rmtree(dst_root / label, ignore_errors=True)
                     shutil.rmtree(src, ignore_errors=True)
-                    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+                    write_summary(out, summary)
     finally:
         bench.close()
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
         summary["machine_line_end"] = machine_line()
         provenance.finish(prov)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        (out / "report.md").write_text(_md(summary))
+        write_summary(out, summary, _md(summary))
     print(_md(summary))
     print(f"results: {out}")
     return 0 if all(c["ok"] for c in summary["cases"]) else 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,23 @@ def add_path_args(ap: argparse.ArgumentParser, run_id: str) -> None:
     ap.add_argument("--results", default=str(RESULTS_DIR),
                     help="where the result directory goes")
     ap.add_argument("--workdir", default=None, help="scratch directory (default under /dev/shm)")
+
+
+def result_dirs(args: argparse.Namespace, name: str) -> tuple[Path, Path]:
+    """A WAN bench's two directories: ``<--results>/<name>-<UTC stamp>/`` (made) for its result, and ``--workdir``
+    or ``/dev/shm/fstream-<name>-<stamp>`` for the run's files."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = Path(args.results) / f"{name}-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out, Path(args.workdir or f"/dev/shm/fstream-{name}-{stamp}")
+
+
+def write_summary(out: Path, summary: dict, md: str | None = None) -> None:
+    """``summary.json`` (every run raw; what JSON cannot hold as its text) in a result directory, and ``report.md``
+    beside it when given: after every run (a run cut short keeps what it measured) and at the end."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    if md is not None:
+        (out / "report.md").write_text(md)
 
 
 def open_bench(args, log=print) -> Bench:
