@@ -255,7 +255,6 @@ def _scan_cell(s: dict | None) -> str:
 
 def main(args) -> int:
     """Entry for ``fstream bench scale``."""
-
     workdir = Path(args.workdir or f"/tmp/fstream-bench-scale-{os.getpid()}")
     cps = tuple(int(x) for x in args.checkpoints.split(",") if x.strip())
     prov = provenance.start("scale", list(args.raw_argv), MODULES)
