@@ -34,6 +34,9 @@ def world(tmp_path, monkeypatch):
 
     def result(name: str, runs: list[float], modules=("goalmod_probe",)) -> Path:
         prov = provenance.finish(provenance.start("probe", ["--x", "1"], list(modules)))
+        # what the probe's run executed: the probe package (outside the repository, hashed by its path)
+        prov["files"] = [str(pkg / "__init__.py")]
+        prov["code_hash"] = provenance.files_hash(prov["files"])
         p = root / "bench" / "results" / name
         p.write_text(json.dumps({"provenance": prov, "runs": runs}))
         return p

@@ -95,7 +95,7 @@ def test_a_module_that_is_not_importable_is_an_error(pkg):
 
 def test_start_and_finish_fill_every_field(pkg):
     prov = provenance.start("probe", ["--label", "two words", "--n", "3"], ["provprobe_pkg.rate", "provprobe_pkg"])
-    assert set(prov) == FIELDS
+    assert set(prov) == FIELDS | {"record"}  # where this run's processes record what they import (issue 42)
     assert prov["bench"] == "probe"
     assert prov["command"] == "fstream bench probe --label 'two words' --n 3"
     assert prov["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", prov["commit"])
@@ -106,7 +106,8 @@ def test_start_and_finish_fill_every_field(pkg):
     assert prov["python"].count(".") == 2
     assert len(prov["load_start"]) == 3 and all(x >= 0 for x in prov["load_start"])
     same = provenance.finish(prov)
-    assert same is prov and set(prov) == FIELDS | {"load_end", "finished_unix"}
+    assert same is prov and set(prov) == FIELDS | {"load_end", "finished_unix", "files"}
+    assert prov["code_hash"] == provenance.files_hash(prov["files"])  # what ran, not the declared list
     assert len(prov["load_end"]) == 3 and prov["finished_unix"] >= prov["started_unix"]
     json.dumps(prov)  # goes into a result file as is
 
@@ -223,7 +224,8 @@ def test_bench_sim_writes_provenance_and_raw_rows(tmp_path):
     assert FIELDS | {"load_end", "finished_unix"} <= set(prov)
     assert prov["bench"] == "sim" and prov["command"].startswith("fstream bench sim --paths 10G/40ms")
     assert prov["modules"] == ["fstream_bench.tuning.sim", "fstream_provider.tuning"]
-    assert prov["code_hash"] == provenance.code_hash(["fstream_provider.tuning", "fstream_bench.tuning.sim"])
+    assert prov["code_hash"] == provenance.current_hash(prov)  # over the files its process imported
+    assert "bench/tuning/sim.py" in prov["files"] and "fstream_provider/tuning/sim.py" in prov["files"]
     by = {r["tuner"]: r for r in doc["throughput"]}
     assert set(by) == {"static", "fstream", "oracle"}
     assert by["oracle"]["of_oracle"] == 1.0

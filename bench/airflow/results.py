@@ -16,7 +16,8 @@ KIB, MIB = 2**10, 2**20
 MODULES = (*provenance.AGENT, "fstream_provider", "fstream_bench.airflow.bench", "fstream_bench.airflow.latency",
            "fstream_bench.airflow.overhead", "fstream_bench.airflow.results", "fstream_bench.airflow.rig",
            "fstream_bench.airflow.timed", "fstream_bench.core.report", "fstream_bench.core.workload_gen",
-           "fstream_bench.peers.base", "fstream_bench.peers.fstream", "fstream_bench.core.cpu_meter")
+           "fstream_bench.peers.base", "fstream_bench.peers.fstream", "fstream_bench.core.cpu_meter",
+           "fstream_bench.core.runstats")
 
 
 def start(args: argparse.Namespace) -> dict:

@@ -71,10 +71,11 @@ class Side:
     def __init__(self, name: str, cmd: str, path: str | None, secret: Path, dst: Path, *, pin: bool = True) -> None:
         self.name, self.cmd, self.dst, self.secret = name, shlex.split(cmd), dst, secret
         self.env = dict(os.environ)
-        if path:
+        if path:  # another checkout: not this one's code, so not recorded in this result's provenance
             self.env["PYTHONPATH"] = f"{path}:{path}/.pyroot"
-        else:
-            self.env.pop("PYTHONPATH", None)
+            self.env.pop(provenance.RECORD_ENV, None)
+        else:  # this checkout (the venv's install), its processes recorded (provenance.record_imports)
+            self.env["PYTHONPATH"] = str(provenance.SITE_DIR)
         self.pinned = pin and _can_pin()
         self._rx_pin = ["taskset", "-c", "1"] if self.pinned else []
         self._tx_pin = ["taskset", "-c", "0"] if self.pinned else []

@@ -61,9 +61,8 @@ class Transfer:
     :param drain: set to drain it: open files finish, no new file starts (``sending.drain``).
     :param redis: optional Redis client for the tuners' history (profiling and HARP transfer history).
     :param tuner: a tuner object to use instead of the one the spec names (tests, simulator).
-    :param stall_timeout: length of the progress window: if, with work outstanding, fewer than
-        ``progress_floor_bps`` were moved over the last ``stall_timeout`` seconds and no file was
-        committed, the session is declared stalled (retryable) — a trickle does not hide a stall.
+    :param stall_timeout: length of the progress window: if, with work outstanding, fewer than ``progress_floor_bps``
+        were moved over it and no file was committed, the session is declared stalled (retryable) despite a trickle.
     :param progress_floor_bps: the progress floor in bits/s (default 64 kbit/s).
     :param max_session_retries: reconnect-and-resume attempts for retryable session failures of one outage when
         the spec gives no budget (``max_attempts``, ``retry_for_s``); a watch stream then retries while it runs.
@@ -184,9 +183,8 @@ class Transfer:
         """Run one connected session; return files still pending when it ends (empty on success)."""
         sid = uuid.uuid4().hex
         encrypt = bool(getattr(self.spec, "encrypt", False))
-        connector = Connector(host, port, secret, ssl_ctx, {"session": sid, "job": self.job_id,
-                                                            "attempt": self.attempt}, encrypt=encrypt,
-                              timeout=self.spec.connect_timeout_s,
+        hello = {"session": sid, "job": self.job_id, "attempt": self.attempt}
+        connector = Connector(host, port, secret, ssl_ctx, hello, encrypt=encrypt, timeout=self.spec.connect_timeout_s,
                               key_id=self.spec.key)
         retry_files: list[SrcFile] = []
 
@@ -215,7 +213,6 @@ class Transfer:
                                   if redis and info.uses_transfer_history else None))
             if self.spec.deadline is not None and getattr(tuner, "deadline_status", "none") == "none":
                 from fstream_provider.tuning.deadline import Deadline  # only a transfer with a deadline runs it
-
                 wall_t0 = time.time() - (time.monotonic() - self._t0)  # observations count from _t0
                 tuner = Deadline(tuner, self.spec.deadline - wall_t0, bandwidth_bps=self.spec.bandwidth_bps,
                                  eta=self.live.eta)  # the live ETA's estimator, fed by the interval records
