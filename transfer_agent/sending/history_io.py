@@ -68,6 +68,27 @@ def save_profiling(redis: Any, history: Any, log: logging.Logger) -> None:
         log.warning("profiling history not saved: %s", exc)
 
 
+#: a job that moves in less than this at the path's rate is over before a cold process has parsed its history
+#: (issue 42: 200,000 rows and scikit-learn's import take a cold agent 1-2 CPU-s; 32 cold agents each starting one
+#: for a 64 KiB job held a 2-core facility's p99 submit -> first byte at 3.5 s). Its tuner starts from the heuristic.
+HISTORY_WORTH_S = 2.0
+
+
+def background(redis: Any, log: logging.Logger, options: HistoryOptions | None, files: list, streaming: bool,
+               path: PathInfo) -> "BackgroundHistory | None":
+    """The transfer history for a tuner that reads it, or None when the job cannot last long enough to use it: a
+    fixed set of files that moves in under ``HISTORY_WORTH_S`` at the path's rate (a stream may grow: loaded)."""
+    if not streaming:
+        total = sum(f.size for f in files)
+        seconds = total * 8 / max(path.bandwidth_bps, 1.0)
+        if seconds < HISTORY_WORTH_S:
+            log.info("transfer history not loaded: %d file(s), %d bytes, move in %.3f s at %.3g bit/s, less than "
+                     "the %.0f s a cold load takes; the tuner starts from the heuristic",
+                     len(files), total, seconds, path.bandwidth_bps, HISTORY_WORTH_S)
+            return None
+    return BackgroundHistory(redis, log, options)
+
+
 class BackgroundHistory:
     """Load the transfer history (and import the Optimizer's libraries) in a thread while the transfer starts.
 

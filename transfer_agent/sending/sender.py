@@ -209,7 +209,7 @@ class Transfer:
                 self.spec.tuner, path=path, cc=self.spec.cc, p=self.spec.p, pp=self.spec.pp,
                 target_throughput_bps=self.spec.target_throughput_bps, start_time=time.time(), variant=self.spec.tuner_variant(),
                 history=history_io.load_profiling(redis, self.log) if redis and info.uses_history else None,
-                transfer_history=(history_io.BackgroundHistory(redis, self.log, self.history)
+                transfer_history=(history_io.background(redis, self.log, self.history, files, watcher is not None, path)
                                   if redis and info.uses_transfer_history else None))
             if self.spec.deadline is not None and getattr(tuner, "deadline_status", "none") == "none":
                 from fstream_provider.tuning.deadline import Deadline  # only a transfer with a deadline runs it
