@@ -104,7 +104,7 @@ class AgentStream:
 
     def start(self, tag: str):  # noqa: ANN201
         argv = [*fs_peer.fstream_argv(), "-v", "agent", "--redis", self.redis.url, "--secret-file", str(self.rx.secret),
-                "--root", str(self.src), "--name", f"stream-{tag}"]
+                "--root", str(self.src), "--allow-hardlinks", "--name", f"stream-{tag}"]  # its files are links
         proc = spawn(self.sites, "src", argv, log_path=self.workdir / f"agent-{tag}.log", env=self.env)
         if self.job_id is None:
             import subprocess

@@ -78,6 +78,9 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--root", action="append", metavar="DIR", default=[],
                    help="serve sources under DIR (repeatable; without --policy: for the local submitter only, "
                         "whose key `fstream submit` uses by default)")
+    p.add_argument("--allow-hardlinks", action="store_true",
+                   help="with --root: send files that have several hard links (refused by default: another name "
+                        "may lie outside the roots; with --policy: [agent] allow_hardlinks)")
     p.add_argument("--signing-key", metavar="FILE",
                    help="the agent's Ed25519 key that signs job outcomes (default: the policy's [agent] signing_key, "
                         "else <state dir>/agent.key, made on first start; clients trust its .pub)")
@@ -211,8 +214,9 @@ def _agent_policy(args: argparse.Namespace) -> Any:
     from transfer_agent.daemon.authorize import AgentPolicy
 
     path = args.policy or os.environ.get("FSTREAM_POLICY")
-    if path and args.root:
-        raise ValueError("--root and --policy: give the roots in the policy file ([agent] roots)")
+    if path and (args.root or args.allow_hardlinks):
+        raise ValueError("--root/--allow-hardlinks and --policy: give them in the policy file ([agent] roots, "
+                         "allow_hardlinks)")
     if path:
         return AgentPolicy.from_file(path)
     if not args.root:
@@ -221,7 +225,7 @@ def _agent_policy(args: argparse.Namespace) -> Any:
     from fstream_provider.model.statedir import default_secret_file
 
     secret = args.secret_file or (str(default_secret_file()) if default_secret_file().exists() else None)
-    return AgentPolicy.local(args.root, secret)
+    return AgentPolicy.local(args.root, secret, allow_hardlinks=args.allow_hardlinks)
 
 
 # -- submit ----------------------------------------------------------------------------------------

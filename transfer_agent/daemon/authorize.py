@@ -124,10 +124,12 @@ class AgentPolicy:
 
     @classmethod
     def local(cls, roots: list[Any], secret_file: Any = None, *, submitter: str | None = None,
-              public_key: PublicKey | str | os.PathLike[str] | None = None) -> "AgentPolicy":
+              public_key: PublicKey | str | os.PathLike[str] | None = None,
+              allow_hardlinks: bool = False) -> "AgentPolicy":
         """One submitter's agent (``fstream agent --root``): ``roots``, the ``default`` key (``secret_file``), any
         destination that key opens, and the submitter (default: the local one, whose pair is made on first use in
-        the state dir, ``authz.signing.local_key_file``) with ``public_key`` (a ``PublicKey`` or its file)."""
+        the state dir, ``authz.signing.local_key_file``) with ``public_key`` (a ``PublicKey`` or its file);
+        ``allow_hardlinks``: send files with several hard links (``--allow-hardlinks``; the policy's ``[agent]``)."""
         from fstream_provider.authz.signing import LOCAL_SUBMITTER, local_public_key
 
         submitter = submitter or LOCAL_SUBMITTER
@@ -136,7 +138,7 @@ class AgentPolicy:
         elif not isinstance(public_key, PublicKey):
             public_key = load_public(public_key, f"submitter {submitter!r} public key file")
         keyring = {"default": KeyEntry(secret_file=str(secret_file))} if secret_file else {}
-        return cls(SourceRoots.of(roots), keyring=keyring, any_destination=True,
+        return cls(SourceRoots.of(roots, allow_hardlinks=allow_hardlinks), keyring=keyring, any_destination=True,
                    submitters={submitter: SubmitterGrant(submitter, (public_key,))})
 
     def describe(self) -> str:
