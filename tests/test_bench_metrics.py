@@ -14,7 +14,9 @@ def test_metrics_bench_moves_a_job_through_fresh_daemons_with_metrics_off_and_on
     doc = metrics.run(tmp_path, repeats=1, total=1 << 20, files=2, knobs={"cc": 1, "p": 2, "pp": 1},
                       scrape_interval=0.2, pin=False, timeout=120, log=lambda *_: None)
     assert [r["mode"] for r in doc["runs"]] == ["off", "on"]
-    assert all(r["cpu_rx_s"] > 0 and r["cpu_agent_s"] > 0 for r in doc["runs"])
+    # a returned run landed every byte of a succeeded job (metrics.run raises otherwise); the CPU of a 1 MiB job
+    # can be under the kernel's 10 ms accounting tick, so only its presence is asserted (CI saw 0.0)
+    assert all(r["seconds"] > 0 and r["cpu_rx_s"] >= 0 and r["cpu_agent_s"] >= 0 for r in doc["runs"])
     off, on = doc["runs"]
     assert off["scrapes"] is None and on["scrapes"]["ok"] >= 2 and on["scrapes"]["bytes"] > 0
 
