@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -60,7 +59,7 @@ def log_level(verbose: int) -> int:
 
 
 class Reloader:
-    """On SIGHUP, ``reload()`` in a thread: re-read, diff, ``apply(changed) -> applied keys``, log the rest.
+    """``reload()`` (run by ``cli.sighup.Hangup`` on SIGHUP, in its thread): re-read, diff, ``apply(changed) -> applied keys``, log the rest.
 
     :param args: the options the daemon runs with (updated in place with what was applied).
     :param live: the options this daemon changes in place.
@@ -70,33 +69,9 @@ class Reloader:
     def __init__(self, args: argparse.Namespace, live: Iterable[str],
                  apply: Callable[[dict[str, Any]], Iterable[str]]) -> None:
         self.args, self.live, self.apply = args, frozenset(live) | {"verbose", "log_level"}, apply
-        self.requested = threading.Event()
         self.done = threading.Event()  # set after every reload (tests wait on it)
         self.count = 0
         self.last: dict[str, Any] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def install(self) -> "Reloader":
-        try:
-            signal.signal(signal.SIGHUP, lambda *_: self.requested.set())
-        except ValueError:  # not the main thread (tests call reload() directly)
-            pass
-        self._thread = threading.Thread(target=self._loop, name="fstream-reload", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        self.requested.set()
-
-    def _loop(self) -> None:
-        while True:
-            self.requested.wait()
-            if self._stop.is_set():
-                return
-            self.requested.clear()
-            self.reload()
 
     def reload(self) -> dict[str, Any]:
         """One reload; what happened: ``applied``, ``restart`` (changed, not applied), or ``error``."""
