@@ -142,6 +142,13 @@ def _wait_option(url: str) -> tuple[str, tuple[int, int]]:
     return base + ("?" + urlencode(rest, safe="/:") if rest else ""), (replicas, timeout_ms)
 
 
+class WriteInDoubt(redis.ConnectionError):
+    """A job write ran but fewer replicas than ``?wait_replicas`` acknowledged it in time: a failover now could lose
+    it (the replica promoted did not have it; a master the sentinel demotes drops what it took meanwhile). A
+    ``ConnectionError``, so the writers' outage retries send it again: those writes are fenced or numbered, so a
+    second run adds nothing when the first stood (``JobStore._replicated``)."""
+
+
 def run_replicated(client: Any, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int | None]:
     """Run a registered Lua ``script``, then ``WAIT`` on the connection that ran it, if the client asks for it.
 

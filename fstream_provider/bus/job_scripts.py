@@ -107,11 +107,23 @@ local function fenced(attempt)
 end
 """
 
-# KEYS: job, events.  ARGV: attempt, maxlen, now, nfields, f1, v1, ..., then (kind, ts, data) triples
+# KEYS: job, events.  ARGV: attempt, maxlen, now, first, nfields, f1, v1, ..., then (kind, ts, data) triples
+# ``first`` numbers the triples first, first+1, ... within the attempt (0: unnumbered, every triple appended). A
+# numbered triple at or below the attempt's ``events_seq`` is already in the stream and is skipped: a batch sent
+# again (a write in doubt, ``JobStore.publish``) appends each event once.
 PUBLISH = _FENCE + """
 if not fenced(ARGV[1]) then return {0, 0} end
-local n = tonumber(ARGV[4])
-local i = 5
+local first = tonumber(ARGV[4])
+local last = 0
+if first > 0 then
+  local seen = redis.call('HGET', KEYS[1], 'events_seq')
+  if seen then
+    local a, n = string.match(seen, '^(%d+):(%d+)$')
+    if a == ARGV[1] then last = tonumber(n) end
+  end
+end
+local n = tonumber(ARGV[5])
+local i = 6
 if n > 0 then
   local hs = {}
   for j = 0, 2 * n - 1 do hs[#hs + 1] = ARGV[i + j] end
@@ -119,10 +131,15 @@ if n > 0 then
   i = i + 2 * n
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[3])
+local seq = first
 while i + 2 <= #ARGV do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'kind', ARGV[i], 'ts', ARGV[i + 1], 'data', ARGV[i + 2])
+  if first == 0 or seq > last then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'kind', ARGV[i], 'ts', ARGV[i + 1], 'data', ARGV[i + 2])
+  end
+  seq = seq + 1
   i = i + 3
 end
+if first > 0 and seq - 1 > last then redis.call('HSET', KEYS[1], 'events_seq', ARGV[1] .. ':' .. (seq - 1)) end
 return {1, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested') or '0')}
 """
 

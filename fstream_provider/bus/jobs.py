@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from fstream_provider.bus import job_scripts as lua
-from fstream_provider.bus.client import MAX_BLOCK_MS, run_replicated
+from fstream_provider.bus.client import MAX_BLOCK_MS, WriteInDoubt, run_replicated
 from fstream_provider.bus.follow import follow_job
 from fstream_provider.bus.job_state import TERMINAL_STATES, Claim, JobState, decode_event, now_text
 from fstream_provider.bus.keys import DEAD_LETTER_MAXLEN, EVENTS_MAXLEN, JOB_RETENTION_S, Keys
@@ -22,6 +22,9 @@ from fstream_provider.model.validation import SpecError
 
 # a finished job's sums the hash keeps beside its result (``finish``): what a row of it shows
 RESULT_TOTALS = ("bytes", "files", "seconds", "throughput_bps", "verified_files", "skipped_files", "failed_files")
+# how long the agent's job writes stay in doubt while too few replicas acknowledge them (``JobStore._replicated``):
+# longer than a sentinel takes to demote a master it failed over (seconds), shorter than a replica being gone
+IN_DOUBT_S = 30.0
 
 
 class JobStore:
@@ -43,14 +46,19 @@ class JobStore:
         refuse jobs no configured submitter signed. None: jobs are submitted unsigned (agents refuse them).
     :param outcome_signer: the agent's key (``authz.outcome.OutcomeSigner``): ``finish`` and ``reject`` sign the
         outcome they write (issue 40). None: written unsigned (clients do not believe such a success).
+    :param in_doubt_s: with ``?wait_replicas=N``, how long the worker's event and outcome writes that fewer than N
+        replicas acknowledged are sent again (``WriteInDoubt``) before they are taken as they stand.
     :param trust: the agents a client believes (``authz.outcome.TrustedAgents``): ``get`` (so ``wait`` and
         ``follow_job``) shows a success no trusted agent signed as ``unverified``. None: as stored (agents' reads).
     """
 
     def __init__(self, client: redis.Redis, *, keys: Keys | None = None, retention_s: int = JOB_RETENTION_S,
                  events_maxlen: int = EVENTS_MAXLEN, signer: Signer | None = None,
-                 outcome_signer: OutcomeSigner | None = None, trust: TrustedAgents | None = None) -> None:
+                 outcome_signer: OutcomeSigner | None = None, trust: TrustedAgents | None = None,
+                 in_doubt_s: float = IN_DOUBT_S) -> None:
         self.client = client
+        self.in_doubt_s = float(in_doubt_s)
+        self._short_since: float | None = None  # when the writes' replicas first fell short (None: they keep up)
         self.signer = signer
         self.outcome_signer = outcome_signer
         self.trust = trust
@@ -216,12 +224,32 @@ class JobStore:
         except redis.exceptions.NoPermissionError:
             return None
 
-    def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _replicated(self, script: Any, keys: list[str], args: list[Any], *, again: bool = False) -> Any:
         """A job write that must survive a failover: with ``?wait_replicas=N`` it waits for the replicas
-        (``bus.client.run_replicated``; a connection lost meanwhile raises, so the caller's retry makes sure)."""
+        (``bus.client.run_replicated``; a connection lost meanwhile raises, so the caller's retry makes sure).
+
+        ``again``: a write that is safe to run twice (numbered events, a fenced outcome) and that fewer than N
+        replicas acknowledged raises ``WriteInDoubt`` for the caller to send again, until they acknowledge one
+        or for ``in_doubt_s`` since they first fell short; then it stands as written, with the risk. A master the
+        sentinel failed over while it still answered (on a loaded host, a PING late) takes writes no replica
+        gets and drops them when it is made a replica: sent again, they land on the new master. Other writes
+        (submit, claim) stand as written."""
         out, acked = run_replicated(self.client, script, keys, args)
-        if acked is not None:
-            self.replication["acknowledged" if acked >= self.client.fstream_wait[0] else "short"] += 1
+        if acked is None:
+            return out
+        wanted = self.client.fstream_wait[0]
+        if acked >= wanted:
+            self._short_since = None
+            self.replication["acknowledged"] += 1
+            return out
+        now = time.monotonic()
+        if self._short_since is None:
+            self._short_since = now
+        if again and now - self._short_since < self.in_doubt_s:
+            self.replication["in_doubt"] += 1
+            raise WriteInDoubt(f"{acked} of {wanted} replica(s) acknowledged the write to {keys[0]!r}: in doubt, "
+                               f"sent again until a replica acknowledges it (up to {self.in_doubt_s:.0f} s)")
+        self.replication["short"] += 1
         return out
 
     # ------------------------------------------------------------------ worker side (fenced by attempt)
@@ -270,17 +298,22 @@ class JobStore:
         return self.outcome_signer.sign(self.keys.namespace, job_id, attempt, state, error, result_json, auth)
 
     def publish(self, job_id: str, attempt: int, events: list[tuple[str, float, dict]],
-                fields: dict[str, str] | None = None) -> tuple[bool, bool]:
+                fields: dict[str, str] | None = None, *, first: int = 0) -> tuple[bool, bool]:
         """Append events ``(kind, ts, data)`` and set hash ``fields`` if ``attempt`` is still current.
 
-        Returns ``(still_owner, cancel_requested)``.
+        ``first``: the number of ``events[0]`` among the attempt's events (1, 2, ...; 0: unnumbered). Numbered
+        events the job already holds are not appended again, so a batch in doubt (``WriteInDoubt``) is sent
+        again whole. Returns ``(still_owner, cancel_requested)``.
         """
-        args: list[Any] = [attempt, self.events_maxlen, now_text(), len(fields or {})]
+        if first < 0:
+            raise ValueError(f"publish job {job_id}: first event number {first} is negative")
+        args: list[Any] = [attempt, self.events_maxlen, now_text(), int(first), len(fields or {})]
         for name, value in (fields or {}).items():
             args += [name, value]
         for kind, ts, data in events:
             args += [kind, repr(float(ts)), json.dumps(data, default=str)]
-        out = self._replicated(self._publish, [self.keys.job(job_id), self.keys.job_events(job_id)], args)
+        out = self._replicated(self._publish, [self.keys.job(job_id), self.keys.job_events(job_id)], args,
+                               again=first > 0)
         return bool(int(out[0])), bool(int(out[1]))
 
     def touch(self, job_id: str, attempt: int, entry_id: str, consumer: str) -> tuple[bool, bool]:
@@ -308,7 +341,8 @@ class JobStore:
         sig = self._sign_outcome(job_id, attempt, state, error or "", result_json)
         out = self._replicated(self._finish, keys, [attempt, state, error or "", result_json,
                                                     now_text(), k.jobs_group(), entry_id, self.retention_s,
-                                                    self.events_maxlen, json.dumps(totals) if totals else "", sig])
+                                                    self.events_maxlen, json.dumps(totals) if totals else "", sig],
+                               again=True)  # run twice, the second finds the job finished and returns 0
         return bool(int(out))
 
     def release(self, job_id: str, attempt: int, reason: str) -> bool:

@@ -59,6 +59,7 @@ class JobRun:
         self.preempt_seen = 0.0
         self._lock = threading.Lock()
         self._events: list[tuple[str, float, dict]] = []
+        self._first = 1  # the number of ``_events[0]`` among this attempt's events (``JobStore.publish``'s ``first``)
         self._progress: dict | None = None
         self.wake = threading.Event()
         self.observe: Any = None  # ``observe(kind, data)`` per event: the agent's metrics (transfer_agent.service)
@@ -83,17 +84,23 @@ class JobRun:
             if len(self._events) >= PUBLISH_BATCH:
                 self.wake.set()
 
-    def take(self) -> tuple[list[tuple[str, float, dict]], dict | None]:
+    def take(self) -> tuple[list[tuple[str, float, dict]], dict | None, int]:
+        """The next batch to publish: its events, the latest progress record, and the first event's number
+        (this attempt's events are numbered 1, 2, ... in the order they were added; a batch sent again keeps its
+        numbers, so the bus appends each event once)."""
         with self._lock:
             events, self._events = self._events[:PUBLISH_BATCH], self._events[PUBLISH_BATCH:]
+            first, self._first = self._first, self._first + len(events)
             progress, self._progress = self._progress, None
-            return events, progress
+            return events, progress, first
 
-    def untake(self, events: list[tuple[str, float, dict]], progress: dict | None) -> None:
-        """Put back what ``take`` gave to a publish that failed (Redis unreachable, a Cluster failing over): they go
-        out first next time, so no event (a landed file's record) is lost; a newer progress record wins."""
+    def untake(self, events: list[tuple[str, float, dict]], progress: dict | None, first: int) -> None:
+        """Put back what ``take`` gave to a publish that failed or is in doubt (Redis unreachable, a Cluster failing
+        over, a write no replica acknowledged): they go out first next time with the same numbers, so no event (a
+        landed file's record) is lost and none is appended twice; a newer progress record wins."""
         with self._lock:
             self._events[:0] = events
+            self._first = first
             if self._progress is None:
                 self._progress = progress
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fstream_provider.bus.audit import mark_ended
-from fstream_provider.bus.client import REDIS_UNREACHABLE, redis_unreachable
+from fstream_provider.bus.client import REDIS_UNREACHABLE, WriteInDoubt, redis_unreachable
 from fstream_provider.bus.job_state import Claim
 from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.model.spec import TransferSpec
@@ -238,10 +238,10 @@ class JobRunnerMixin:
         else:
             now = self._store.get(run.job_id)
             if now is not None and now.terminal and now.attempt == run.attempt and now.worker == self.name:
-                # a retry after Redis went away mid-reply: the first try was recorded
+                # a retry after Redis went away mid-reply, or of a write in doubt: the first try was recorded
                 self._mark_ended(run, now.state)
                 self.counters[f"jobs_{now.state}"] += 1
-                self.log.info("job %s attempt %d: %s (recorded before Redis went away)", run.job_id, run.attempt,
+                self.log.info("job %s attempt %d: %s (recorded by an earlier try)", run.job_id, run.attempt,
                               now.state)
                 if board is not None:
                     board.remove(run.job_id)
@@ -334,11 +334,18 @@ class JobRunnerMixin:
 
     # ------------------------------------------------------------------ events
     def _pump_loop(self, run: JobRun, pump_stop: threading.Event) -> None:
+        doubt = False
         while not pump_stop.is_set():
             run.wake.wait(self.flush_interval)
             run.wake.clear()
             try:
                 self._flush(run)
+                doubt = False
+            except WriteInDoubt as exc:  # sent again with the next flush; the bus appends each event once
+                self.counters["publish_in_doubt"] += 1
+                if not doubt:
+                    self.log.warning("job %s: events in doubt (%s)", run.job_id, exc)
+                doubt = True
             except REDIS_UNREACHABLE as exc:  # the events stay buffered (``_flush``) and go out once Redis is back
                 self.counters["publish_errors"] += 1
                 self.log.warning("job %s: Redis unreachable while publishing events (%s); will retry", run.job_id, exc)
@@ -349,15 +356,15 @@ class JobRunnerMixin:
     def _flush(self, run: JobRun) -> None:
         if run.lost:
             return
-        first = True
-        while first or run.pending():
-            first = False
-            events, progress = run.take()
+        once = True
+        while once or run.pending():
+            once = False
+            events, progress, first = run.take()
             fields = {"progress": json.dumps(progress, default=str)} if progress is not None else None
             try:
-                owner, cancel = self._store.publish(run.job_id, run.attempt, events, fields)
+                owner, cancel = self._store.publish(run.job_id, run.attempt, events, fields, first=first)
             except Exception:
-                run.untake(events, progress)  # not lost: published with the next flush (at least once)
+                run.untake(events, progress, first)  # not lost: sent again with the next flush, appended once
                 raise
             self._note_fence(run, owner, cancel)
             if run.lost:
