@@ -143,3 +143,52 @@ def test_send_alone_parses_and_helps_as_the_whole_parser():
     assert vars(alone.parse_args(argv)).keys() == vars(whole.parse_args(argv)).keys()
     assert {k: v for k, v in vars(alone.parse_args(argv)).items() if k != "func"} == \
            {k: v for k, v in vars(whole.parse_args(argv)).items() if k != "func"}
+
+
+# -- issue 42: every command that nothing configures builds its own parser alone ------------------------------------
+# so a benchmark's processes (`fstream receive`, `fstream agent`, `fstream bench X`) import only the commands they
+# run, and a change to another command's module does not stale their results (bench/core/provenance.py)
+def _command_parser(parser, name):
+    return next(a for a in parser._actions if a.dest == "command").choices[name]
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN - {"config"}))
+def test_each_builtin_command_alone_helps_as_in_the_whole_parser(name):
+    alone, whole = build_parser({}, only=name), build_parser({})
+    assert set(next(a for a in alone._actions if a.dest == "command").choices) == {name}
+    assert _command_parser(alone, name).format_help() == _command_parser(whole, name).format_help()
+
+
+MODULES = """
+import json, sys
+from transfer_agent.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("transfer_agent.cli.") and m.count(".") == 2
+                        or m.startswith("fstream_demo"))))
+"""
+
+
+def _modules(*argv: str, env: dict | None = None) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", MODULES, *argv], capture_output=True, text=True, timeout=120,
+                         env=env or _plain_env())
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_a_plugin_command_and_a_daemon_import_no_other_commands_module(tmp_path):
+    bench = _modules("bench", "report", "--help")
+    assert "transfer_agent.cli.jobs" not in bench and "transfer_agent.cli.top" not in bench, bench
+    assert not {m for m in bench if m.startswith("fstream_demo")}, bench  # the demo's plugin is not loaded
+    receive = _modules("receive", "--root", str(tmp_path), "--check")
+    assert "transfer_agent.cli.jobs" not in receive and "transfer_agent.cli.doctor" not in receive, receive
+    agent = _modules("agent", "--help")
+    assert "transfer_agent.cli.jobs" in agent and "transfer_agent.cli.top" not in agent, agent
+
+
+def test_a_configured_command_still_builds_the_whole_parser(tmp_path):
+    conf = tmp_path / "fstream.toml"
+    conf.write_text("[receive]\nmax-unauth = 8\n")
+    got = _modules("receive", "--root", str(tmp_path), "--check", env={**_plain_env(), "FSTREAM_CONFIG": str(conf)})
+    assert {"transfer_agent.cli.jobs", "transfer_agent.cli.top"} <= got, got

@@ -212,16 +212,28 @@ SEND_EPILOG = """exit codes:
 
 
 # -- parser ----------------------------------------------------------------------------------------
-BUILTIN = frozenset({"receive", "send", "agent", "submit", "status", "cancel", "reconcile", "redis", "seen",
-                     "history", "calibrate", "pools", "schedule", "redis-acl", "audit", "top", "config",
-                     "doctor", "keys", "gc"})
+# every built-in command but receive and send (this module's): the module and function that add its parser, in the
+# order `fstream --help` lists them; ``build_parser(only=...)`` imports just the one a command needs
+PARSERS = {"agent": ("jobs", "add_agent_parser"), "submit": ("jobs", "add_submit_parser"),
+           "status": ("jobs", "add_status_parser"), "cancel": ("jobs", "add_cancel_parser"),
+           "reconcile": ("bus_admin", "add_reconcile_parser"), "redis": ("bus_admin", "add_redis_parser"),
+           "seen": ("seen", "add_seen_parser"), "history": ("history", "add_history_parser"),
+           "calibrate": ("calibrate", "add_calibrate_parser"), "pools": ("pools", "add_pools_parser"),
+           "schedule": ("schedule", "add_schedule_parser"), "redis-acl": ("acl", "add_acl_parser"),
+           "audit": ("audit", "add_audit_parser"), "top": ("top", "add_top_parser"),
+           "config": ("config_cmd", "add_config_parser"), "doctor": ("doctor", "add_doctor_parser"),
+           "keys": ("keys", "add_keys_parser"), "gc": ("gc", "add_gc_parser")}
+BUILTIN = frozenset({"receive", "send", *PARSERS})
+WHOLE = frozenset({"config"})  # commands that read every other command's parser (`fstream config show`)
 
 
 def build_parser(plugins: dict[str, Any] | None = None, *, only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; ``plugins`` (default: every installed one) adds the other packages' commands.
 
-    ``only``: just that command of this module's (``receive``, ``send``) under ``fstream``, for a run that needs
-    no other: its own parsing, help and errors are the same (``main``: a ``send`` that nothing configures)."""
+    ``only``: just that command (built-in, or one of ``plugins``) under ``fstream``, for a run that needs no other:
+    its own parsing, help and errors are the same, and no other command's module is imported (``main``: a command
+    that nothing configures; issue 29 for ``send``'s CPU, issue 42 so that a benchmark's processes import, and its
+    provenance hashes, only the commands they run)."""
     parser = argparse.ArgumentParser(prog="fstream", description="Stream files over tuned parallel TCP channels.")
     parser.add_argument("-v", "--verbose", action="count", default=0)
     from transfer_agent.cli.version import VersionAction
@@ -235,21 +247,15 @@ def build_parser(plugins: dict[str, Any] | None = None, *, only: str | None = No
         _add_receive_parser(sub)
     if only in (None, "send"):
         _add_send_parser(sub)
-    if only is not None:
-        return parser
-    from transfer_agent.cli import acl, audit, bus_admin, calibrate, config_cmd, doctor, history, jobs, pools, schedule
-    from transfer_agent.cli import seen, top
-    from transfer_agent.cli import gc as gc_cmd
-    from transfer_agent.cli import keys as keys_cmd
+    import importlib
 
-    for add in (jobs.add_agent_parser, jobs.add_submit_parser, jobs.add_status_parser, jobs.add_cancel_parser,
-                bus_admin.add_reconcile_parser, bus_admin.add_redis_parser, seen.add_seen_parser, history.add_history_parser,
-                calibrate.add_calibrate_parser, pools.add_pools_parser, schedule.add_schedule_parser,
-                acl.add_acl_parser, audit.add_audit_parser, top.add_top_parser, config_cmd.add_config_parser,
-                doctor.add_doctor_parser, keys_cmd.add_keys_parser, gc_cmd.add_gc_parser):
-        add(sub)
-    for name, register in (plugin_commands() if plugins is None else plugins).items():
-        register(sub)
+    for name, (module, add) in PARSERS.items():
+        if only in (None, name):
+            getattr(importlib.import_module(f"transfer_agent.cli.{module}"), add)(sub)
+    plugins = plugin_commands() if plugins is None else plugins
+    for name, register in plugins.items():
+        if only in (None, name):
+            register(sub)
     return parser
 
 
@@ -318,8 +324,9 @@ def _add_send_parser(sub: Any) -> None:
     s.set_defaults(func=cmd_send)
 
 
-def plugin_commands() -> dict[str, Any]:
-    """Commands other installed packages add (entry-point group ``fstream.commands``: ``bench``, ``demo``).
+def plugin_commands(name: str | None = None) -> dict[str, Any]:
+    """Commands other installed packages add (entry-point group ``fstream.commands``: ``bench``, ``demo``); with
+    ``name``, only that one if it is installed (else every one, so that a wrong name's error lists them).
 
     The agent never imports them: a transfer node without the benchmarks or Airflow simply has
     fewer commands. Each entry point is a ``register(subparsers)`` function; one with
@@ -328,7 +335,10 @@ def plugin_commands() -> dict[str, Any]:
     from importlib.metadata import entry_points
 
     out: dict[str, Any] = {}
-    for ep in entry_points(group="fstream.commands"):
+    found = entry_points(group="fstream.commands")
+    if name is not None and name in found.names:  # the command asked for: only its module is imported
+        found = found.select(name=name)
+    for ep in found:
         try:
             out[ep.name] = ep.load()
         except ImportError as exc:  # an optional dependency of that command is missing
@@ -364,15 +374,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     version = command is None and "--version" in argv  # `fstream --version` needs no plugin either
     builtin = (command in BUILTIN or version) and not {"-h", "--help"} & set(argv[:at])
-    plugins = {} if builtin else plugin_commands()
+    plugins = {} if builtin else plugin_commands(None if at is None or {"-h", "--help"} & set(argv[:at])
+                                                 else command)
     if builtin:  # nor pydantic's plugins (none is used here): their entry-point scan was another 15-25 ms
         os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if at is not None and getattr(plugins.get(command), "passthrough", False):
         argv = [*argv[:at + 1], "--", *argv[at + 1:]]  # everything after the name (options too) belongs to it
-    # a `send` that no file or variable configures needs no other command's parser (issue 29: building them all,
-    # and importing their modules, cost every send ~20 ms of CPU); a configuration is checked whole, as ever
-    only = "send" if command == "send" and builtin and not config.may_configure(command, config_file, BUILTIN) \
-        else None
+    # a command that no file or variable configures needs no other command's parser (issue 29: building them all,
+    # and importing their modules, cost every send ~20 ms of CPU; issue 42: a benchmark's processes import only the
+    # commands they run); a configuration is checked whole, as ever
+    alone = command is not None and command not in WHOLE and (builtin or command in plugins)
+    only = command if alone and not config.may_configure(command, config_file, [*BUILTIN, *plugins]) else None
     parser = build_parser(plugins, only=only)
     try:  # the configuration file and FSTREAM_* variables become the command's defaults (docs/config.md)
         configured = config.apply(parser, argv, command, config_file) if only is None else config.unconfigured
@@ -384,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (build_parser(plugins) if only is not None else parser).parse_args(argv)
     configured(args)
     # a daemon's SIGHUP parses its command line again with the configuration as it is then (cli.reload)
-    args.argv, args.parser_factory = argv, lambda: build_parser(plugins, only=only)
+    # (the whole parser: the configuration that reload reads may be new, and it is checked whole)
+    args.argv, args.parser_factory = argv, lambda: build_parser(plugins)
     rest = getattr(args, "passthrough_args", None)
     if rest and rest[:1] == ["--"]:
         args.passthrough_args = rest[1:]
