@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fstream_bench.core.carry import carry, result_doc
 from fstream_bench.core.saved import RESULTS_DIR
-from fstream_bench.smokes import SMOKES
+from fstream_bench.smokes import SMOKES, smoke_for
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,13 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"fstream bench carry: {path}: cannot read the result ({e})")
         return 2
-    bench = (doc.get("provenance") or {}).get("bench")
-    if bench not in SMOKES:
+    smoke = smoke_for(doc)
+    if smoke is None:
+        bench = " ".join(str(x) for x in ((doc.get("provenance") or {}).get("bench"), doc.get("part")) if x)
         print(f"fstream bench carry: {path} is a `{bench}` result and `{bench}` has no smoke variant "
               f"(bench/smokes.py: {', '.join(sorted(SMOKES))}): re-measure it")
         return 2
     try:
-        ok, record = carry(path, SMOKES[bench], pairs=a.pairs, results=Path(a.results))
+        ok, record = carry(path, smoke, pairs=a.pairs, results=Path(a.results))
     except (RuntimeError, ValueError, subprocess.CalledProcessError) as e:
         print(f"fstream bench carry: {e}")
         return 2

@@ -49,6 +49,15 @@ class Step:
     def bench(self) -> str:
         return shlex.split(self.command)[2]
 
+    @property
+    def smoke(self) -> str | None:
+        """The key of the smoke that carries this step's results (``bench part`` before ``bench``), or None."""
+        words = shlex.split(self.command)
+        part = f"{words[2]} {words[3]}" if len(words) > 3 else ""
+        if part in SMOKES:
+            return part
+        return self.bench if self.bench in SMOKES and not SMOKES[self.bench].part else None
+
 
 def _row_name(r: goals_table.Row) -> str:
     return f"issue {r.goal.issue}: {r.goal.goal}"
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["skipped"] = f"its last run took {s.estimate_s / 60:.0f} min, {left_s / 60:.0f} min of the budget left"
         else:
             entry["started_unix"] = time.time()
-            if a.carry and s.bench in SMOKES and s.results:
+            if a.carry and s.smoke and s.results:
                 entry["carried"] = _carry_all(s, results)
             if not entry.get("carried"):
                 entry["exit"] = _run([fstream, *shlex.split(s.command)[1:]], log)
@@ -154,7 +163,7 @@ def _carry_all(step: Step, results: Path) -> bool:
     """Carry every result of ``step`` (True only when each was carried)."""
     for path in dict.fromkeys(step.results):
         try:
-            ok, rec = carry(path, SMOKES[step.bench], results=results)
+            ok, rec = carry(path, SMOKES[step.smoke], results=results)
         except (RuntimeError, ValueError, subprocess.CalledProcessError) as e:
             print(f"refresh: carry of {path} failed: {e}", flush=True)
             return False

@@ -51,11 +51,22 @@ def loopback_metrics(doc: dict) -> dict[str, float]:
     return out
 
 
-SMOKES: dict[str, Smoke] = {s.bench: s for s in (
+def smoke_for(doc: dict) -> Smoke | None:
+    """The smoke that carries a result document: its benchmark's and part's (``deadline sim``), else its
+    benchmark's when that smoke is for every part; None when there is none."""
+    bench = (doc.get("provenance") or {}).get("bench")
+    smoke = SMOKES.get(f"{bench} {doc.get('part')}") or SMOKES.get(str(bench))
+    return smoke if smoke is not None and (not smoke.part or smoke.part == doc.get("part")) else None
+
+
+SMOKES: dict[str, Smoke] = {s.key: s for s in (
     # the cases with bytes enough for CPU-seconds to count (the 1-byte cases' CPU per GB is quantisation noise)
     Smoke("loopback", ("--big-bytes", "512M", "--small-count", "1000", "--small-bytes", "256K", "--tools", "fstream",
                        "--cases", "a:,b:", "--repeat", "2"), loopback_metrics),
     Smoke("sim", ("--quick", "--workloads", "w1,lcls", "--paths", "10G/40ms", "--parts", "throughput"),
           lambda d: flat_numbers({"throughput": d["throughput"]}), exact=True),
     Smoke("scheduling", ("--traces", "25%,60%", "--scale", "0.2"), lambda d: flat_numbers(d["traces"]), exact=True),
+    # the deadline tuner and the ETA in the simulator: one workload, 5 % of its size (seconds); no WAN smoke
+    Smoke("deadline", ("sim", "--workloads", "w3", "--seeds", "1", "--scale", "0.05"),
+          lambda d: flat_numbers({"summary": d["summary"], "eta": d["eta"]}), exact=True, part="sim"),
 )}

@@ -114,3 +114,25 @@ def test_the_table_shows_a_carried_result_as_current_while_its_code_holds(tmp_pa
     gt._carry_cache.clear()
     assert gt.resolve(_goal(), tmp_path).status == "stale"  # the newest carry's code has changed since
     gt._carry_cache.clear()
+
+
+def test_a_part_smoke_carries_only_its_part():
+    """`deadline sim` has a smoke, `deadline wan` none: a WAN result is never carried by the simulator's smoke."""
+    from fstream_bench.refresh import Step
+    from fstream_bench.smokes import smoke_for
+
+    sim = {"provenance": {"bench": "deadline"}, "part": "sim"}
+    wan = {"provenance": {"bench": "deadline"}, "part": "wan"}
+    assert smoke_for(sim) is SMOKES["deadline sim"] and smoke_for(wan) is None
+    assert smoke_for({"provenance": {"bench": "loopback"}}) is SMOKES["loopback"]
+    assert Step("fstream bench deadline sim").smoke == "deadline sim"
+    assert Step("fstream bench deadline wan").smoke is None
+    assert Step("fstream bench loopback --repeat 5").smoke == "loopback"
+
+
+def test_the_carry_refuses_a_result_of_another_part(tmp_path):
+    doc = {"provenance": {"bench": "deadline", "commit": "0" * 40}, "part": "wan"}
+    wan = tmp_path / "deadline-wan.json"
+    wan.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="is a `deadline wan` result; this smoke runs `deadline sim`"):
+        C.carry(wan, SMOKES["deadline sim"], results=tmp_path)

@@ -45,13 +45,19 @@ class Smoke:
     """A benchmark's short variant: ``fstream bench <bench> <args> --results DIR``, and its metrics."""
 
     bench: str
-    args: tuple[str, ...]
+    args: tuple[str, ...]  #: after ``fstream bench <bench>``; a ``part`` smoke's start with the part (``sim``)
     #: the smoke's result document -> {metric: value}; values compared as ratios today / then
     metrics: Callable[[dict], dict[str, float]]
     exact: bool = False  #: deterministic (a simulator): every metric must be equal, not within noise
     doc: str = ""  #: the JSON inside a result directory ("summary.json"); "" for a JSON result file
     timeout_s: float = 900.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    part: str = ""  #: the result's ``part`` it carries ("sim" of ``deadline``); "" for every result of ``bench``
+
+    @property
+    def key(self) -> str:
+        """``bench`` or ``bench part``: how ``smokes.SMOKES`` and a refresh step name it."""
+        return f"{self.bench} {self.part}" if self.part else self.bench
 
 
 def result_doc(path: Path, doc: str = "") -> tuple[Path, dict]:
@@ -169,8 +175,9 @@ def carry(result: Path, smoke: Smoke, pairs: int = 3, results: Path = RESULTS_DI
     prov = doc.get("provenance") or {}
     if not prov.get("commit") or prov["commit"] == "unknown":
         raise ValueError(f"{result}: the result records no commit, so there is no code to compare today's with")
-    if prov.get("bench") != smoke.bench:
-        raise ValueError(f"{result} is a `{prov.get('bench')}` result; this smoke runs `{smoke.bench}`")
+    if prov.get("bench") != smoke.bench or (smoke.part and doc.get("part") != smoke.part):
+        what = " ".join(str(x) for x in (prov.get("bench"), doc.get("part")) if x)
+        raise ValueError(f"{result} is a `{what}` result; this smoke runs `{smoke.key}`")
     rel = f.relative_to(REPO).as_posix() if f.is_relative_to(REPO) else str(f)
     then, today = base_commit(prov, rel, results), _git("rev-parse", "HEAD")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
