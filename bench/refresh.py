@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"refresh: {s.command}: " + (entry.get("skipped") or ("carried" if entry.get("carried") else
                                                                     f"exit {entry.get('exit')}")), flush=True)
         record.write_text(json.dumps({"bench": "refresh", "steps": done, "left_out": left}, indent=1) + "\n")
+    goals_table.forget()  # the carries this run made count (its first reading of them, for the plan, had none)
     rows = goals_table.write(Path(a.benchmarks), GOALS)
     current = sum(r.status == "current" for r in rows)
     print(f"refresh: {current} of {len(rows)} goal rows current ({100 * current / len(rows):.0f} %); {record}")

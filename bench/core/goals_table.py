@@ -111,6 +111,13 @@ def _carried(result: Path, root: Path) -> dict | None:
 _carry_cache: dict[Path, dict[str, list[dict]]] = {}
 
 
+def forget() -> None:
+    """Drop what this process remembered of the carries and code hashes: a long run (``refresh``) made carries
+    and results since it first read them."""
+    _carry_cache.clear()
+    _hash_cache.clear()
+
+
 def _load(path: Path, doc: str) -> dict:
     """The result's JSON; {} for a result that is not JSON (a report from before provenance)."""
     f = path / doc if path.is_dir() else path
