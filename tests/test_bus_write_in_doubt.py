@@ -11,6 +11,7 @@ not appended twice. Real servers: a master and a replica whose roles are swapped
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -59,6 +60,16 @@ def pair(tmp_path):
         b.stop()
 
 
+@contextlib.contextmanager
+def _waiting_store(master: RedisServer, namespace: str, timeout_ms: int = 100, **kw):
+    """A JobStore on ``master`` whose job writes wait for one replica (``?wait_replicas=1``)."""
+    client = connect(master.url + f"?wait_replicas=1&wait_timeout_ms={timeout_ms}")
+    try:
+        yield JobStore(client, keys=Keys(namespace), signer=authkit.signer(), **kw)
+    finally:
+        client.close()
+
+
 def _claimed(store: JobStore) -> tuple[str, int, str]:
     job_id, _ = store.submit(TransferSpec(sources=["/x"], destination="fstream://127.0.0.1:1/y"))
     k = store.keys
@@ -74,9 +85,7 @@ def _committed(store: JobStore, job_id: str) -> list[str]:
 
 def test_events_a_demoted_master_took_alone_are_sent_again_and_land_once(pair):
     a, b = pair
-    client = connect(a.url + "?wait_replicas=1&wait_timeout_ms=100")
-    try:
-        store = JobStore(client, keys=Keys("doubt"), signer=authkit.signer())
+    with _waiting_store(a, "doubt") as store:
         job_id, attempt, _ = _claimed(store)
         run = JobRun(job_id, attempt, "0-0")
         run.add("file", {"path": "f_000.bin", "status": "committed"})
@@ -102,17 +111,13 @@ def test_events_a_demoted_master_took_alone_are_sent_again_and_land_once(pair):
         assert first == 2 and len(events) == 3  # the batch in doubt goes out again first, with its numbers
         assert store.publish(job_id, attempt, events, first=first) == (True, False)
         assert _committed(store, job_id) == ["f_000.bin", "f_001.bin", "f_002.bin", "f_003.bin"]
-    finally:
-        client.close()
 
 
 def test_a_batch_in_doubt_that_stood_is_not_appended_twice(pair):
     """A replica slow to acknowledge (here: none for a while): the batch stood on the master; sent again, the bus
     finds its numbers there and appends nothing; a later batch appends only its new events."""
     a, b = pair
-    client = connect(a.url + "?wait_replicas=1&wait_timeout_ms=100")
-    try:
-        store = JobStore(client, keys=Keys("twice"), signer=authkit.signer())
+    with _waiting_store(a, "twice") as store:
         job_id, attempt, _ = _claimed(store)
         run = JobRun(job_id, attempt, "0-0")
         _promote(b)
@@ -131,17 +136,13 @@ def test_a_batch_in_doubt_that_stood_is_not_appended_twice(pair):
         store.client.hset(store.keys.job(job_id), "attempt", attempt + 1)
         assert store.publish(job_id, attempt + 1, [("file", 1.0, {"path": "again.bin"})], first=1) == (True, False)
         assert _committed(store, job_id)[-1] == "again.bin"
-    finally:
-        client.close()
 
 
 def test_a_replica_gone_for_longer_than_the_doubt_lets_writes_stand_until_one_acknowledges(pair):
     """A replica down for good must not stop the events: after ``in_doubt_s`` they stand as written (counted
     short, as before), and the first write a replica acknowledges again ends the doubt."""
     a, b = pair
-    client = connect(a.url + "?wait_replicas=1&wait_timeout_ms=50")
-    try:
-        store = JobStore(client, keys=Keys("gone"), signer=authkit.signer(), in_doubt_s=1.0)
+    with _waiting_store(a, "gone", 50, in_doubt_s=1.0) as store:
         job_id, attempt, entry_id = _claimed(store)
         _promote(b)
         with pytest.raises(WriteInDoubt):
@@ -157,17 +158,13 @@ def test_a_replica_gone_for_longer_than_the_doubt_lets_writes_stand_until_one_ac
         _promote(b)
         with pytest.raises(WriteInDoubt):
             store.publish(job_id, attempt, [("file", 1.0, {"path": "c"})], first=3)
-    finally:
-        client.close()
 
 
 def test_an_outcome_in_doubt_is_recorded_by_its_second_try(pair):
     """``finish`` that no replica acknowledged raises; sent again after it stood, it finds the job finished
     (returns False: the runner reads the job and sees its own outcome); after it was dropped, it writes it."""
     a, b = pair
-    client = connect(a.url + "?wait_replicas=1&wait_timeout_ms=100")
-    try:
-        store = JobStore(client, keys=Keys("outcome"), signer=authkit.signer())
+    with _waiting_store(a, "outcome") as store:
         job_id, attempt, entry_id = _claimed(store)
         _promote(b)
         with pytest.raises(WriteInDoubt):
@@ -178,5 +175,3 @@ def test_an_outcome_in_doubt_is_recorded_by_its_second_try(pair):
         assert store.get(job_id).state == "running"
         assert store.finish(job_id, attempt, entry_id, state="succeeded", result={"files": 1})
         assert store.get(job_id).state == "succeeded"
-    finally:
-        client.close()
