@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         return int(importlib.import_module(extra[argv[0]]).main(argv[1:]) or 0)
+    found = _by_name(argv[0]) if argv else None
+    if found is not None:  # a newer benchmark, found by its module's name: adding one leaves this file alone
+        return int(found.main(argv[1:]) or 0)
     if argv and argv[0] == "sim":  # issue 4's simulator tables as a result file (its own parser)
         from fstream_bench.tuning.sim import main as sim_main
 
@@ -151,6 +154,27 @@ def main(argv: list[str] | None = None) -> int:
         from fstream_bench.scale.growth import main as scale_main
         return scale_main(args)
     return 2
+
+
+ROOMS = ("datapath", "tuning", "scheduling", "airflow", "ops", "scale", "soak")
+
+
+def _by_name(command: str):  # noqa: ANN202 - a module
+    """The module of ``fstream bench COMMAND`` by convention: ``fstream_bench.<room>.<command, - as _>`` that says
+    ``COMMAND = "<command>"`` (issue 43: every benchmark's provenance covers this file, so a list here that grows
+    with each new benchmark staled every result); None when no room has it."""
+    import importlib
+    import importlib.util
+
+    name = command.replace("-", "_")
+    if not name.isidentifier():
+        return None
+    for room in ROOMS:
+        if importlib.util.find_spec(f"fstream_bench.{room}.{name}") is not None:
+            module = importlib.import_module(f"fstream_bench.{room}.{name}")
+            if getattr(module, "COMMAND", None) == command:
+                return module
+    return None
 
 
 def _workload(args) -> int:

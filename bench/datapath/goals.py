@@ -1,12 +1,13 @@
-"""The data path's rows of the goals table (issues 2, 13, 17, 29, 32): loopback against GridFTP, flow, the
-receiver's GIL, authorization's cost; ``fstream_bench.goals`` puts every room's rows in issue order."""
+"""The data path's rows of the goals table (issues 2, 13, 17, 29, 32, 43): loopback against GridFTP, flow, the
+receiver's GIL, authorization's cost, a receiver at a low descriptor limit; ``fstream_bench.goals`` puts every
+room's rows in issue order."""
 
 from __future__ import annotations
 
 from fstream_bench.core.goals_table import Goal
 from fstream_bench.datapath.readers import (
-    authz_cost, cpu_vs_fast, flow_latency, flow_memory, flow_small, flow_throughput, gil_receiver, loopback_cpu,
-    loopback_disk, loopback_throughput, per_file, receiver_core, startup,
+    authz_cost, cpu_vs_fast, fd_budget, flow_latency, flow_memory, flow_small, flow_throughput, gil_receiver,
+    loopback_cpu, loopback_disk, loopback_throughput, per_file, receiver_core, startup,
 )
 
 LOOPBACK = "bench/results/loopback-*.json"
@@ -63,4 +64,9 @@ GOALS: list[Goal] = [
     Goal("32", "authorization off the critical path: the source guard ≤ 1.05× sender CPU per small file, a job's "
          "decision ≤ 1 ms p99 (loopback, pinned; our goal, the issue sets none)", "bench/results/authz-*",
          "fstream bench authz", measure=authz_cost),
+    Goal("43", "a `--watch` stream of 100,000 files of 1 KiB, all present at the start, into a receiver at `ulimit "
+         "-n 1024` writing with fsync onto a capped disk: every file lands, its descriptors stay under the limit",
+         "bench/results/fd-budget-*.json", "(as root) fstream bench fd-budget --files 100000 --fd-limit 1024",
+         measure=fd_budget,
+         select=lambda d: d.get("files", 0) >= 100_000 and d.get("fd_limit", 1 << 30) <= 1024 and bool(d.get("disk"))),
 ]

@@ -187,3 +187,13 @@ def authz_cost(doc: dict, _: Path) -> tuple[str, str]:
     return (f"CPU per file {med_range(xs, '{:.3f}')}× unguarded ({doc['guard']['files']:,} × "
             f"{doc['guard']['size'] // 1024} KiB); decision p99 {d['p99_ms']:.2f} ms",
             yes(statistics.median(xs) <= 1.05 and d["p99_ms"] <= 1.0))
+
+
+def fd_budget(doc: dict, _: Path) -> tuple[str, str]:
+    """Issue 43: every file of a ``--watch`` stream landed, and the receiver's peak descriptors against its limit."""
+    landed = doc["landed"] == doc["files"] and doc["sender_exit"] == 0
+    under = doc["peak_fds"] < doc["fd_limit"]
+    disk = f"disk capped at {doc['disk_bps'] / 1e6:.0f} Mbit/s" if doc.get("disk") else "disk not capped"
+    return (f"{doc['landed']:,} of {doc['files']:,} landed (sender exit {doc['sender_exit']}); peak "
+            f"{doc['peak_fds']} descriptors at a limit of {doc['fd_limit']}; {doc['opens_parked'] or 0:,.0f} OPENs "
+            f"waited; {doc['files_per_s']:.0f} files/s ({disk}, one run)", yes(landed and under))

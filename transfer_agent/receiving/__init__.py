@@ -8,5 +8,7 @@
 - ``data``: its data connections (splice or recv_into + pwrite, sealed blocks, dropped blocks of given-up files);
 - ``commit``: group commit (verify, concurrent fdatasync, renames, one fsync per directory);
 - ``store``: the parts (claims, current attempts, parent directories, ranges sidecars, removal, orphan sweep);
-- ``state``: ``Session`` and ``RecvFile``, what the receiver knows of each sender and file.
+- ``state``: ``Session`` and ``RecvFile``, what the receiver knows of each sender and file;
+- ``admission``: the budget of open parts from the descriptor limit, and the OPENs parked beyond it (backpressure,
+  issue 43), used by ``store`` (a released part frees a slot) and ``control`` (an OPEN takes one or waits).
 """

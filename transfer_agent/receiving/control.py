@@ -8,6 +8,10 @@ held by one session at a time; a stale holder (an earlier attempt, or a session 
 Keys (issue 32): an OPEN outside the subtree of the session's key, or beyond its quota, is refused (terminal)
 before anything is created or claimed: no directory, no part, no claim.
 
+Backpressure (issue 43, ``admission``): an OPEN beyond the receiver's budget of open parts (from its descriptor
+limit) is parked and answered, in order, once parts are released; a sender's pipeline waits meanwhile. Running out of
+descriptors or memory anyway is a retryable refusal, never a terminal one.
+
 Batches (issue 29, ``wire.batch``): an OPEN_BATCH or COMMIT_BATCH is handled frame by frame, exactly as its frames
 alone would be (``_open`` per OPEN, ``_request_commit`` per COMMIT); a sender that listed "batch" gets the OPENs'
 answers in one OPEN_OK_BATCH (an older one gets one frame each). A malformed batch ends the session, saying why.
@@ -23,6 +27,7 @@ import time
 from typing import Any
 
 from transfer_agent.errors import FStreamError, ProtocolError, RefusedError
+from transfer_agent.receiving import admission
 from transfer_agent.receiving.data import DataStreams
 from transfer_agent.receiving.quota import Charge
 from transfer_agent.receiving.state import RecvFile, Session
@@ -83,13 +88,15 @@ class ControlSessions(DataStreams):
     def _control_frame(self, session: Session, ftype: Frame, fid: int, body: dict[str, Any]) -> bool:
         """Handle one frame of the control connection; False once the session ends (BYE)."""
         if ftype == Frame.OPEN:
-            rtype, reply = self._open_reply(session, fid, body)
-            session.reply(rtype, reply, fid)
+            answer = self._offer(session, fid, body)
+            if answer is not None:
+                session.reply(answer[0], answer[1], fid)
         elif ftype == Frame.COMMIT:
             self._request_commit(session, fid, body)
         elif ftype in (Frame.ABORT, Frame.SKIP):
             self.stats["files_aborted" if ftype == Frame.ABORT else "files_skipped"] += 1
             session.deferred.discard(fid)
+            self._gate.forget(session, fid)  # parked, not opened yet (issue 43): it never will be
             f = session.files.pop(fid, None)
             if f is not None:
                 session.settle(fid)  # its blocks may still be on their way: they are dropped
@@ -111,14 +118,65 @@ class ControlSessions(DataStreams):
         since = time.monotonic()
         for ftype, fid, body in frames:
             if ftype == Frame.OPEN:
-                rtype, reply = self._open_reply(session, fid, body)
-                replies.append((rtype, fid, reply))
+                answer = self._offer(session, fid, body)
+                if answer is None:
+                    continue  # parked: answered when admitted
+                replies.append((answer[0], fid, answer[1]))
                 if time.monotonic() - since > REPLY_EARLY:
                     self._reply_all(session, replies)
                     replies, since = [], time.monotonic()
             else:
                 self._request_commit(session, fid, body)
         self._reply_all(session, replies)
+
+    def _offer(self, session: Session, fid: int, body: dict[str, Any]) -> tuple[Frame, dict[str, Any]] | None:
+        """An OPEN through the receiver's budget of open parts (issue 43, ``admission``): answered now, or None
+        when it is parked (``_admit_parked`` answers it once parts are released), or refused as busy (retryable)
+        when too many OPENs are parked already."""
+        verdict = self._gate.admit(session, fid, body)
+        if verdict == admission.PARK:
+            self.stats["opens_parked"] += 1
+            return None
+        if verdict == admission.FULL:
+            self.stats["files_refused"] += 1
+            return Frame.ERROR, {"kind": "refused", "retryable": True,
+                                 "message": f"{body.get('path')!r}: busy: the receiver holds as many files open as "
+                                            "its descriptor limit allows and has OPENs waiting already"}
+        return self._open_admitted(session, fid, body)
+
+    def _open_admitted(self, session: Session, fid: int, body: dict[str, Any]) -> tuple[Frame, dict[str, Any]]:
+        """Open a file that holds a slot of the budget; the slot is kept while the file holds an open part."""
+        try:
+            with session.opening:  # (its session's end waits for it, so no file is left open in an ended session)
+                if session.closed:
+                    answer = Frame.ERROR, {"kind": "network", "retryable": True, "message": "the session ended"}
+                else:
+                    answer = self._open_reply(session, fid, body)
+        except BaseException:
+            self._gate.release(session, fid)  # nothing was opened: a bug's exception never costs a slot for good
+            raise
+        f = session.files.get(fid)
+        self._gate.opened(session, fid, holds_part=answer[0] == Frame.OPEN_OK and f is not None and f.fd >= 0)
+        return answer
+
+    def _admit_parked(self, batch: list[tuple[Session, int, dict[str, Any]]]) -> None:
+        """Open and answer parked OPENs the budget admits now (``OpenGate.run``'s thread), per session in one
+        write."""
+        replies: dict[Session, list[tuple[Frame, int, dict[str, Any]]]] = {}
+        for session, fid, body in batch:
+            if session.closed:
+                self._gate.release(session, fid)
+                continue
+            try:
+                rtype, reply = self._open_admitted(session, fid, body)
+            except Exception:  # noqa: BLE001 - as on the control connection, the session ends (it retries)
+                self.log.exception("session %s: OPEN of file id %d failed", session.id[:8], fid)
+                self._gate.release(session, fid)
+                _shutdown(session.sock)
+                continue
+            replies.setdefault(session, []).append((rtype, fid, reply))
+        for session, frames in replies.items():
+            self._reply_all(session, frames)
 
     def _open_reply(self, session: Session, fid: int, body: dict[str, Any]) -> tuple[Frame, dict[str, Any]]:
         """The answer to one OPEN: OPEN_OK and its body (``_open``), or the ERROR that refuses this file only."""
@@ -134,6 +192,9 @@ class ControlSessions(DataStreams):
                 # terminal refusal (a --watch stream gave such a file up for good; tests/test_watch_outage.py)
                 return Frame.ERROR, {"kind": "network", "retryable": True,
                                      "message": f"{body.get('path')!r}: the receiver is stopping ({exc.strerror})"}
+            if admission.transient(exc):  # out of descriptors or memory for now (issue 43): never terminal
+                return Frame.ERROR, {"kind": "refused", "retryable": True,
+                                     "message": f"{body.get('path')!r}: busy: {exc.strerror} (try again)"}
             nospace = exc.errno in (errno.ENOSPC, errno.EDQUOT)
             return Frame.ERROR, {"kind": "refused", "retryable": False,
                                  "message": f"{body.get('path')!r}: {'disk full' if nospace else exc.strerror}"}

@@ -16,6 +16,7 @@ import socket
 import ssl
 
 from transfer_agent.errors import FStreamError, NetworkError, ProtocolError
+from transfer_agent.receiving import admission
 from transfer_agent.receiving.commit import GroupCommit
 from transfer_agent.receiving.state import RecvFile, Session
 from transfer_agent.storage import gil_meter
@@ -28,9 +29,15 @@ DROP_CHUNK = 1 << 20
 NATIVE_CALL = 4 << 20  # bytes of a block a native call takes in at most (it holds the part's fd meanwhile)
 
 
-def _pipe() -> tuple[int, int]:
-    """A pipe for splice(2), enlarged so one call moves up to ``PIPE_SIZE`` bytes."""
-    r, w = os.pipe()
+def _pipe() -> tuple[int, int] | None:
+    """A pipe for splice(2), enlarged so one call moves up to ``PIPE_SIZE`` bytes; None when the process is out of
+    descriptors (the connection then receives into memory)."""
+    try:
+        r, w = os.pipe()
+    except OSError as exc:
+        if admission.transient(exc):
+            return None  # out of descriptors (issue 43: this refused every file as terminal at ulimit -n 1024)
+        raise
     try:
         fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     except (OSError, AttributeError):
@@ -47,7 +54,7 @@ class DataStreams(GroupCommit):
         carry it, and a sealed block's associated data is its header as sent)."""
         sealer = DataSealer(keys) if keys is not None and keys.encrypt else None
         zero_copy = sealer is None and not isinstance(conn, ssl.SSLSocket) and hasattr(os, "splice")
-        pipe = _pipe() if zero_copy else None
+        pipe = _pipe() if zero_copy else None  # None also when out of descriptors: blocks go through memory
         try:
             while True:
                 ftype, fid, off, length, _ = recv_frame(conn, versions=(version,))
@@ -296,13 +303,14 @@ class DataStreams(GroupCommit):
         """A write into ``f`` failed (disk full, I/O error): the first time, remove the partial file and release
         it, then answer (terminal). Later blocks of the file are consumed and dropped. Returns the reason."""
         reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
+        passing = admission.transient(exc)  # out of memory for now (issue 43): the part is kept, the file retried
         with f.lock:
             first, f.failed = not f.failed, True
         if first:
             self.stats["files_write_failed"] += 1
-            self.log.warning("%s: write failed (%s); part removed", f.relpath, reason)
-            self._discard(f, remove=True)  # released before the answer (issue 8, defect 6)
-            f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": False,
+            self.log.warning("%s: write failed (%s); part %s", f.relpath, reason, "kept" if passing else "removed")
+            self._discard(f, remove=not passing)  # released before the answer (issue 8, defect 6)
+            f.session.reply(Frame.ERROR, {"kind": "refused", "retryable": passing,
                                           "message": f"{f.relpath!r}: write failed: {reason}"}, f.file_id)
         return reason
 

@@ -36,6 +36,7 @@ from transfer_agent.receiving.control import ControlSessions
 from transfer_agent.receiving.doctor import DoctorService
 from transfer_agent.receiving.keyring import Keyring, KeyringWatch
 from transfer_agent.receiving.state import Session
+from transfer_agent.sending.host import raise_fd_limit
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.storage import durable as storage
 from transfer_agent.wire.auth import TLSConfig, server_handshake
@@ -146,14 +147,18 @@ class Receiver(ControlSessions):
         self._sock = sock
         self._released = threading.Condition(self._lock)  # bound to the final _lock (subclasses may replace it)
         self._deadlines = Deadlines()
+        raise_fd_limit()  # towards the hard limit; the open parts stay within what it is (issue 43)
         for target, name in ((self._accept_loop, "accept"), (self._commit_loop, "commit"),
-                             (self._flush_loop, "flush")):
+                             (self._flush_loop, "flush"), (self._admit_loop, "admit")):
             t = threading.Thread(target=target, name=f"fstream-recv-{name}", daemon=True)
             t.start()
             self._threads.append(t)
         threading.Thread(target=self._sweep_at_start, name="fstream-recv-sweep", daemon=True).start()
         self.log.info("listening on %s:%d, root %s", host, self.port, self.root)
         return self
+
+    def _admit_loop(self) -> None:
+        self._gate.run(self._admit_parked, self._stop)
 
     @property
     def keyring(self) -> Keyring:
@@ -472,15 +477,19 @@ class Receiver(ControlSessions):
         for t in threads:
             if t is not me:
                 t.join(timeout=10)
-        for f in list(session.files.values()):
+        self._gate.forget(session)  # its parked OPENs (issue 43)
+        with session.opening:  # an OPEN being admitted right now finishes first; later ones see it closed
+            files = list(session.files.values())
+        for f in files:
             if f.queued and not f.done:
                 continue  # the committer finishes it and releases it
             self._flush(f)
             session.files.pop(f.file_id, None)
             self._release(f)
-        for dfd, _key in session.dirs.values():
-            os.close(dfd)
-        session.dirs.clear()
+        with session.opening:
+            for dfd, _key in session.dirs.values():
+                os.close(dfd)
+            session.dirs.clear()
         with self._lock:
             if self._sessions.get(session.id) is session:  # only what this session owns
                 del self._sessions[session.id]

@@ -112,6 +112,8 @@ class Session:
         self.data_socks: set[socket.socket] = set()
         self.data_threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
+        # OPENs are taken one at a time (the control loop, or the receiver's thread admitting parked ones: issue 43)
+        self.opening = threading.Lock()
         self.closed = False
         self.sock: socket.socket | None = None  # the control connection (fencing checks and shuts it)
 

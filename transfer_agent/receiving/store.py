@@ -14,11 +14,15 @@ import threading
 from collections.abc import Callable
 
 from transfer_agent.errors import FStreamError
+from transfer_agent.receiving.admission import OpenGate
 from transfer_agent.storage.parts import PartIndex, sweep_dir, sweep_parts
 from transfer_agent.storage.paths import open_parent, stem_of
 from transfer_agent.storage.ranges import write_meta
 from transfer_agent.receiving.quota import Quotas
 from transfer_agent.receiving.state import RecvFile, Session
+
+
+DIRS_KEPT = 16  # parent directories a session keeps open (the least recently used beyond are closed)
 
 
 class PartStore:
@@ -45,6 +49,7 @@ class PartStore:
         self._parts = PartIndex()
         self._written_dirs: dict[tuple[int, int], str] = {}  # (dev, ino) -> relative path: what the sweep revisits
         self._quotas = Quotas(self.root, log=log)  # bytes held and reserved under keys with a quota (issues 32, 40)
+        self._gate = OpenGate(log)  # parts open at once, within the descriptor limit (issue 43)
         # a Counter: hooks count new keys as they happen (``files_<outcome>``, ``preauth_<kind>``); read at scrape
         # by transfer_agent.service.metrics, which also sets ``on_commit`` (seconds from OPEN to commit per file)
         self.stats = collections.Counter({"files_committed": 0, "bytes_received": 0, "sessions": 0, "errors": 0,
@@ -55,12 +60,15 @@ class PartStore:
     def _parent(self, session: Session, rel: str) -> tuple[int, tuple[int, int], str]:
         """(own fd of the parent directory, its (dev, ino), basename), walking each directory once per session."""
         reldir, _, base = rel.rpartition("/")
-        cached = session.dirs.get(reldir)
+        cached = session.dirs.pop(reldir, None)  # re-inserted below: the newest at the end
         if cached is None:
             dfd, _base = open_parent(self._root_fd, rel)
             st = os.fstat(dfd)
-            cached = session.dirs[reldir] = (dfd, (st.st_dev, st.st_ino))
+            cached = (dfd, (st.st_dev, st.st_ino))
             self._written_dirs.setdefault(cached[1], reldir)
+            while len(session.dirs) >= DIRS_KEPT:  # issue 43: a stream over many directories holds few of them
+                os.close(session.dirs.pop(next(iter(session.dirs)))[0])
+        session.dirs[reldir] = cached
         return os.dup(cached[0]), cached[1], base
 
     # -- release and removal ------------------------------------------------------------------
@@ -91,6 +99,7 @@ class PartStore:
 
     def _release(self, f: RecvFile, removed: bool = False) -> None:
         if f.close():
+            self._gate.release(f.session, f.file_id)  # its descriptors close with its last user: the reserve covers it
             if f.quota is not None:
                 part = self._part_rel(f.part_key[0], f.tmp)
                 self._quotas.writing(part, False)

@@ -8,8 +8,10 @@ Either way with exponential backoff and jitter (``FILE_RETRY``, the one retry po
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from fstream_provider.model.retry import RetryPolicy
 from fstream_provider.watch.sources import SrcFile
@@ -50,3 +52,31 @@ def left_over(*groups: Iterable[SrcFile]) -> list[SrcFile]:
         for sf in group:
             once.setdefault((sf.src, sf.rel), sf)
     return list(once.values())
+
+
+class RetryQueue:
+    """The files of a session waiting out a retry's backoff, the soonest due first (issue 43: the session's loop
+    split a list of them on every pass, and it passes once per finished file: O(n) per file while n wait)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, SrcFile]] = []
+        self._order = itertools.count()
+
+    def append(self, sf: SrcFile) -> None:
+        heapq.heappush(self._heap, (sf.retry_at, next(self._order), sf))
+
+    def due(self, now: float) -> list[SrcFile]:
+        """Take out the files whose backoff ended by ``now``, soonest first."""
+        out = []
+        while self._heap and self._heap[0][0] <= now:
+            out.append(heapq.heappop(self._heap)[2])
+        return out
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def __iter__(self) -> Iterator[SrcFile]:
+        return (sf for _at, _n, sf in sorted(self._heap))
+
+    def __len__(self) -> int:
+        return len(self._heap)

@@ -25,7 +25,7 @@ from transfer_agent.sending import drain as draining, grant, history_io, interva
 from transfer_agent.sending.progress import DeadlineNews, LiveProgress
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.sending.session_retry import SessionRetries
-from transfer_agent.sending.file_retry import left_over, retry_delay
+from transfer_agent.sending.file_retry import RetryQueue, left_over, retry_delay
 from transfer_agent.wire.auth import TLSConfig, load_secret
 from transfer_agent.sending.channel import MAX_SEALED_BLOCK
 from transfer_agent.sending.channels import ChannelPool
@@ -186,7 +186,7 @@ class Transfer:
         hello = {"session": sid, "job": self.job_id, "attempt": self.attempt}
         connector = Connector(host, port, secret, ssl_ctx, hello, encrypt=encrypt, timeout=self.spec.connect_timeout_s,
                               key_id=self.spec.key)
-        retry_files: list[SrcFile] = []
+        retry_files = RetryQueue()
 
         def finished(f: InFlight) -> None:
             self._on_finished(f, pool, retry_files)
@@ -239,7 +239,7 @@ class Transfer:
         return []
 
     def _loop(self, tuner: Tuner, pool: ChannelPool, control: ControlSession, files: list[SrcFile],
-              retry_files: list[SrcFile], watcher: SourceWatcher | None) -> None:
+              retry_files: RetryQueue, watcher: SourceWatcher | None) -> None:
         spec = self.spec
         start = time.monotonic()
         self._last_progress = start
@@ -263,9 +263,8 @@ class Transfer:
             watcher = self._hold_back_if_draining(pool, files, retry_files, watcher)  # open files finish
             now = time.monotonic()
             if retry_files:
-                with self._lock:  # files refused for now wait out their backoff in retry_files
-                    again = [sf for sf in retry_files if sf.retry_at <= now]
-                    retry_files[:] = [sf for sf in retry_files if sf.retry_at > now]
+                with self._lock:  # files refused for now wait out their backoff, soonest first (O(log n) each)
+                    again = retry_files.due(now)
                 if again:
                     pool.add_files(again)
             new: list[SrcFile] = []
@@ -323,7 +322,7 @@ class Transfer:
             self._record(now, max(now - last_sample, 1e-6), max(0, total - last_bytes), per_cluster, last_cluster,
                          pool, pending_reason)
 
-    def _hold_back_if_draining(self, pool: ChannelPool, files: list[SrcFile], retry_files: list[SrcFile],
+    def _hold_back_if_draining(self, pool: ChannelPool, files: list[SrcFile], retry_files: RetryQueue,
                                watcher: SourceWatcher | None) -> SourceWatcher | None:
         """Once the transfer is asked to drain (``sending.drain``): hold back every file not opened yet (those not
         yet given to the pool, queued in it, or waiting out a retry), stop polling the sources; the watcher to poll.
@@ -353,7 +352,7 @@ class Transfer:
         self.live.added(files)
         pool.add_files(files)
 
-    def _on_finished(self, f: InFlight, pool: ChannelPool, retry_files: list[SrcFile]) -> None:
+    def _on_finished(self, f: InFlight, pool: ChannelPool, retry_files: RetryQueue) -> None:
         sf = f.sf
         self._last_progress = time.monotonic()
         self.result.resumed_bytes += f.resumed

@@ -92,6 +92,15 @@ class _ReceiverCollector:
         yield _counter("fstream_receiver_errors_total", "Connections that ended with an error (before or after "
                        "authentication).", stats.get("errors", 0))
         yield self._refusals(rcv, stats)
+        gate = rcv._gate.snapshot()  # issue 43: open parts within the descriptor limit, OPENs waiting for room
+        yield _gauge("fstream_receiver_open_parts", "Files open for writing now (each holds two descriptors).",
+                     gate["open"])
+        yield _gauge("fstream_receiver_open_parts_budget", "Files that may be open at once: from the descriptor "
+                     "limit, less a reserve and the descriptors held for anything else.", gate["budget"])
+        yield _gauge("fstream_receiver_opens_waiting", "OPENs parked until open files are released "
+                     "(backpressure: the senders wait).", gate["parked"])
+        yield _counter("fstream_receiver_opens_parked_total", "OPENs that waited for open files to be released.",
+                       gate["parked_total"])
         preauth = getattr(rcv, "_preauth", None)
         yield _gauge("fstream_receiver_unauthenticated_connections", "Connections accepted and not yet "
                      "authenticated (capped by --max-unauth).", preauth.total if preauth is not None else 0)

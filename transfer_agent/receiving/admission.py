@@ -1,0 +1,191 @@
+"""Backpressure on OPENs: the receiver's open parts bounded by its descriptor limit (issue 43).
+
+Every open file holds two descriptors (its part and its directory) from its OPEN until it is committed or given
+up, and a sender frees a pipeline slot once a file's COMMIT has left, not once the file is committed. With a disk
+or a CPU slower than the network, files waiting for their commit piled up: 13,000 descriptors on a 100,000-file
+``--watch`` stream, until the receiver reached its limit and refused every further file as terminal.
+
+``OpenGate`` bounds the parts held open at once by a budget from the soft ``RLIMIT_NOFILE`` (what the process may
+open): ``(limit - reserve - descriptors held for anything else) // 2``. The descriptors held for anything else
+(connections, pipes, directories, logs) are counted in ``/proc/self/fd`` at most every ``MEASURE_EVERY_S`` and
+their peak over ``OTHERS_HELD_S`` is used; the reserve (``reserve_for``) covers what arrives after parts were
+admitted. An OPEN that would go past the budget is *parked*, not refused: it is answered once parts are released,
+in the order the OPENs came, across sessions. The sender sees a late OPEN_OK and its pipeline waits: backpressure.
+
+No deadlock: once one OPEN is parked, every later OPEN parks behind it, so every file admitted came before every
+file parked. A sender's channel sends its files in the order it opened them, so an admitted file is never stuck
+behind a parked one of the same channel: it is sent, committed and released, and the parked OPENs go on.
+
+Bounded memory: a session parks at most ``PARKED_PER_SESSION`` OPENs and the receiver ``PARKED_MAX``; beyond, an
+OPEN is refused as retryable ("busy"). Running out anyway (another process took the descriptors, or ENFILE, or
+ENOMEM) is retryable too (``transient``): never a terminal refusal.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+FDS_PER_PART = 2  # the part and its directory's own descriptor
+MEASURE_EVERY_S = 0.25  # /proc/self/fd is counted at most this often
+OTHERS_HELD_S = 10.0  # the budget leaves room for the most descriptors held for anything else in this long
+PARKED_PER_SESSION = 16384  # OPENs one session may have parked (an honest sender parks at most its pipeline)
+PARKED_MAX = 65536  # OPENs parked over all sessions
+WARN_EVERY_S = 60.0  # "at the budget" is logged at most this often
+TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})  # out of descriptors or memory: try again later
+
+ADMIT, PARK, FULL = "admit", "park", "full"
+
+
+def transient(exc: OSError) -> bool:
+    """Whether ``exc`` is a shortage that passes (descriptors, kernel file table, memory): retryable, never
+    terminal."""
+    return exc.errno in TRANSIENT
+
+
+def fd_limit() -> int:
+    """The soft descriptor limit (what this process may hold open now)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def fds_in_use() -> int | None:
+    """Descriptors this process holds (None where ``/proc`` is missing)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the one listdir itself opened
+    except OSError:
+        return None
+
+
+def reserve_for(limit: int) -> int:
+    """Descriptors kept free of parts whatever was counted: for what arrives between two counts and after the
+    parts were admitted (a tuner adding channels: three descriptors per data connection; sessions walking new
+    directories; pre-authentication connections). A quarter of the limit: ``fstream bench fd-budget`` at 1,024
+    reached the limit with a sixteenth (channels added after the parts had filled the budget)."""
+    return max(64, limit // 4)
+
+
+Key = tuple[Any, int]  # (session, file id)
+
+
+class OpenGate:
+    """Admit OPENs while fewer parts than the budget are open; park the rest until parts are released.
+
+    ``admit`` decides for one OPEN: ``ADMIT`` (a slot is held for it: open it now, then ``opened``), ``PARK``
+    (queued: ``run``'s ``handle`` opens it later) or ``FULL`` (refuse it, retryable). ``release`` gives a file's
+    slot back; ``forget`` drops parked OPENs of a file or of a whole session.
+
+    :param limit: the descriptor limit (default: the soft ``RLIMIT_NOFILE``, read at each measure).
+    :param in_use: descriptors held now (default: counted in ``/proc/self/fd``).
+    """
+
+    def __init__(self, log: logging.Logger, limit: Callable[[], int] = fd_limit,
+                 in_use: Callable[[], int | None] = fds_in_use) -> None:
+        self.log = log
+        self._limit, self._in_use = limit, in_use
+        self._cond = threading.Condition()
+        self._held: set[Key] = set()  # files holding a slot (admitted, open or being opened)
+        self._parked: collections.OrderedDict[Key, dict[str, Any]] = collections.OrderedDict()
+        self._per_session: collections.Counter[Any] = collections.Counter()
+        self._budget = 1 << 30
+        self._measured = -1.0
+        self._others: collections.deque[tuple[float, int]] = collections.deque()  # (when, descriptors not parts)
+        self._warned = -WARN_EVERY_S
+        self.peak_open = 0
+        self.peak_parked = 0
+        self.parked_total = 0
+
+    # -- the budget ----------------------------------------------------------------------------
+    def budget(self) -> int:
+        """Parts that may be open at once now (measured at most every ``MEASURE_EVERY_S``); call under the lock."""
+        now = time.monotonic()
+        if now - self._measured >= MEASURE_EVERY_S:
+            self._measured = now
+            limit = self._limit()
+            used = self._in_use()
+            self._others.append((now, 0 if used is None else max(0, used - FDS_PER_PART * len(self._held))))
+            while self._others[0][0] < now - OTHERS_HELD_S:
+                self._others.popleft()
+            others = max(n for _t, n in self._others)  # the peak of the last seconds: connections come and go
+            self._budget = max(1, (limit - reserve_for(limit) - others) // FDS_PER_PART)
+        return self._budget
+
+    # -- OPENs ---------------------------------------------------------------------------------
+    def admit(self, session: Any, fid: int, body: dict[str, Any]) -> str:
+        with self._cond:
+            if not self._parked and len(self._held) < self.budget():
+                self._hold((session, fid))
+                return ADMIT
+            if self._per_session[session] >= PARKED_PER_SESSION or len(self._parked) >= PARKED_MAX:
+                return FULL
+            if not self._parked and time.monotonic() - self._warned >= WARN_EVERY_S:
+                self._warned = time.monotonic()
+                self.log.warning("open parts at the budget (%d files; descriptor limit %d): OPENs wait for parts to "
+                                 "be released (%d have waited so far; a higher LimitNOFILE / ulimit -n lifts it)",
+                                 self._budget, self._limit(), self.parked_total)
+            self._parked[(session, fid)] = body
+            self._per_session[session] += 1
+            self.parked_total += 1
+            self.peak_parked = max(self.peak_parked, len(self._parked))
+            return PARK
+
+    def _hold(self, key: Key) -> None:
+        self._held.add(key)
+        self.peak_open = max(self.peak_open, len(self._held))
+
+    def opened(self, session: Any, fid: int, holds_part: bool) -> None:
+        """After an admitted OPEN: keep its slot while it ``holds_part`` (an open part), else give it back."""
+        if not holds_part:
+            self.release(session, fid)
+
+    def release(self, session: Any, fid: int) -> None:
+        """A file's part was closed (committed, aborted, failed, its session ended): its slot is free."""
+        with self._cond:
+            if (session, fid) in self._held:
+                self._held.discard((session, fid))
+                self._cond.notify_all()
+
+    def forget(self, session: Any, fid: int | None = None) -> None:
+        """Drop the parked OPEN of ``fid`` (aborted), or every parked OPEN of ``session`` (it ended)."""
+        with self._cond:
+            keys = [(session, fid)] if fid is not None else [k for k in self._parked if k[0] is session]
+            for key in keys:
+                if self._parked.pop(key, None) is not None:
+                    self._per_session[session] -= 1
+            if self._per_session[session] <= 0:
+                del self._per_session[session]
+
+    # -- the parked OPENs' thread --------------------------------------------------------------
+    def run(self, handle: Callable[[list[tuple[Any, int, dict[str, Any]]]], None], stop: threading.Event) -> None:
+        """Until ``stop``: admit parked OPENs, in order, as slots free up; ``handle`` opens and answers each
+        batch (every OPEN in it holds a slot: ``opened`` follows each)."""
+        while not stop.is_set():
+            with self._cond:
+                batch: list[tuple[Any, int, dict[str, Any]]] = []
+                while self._parked and len(self._held) < self.budget():
+                    (session, fid), body = self._parked.popitem(last=False)
+                    self._per_session[session] -= 1
+                    if self._per_session[session] <= 0:
+                        del self._per_session[session]
+                    self._hold((session, fid))
+                    batch.append((session, fid, body))
+                if not batch:
+                    self._cond.wait(MEASURE_EVERY_S)  # a release notifies; the budget may also grow by itself
+                    continue
+            try:
+                handle(batch)
+            except Exception:  # noqa: BLE001 - the thread that answers parked OPENs must outlive any one of them
+                self.log.exception("answering %d parked OPENs failed", len(batch))
+
+    def snapshot(self) -> dict[str, int]:
+        """For metrics and tests: parts open, OPENs parked, the budget, the peaks."""
+        with self._cond:
+            return {"open": len(self._held), "parked": len(self._parked), "budget": self.budget(),
+                    "peak_open": self.peak_open, "peak_parked": self.peak_parked, "parked_total": self.parked_total}
