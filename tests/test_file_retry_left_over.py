@@ -45,3 +45,28 @@ def test_a_file_listed_twice_with_different_retry_counters_goes_to_the_next_sess
     a, b = SrcFile("/src/x", "x", 1, 0), SrcFile("/src/x", "x", 1, 0, retries=2, retry_at=5.0)
     other = SrcFile("/src/x", "elsewhere/x", 1, 0)  # the same source to another destination is another file
     assert left_over([a], [b, other]) == [a, other]
+
+
+def test_files_waiting_out_a_retry_come_out_soonest_first_and_only_once_due() -> None:
+    """``RetryQueue`` (issue 43): the session's loop takes the due files without walking those still waiting."""
+    import random
+
+    from transfer_agent.sending.file_retry import RetryQueue
+
+    q = RetryQueue()
+    files = _files(50_000)
+    rnd = random.Random(43)
+    for sf in files:
+        sf.retry_at = rnd.uniform(0.0, 100.0)
+        q.append(sf)
+    assert len(q) == 50_000 and [sf.retry_at for sf in q] == sorted(sf.retry_at for sf in files)
+    due = q.due(10.0)
+    assert due and all(sf.retry_at <= 10.0 for sf in due)
+    assert [sf.retry_at for sf in due] == sorted(sf.retry_at for sf in due)  # soonest first
+    assert len(q) == 50_000 - len(due) and all(sf.retry_at > 10.0 for sf in q)
+    assert q.due(10.0) == []  # taken once
+    same = SrcFile("/src/a", "a", 1, 0, retry_at=5.0), SrcFile("/src/b", "b", 1, 0, retry_at=5.0)
+    q.clear()
+    for sf in same:
+        q.append(sf)  # equal times: in the order they came (never compared field by field)
+    assert q.due(5.0) == list(same) and not q
