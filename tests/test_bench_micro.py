@@ -41,7 +41,7 @@ def test_selected_keeps_order_and_refuses_unknown_names():
 
 def test_every_entry_quotes_its_section_12_figure():
     for e in micro.ENTRIES.values():
-        assert e.figure.startswith("§12") and e.method and e.repeat >= 5
+        assert e.figure.startswith(("§12", "§19")) and e.method and e.repeat >= 5
     assert micro.ENTRIES["gc"].repeat == 7  # as §12 measured
 
 

@@ -32,7 +32,7 @@ from fstream_bench.core import provenance
 
 from fstream_bench.core import runstats
 from fstream_bench.core import RESULTS_DIR
-from fstream_bench.datapath.micro_agent import run_bytecode, run_gc, run_pipe, run_startup
+from fstream_bench.datapath.micro_agent import run_bytecode, run_gc, run_pipe, run_reserve, run_startup
 from fstream_bench.datapath.micro_cpu import (GIB, KIB, MIB, Ctx, run_checksum, run_frame, run_gmac, run_hash_small,
                                      run_pydantic, run_touch, tmpfs_dir)
 
@@ -47,7 +47,7 @@ class Entry:
     """One §12 figure and the function that measures it (returns params, series, ratios, pairs, notes)."""
 
     name: str
-    figure: str  # what BENCHMARKS.md §12 says, quoted
+    figure: str  # what BENCHMARKS.md §12 (or §19, the data path's round three) says, quoted
     method: str
     modules: tuple[str, ...]
     run: Callable[[Ctx], dict]
@@ -84,6 +84,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
           run_gc, repeat=7, agent=True),
     Entry("pipe", "§12 table of changes, tried and dropped: a 4 MiB splice pipe instead of 1 MiB: A/B, 5 pairs: 6.74 "
           "Gbit/s both; receiver 0.86 → 0.98 CPU-s", run_pipe.__doc__ or "", AGENT_RUN, run_pipe, agent=True),
+    Entry("reserve", "§19.2 (issue 43): on tmpfs a quarter of the receiver's CPU is posix_fallocate at OPEN; without "
+          "the reservation, is that cost gone or moved into the writes?", run_reserve.__doc__ or "", AGENT_RUN,
+          run_reserve, agent=True),
 )}
 
 #: §12 figures no entry here reproduces, and why (the report lists them with each run)
@@ -144,7 +147,7 @@ def markdown(doc: dict) -> str:
     prov = doc["provenance"]
     lines = [f"Command: `{prov['command']}`  ", runstats.provenance_line(prov), ""]
     for name, e in doc["entries"].items():
-        lines += [f"### {name}", "", f"§12: {e['figure']}", ""]
+        lines += [f"### {name}", "", f"Figure: {e['figure']}", ""]
         if e.get("error"):
             lines += [f"Failed: {e['error'].strip().splitlines()[-1]}", ""]
             continue

@@ -187,3 +187,21 @@ def run_pipe(ctx: Ctx) -> dict:
         "receiver CPU-s": ("CPU-s", lambda r: r["rx_cpu"]), "sender CPU-s": ("CPU-s", lambda r: r["tx_cpu"])})
     return {"params": {"bytes": size, "send_options": opts, "pipe_a": PIPE_SIZE, "pipe_b": pipe}, "series": series,
             "ratios": ratios, "pairs": pairs, "notes": [note] if note else []}
+
+
+def run_reserve(ctx: Ctx) -> dict:
+    """A/B (issue 43's profile): pairs of ``send`` of one ``--pipe-bytes`` file at p = 4 onto tmpfs, A as today
+    (the receiver reserves the file's size at OPEN, ``storage.durable.reserve``: ``posix_fallocate``), B with the
+    reservation a no-op; freed pages held for the run. Says whether the 25 % of the receiver's samples that
+    ``recv-profile`` finds in ``fallocate`` on tmpfs are an added cost or the page allocation a write pays anyway."""
+    size = ctx.args.pipe_bytes
+    opts = ab.CASES["1 x 1 GiB, p=4"][2]
+    pairs, note = _ab(ctx, "reserve", agent_cmd(), agent_cmd(post="import transfer_agent.storage.durable as d\n"
+                                                                  "d.reserve = lambda fd, size: None"), 1, size, opts,
+                      hold_bytes=2 * size)
+    series, ratios = _ab_series(pairs, "space reserved at OPEN (today)", "no reservation", {
+        "Gbit/s (agent's seconds)": ("Gbit/s", lambda r: size * 8 / r["agent_seconds"] / 1e9 if r.get("agent_seconds")
+                                     else size * 8 / r["wall"] / 1e9),
+        "receiver CPU-s": ("CPU-s", lambda r: r["rx_cpu"]), "sender CPU-s": ("CPU-s", lambda r: r["tx_cpu"])})
+    return {"params": {"bytes": size, "send_options": opts}, "series": series, "ratios": ratios, "pairs": pairs,
+            "notes": [note] if note else []}
