@@ -55,9 +55,11 @@ def _dump():
         return [{"where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}" if key == "lineno"
                  else s.traceback[0].filename, "bytes": s.size, "count": s.count}
                 for s in snap.statistics(key)[:n]]
+    stacks = [{"stack": [f"{fr.filename}:{fr.lineno}" for fr in s.traceback], "bytes": s.size, "count": s.count}
+              for s in snap.statistics("traceback")[:15]] if snap.traceback_limit > 1 else []
     json.dump({"snapshot_bytes": _best["size"], "snapshot_at_s": _best["t"],
                "peak_bytes": tracemalloc.get_traced_memory()[1],
-               "by_line": top("lineno", 40), "by_file": top("filename", 25)},
+               "by_line": top("lineno", 40), "by_file": top("filename", 25), "by_stack": stacks},
               open(os.environ["FSTREAM_TRACE_OUT"], "w"))
 atexit.register(_dump)
 """
@@ -152,6 +154,8 @@ def _relative(trace: dict) -> dict:
     for key in ("by_line", "by_file"):
         for row in trace.get(key, []):
             row["where"] = short(row["where"])
+    for row in trace.get("by_stack", []):
+        row["stack"] = [short(f) for f in row["stack"]]
     return trace
 
 
@@ -193,6 +197,10 @@ def markdown(doc: dict, command: str) -> str:
         for row in trace["by_line"][:15]:
             lines.append(f"| `{row['where']}` | {row['bytes'] / 2**20:.1f} | {row['bytes'] / total:.0%} | "
                          f"{row['count']:,} | {row['bytes'] / doc['files']:.0f} |")
+        if trace.get("by_stack"):
+            lines += ["", "The largest allocation stacks (oldest call first):", ""]
+            lines += [f"- {row['bytes'] / 2**20:.1f} MiB, {row['count']:,} objects: "
+                      + " → ".join(f"`{f}`" for f in row["stack"]) for row in trace["by_stack"][:8]]
     return "\n".join(lines) + "\n"
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from fstream_bench.core.goals_table import Goal
 from fstream_bench.datapath.readers import (
-    authz_cost, cpu_vs_fast, fd_budget, flow_latency, flow_memory, flow_small, flow_throughput, gil_receiver,
-    loopback_cpu, loopback_disk, loopback_throughput, per_file, receiver_core, startup,
+    authz_cost, backlog_memory, cpu_vs_fast, fd_budget, flow_latency, flow_memory, flow_small, flow_throughput,
+    gil_receiver, loopback_cpu, loopback_disk, loopback_throughput, per_file, receiver_core, receiver_vs_iperf3,
+    startup,
 )
 
 LOOPBACK = "bench/results/loopback-*.json"
@@ -69,4 +70,11 @@ GOALS: list[Goal] = [
          "bench/results/fd-budget-*.json", "(as root) fstream bench fd-budget --files 100000 --fd-limit 1024",
          measure=fd_budget,
          select=lambda d: d.get("files", 0) >= 100_000 and d.get("fd_limit", 1 << 30) <= 1024 and bool(d.get("disk"))),
+    Goal("43", "receiver CPU per GB, keyed checksum on, ≤ 3.0× iperf3's receiver on the same pinned core (1 GiB, "
+         "p=4, tmpfs)", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK,
+         measure=receiver_vs_iperf3, was=("5.4× (1.93 vs 0.35 CPU-s/GB; the issue's check, medians of three)", "no")),
+    Goal("43", "a `--watch` stream started on a backlog of 1,000,000 files already present keeps the sender < 300 MB "
+         "(real disk)", "bench/results/backlog-memory-*.json", "fstream bench backlog-memory --files 1000000 "
+         "--no-trace", measure=backlog_memory, select=lambda d: d.get("files", 0) >= 1_000_000,
+         was=("200,000 files: 358 MB (the issue's check)", "no")),
 ]

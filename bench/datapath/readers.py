@@ -197,3 +197,19 @@ def fd_budget(doc: dict, _: Path) -> tuple[str, str]:
     return (f"{doc['landed']:,} of {doc['files']:,} landed (sender exit {doc['sender_exit']}); peak "
             f"{doc['peak_fds']} descriptors at a limit of {doc['fd_limit']}; {doc['opens_parked'] or 0:,.0f} OPENs "
             f"waited; {doc['files_per_s']:.0f} files/s ({disk}, one run)", yes(landed and under))
+
+
+def receiver_vs_iperf3(doc: dict, _: Path) -> tuple[str, str]:
+    """Issue 43: the receiver's CPU per GB, keyed checksum on, over iperf3's receiver's, 1 GiB at p = 4 on tmpfs
+    (pinned loopback), per repeat (both ran in it)."""
+    xs = _ratios(doc, "a: 1 GiB, p=4", "fstream", "iperf3", lambda r: r["cpu_dst_s"] / r["bytes"] if r["bytes"] else 0)
+    return f"{med_range(xs)}× iperf3's receiver (CPU-s per GB, receivers on CPU 1)", yes(statistics.median(xs) <= 3.0)
+
+
+def backlog_memory(doc: dict, _: Path) -> tuple[str, str]:
+    """Issue 43: the sender's peak RSS on a ``--watch`` backlog of ``files`` files (the plain run)."""
+    plain = next(r for r in doc["runs"] if not r["traced"])
+    mib = plain["sender_peak_rss"] / 2**20
+    return (f"{doc['files']:,} × {doc['size']} B on {doc['filesystem']}: sender peak RSS {mib:,.0f} MiB "
+            f"({plain['sender_peak_rss'] / doc['files']:,.0f} B per file), {plain['landed']:,} landed, one run",
+            yes(plain["sender_peak_rss"] < 300e6 and plain["landed"] == doc["files"]))
