@@ -116,7 +116,10 @@ def test_the_reported_attack_is_refused_and_a_file_inside_the_root_still_moves(s
     audit = AuditLog(site["client"], NS).entries(count=10)
     decisions = [(e["decision"], e["submitter"]) for e in audit if e["kind"] == "decision"]
     assert decisions == [("accepted", "ops"), ("refused", "ops")]  # newest first
-    assert [e["outcome"] for e in audit if e["kind"] == "outcome"] == ["succeeded"]
+    # the outcome's audit record follows the job's terminal state (runner: recorded, then audited): wait for it
+    outcomes = wait_until(lambda: [e["outcome"] for e in AuditLog(site["client"], NS).entries(count=10)
+                                   if e["kind"] == "outcome"], what="the outcome's audit record")
+    assert outcomes == ["succeeded"]
     code = main(["audit", "--redis", site["url"], "--namespace", NS.namespace, "--decision", "refused"])
     listed = capsys.readouterr().out
     assert code == 0 and "refused" in listed and "secret.txt" in listed and "loot" in listed, listed
