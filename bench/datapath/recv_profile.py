@@ -183,9 +183,9 @@ def run(work: Path, *, repeat: int, nbytes: int, freq: int, log=print) -> tuple[
                     keep = lambda comm, spid: comm == "iperf3"  # noqa: E731 - only the server runs on CPU 1
                 if not r.ok:
                     raise RuntimeError(f"recv-profile: {tool} failed: {r.error[:500]}")
-                stages, fold = _stages(rec.samples(), keep)
+                stages, stacks = _stages(rec.samples(), keep)
                 rec.out.unlink(missing_ok=True)
-                folded.update(fold)
+                folded.update(stacks)
                 gb = r.bytes / 1e9
                 runs.append({"tool": tool, "repeat": rep, "bytes": r.bytes, "seconds": r.seconds,
                              "gbit_s": r.bytes * 8 / r.seconds / 1e9, "cpu_s": cpu, "cpu_s_per_gb": cpu / gb,
