@@ -12,6 +12,8 @@ import pytest
 
 from transfer_agent.sending.channel import Channel
 from transfer_agent.errors import NetworkError
+from transfer_agent.wire.protocol import Frame
+from transfer_agent.wire.secure import ControlLink
 
 
 class _Control:
@@ -69,3 +71,46 @@ def test_idle_stream_of_a_closing_channel_fails_nothing() -> None:
         assert not t.is_alive() and not control.failed.is_set()
     finally:
         ours.close()
+
+
+class _KeptCommits(_Control):
+    """A session whose kept COMMITs go on a real control connection (``ControlLink``) the receiver has closed."""
+
+    def __init__(self, link: ControlLink) -> None:
+        super().__init__()
+        self.link = link
+
+    def flush_commits(self, age: float = 0.0) -> None:
+        self.link.send(Frame.COMMIT, {"hash": None}, 7)
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_stream_whose_kept_commits_cannot_go_fails_the_session_not_its_thread(stopping: bool) -> None:
+    """CI, a fenced agent: its control connection closed while a data stream went idle and sent the COMMITs it kept;
+    the NetworkError escaped the stream thread ("Exception in thread fstream-ch1-s0") instead of failing the session."""
+    data, data_peer = socket.socketpair()
+    ctl, ctl_peer = socket.socketpair()
+    ctl_peer.close()  # the control connection is gone: sending on it is a broken pipe
+    control = _KeptCommits(ControlLink(ctl, None, client=True))
+    pool = SimpleNamespace(control=control, stopping=threading.Event())
+    if stopping:
+        pool.stopping.set()  # the session is ending: its control connection closing is no news
+    uncaught: list[threading.ExceptHookArgs] = []
+    hook, threading.excepthook = threading.excepthook, uncaught.append
+    try:
+        ch = Channel(1, 1, pool)  # type: ignore[arg-type]
+        t = threading.Thread(target=ch._stream_loop, args=(data,), name="fstream-ch1-s0", daemon=True)
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "the stream did not end"
+        assert not uncaught, [str(a.exc_value) for a in uncaught]
+        if stopping:
+            assert not control.failed.is_set(), control.error
+        else:
+            assert control.failed.is_set()
+            assert isinstance(control.error, NetworkError), control.error
+            assert "connection lost while sending COMMIT" in str(control.error)
+    finally:
+        threading.excepthook = hook
+        for s in (data, data_peer, ctl):
+            s.close()

@@ -304,6 +304,9 @@ class Channel:
         except OSError as exc:
             if not (self.closing or pool.stopping.is_set()):
                 pool.control.fail(NetworkError(f"data stream of channel {self.id} lost: {exc}"))
+        except FStreamError as exc:  # sending the COMMITs this stream kept: the control connection failed
+            if not pool.stopping.is_set():
+                pool.control.fail(exc)
 
     def stop(self) -> None:
         """Close the channel: the driver queues the rest of the file it is sending, takes no new file, hands the
