@@ -77,18 +77,29 @@ class SourceWatcher:
         if self.journal is not None:
             self.journal.landed(sf.src, sf.size, sf.mtime_ns)
 
-    def poll(self) -> list[SrcFile]:
-        """One scan: return files that became complete since the last call."""
+    def poll(self, limit: int | None = None) -> list[SrcFile]:
+        """One scan: return files that became complete since the last call.
+
+        :param limit: take at most this many files, and list at most this many new ones (issue 43: a stream started
+            on a backlog of a million files holds a window of them, not the million; :attr:`backlog` says that
+            the listing has more).
+        """
         t0 = time.perf_counter()
         if self.journal is not None:
             self.journal.flush()
-        ready = [SrcFile(f.path, f.rel, f.size, f.mtime_ns) for f in self._watcher.poll()]
-        self._check_journal = False
+        ready = [SrcFile(f.path, f.rel, f.size, f.mtime_ns) for f in self._watcher.poll(max_files=limit,
+                                                                                          scan_limit=limit)]
+        self._check_journal = self._check_journal and self._lister.more  # until the first pass is complete
         self.last_scan_seconds = time.perf_counter() - t0
         self.last_scan_listed = self._lister.last_listed
         ready.sort(key=lambda f: f.src)
         return ready
 
     @property
+    def backlog(self) -> bool:
+        """A bounded scan left part of its pass for the next ones: more files may be ready now."""
+        return self._lister.more
+
+    @property
     def pending_candidates(self) -> int:
-        return self._watcher.pending
+        return self._watcher.pending + self._lister.more

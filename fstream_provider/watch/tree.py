@@ -3,7 +3,8 @@
 Its cost per scan grows with what changed: directories whose mtime did not change are not listed
 again, and with inotify only the named files are looked at. Files a local writer closed or moved
 into place (inotify ``IN_CLOSE_WRITE``/``IN_MOVED_TO``) come back marked ``closed``. Files that
-vanish between listing and stat are skipped, never an error.
+vanish between listing and stat are skipped, never an error. A scan can be bounded (``limit``): a
+backlog of a million files already present is then listed a window at a time, never whole (issue 43).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 import select
 import stat
-from typing import Callable, Collection
+from typing import Callable, Collection, Iterator
 
 from fstream_provider.watch.sources import PROGRESS_EVERY, join_dest, listing_tick, source_roots
 from fstream_provider.watch.stability import FileStat
@@ -51,8 +52,14 @@ class TreeLister:
             except (ImportError, OSError) as exc:
                 log.debug("inotify unavailable (%s); polling only", exc)
         self.last_listed = 0
+        self._listed = 0  # directory entries listed so far, by all scans
+        self._ticker: Callable[[], object] | None = None  # the scan's ``listing_progress`` tick
+        self._rest: Iterator[tuple[str, os.stat_result, str]] | None = None  # a pass a bounded scan left
 
     def close(self) -> None:
+        if self._rest is not None:
+            self._rest.close()
+            self._rest = None
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
@@ -111,15 +118,21 @@ class TreeLister:
                 if stat.S_ISREG(st.st_mode):
                     found[p] = (st, self._rel(root_prefix[0], root_prefix[1], p))
 
-    def _list_dirs(self, path: str, prefix: str, found: dict[str, tuple[os.stat_result, str]]) -> int:
-        """List the directories under ``path`` whose mtime changed; return how many entries were listed."""
-        listed = 0
+    def _tick(self) -> None:
+        if self._ticker is not None:
+            self._ticker()
+
+    def _walk(self, path: str, prefix: str) -> Iterator[tuple[str, os.stat_result, str]]:
+        """The files under ``path`` in directories whose mtime changed, as (path, stat, destination path).
+
+        A generator that a bounded scan leaves suspended (``scan(limit=)``): the next scan goes on from the entry
+        where it stopped, with at most one directory open meanwhile. A directory's mtime is noted before it is
+        listed, so one that changes while its listing is suspended is listed again by the next pass."""
+        cut = len(path) + (0 if path.endswith(os.sep) else 1)  # every listed path starts with the root
         stack = [path]
-        tick = listing_tick()
         while stack:
             d = stack.pop()
-            if tick is not None:
-                tick()
+            self._tick()
             try:
                 dst = os.stat(d)
             except FileNotFoundError:
@@ -137,30 +150,57 @@ class TreeLister:
             try:
                 with os.scandir(d) as it:
                     for e in it:
-                        listed += 1
-                        if tick is not None and not listed % PROGRESS_EVERY:
-                            tick()
+                        self._listed += 1
+                        if not self._listed % PROGRESS_EVERY:
+                            self._tick()
                         if e.is_dir(follow_symlinks=False):
                             subdirs.append(e.path)
                             stack.append(e.path)
-                        elif not self.known(e.path) and e.is_file():
-                            found[e.path] = (e.stat(), self._rel(path, prefix, e.path))
+                        elif (self.include_hidden or not e.name.startswith(".")) and not self.known(e.path) \
+                                and e.is_file():
+                            try:
+                                st = e.stat()
+                            except FileNotFoundError:
+                                continue  # removed since it was listed
+                            yield e.path, st, join_dest(prefix, e.path[cut:].replace(os.sep, "/"))
             except FileNotFoundError:
                 continue
-        return listed
 
-    def scan(self, recheck: Collection[str] = ()) -> list[FileStat]:
-        """Files that are new or changed since the last scan, and the ``recheck`` paths that still exist."""
-        listed = 0
-        found: dict[str, tuple[os.stat_result, str]] = {}
-        closed: set[str] = set()
-        if self._inotify is not None and self._wd_dir:
-            self._events(found, closed)
+    def _pass(self) -> Iterator[tuple[str, os.stat_result, str]]:
+        """One pass over every source: the files of :meth:`_walk`, and the sources that are files."""
         for path, prefix, is_dir in source_roots(self.sources, self.dest_prefix):
             if is_dir:
-                listed += self._list_dirs(path, prefix, found)
+                yield from self._walk(path, prefix)
             else:
-                found[path] = (os.stat(path), join_dest(prefix, os.path.basename(path)))
+                yield path, os.stat(path), join_dest(prefix, os.path.basename(path))
+
+    @property
+    def more(self) -> bool:
+        """A bounded scan stopped before the end of its pass: the next scan goes on with it."""
+        return self._rest is not None
+
+    def scan(self, recheck: Collection[str] = (), limit: int | None = None) -> list[FileStat]:
+        """Files that are new or changed since the last scan, and the ``recheck`` paths that still exist.
+
+        :param limit: list at most this many new files (besides inotify's news and ``recheck``); the rest of
+            the pass waits for the next scans (:attr:`more`), so a backlog of millions of files is never held
+            at once (issue 43). ``None``: the whole pass.
+        """
+        found: dict[str, tuple[os.stat_result, str]] = {}
+        closed: set[str] = set()
+        self._ticker = listing_tick()
+        listed = self._listed
+        if self._inotify is not None and self._wd_dir:
+            self._events(found, closed)
+        walk, self._rest = self._rest or self._pass(), None
+        try:
+            for p, st, rel in walk:
+                found[p] = (st, rel)
+                if limit is not None and len(found) >= limit:
+                    self._rest = walk
+                    break
+        finally:
+            self._ticker = None
         for p in recheck:  # not re-listed this time but still waiting: look at them again
             root_prefix = self._dir_root.get(os.path.dirname(p))
             if p in found or root_prefix is None:
@@ -169,7 +209,7 @@ class TreeLister:
                 found[p] = (os.stat(p), self._rel(root_prefix[0], root_prefix[1], p))
             except FileNotFoundError:
                 continue
-        self.last_listed = listed
+        self.last_listed = self._listed - listed
         return [FileStat(p, st.st_size, st.st_mtime, mtime_ns=st.st_mtime_ns, rel=rel, closed=p in closed)
                 for p, (st, rel) in found.items()
                 if self.include_hidden or not os.path.basename(p).startswith(".")]

@@ -64,9 +64,14 @@ class Watcher:
         self.last_complete = len(stable)
         return select_batch(stable, max_files) if len(stable) >= min_files else []
 
-    def poll(self, min_files: int = 1, max_files: int | None = None) -> list[FileStat]:
-        """One look: the files this caller claimed (oldest first), or ``[]``."""
-        files = self.lister.scan(self.tracker.pending)
+    def poll(self, min_files: int = 1, max_files: int | None = None, scan_limit: int | None = None) -> list[FileStat]:
+        """One look: the files this caller claimed (oldest first), or ``[]``.
+
+        :param scan_limit: list at most this many new files in this look (a lister with ``scan(limit=)``,
+            :class:`~fstream_provider.watch.tree.TreeLister`); the rest of its pass comes with the next looks.
+        """
+        pending = self.tracker.pending
+        files = self.lister.scan(pending) if scan_limit is None else self.lister.scan(pending, limit=scan_limit)
         batch = self._complete(self.store.unseen(files), min_files, max_files)
         won = self.store.claim(batch) if batch else []
         self.tracker.forget(f.path for f in won)

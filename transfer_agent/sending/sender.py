@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from fstream_provider.tuning.pacing import paced_block_size
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo, Suggestion, Tuner
 from fstream_provider.tuning.registry import make_tuner, tuner_info
-from transfer_agent.sending import drain as draining, grant, history_io, intervals
+from transfer_agent.sending import drain as draining, grant, history_io, intervals, watch_window
 from transfer_agent.sending.progress import DeadlineNews, LiveProgress
 from transfer_agent.sending.result import TransferResult
 from transfer_agent.sending.session_retry import SessionRetries
@@ -132,7 +132,7 @@ class Transfer:
         self._watcher = watcher
         initial = [] if watcher else expand_sources(spec.sources, dest.path)
         if watcher:
-            initial = watcher.poll()
+            initial = watch_window.take(watcher, 0, spec, first=True)[0]
         pending: list[SrcFile] = list(initial)
         self._files_total = len(pending)
         self._public_algo = "xxh3_128" if spec.public_checksum else None
@@ -269,9 +269,8 @@ class Transfer:
                     pool.add_files(again)
             new: list[SrcFile] = []
             if watcher is not None and (now >= next_scan or watcher is self._feed):
-                next_scan = now + spec.interval_s
-                if spec.until is None or time.time() < spec.until:
-                    new = watcher.poll()
+                new, wait = watch_window.take(watcher, self._outstanding, spec)  # a window of a backlog
+                next_scan = now + wait
                 if new:
                     last_new = now
                     self._files_total += len(new)
