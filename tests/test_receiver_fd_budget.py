@@ -72,6 +72,51 @@ def test_opens_beyond_the_budget_wait_and_are_admitted_in_order_as_parts_are_rel
         runner.join(5)
 
 
+def test_a_deep_pipeline_does_not_keep_another_session_waiting_behind_it() -> None:
+    """One session alone may use the whole budget; once another waits, freed slots go to the session holding the
+    fewest, and the deep one's new OPENs wait their turn (each session's in the order it sent them)."""
+    gate = _gate(4)
+    a, b = object(), object()
+    assert [gate.admit(a, i, {}) for i in range(4)] == [ADMIT] * 4  # nobody else: the whole budget
+    assert [gate.admit(a, i, {}) for i in (4, 5)] == [PARK, PARK]
+    assert [gate.admit(b, i, {}) for i in (0, 1)] == [PARK, PARK]
+    assert gate.snapshot()["sessions_waiting"] == 2
+    admitted: list[tuple[Any, int]] = []
+    got = threading.Semaphore(0)
+
+    def handle(batch: list[tuple[Any, int, dict[str, Any]]]) -> None:
+        admitted.extend((s, fid) for s, fid, _ in batch)
+        for _ in batch:
+            got.release()
+
+    stop = threading.Event()
+    runner = threading.Thread(target=gate.run, args=(handle, stop), daemon=True)
+    runner.start()
+    try:
+        for i in range(4):  # a's files commit one by one
+            gate.release(a, i)
+            assert got.acquire(timeout=5)
+        # b (holding none, then one) gets the first two slots although a parked first; then a's, in its order
+        assert admitted == [(b, 0), (b, 1), (a, 4), (a, 5)], admitted
+        assert gate.snapshot()["parked"] == 0
+        gate.release(b, 0)
+        assert gate.admit(b, 2, {}) == ADMIT  # nobody waits now: a free slot goes to whoever asks
+    finally:
+        stop.set()
+        runner.join(5)
+
+
+def test_a_session_at_its_share_waits_while_another_session_waits() -> None:
+    gate = _gate(4)
+    a, b = object(), object()
+    assert [gate.admit(a, i, {}) for i in range(3)] == [ADMIT] * 3
+    assert gate.admit(b, 0, {}) == ADMIT
+    assert gate.admit(b, 1, {}) == PARK  # the budget is full
+    gate.release(a, 0)  # one slot free, b waits: a (3 held, share 2) does not take it, b does (via run)
+    assert gate.admit(a, 3, {}) == PARK
+    assert gate._next_parked()[:2] == (b, 1)
+
+
 def test_a_release_of_a_file_that_never_held_a_slot_frees_nothing() -> None:
     gate = _gate(1)
     s = object()

@@ -12,9 +12,17 @@ their peak over ``OTHERS_HELD_S`` is used; the reserve (``reserve_for``) covers 
 admitted. An OPEN that would go past the budget is *parked*, not refused: it is answered once parts are released,
 in the order the OPENs came, across sessions. The sender sees a late OPEN_OK and its pipeline waits: backpressure.
 
-No deadlock: once one OPEN is parked, every later OPEN parks behind it, so every file admitted came before every
-file parked. A sender's channel sends its files in the order it opened them, so an admitted file is never stuck
-behind a parked one of the same channel: it is sent, committed and released, and the parked OPENs go on.
+A fair share between sessions: one sender's deep pipeline must not hold every slot while another waits behind it
+(one tenant's backlog would stall every other tenant's files). While OPENs wait, a freed slot goes to the waiting
+session that holds the fewest slots, and a session at or above its share (the budget over the sessions that hold or
+wait for slots) parks its new OPENs whenever another session waits; with no one waiting, a session may use the whole
+budget. A session's own OPENs are answered in the order it sent them.
+
+No deadlock: once one of a session's OPENs is parked, every later OPEN of that session parks behind it, so every
+file of a session admitted came before every file of it parked. A sender's channel sends its files in the order it
+opened them, so an admitted file is never stuck behind a parked one of the same channel: it is sent, committed and
+released, and the parked OPENs go on. Sessions wait on no one but the disk: another session's parked OPENs never
+hold an admitted file back.
 
 Bounded memory: a session parks at most ``PARKED_PER_SESSION`` OPENs and the receiver ``PARKED_MAX``; beyond, an
 OPEN is refused as retryable ("busy"). Running out anyway (another process took the descriptors, or ENFILE, or
@@ -92,8 +100,9 @@ class OpenGate:
         self._limit, self._in_use = limit, in_use
         self._cond = threading.Condition()
         self._held: set[Key] = set()  # files holding a slot (admitted, open or being opened)
-        self._parked: collections.OrderedDict[Key, dict[str, Any]] = collections.OrderedDict()
-        self._per_session: collections.Counter[Any] = collections.Counter()
+        self._held_by: collections.Counter[Any] = collections.Counter()  # slots per session
+        self._parked: dict[Any, collections.OrderedDict[int, dict[str, Any]]] = {}  # per session, in order sent
+        self._n_parked = 0
         self._budget = 1 << 30
         self._measured = -1.0
         self._others: collections.deque[tuple[float, int]] = collections.deque()  # (when, descriptors not parts)
@@ -118,26 +127,37 @@ class OpenGate:
         return self._budget
 
     # -- OPENs ---------------------------------------------------------------------------------
+    def share(self) -> int:
+        """Slots a session may hold while others wait: the budget over the sessions holding or waiting for slots;
+        call under the lock."""
+        sessions = len(self._held_by.keys() | self._parked.keys())
+        return max(1, self.budget() // max(1, sessions))
+
     def admit(self, session: Any, fid: int, body: dict[str, Any]) -> str:
         with self._cond:
-            if not self._parked and len(self._held) < self.budget():
+            if (session not in self._parked and len(self._held) < self.budget()  # its own OPENs in order
+                    and (not self._parked or self._held_by[session] < self.share())):  # others wait: its share
                 self._hold((session, fid))
                 return ADMIT
-            if self._per_session[session] >= PARKED_PER_SESSION or len(self._parked) >= PARKED_MAX:
+            queue = self._parked.get(session)
+            if (queue is not None and len(queue) >= PARKED_PER_SESSION) or self._n_parked >= PARKED_MAX:
                 return FULL
             if not self._parked and time.monotonic() - self._warned >= WARN_EVERY_S:
                 self._warned = time.monotonic()
                 self.log.warning("open parts at the budget (%d files; descriptor limit %d): OPENs wait for parts to "
                                  "be released (%d have waited so far; a higher LimitNOFILE / ulimit -n lifts it)",
                                  self._budget, self._limit(), self.parked_total)
-            self._parked[(session, fid)] = body
-            self._per_session[session] += 1
+            if queue is None:
+                queue = self._parked[session] = collections.OrderedDict()
+            queue[fid] = body
+            self._n_parked += 1
             self.parked_total += 1
-            self.peak_parked = max(self.peak_parked, len(self._parked))
+            self.peak_parked = max(self.peak_parked, self._n_parked)
             return PARK
 
     def _hold(self, key: Key) -> None:
         self._held.add(key)
+        self._held_by[key[0]] += 1
         self.peak_open = max(self.peak_open, len(self._held))
 
     def opened(self, session: Any, fid: int, holds_part: bool) -> None:
@@ -150,17 +170,37 @@ class OpenGate:
         with self._cond:
             if (session, fid) in self._held:
                 self._held.discard((session, fid))
+                self._held_by[session] -= 1
+                if self._held_by[session] <= 0:
+                    del self._held_by[session]
                 self._cond.notify_all()
 
     def forget(self, session: Any, fid: int | None = None) -> None:
         """Drop the parked OPEN of ``fid`` (aborted), or every parked OPEN of ``session`` (it ended)."""
         with self._cond:
-            keys = [(session, fid)] if fid is not None else [k for k in self._parked if k[0] is session]
-            for key in keys:
-                if self._parked.pop(key, None) is not None:
-                    self._per_session[session] -= 1
-            if self._per_session[session] <= 0:
-                del self._per_session[session]
+            queue = self._parked.get(session)
+            if queue is None:
+                return
+            if fid is None:
+                self._n_parked -= len(queue)
+                queue.clear()
+            elif queue.pop(fid, None) is not None:
+                self._n_parked -= 1
+            if not queue:
+                del self._parked[session]
+
+    def _next_parked(self) -> tuple[Any, int, dict[str, Any]] | None:
+        """The OPEN a free slot goes to: the oldest of the waiting session holding the fewest slots (the one that
+        has waited longest among equals: ``_parked`` keeps sessions in the order they began to wait)."""
+        session = min(self._parked, key=self._held_by.__getitem__, default=None)
+        if session is None:
+            return None
+        queue = self._parked[session]
+        fid, body = queue.popitem(last=False)
+        self._n_parked -= 1
+        if not queue:
+            del self._parked[session]
+        return session, fid, body
 
     # -- the parked OPENs' thread --------------------------------------------------------------
     def run(self, handle: Callable[[list[tuple[Any, int, dict[str, Any]]]], None], stop: threading.Event) -> None:
@@ -170,10 +210,7 @@ class OpenGate:
             with self._cond:
                 batch: list[tuple[Any, int, dict[str, Any]]] = []
                 while self._parked and len(self._held) < self.budget():
-                    (session, fid), body = self._parked.popitem(last=False)
-                    self._per_session[session] -= 1
-                    if self._per_session[session] <= 0:
-                        del self._per_session[session]
+                    session, fid, body = self._next_parked()  # type: ignore[misc]
                     self._hold((session, fid))
                     batch.append((session, fid, body))
                 if not batch:
@@ -187,5 +224,6 @@ class OpenGate:
     def snapshot(self) -> dict[str, int]:
         """For metrics and tests: parts open, OPENs parked, the budget, the peaks."""
         with self._cond:
-            return {"open": len(self._held), "parked": len(self._parked), "budget": self.budget(),
+            return {"open": len(self._held), "parked": self._n_parked, "budget": self.budget(),
+                    "sessions_waiting": len(self._parked),
                     "peak_open": self.peak_open, "peak_parked": self.peak_parked, "parked_total": self.parked_total}

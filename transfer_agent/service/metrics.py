@@ -99,6 +99,8 @@ class _ReceiverCollector:
                      "limit, less a reserve and the descriptors held for anything else.", gate["budget"])
         yield _gauge("fstream_receiver_opens_waiting", "OPENs parked until open files are released "
                      "(backpressure: the senders wait).", gate["parked"])
+        yield _gauge("fstream_receiver_sessions_waiting", "Sessions with OPENs parked (a freed slot goes to the one "
+                     "holding the fewest open files).", gate["sessions_waiting"])
         yield _counter("fstream_receiver_opens_parked_total", "OPENs that waited for open files to be released.",
                        gate["parked_total"])
         preauth = getattr(rcv, "_preauth", None)
