@@ -274,3 +274,62 @@ def test_the_benchmark_is_found_by_its_name_without_a_line_in_the_bench_cli() ->
     out = subprocess.run([sys.executable, "-m", "transfer_agent.cli", "bench", "fd-budget", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--fd-limit" in out.stdout, out.stderr
+
+
+def test_a_second_sender_is_not_kept_waiting_behind_a_deep_pipeline(tmp_path: Path, secret: Path) -> None:
+    """Two real senders into one real receiver whose budget is 8 open files, its writes held at a gate: A's
+    pipeline (2 channels, 40 files ahead each) fills the budget and parks the rest; B arrives with 3 files. Once
+    the writes go on, the slots A's files free go to B first (it holds none), before A's OPENs that were waiting
+    already: B is not kept behind A's queue. Both transfers land every file."""
+    from agentkit import GatedReceiver, make_files
+
+    src_a = make_files(tmp_path / "a", {f"f{i:03d}.dat": 64 * 1024 for i in range(120)})
+    src_b = make_files(tmp_path / "b", {f"g{i}.dat": 4096 for i in range(3)}, seed=2)
+    rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=256 * 1024)
+    gate = rx._gate
+    gate._limit, gate._in_use, gate._measured = (lambda: 64 + admission.FDS_PER_PART * 8), (lambda: None), -1.0
+    who: dict[Any, str] = {}
+    order: list[tuple[str, int]] = []  # (sender, file id) in the order slots were taken
+    waiting_for_b: list[tuple[str, int]] = []  # A's OPENs parked when B's first OPEN came
+    admit, hold = gate.admit, gate._hold
+
+    def admit_recorded(session: Any, fid: int, body: dict[str, Any]) -> str:
+        who.setdefault(session, body["path"].split("/")[0])
+        if who[session] == "b" and not waiting_for_b:
+            with gate._cond:
+                waiting_for_b.extend(("a", f) for s, q in gate._parked.items() for f in q)
+        return admit(session, fid, body)
+
+    def hold_recorded(key: tuple[Any, int]) -> None:
+        order.append((who.get(key[0], "?"), key[1]))
+        hold(key)
+
+    gate.admit, gate._hold = admit_recorded, hold_recorded
+    results: dict[str, Any] = {}
+    ta = threading.Thread(target=lambda: results.setdefault("a", send(src_a, rx.port, secret, dest="a", cc=2, p=1,
+                                                                      pp=40)), daemon=True)
+    tb = threading.Thread(target=lambda: results.setdefault("b", send(src_b, rx.port, secret, dest="b", cc=1, p=1,
+                                                                      pp=4)), daemon=True)
+    try:
+        ta.start()
+        deadline = time.monotonic() + 30
+        while gate.snapshot()["parked"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gate.snapshot()["parked"] >= 20 and rx.reached.wait(30), gate.snapshot()
+        tb.start()
+        while gate.snapshot()["sessions_waiting"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gate.snapshot()["sessions_waiting"] == 2, (gate.snapshot(), order)
+        rx.gate.set()  # the writes go on: A's files commit and free their slots
+        ta.join(60)
+        tb.join(60)
+        assert not ta.is_alive() and not tb.is_alive(), gate.snapshot()
+    finally:
+        rx.gate.set()
+        rx.stop()
+    assert results["a"].ok and results["a"].verified_files == 120, results["a"].error
+    assert results["b"].ok and results["b"].verified_files == 3, results["b"].error
+    assert trees_identical(src_a, tmp_path / "dst" / "a") and trees_identical(src_b, tmp_path / "dst" / "b")
+    first_b = next(i for i, (s, _) in enumerate(order) if s == "b")
+    overtaken = [k for k in waiting_for_b if k in order[first_b:]]
+    assert waiting_for_b and overtaken, (waiting_for_b, order)  # B took a slot before A's OPENs that waited first
