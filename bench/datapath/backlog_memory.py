@@ -28,7 +28,7 @@ from pathlib import Path
 from fstream_bench.core import RESULTS_DIR, provenance
 from fstream_bench.core.report import machine_info
 from fstream_bench.core.saved import save_with_markdown
-from fstream_bench.datapath.fd_budget import _last_json, _rss, make_sources
+from fstream_bench.datapath.fd_budget import _rss, landed_files, make_sources, send_watch
 from fstream_provider.model.units import parse_size
 
 COMMAND = "backlog-memory"  # ``fstream bench backlog-memory`` (found by ``fstream_bench.cli._by_name``)
@@ -109,29 +109,22 @@ def one_send(work: Path, src: Path, *, traced: bool, frames: int, timeout_s: flo
                           text=True, env={**os.environ, "FSTREAM_STATE_DIR": str(work / f"rx-state-{tag}")})
     try:
         port = int(rx.stdout.readline().rsplit(":", 1)[1])
-        with open(work / f"send-{tag}.json", "w") as out, open(work / f"send-{tag}.log", "w") as err:
-            t0 = time.monotonic()
-            sender = subprocess.Popen([*_fstream(traced), "send", str(src), "--to", f"fstream://127.0.0.1:{port}/out",
-                                       "--secret-file", str(secret), "--watch", "--interval", "2s",
-                                       "--idle-exit", "10s", "--json", "--tuner", "fstream"],
-                                      stdout=out, stderr=err, env=env)
-            sampler = RssSampler(sender.pid)
-            sampler.start()
-            try:
-                sender.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                sender.terminate()
-                sender.wait(120)
-            elapsed = time.monotonic() - t0
-            sampler.stop()
-        result = _last_json(work / f"send-{tag}.json")
-        landed = sum(1 for _ in (dst / "out").rglob("f*.dat")) if (dst / "out").exists() else 0
+        samplers: list[RssSampler] = []
+
+        def sample(pid: int) -> RssSampler:
+            samplers.append(RssSampler(pid))
+            samplers[0].start()
+            return samplers[0]
+
+        sent = send_watch(_fstream(traced), src, port, secret, work / f"send-{tag}", ["--tuner", "fstream"], timeout_s,
+                          sample, env=env, grace_s=120)
+        sampler, result, elapsed = samplers[0], sent["result"], sent["elapsed_s"]
+        landed = landed_files(dst)
         trace_file = work / f"trace-{tag}.json"
-        doc = {"traced": traced, "sender_exit": sender.returncode, "elapsed_s": elapsed, "landed": landed,
+        doc = {"traced": traced, "sender_exit": sent["sender_exit"], "elapsed_s": elapsed, "landed": landed,
                "files_per_s": landed / elapsed if elapsed else None, "sender_peak_rss": sampler.peak,
                "rss_series": sampler.series, "verified": result.get("verified_files"),
-               "failed": result.get("failed_files"),
-               "sender_log_tail": (work / f"send-{tag}.log").read_text().splitlines()[-5:]}
+               "failed": result.get("failed_files"), "sender_log_tail": sent["sender_log_tail"]}
         if traced and trace_file.exists():
             doc["trace"] = _relative(json.loads(trace_file.read_text()))
         return doc

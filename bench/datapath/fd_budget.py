@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, Callable
 
 from fstream_bench.core import provenance
 from fstream_bench.core.report import machine_info
@@ -133,44 +134,36 @@ def run(work: Path, *, files: int, size: int, fd_limit: int, disk_bps: float | N
             "--metrics-listen", "127.0.0.1:0"]
     rx = subprocess.Popen(storage.in_cgroup_argv(cgroup, argv) if cgroup else argv, stdout=subprocess.PIPE,
                           stderr=rx_log, text=True, preexec_fn=low_limit)
-    sender = sampler = None
+    sampler = None
     try:
         port = int(rx.stdout.readline().rsplit(":", 1)[1])
         url = re.search(r"metrics on (http://\S+/metrics)", (work / "receiver.log").read_text()).group(1)
         layout = [*(["--tuner", "fixed", "--cc", str(cc), "--pp", str(pp or 0)] if cc else ["--tuner", "fstream"])]
-        with open(work / "send.json", "w") as out, open(work / "send.log", "w") as err:
-            t0 = time.monotonic()
-            sender = subprocess.Popen([*FSTREAM, "send", str(src), "--to", f"fstream://127.0.0.1:{port}/out",
-                                       "--secret-file", str(secret), "--watch", "--interval", "2s",
-                                       "--idle-exit", "10s", "--json", *layout], stdout=out, stderr=err)
-            sampler = Sampler(rx.pid, sender.pid, url)
-            sampler.start()
-            try:
-                sender.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                sender.terminate()
-                sender.wait(60)
-            elapsed = time.monotonic() - t0
-        sampler.stop()
-        result = _last_json(work / "send.json")
-        landed = sum(1 for _ in (dst / "out").rglob("f*.dat")) if (dst / "out").exists() else 0
+        samplers: list[Sampler] = []
+
+        def sample(pid: int) -> Sampler:
+            samplers.append(Sampler(rx.pid, pid, url))
+            samplers[0].start()
+            return samplers[0]
+
+        sent = send_watch(FSTREAM, src, port, secret, work / "send", layout, timeout_s, sample)
+        sampler, result, elapsed = samplers[0], sent["result"], sent["elapsed_s"]
+        landed = landed_files(dst)
         parts = sum(1 for p in dst.rglob("*.part"))
         final = _metrics(url)
         doc.update({
-            "sender_exit": sender.returncode, "elapsed_s": elapsed, "landed": landed, "parts_left": parts,
+            "sender_exit": sent["sender_exit"], "elapsed_s": elapsed, "landed": landed, "parts_left": parts,
             "verified": result.get("verified_files"), "failed": result.get("failed_files"),
             "sender_result": {k: v for k, v in result.items() if not isinstance(v, (list, dict))},
             "files_per_s": landed / elapsed if elapsed else None,
             "peak_fds": sampler.peak_fds, "budget": sampler.budget, "peak_open_parts": sampler.peak_open,
             "peak_waiting": sampler.peak_waiting, "opens_parked": final.get("fstream_receiver_opens_parked_total"),
             "sender_peak_rss": sampler.sender_rss, "series": sampler.series,
-            "sender_log_tail": (work / "send.log").read_text().splitlines()[-5:],
+            "sender_log_tail": sent["sender_log_tail"],
             "refusals": [line for line in (work / "receiver.log").read_text().splitlines() if "terminal" in line][:5]})
     finally:
         if sampler is not None:
             sampler.stop()
-        if sender is not None and sender.poll() is None:
-            sender.kill()
         rx.terminate()
         try:
             rx.wait(30)
@@ -180,6 +173,39 @@ def run(work: Path, *, files: int, size: int, fd_limit: int, disk_bps: float | N
         if disk is not None:
             storage.remove_disk(disk)
     return doc
+
+
+def send_watch(fstream: list[str], src: Path, port: int, secret: Path, out: Path, extra: list[str], timeout_s: float,
+               sample: Callable[[int], Any], env: dict[str, str] | None = None, grace_s: float = 60.0) -> dict:
+    """``fstream send --watch`` of ``src`` into the receiver on ``port`` (destination ``out/``), until it exits by
+    itself (``--idle-exit 10s``) or ``timeout_s`` passes (then SIGTERM, ``grace_s`` to exit); ``sample(pid)`` starts
+    what watches the sender and returns it (``stop()`` once the sender ended). Its stdout goes to ``OUT.json``, its
+    stderr to ``OUT.log``."""
+    with open(out.with_suffix(".json"), "w") as stdout, open(out.with_suffix(".log"), "w") as stderr:
+        t0 = time.monotonic()
+        sender = subprocess.Popen([*fstream, "send", str(src), "--to", f"fstream://127.0.0.1:{port}/out",
+                                   "--secret-file", str(secret), "--watch", "--interval", "2s", "--idle-exit", "10s",
+                                   "--json", *extra], stdout=stdout, stderr=stderr, env=env)
+        try:
+            sampler = sample(sender.pid)
+            try:
+                sender.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                sender.terminate()
+                sender.wait(grace_s)
+            elapsed = time.monotonic() - t0
+            sampler.stop()
+        finally:
+            if sender.poll() is None:
+                sender.kill()
+                sender.wait(10)
+    return {"sender_exit": sender.returncode, "elapsed_s": elapsed, "result": _last_json(out.with_suffix(".json")),
+            "sender_log_tail": out.with_suffix(".log").read_text().splitlines()[-5:]}
+
+
+def landed_files(dst: Path) -> int:
+    """Files landed under ``dst/out`` (the benchmarks' sources are named ``f*.dat``)."""
+    return sum(1 for _ in (dst / "out").rglob("f*.dat")) if (dst / "out").exists() else 0
 
 
 def _last_json(path: Path) -> dict:
