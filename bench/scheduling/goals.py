@@ -1,11 +1,12 @@
-"""The scheduling room's rows of the goals table (issues 11, 28): SEAL and STEAL on the traces, the burst through
+"""The scheduling room's rows of the goals table (issues 11, 28, 44): SEAL and STEAL on the traces, the burst through
 agents with pools, the scheduling cycle's Redis cost; ``fstream_bench.goals`` puts every room's rows in issue order."""
 
 from __future__ import annotations
 
 from fstream_bench.core.goals_table import Goal
 from fstream_bench.core.readers import WAN
-from fstream_bench.scheduling.readers import sched_burst, sched_cycle_goal, seal_vs_baselines, steal_with_batch
+from fstream_bench.scheduling.readers import (sched_burst, sched_cycle_goal, seal_at_load, seal_vs_baselines,
+                                              steal_share_at_load, steal_with_batch)
 
 GOALS: list[Goal] = [
     Goal("11", "SEAL avg slowdown ≥ 30 % and worst ≥ 50 % below the best baseline, every trace (simulator)",
@@ -23,4 +24,9 @@ GOALS: list[Goal] = [
     Goal("28", "the scheduling cycle's Redis cost independent of finished jobs and ≤ 10 ms at 1,000 live jobs; an "
          "idle agent's Redis operations per second bounded", "bench/results/sched-cycle-*.json",
          "fstream bench sched-cycle", measure=sched_cycle_goal),
+    Goal("44", "SEAL at ordinary load: ≥ 20 % lower average bounded slowdown than the best baseline at 25 %, 45 % "
+         "and 60 % load, never worse on any trace (simulator, fresh seeds)", "bench/results/seal-load-*.json",
+         "fstream bench seal-load", measure=seal_at_load),
+    Goal("44", "STEAL's batch share ≥ 0.9 of SEAL's (simulator, fresh seeds)", "bench/results/seal-load-*.json",
+         "fstream bench seal-load", measure=steal_share_at_load),
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fstream_bench.core.readers import yes
+from fstream_bench.core.runstats import med_range
 
 
 BASELINES = ("basecc1", "basecc2", "basecc4", "basevary")
@@ -46,6 +47,49 @@ def steal_with_batch(doc: dict, _: Path) -> tuple[str, str]:
         parts.append(f"{name}: {_pct(st['avg_slowdown'], bv['avg_slowdown'])}, {spare:.3f}")
         ok = ok and st["avg_slowdown"] <= 0.35 * bv["avg_slowdown"] and spare >= 0.9
     return "; ".join(parts) + f" (vs BaseVary; spare / SEAL's; seed {doc['config']['seed']})", yes(ok)
+
+
+def _by_trace(doc: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in doc["rows"]:
+        out.setdefault(row["trace"], []).append(row)
+    return out
+
+
+def seal_at_load(doc: dict, _: Path) -> tuple[str, str]:
+    """``fstream bench seal-load``: SEAL that shares below the knee (``seal-share``) against the best baseline of
+    each run, per trace shape over the fresh seeds (median and range of the reduction in average bounded slowdown),
+    beside what the floor would give (every task alone). Met: a median reduction ≥ 20 % at 25 %, 45 % and 60 %, and never
+    worse than the best baseline in any run of any trace."""
+    parts, loads_met, worse = [], 0, 0
+    for name, rows in _by_trace(doc).items():
+        gains, floors = [], []
+        for row in rows:
+            res = row["results"]
+            best = min(res[b]["avg_slowdown"] for b in BASELINES)
+            gains.append(100 * (1 - res["seal-share"]["avg_slowdown"] / best))
+            floors.append(100 * (1 - row["floor"]["avg_slowdown"] / best))
+            worse += res["seal-share"]["avg_slowdown"] > best
+        parts.append(f"{name}: {med_range(gains, '{:.0f} %')} lower (floor {med_range(floors, '{:.0f} %')})")
+        loads_met += name in ("25%", "45%", "60%") and sorted(gains)[(len(gains) - 1) // 2] >= 20
+    runs = len(doc["rows"])
+    return "; ".join(parts) + f"; worse than the best baseline in {worse} of {runs} runs (seeds " \
+        f"{', '.join(map(str, doc['seeds']))}{', fresh' if doc.get('seeds_fresh') else ''})", \
+        f"{loads_met} of 3 loads; {'never worse' if not worse else 'worse in ' + str(worse)}"
+
+
+def steal_share_at_load(doc: dict, _: Path) -> tuple[str, str]:
+    """``fstream bench seal-load`` with batch: the spare bandwidth batch tasks used under STEAL (with the sharing
+    admission) against SEAL's, per trace shape over the seeds. Met: the median ≥ 0.9 on every trace."""
+    parts, ok = [], True
+    for name, rows in _by_trace(doc).items():
+        shares = [r["batch"]["steal-share"]["batch_spare_fraction"] / r["batch"]["seal-share"]["batch_spare_fraction"]
+                  for r in rows if "batch" in r]
+        if not shares:
+            return "no batch replays in this result", "no"
+        parts.append(f"{name}: {med_range(shares, '{:.3f}')}")
+        ok = ok and sorted(shares)[(len(shares) - 1) // 2] >= 0.9
+    return "; ".join(parts) + " of SEAL's spare (both sharing below the knee)", yes(ok)
 
 
 def sched_burst(doc: dict, _: Path) -> tuple[str, str]:

@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", action="store_true", help="add STEAL's 50 GB batch tasks to generated traces")
     ap.add_argument("--scale", type=float, default=1.0, help="tasks, volume and duration x this (load kept)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--algorithms", default=",".join(S.ALGORITHMS))
+    ap.add_argument("--algorithms", default=",".join(S.BASELINES + ("seal", "steal")),
+                    help=f"comma list of {', '.join(S.ALGORITHMS)} (default: the paper's six)")
     ap.add_argument("--lambda", dest="lam", type=float, default=1.0, help="STEAL's lambda (default 1)")
     ap.add_argument("--json", action="store_true", help="one JSON object per algorithm per line")
     ap.add_argument("--markdown", help="write a Markdown table here (with --traces)")

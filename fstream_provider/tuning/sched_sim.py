@@ -41,6 +41,7 @@ from typing import Callable
 
 from fstream_provider.tuning.sched_model import EndpointCurve, LoadModel
 from fstream_provider.tuning.scheduler import Action, SealConfig, SealScheduler, Task
+from fstream_provider.tuning.seal_share import SealShareScheduler
 from fstream_provider.tuning.trace import DESTINATIONS, SOURCE, SOURCE_BPS, TraceTask, category_of
 
 BOUND_S = 1.0
@@ -349,6 +350,31 @@ def replay(trace: list[TraceTask], scheduler, *, endpoints: dict[str, EndpointCu
     return ReplayResult(getattr(scheduler, "name", type(scheduler).__name__), rows, spare, preemptions, decisions)
 
 
+def slowdown_floor(trace: list[TraceTask], endpoints: dict[str, EndpointCurve] | None = None, *,
+                   cycle_s: float = 0.5, startup_s: float = 1.0, max_cc: int = 16,
+                   window_s: float | None = None) -> list[float | None]:
+    """Each task's bounded slowdown were it alone (None for batch tasks): no scheduler does better under
+    ``replay``'s charges, so a trace's average of these is the floor its goals can be judged against.
+
+    Alone, a task is seen at the first cycle at or after its arrival (the replay calls the scheduler every
+    ``cycle_s``), pays one ``startup_s`` and then moves at the most its two ends move together with up to
+    ``max_cc`` (no external load, no step rounding): each of those only lowers the figure, so it is a
+    bound, not an estimate. The slowdown is ``replay``'s, against the same TT_ideal."""
+    window = window_s if window_s is not None else max((t.arrival_s for t in trace), default=0.0)
+    truth = LoadModel(endpoints_for(trace, endpoints, window_s=window), startup_s=startup_s)
+    out: list[float | None] = []
+    for t in trace:
+        if t.klass != "interactive":
+            out.append(None)
+            continue
+        wait = math.ceil(t.arrival_s / cycle_s - 1e-9) * cycle_s - t.arrival_s
+        fastest = max(truth.throughput(t.source, t.destination, cc, corrected=False) for cc in range(1, max_cc + 1))
+        runtime = startup_s + t.size * 8 / fastest
+        ideal = truth.ideal_time(t.source, t.destination, t.size, 1 if t.size <= 10e6 else 16)
+        out.append((max(0.0, wait) + max(runtime, BOUND_S)) / max(ideal, BOUND_S))
+    return out
+
+
 def _rate(r: _Run, now: float) -> float:
     if len(r.history) < 2:
         return 0.0
@@ -356,16 +382,21 @@ def _rate(r: _Run, now: float) -> float:
     return (b1 - b0) * 8 / (t1 - t0) if t1 > t0 else 0.0
 
 
-ALGORITHMS = BASELINES + ("seal", "steal")
+ALGORITHMS = BASELINES + ("seal", "steal", "seal-share", "steal-share")
 
 
 def make_scheduler(name: str, endpoints: dict[str, EndpointCurve] | None = None, **config) -> object:
-    """A fresh scheduler by name: a baseline, ``seal`` or ``steal`` (``lambda_=`` etc. in ``config``).
+    """A fresh scheduler by name: a baseline, ``seal`` or ``steal`` (``lambda_=`` etc. in ``config``), or either
+    sharing below the knee (``seal-share``, ``steal-share``: ``seal_share.SealShareScheduler``; ``admit=`` and
+    ``fair_small=`` switch its two changes).
 
     SEAL and STEAL model ``endpoints`` (default §6.1's; for another trace pass ``endpoints_for(trace)``)."""
     if name in BASELINES:
         return BaselineScheduler(name)
-    if name in ("seal", "steal"):
+    if name in ALGORITHMS[len(BASELINES):]:
         model = LoadModel(endpoints or paper_endpoints())
+        if name.endswith("-share"):  # ``admit=``, ``fair_small=``: its two changes, for an ablation
+            switches = {k: config.pop(k) for k in ("admit", "fair_small") if k in config}
+            return SealShareScheduler(model, SealConfig(steal=name.startswith("steal"), **config), **switches)
         return SealScheduler(model, SealConfig(steal=name == "steal", **config))
     raise ValueError(f"scheduling algorithm {name!r}: expected one of {', '.join(ALGORITHMS)}")

@@ -1,0 +1,101 @@
+"""SEAL that shares below the knee (issue 44): shares where SEAL as written waits, waits past the knee, gives a small
+task an equal share; the floor bounds every replay; ``fstream bench seal-load`` records its fresh seeds, and the
+goals table reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fstream_bench.scheduling import seal_load
+from fstream_bench.scheduling.readers import seal_at_load, steal_share_at_load
+from fstream_provider.tuning import sched_sim as S
+from fstream_provider.tuning import trace as T
+from fstream_provider.tuning.sched_model import EndpointCurve, LoadModel
+from fstream_provider.tuning.scheduler import SealConfig, SealScheduler, Task
+from fstream_provider.tuning.seal_share import SealShareScheduler
+
+GB = 1e9
+
+
+def _busy(kind, running: list[tuple[float, int]], size: float = 4 * GB):
+    """A 10 Gbit/s source and destination (knee: 20 streams), ``running``'s (bytes left, cc) tasks on them for a
+    minute at a rate that saturates both, and a task of ``size`` that has just arrived: the scheduler and the
+    actions of its next cycle."""
+    model = LoadModel({h: EndpointCurve(10e9, unit_bps=1e9, overload=0.1) for h in ("src", "dst")}, startup_s=1.0)
+    s = kind(model, SealConfig(), now=0.0)
+    total = sum(cc for _, cc in running)
+    for i, (left, cc) in enumerate(running):
+        s.submit(Task(f"r{i}", "src", "dst", 20 * GB, arrival=0.0))
+        t = s.tasks[f"r{i}"]
+        t.state, t.cc, t.trans_s = "running", cc, 60.0
+        s.progress(t.id, 20 * GB - left, 10e9 * cc / total)
+    s.cycle(60.0)
+    s.submit(Task("w", "src", "dst", size, arrival=60.0))
+    return s, [a for a in s.cycle(60.5) if a.task == "w"]
+
+
+def test_below_the_knee_a_large_task_shares_where_seal_as_written_makes_it_wait():
+    running = [(10 * GB, 5), (12 * GB, 5)]  # 10 streams: saturated, half the knee
+    seal, actions = _busy(SealScheduler, running)
+    assert seal.tasks["w"].state == "waiting" and actions == []
+    share, actions = _busy(SealShareScheduler, running)
+    assert share.tasks["w"].state == "running" and share.name == "seal+share"
+    assert [(a.kind, a.cc) for a in actions] == [("start", 5)]  # the mean cc beside it: an equal share
+    assert "below the knee at src 15 of 20 streams, dst 15 of 20 streams" in actions[0].reason
+    off, actions = _busy(lambda m, c, now: SealShareScheduler(m, c, now, admit=False), running)
+    assert off.tasks["w"].state == "waiting" and actions == [] and off.name == "seal+share-admit"
+
+
+def test_past_the_knee_seal_decides_and_the_task_waits():
+    share, actions = _busy(SealShareScheduler, [(10 * GB, 4)] * 5)  # 20 streams: one more share passes the knee
+    assert share.tasks["w"].state == "waiting" and actions == []
+    fewer, actions = _busy(SealShareScheduler, [(10 * GB, 4)] * 4)  # 16 + 4: at the knee, not past it
+    assert fewer.tasks["w"].state == "running" and [a.cc for a in actions] == [4]
+
+
+def test_a_small_task_on_a_saturated_end_gets_an_equal_share_not_one_stream():
+    running = [(10 * GB, 5), (12 * GB, 5)]
+    seal, actions = _busy(SealScheduler, running, size=0.5 * GB)
+    assert [(a.kind, a.cc) for a in actions] == [("start", 1)]  # FindThrCC on a saturated end
+    share, actions = _busy(lambda m, c, now: SealShareScheduler(m, c, now, admit=False), running, size=0.5 * GB)
+    assert [(a.kind, a.cc) for a in actions] == [("start", 5)] and "cc 1 -> 5: an equal share" in actions[0].reason
+    tiny, actions = _busy(SealShareScheduler, running, size=5e6)  # at or below single_bytes: one stream still
+    assert [a.cc for a in actions] == [1]
+
+
+def test_the_floor_is_below_every_replayed_task_and_a_lone_task_sits_on_it():
+    trace = T.generate("25%", scale=0.1, seed=3)
+    floor = S.slowdown_floor(trace, window_s=90)
+    for name in ("basecc4", "seal", "seal-share"):
+        rows = S.replay(trace, S.make_scheduler(name), window_s=90, seed=3).tasks
+        for f, row in zip(floor, rows):
+            if f is not None and row["slowdown"] is not None:
+                assert row["slowdown"] >= f - 1e-9, (name, row["id"])
+    lone = [T.TraceTask(12.3, T.SOURCE, "gordon", 3 * GB, "interactive")]
+    got = S.replay(lone, S.make_scheduler("seal"), external_load=0.0).tasks[0]["slowdown"]
+    assert got == pytest.approx(S.slowdown_floor(lone)[0], abs=0.15)  # the replay's steps of 0.1 s only
+
+
+def test_bench_seal_load_records_fresh_seeds_and_the_goal_reads_it(tmp_path: Path, capsys):
+    assert seal_load.main(["--fresh", "2", "--traces", "25%", "--scale", "0.05", "--results", str(tmp_path)]) == 0
+    path = next(tmp_path.glob("seal-load-*.json"))
+    doc = json.loads(path.read_text())
+    assert doc["seeds_fresh"] and len(doc["seeds"]) == 2 and [r["seed"] for r in doc["rows"]] == doc["seeds"]
+    row = doc["rows"][0]
+    assert set(row["results"]) == {*seal_load.ALGORITHMS, *seal_load.ABLATIONS}
+    assert set(row["batch"]) == set(seal_load.BATCH_ALGORITHMS)
+    assert row["floor"]["avg_slowdown"] <= min(r["avg_slowdown"] for r in row["results"].values())
+    again = S.replay(T.generate("25%", scale=0.05, seed=row["seed"]), S.make_scheduler("seal-share"),
+                     window_s=45, seed=row["seed"]).summary()
+    assert again["avg_slowdown"] == pytest.approx(row["results"]["seal-share"]["avg_slowdown"])  # seed replays it
+    text, met = seal_at_load(doc, path)
+    assert text.startswith("25%: ") and "2 runs" in text and met.startswith("0 of 3 loads")
+    text, met = steal_share_at_load(doc, path)
+    assert "25%: " in text and met in ("yes", "no")
+    assert "seed" in capsys.readouterr().out
+    png = tmp_path / "seal-load.png"
+    assert seal_load.main(["--figure", str(path), str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
