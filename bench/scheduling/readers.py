@@ -59,8 +59,8 @@ def _by_trace(doc: dict) -> dict[str, list[dict]]:
 def seal_at_load(doc: dict, _: Path) -> tuple[str, str]:
     """``fstream bench seal-load``: SEAL that shares below the knee (``seal-share``) against the best baseline of
     each run, per trace shape over the fresh seeds (median and range of the reduction in average bounded slowdown),
-    beside what the floor would give (every task alone). Met: a median reduction ≥ 20 % at 25 %, 45 % and 60 %, and never
-    worse than the best baseline in any run of any trace."""
+    beside what the floor would give (every task alone). Met: a median reduction ≥ 20 % at 25 %, 45 % and 60 %, and
+    never worse than the best baseline in any run of any trace."""
     parts, loads_met, worse = [], 0, 0
     for name, rows in _by_trace(doc).items():
         gains, floors = [], []

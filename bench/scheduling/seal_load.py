@@ -13,8 +13,9 @@ no scheduler does better under the replay's charges). With batch (the default) t
 against SEAL's. The seeds are drawn from the system's random source unless ``--seeds`` names them, and every
 seed is recorded, so any run can be replayed exactly (``fstream bench scheduling --traces T --seed S``).
 
-Writes ``seal-load-<stamp>.json`` (and a ``.md`` of one line per run) into ``--results`` (default bench/results): provenance, the seeds, and per seed
-and trace every algorithm's summary (``sched_sim.ReplayResult.summary``) and the floor's average and worst.
+Writes ``seal-load-<stamp>.json`` (and a ``.md`` of one line per run) into ``--results`` (default bench/results):
+provenance, the seeds, and per seed and trace every algorithm's summary (``sched_sim.ReplayResult.summary``) and the
+floor's average and worst.
 The goals table reads it (``fstream_bench.scheduling.readers.seal_at_load``, ``steal_share_at_load``).
 ``--figure RESULT PNG`` draws a committed result, every run a point (nothing chosen), the median a line.
 """

@@ -9,7 +9,7 @@ from fstream_bench.core.readers import WAN
 from fstream_bench.tuning.readers import (
     deadline_sim, deadline_wan, eta_error, harp_first_window, harp_optimizer, harp_total, harp_validation,
     pathfill_large, pathfill_small, pools_two_agents, qos_default, qos_issue4, qos_thesis, sim_default_vs_oracle,
-    sim_mix_recovery, sim_oracle, wan_no_regression,
+    sim_mix_recovery, sim_oracle, wan_default_vs_oracle, wan_default_vs_static, wan_no_regression,
 )
 
 HARP_RERUN = ("fstream bench harp --history-csv bench/results/harp-20261124-081507/history.csv --datasets small "
@@ -49,13 +49,14 @@ GOALS: list[Goal] = [
     Goal("16", "default ≥ 0.90 of the grid oracle, backlogged (simulator)", "bench/results/tuning-science-*.json",
          "fstream bench tuning-science --part fstream", measure=sim_default_vs_oracle,
          select=lambda d: d["part"] in ("all", "fstream"), was=("0.97–1.00", "yes")),
-    Goal("16", "default ≥ 0.90 of the grid oracle, backlogged (WAN)", "bench/results/tuning-wan-20261124-225814",
+    Goal("16", "default ≥ 0.90 of the grid oracle, backlogged (WAN)",
+         ("bench/results/tuning-wan-20261124-225814", "bench/results/tuning-wan-2026112[5-9]-*"),
          WAN + "fstream bench tuning-wan --workloads w1,w2,w3,w4,sra,lcls,mix --count-factor 0.3",
-         doc="tuning-wan.json", pending="~34 minutes of exclusive WAN time, not in issue 26's session",
-         was=("0.96–1.23", "yes")),
-    Goal("16", "default ≥ 1.5× `static`, backlogged", "bench/results/tuning-wan-20261124-225814",
+         doc="tuning-wan.json", measure=wan_default_vs_oracle, was=("0.96–1.23", "yes")),
+    Goal("16", "default ≥ 1.5× `static`, backlogged",
+         ("bench/results/tuning-wan-20261124-225814", "bench/results/tuning-wan-2026112[5-9]-*"),
          WAN + "fstream bench tuning-wan --workloads w1,w2,w3,w4,sra,lcls,mix --count-factor 0.3",
-         doc="tuning-wan.json", pending="the same ~34-minute run as the row above",
+         doc="tuning-wan.json", measure=wan_default_vs_static,
          was=("WAN `mix` 2.30×; elsewhere static is already 0.95–1.02 of the oracle (§9.6)",
               "no (1 of 7 on the WAN)")),
     Goal("16", "mix change: ≥ 0.85 of the oracle within 3 intervals (simulator)",

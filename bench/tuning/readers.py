@@ -79,6 +79,29 @@ def sim_default_vs_oracle(doc: dict, _: Path) -> tuple[str, str]:
             f"{len(xs)} workloads (lowest: {lo}; deterministic)", yes(min(xs.values()) >= 0.90))
 
 
+def _wan_runs(doc: dict) -> dict[str, dict]:
+    """``fstream bench tuning-wan``: each workload's runs by tool (one run each), those that finished."""
+    return {w: {t: r for t, r in v["runs"].items() if r.get("ok")} for w, v in doc["workloads"].items()}
+
+
+def wan_default_vs_oracle(doc: dict, _: Path) -> tuple[str, str]:
+    """The default tuner's throughput over the best fixed setting measured beside it (the grid oracle the simulator
+    picked, run on the WAN), per workload; met when every workload is ≥ 0.90."""
+    vals = {w: r["fstream-fstream"]["of_oracle"] for w, r in _wan_runs(doc).items() if "fstream-fstream" in r}
+    lowest = min(vals, key=vals.get)
+    return (f"{med_range(list(vals.values()))} of the oracle over {len(vals)} workloads (lowest: {lowest}; "
+            f"one run per tool and workload)", yes(len(vals) == len(doc["workloads"]) and vals[lowest] >= 0.9))
+
+
+def wan_default_vs_static(doc: dict, _: Path) -> tuple[str, str]:
+    """The default tuner's throughput over ``static``'s, per workload (one run each); met when every one is ≥ 1.5."""
+    ratios = {w: r["fstream-fstream"]["throughput_bps"] / r["fstream-static"]["throughput_bps"]
+              for w, r in _wan_runs(doc).items() if "fstream-fstream" in r and "fstream-static" in r}
+    met = sum(x >= 1.5 for x in ratios.values())
+    return (", ".join(f"{w} {x:.2f}×" for w, x in ratios.items()) + " (WAN, one run each)",
+            f"{'yes' if met == len(ratios) else 'no'} ({met} of {len(ratios)} on the WAN)")
+
+
 def sim_mix_recovery(doc: dict, _: Path) -> tuple[str, str]:
     """``mix``: decision intervals after each change until throughput last sat below 0.85 of the phase's oracle."""
     rows = [r for r in doc["recovery"] if r["tuner"] == "default"]
