@@ -286,6 +286,15 @@ def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_pa
     agent = Agent(redis_url, policy=pol, name="cli-test", keys=Keys("cli2"), block_ms=100)
     th = threading.Thread(target=agent.run, daemon=True)
     th.start()
+    from fstream_provider.authz.outcome import default_agent_key
+
+    # `submit` trusts the local agent's public key as it finds it when it starts following; in a fresh state dir
+    # (a pytest worker that made none yet) the agent thread may not have written it: wait until it has
+    pub = default_agent_key().with_name(default_agent_key().name + ".pub")
+    deadline = time.monotonic() + 30
+    while not pub.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pub.exists(), f"the agent did not write {pub} within 30 s"
     try:
         code, out, err = _cli(capsys, "submit", str(src), "--to", f"fstream://127.0.0.1:{rcv.port}/out",
                               "--tuner", "fixed", "--json", "--redis", redis_url, "--namespace", "cli2",

@@ -443,7 +443,9 @@ def test_sigterm_handler_sets_stop(make_agent):
     before = signal.getsignal(signal.SIGTERM)
 
     def after_start() -> None:
-        poll(lambda: a._client is not None and a._store is not None, "agent to start")
+        # run() installs its handler after it has connected and made its store; a SIGTERM before that is the
+        # default one and ends the process (CI: it ended a pytest worker): wait for the handler itself
+        poll(lambda: signal.getsignal(signal.SIGTERM) is not before, "agent to install its SIGTERM handler")
         os.kill(os.getpid(), signal.SIGTERM)
         done.set()
 
