@@ -4,6 +4,7 @@ through agents with pools on the WAN, the scheduling cycle's Redis cost. Each tu
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from fstream_bench.core.readers import yes
@@ -71,7 +72,7 @@ def seal_at_load(doc: dict, _: Path) -> tuple[str, str]:
             floors.append(100 * (1 - row["floor"]["avg_slowdown"] / best))
             worse += res["seal-share"]["avg_slowdown"] > best
         parts.append(f"{name}: {med_range(gains, '{:.0f} %')} lower (floor {med_range(floors, '{:.0f} %')})")
-        loads_met += name in ("25%", "45%", "60%") and sorted(gains)[(len(gains) - 1) // 2] >= 20
+        loads_met += name in ("25%", "45%", "60%") and statistics.median(gains) >= 20
     runs = len(doc["rows"])
     return "; ".join(parts) + f"; worse than the best baseline in {worse} of {runs} runs (seeds " \
         f"{', '.join(map(str, doc['seeds']))}{', fresh' if doc.get('seeds_fresh') else ''})", \
@@ -88,7 +89,7 @@ def steal_share_at_load(doc: dict, _: Path) -> tuple[str, str]:
         if not shares:
             return "no batch replays in this result", "no"
         parts.append(f"{name}: {med_range(shares, '{:.3f}')}")
-        ok = ok and sorted(shares)[(len(shares) - 1) // 2] >= 0.9
+        ok = ok and statistics.median(shares) >= 0.9
     return "; ".join(parts) + " of SEAL's spare (both sharing below the knee)", yes(ok)
 
 
