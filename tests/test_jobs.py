@@ -286,15 +286,6 @@ def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_pa
     agent = Agent(redis_url, policy=pol, name="cli-test", keys=Keys("cli2"), block_ms=100)
     th = threading.Thread(target=agent.run, daemon=True)
     th.start()
-    from fstream_provider.authz.outcome import default_agent_key
-
-    # `submit` trusts the local agent's public key as it finds it when it starts following; in a fresh state dir
-    # (a pytest worker that made none yet) the agent thread may not have written it: wait until it has
-    pub = default_agent_key().with_name(default_agent_key().name + ".pub")
-    deadline = time.monotonic() + 30
-    while not pub.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert pub.exists(), f"the agent did not write {pub} within 30 s"
     try:
         code, out, err = _cli(capsys, "submit", str(src), "--to", f"fstream://127.0.0.1:{rcv.port}/out",
                               "--tuner", "fixed", "--json", "--redis", redis_url, "--namespace", "cli2",
@@ -314,6 +305,64 @@ def test_cli_submit_follows_until_done_and_exit_status(capsys, redis_url, tmp_pa
     finally:
         agent.stop()
         th.join(20)
+        rcv.stop()
+
+
+def test_submit_started_before_the_local_agent_trusts_its_key_once_written(redis_url, redis_client, tmp_path,
+                                                                            monkeypatch):
+    """Regression: `fstream submit` resolved its trusted agents once, when it started; in a fresh state dir that is
+    before the local agent's first start writes <state dir>/agent.key.pub, so the submit trusted no one and waited
+    for ever for an outcome a trusted agent signed. A real submit process now follows the job to its end once the
+    agent that starts after it has written its key."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fstream_provider.authz.outcome import default_agent_key
+    from transfer_agent.daemon.worker import Agent
+    from transfer_agent.receiving.receiver import Receiver
+    from transfer_agent.wire.auth import load_secret
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("FSTREAM_STATE_DIR", str(state))
+    pub = default_agent_key().with_name(default_agent_key().name + ".pub")
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    (src / "f0").write_bytes(os.urandom(20_000))
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    rcv = Receiver(listen=("127.0.0.1", 0), root=str(dst), secret=load_secret(str(secret))).start()
+    keys = Keys("early")
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "transfer_agent.cli.main", "submit", str(src), "--to",
+         f"fstream://127.0.0.1:{rcv.port}/out", "--tuner", "fixed", "--json", "--redis", redis_url, "--namespace",
+         "early", "--submitter", authkit.SUBMITTER, "--submitter-key", authkit.key_file()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    agent = th = None
+    try:
+        deadline = time.monotonic() + 60
+        while not redis_client.keys("{early}:job:*") and time.monotonic() < deadline and submit.poll() is None:
+            time.sleep(0.05)
+        assert redis_client.keys("{early}:job:*"), "the submit process did not store its job"
+        assert not pub.exists(), "the local agent's key was there before the submit started: nothing is tested"
+        agent = Agent(redis_url, policy=authkit.policy(secret), name="early", keys=keys, block_ms=100)
+        th = threading.Thread(target=agent.run, daemon=True)
+        th.start()
+        out, err = submit.communicate(timeout=120)
+        assert submit.returncode == 0, err
+        assert json.loads(out)["state"] == "succeeded" and pub.exists()
+        assert (dst / "out" / "f0").read_bytes() == (src / "f0").read_bytes()
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+            submit.communicate()
+        if agent is not None:
+            agent.stop()
+            th.join(20)
         rcv.stop()
 
 

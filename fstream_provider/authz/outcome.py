@@ -85,13 +85,15 @@ class Verdict:
     reason: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrustedAgents:
     """The agent keys a client trusts. :param keys: key id -> public key. :param source: where they came from (for
-    messages)."""
+    messages). :param pending: the local agent's public key file the default trust did not find when it was
+    resolved: adopted once it exists (a client started before the local agent's first start, which writes it)."""
 
     keys: dict[str, PublicKey]
     source: str = ""
+    pending: str = ""
 
     @classmethod
     def of(cls, keys: list[PublicKey], source: str = "") -> "TrustedAgents":
@@ -132,11 +134,13 @@ class TrustedAgents:
             return cls.from_value(value)
         pub = default_agent_key().with_name(AGENT_KEY_NAME + ".pub")
         if not pub.exists():
-            return cls({}, f"{pub} (does not exist: no local agent has started with this state dir)")
+            return cls({}, f"{pub} (does not exist: no local agent has started with this state dir)", str(pub))
         return cls.of([load_public(pub, "local agent key")], str(pub))
 
     def verify(self, namespace: str, stored: dict[str, str]) -> Verdict:
         """Check a job hash's outcome signature (``stored``: the hash's ``SIGNED_FIELDS`` as stored)."""
+        if not self.keys and self.pending:
+            self._adopt_pending()
         raw = stored.get(FIELD) or ""
         if not raw:
             return Verdict(False, None, "no agent signed this outcome (the job hash has no outcome_sig)")
@@ -156,6 +160,20 @@ class TrustedAgents:
             return Verdict(False, agent, f"agent {agent!r}'s signature does not match the stored outcome (altered "
                                          "after the agent wrote it, or copied from another job)")
         return Verdict(True, key.name or agent)
+
+    def _adopt_pending(self) -> None:
+        """The default trust's local key, if the local agent has written it since (only that file, the one the
+        trust would have read at the start: nothing a peer says widens it). A file not yet whole is tried again at
+        the next check."""
+        pub = Path(self.pending)
+        if not pub.exists():
+            return
+        try:
+            key = load_public(pub, "local agent key")
+        except KeyFormatError:
+            return
+        self.keys[key.key_id] = key
+        self.source, self.pending = str(pub), ""
 
     def describe(self) -> str:
         if not self.keys:
