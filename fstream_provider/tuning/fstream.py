@@ -10,16 +10,18 @@ starved intervals, the QoS jump and pacing); ``variants.THESIS`` runs Alg. 1-3 a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
-from fstream_provider.tuning.base import ClusterLayout, Observation, PathInfo
+from fstream_provider.tuning.base import ClusterLayout, Observation, PathInfo, Suggestion
 from fstream_provider.tuning.clustering import SMALL, Cluster
 from fstream_provider.tuning.common import ClusteredTuner, describe, fmt_bps, fmt_size
 from fstream_provider.tuning.heuristic import Settings, StartLayout, clamp
 from fstream_provider.tuning.profile_history import ProfileHistory, ProfileRecord
 from fstream_provider.tuning.profiler import OnlineProfiler
 from fstream_provider.tuning.qos import PacedLayout, QosController
+from fstream_provider.tuning.tails import apply_floors, tail_floors
 from fstream_provider.tuning.variants import DEFAULT, FStreamVariant
 
 
@@ -103,6 +105,8 @@ class FStreamTuner(ClusteredTuner):
         self.min_window_s = variant.interval_for(path.rtt_s)
         self.observe_every_s = self.min_window_s  # the sender consults the tuner at least this often
         self._acc_bytes, self._acc_dt, self._acc_starved = 0, 0.0, False
+        self._rate = path.bandwidth_bps * variant.p  # the aggregate rate last measured (the tails' time left)
+        self._tail_note = ""
 
     # -- helpers ------------------------------------------------------------------------
     def _dominant(self, clusters: list[Cluster]) -> Cluster:
@@ -121,6 +125,14 @@ class FStreamTuner(ClusteredTuner):
         return cc, (f"by {how}: {rec.kind or '?'} files avg {fmt_size(rec.avg_size)}/{rec.ftype or '-'}: cc={rec.cc} "
                     f"gave {fmt_bps(rec.throughput_bps)}"), rec
 
+    def _per_channel_bps(self, name: str) -> float:
+        """A cluster's measured rate per channel, else the bandwidth over its channels."""
+        per = self._per_channel.get(name)
+        if not per:
+            s = self._settings.get(name)
+            per = self.path.bandwidth_bps / max(1, s.cc if s else 2)
+        return per
+
     def _weights(self, clusters: list[Cluster]) -> dict[str, float]:
         """Estimated time to drain each cluster's pending files; a cluster with none pending only finishes its
         files in flight (weight 0: one channel), else its stale per-channel rate would draw every channel to it."""
@@ -129,11 +141,7 @@ class FStreamTuner(ClusteredTuner):
             if c.files <= 0:
                 out[c.name] = 0.0
                 continue
-            per = self._per_channel.get(c.name)
-            if not per:
-                s = self._settings.get(c.name)
-                per = self.path.bandwidth_bps / max(1, s.cc if s else 2)
-            out[c.name] = max(c.bytes, 1) / max(per, 1e3)
+            out[c.name] = max(c.bytes, 1) / max(self._per_channel_bps(c.name), 1e3)
         return out
 
     def _layouts(self) -> tuple[ClusterLayout, ...]:
@@ -141,7 +149,25 @@ class FStreamTuner(ClusteredTuner):
         if not clusters:
             return ()
         total = self._total or sum(self._settings[c.name].cc for c in clusters)
-        cc = split_cc(total, self._weights(clusters), self.path.max_cc)
+        weights = self._weights(clusters)
+        prev = {l.cluster: l.cc for l in self._last or ()}
+        if not any(weights.values()) and all(c.name in prev for c in clusters):
+            # nothing queued anywhere: every file left is in flight on its channel, and a new split would only
+            # open channels with nothing to carry (16 + 16 of 32, a p=5 channel's 5 handshakes each, while the
+            # last files land: 7 s of a 14 s transfer on the WAN, issue 44)
+            cc = {c.name: prev[c.name] for c in clusters}
+        else:
+            cc = split_cc(total, weights, self.path.max_cc)
+        self._tail_note = ""
+        if self.variant.on("tail-floor") and not self.target:
+            names = {c.name for c in clusters}
+            floors = tail_floors({n: st for n, st in self._stats.items() if n in names},
+                                 {n: self._per_channel_bps(n) for n in names}, self._rate, self.path.max_cc)
+            floored = apply_floors(cc, floors)
+            moved = [f.reason for n, f in sorted(floors.items()) if floored.get(n, 0) > cc.get(n, 0)]
+            if moved:
+                self._tail_note = "tails: " + "; ".join(moved) + f" (split {cc} -> {floored})"
+            cc = floored
         total_cc = sum(cc.values())
         out = []
         for c in clusters:
@@ -154,6 +180,10 @@ class FStreamTuner(ClusteredTuner):
             else:
                 out.append(ClusterLayout(c.name, s.cc, s.p, s.pp))
         return tuple(out)
+
+    def suggest(self) -> Suggestion:
+        s = super().suggest()
+        return dataclasses.replace(s, reason=f"{s.reason}; {self._tail_note}") if self._tail_note else s
 
     def set_target(self, bps: float | None) -> None:
         """Move the QoS target while running (a deadline's steering, ``deadline.Deadline``); None fills the path."""
@@ -209,6 +239,8 @@ class FStreamTuner(ClusteredTuner):
         for name, st in obs.clusters.items():
             if st.active_channels and st.throughput_bps > 0:
                 self._per_channel[name] = st.throughput_bps / st.active_channels
+        if obs.dt >= 0.25 * self.min_window_s and obs.throughput_bps > 0:
+            self._rate = obs.throughput_bps
         if self._total is None and self.start.cc is not None:
             self._total = min(max(self.start.cc, len(clusters)), self.path.max_cc)
             reasons.append(f"total cc={self._total} (given)")

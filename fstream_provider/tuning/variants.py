@@ -44,6 +44,9 @@ SWITCHES: dict[str, str] = {
     "jump": "QoS: jump to the channel count the per-channel rate says is needed before walking the ladder",
     "pacing": "QoS: cap each cluster's rate at its share of the target (integer streams otherwise bound the "
               "error: one stream is ~20 % of a 1 Gbit/s, 40 ms path with 1 MiB buffers)",
+    "tail-floor": "a cluster keeps a channel per file in flight plus enough for its queued files to start while "
+                  "they can finish in the time left (tuning.tails; issue 44: a large file queued behind many small "
+                  "ones otherwise ends alone on one channel)",
     "history-ftype": "look the profiling history up by file extension between the size and the class level "
                      "(off in default: it did not measurably help, BENCHMARKS.md)",
 }

@@ -47,6 +47,9 @@ WORKLOADS = ("w1", "w2", "w3", "w4", "sra", "lcls")
 #: A workload whose mix changes mid-run (issue #16): large -> many extra small -> large files.
 MIX = "mix"
 _MIX_PHASES = ("large", "xsmall", "large")
+#: A backlog of a few large files among many small ones (issue 44's straggler tails); its shape is drawn from the
+#: seed: 2-6 large files of 0.8-2 GB and 600-2000 small ones of 1.5-8 MB on average (reference scale), all at once.
+TAILS = "tails"
 
 # (low, high) bytes, count per batch, file type
 _CLASSES: dict[str, tuple[int, int, int]] = {
@@ -83,6 +86,8 @@ _REAL_COUNT_DIVISOR = 4
 _FTYPE = {"sra": "sra", "lcls": "xtc"}
 
 _DESCRIPTIONS = {
+    TAILS: "straggler tails: 2-6 large files among 600-2000 small ones, all present at the start; the shape is "
+           "drawn from the seed (issue 44)",
     "w1": "workload #1: small, large, small, large files (Table 4.1)",
     "w2": "workload #2: large, small, large, small files (Table 4.1)",
     "w3": "workload #3: extra small, extra large, large, large files (Table 4.1)",
@@ -181,6 +186,18 @@ def _real(name: str, rng: random.Random, scale: float, count_factor: float,
     return batches
 
 
+def _tails(rng: random.Random, scale: float, count_factor: float) -> list[FileInfo]:
+    """A few large files among many small ones, sizes within +-20 % / +-50 % of the averages the seed draws."""
+    n_large, large = rng.randint(2, 6), rng.uniform(800e6, 2e9)
+    n_small, small = _count(rng.randint(600, 2000), count_factor), rng.uniform(1.5e6, 8e6)
+    files = [FileInfo(f"tails/large-{j:05d}.h5", max(1, int(large * rng.uniform(0.8, 1.2) * scale)), "h5")
+             for j in range(n_large)]
+    files += [FileInfo(f"tails/small-{j:05d}.dat", max(1, int(small * rng.uniform(0.5, 1.5) * scale)), "dat")
+              for j in range(n_small)]
+    rng.shuffle(files)
+    return files
+
+
 def _mix(rng: random.Random, scale: float, count_factor: float) -> list[Batch]:
     """Phases of ``_MIX_PHASES``; phase k arrives when phases < k would be done at the reference line rate."""
     batches, t = [], 0.0
@@ -205,13 +222,15 @@ def make_workload(name: str, *, scale: float = 1.0, seed: int = 0, interval_s: f
         start, "backlogged"); ``mix`` times its phases itself.
     :param count_factor: multiplies file counts (at least one file per group).
     """
-    if name not in WORKLOADS + (MIX,):
-        raise ValueError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOADS + (MIX,))}")
+    if name not in WORKLOADS + (MIX, TAILS):
+        raise ValueError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOADS + (MIX, TAILS))}")
     if scale <= 0 or count_factor <= 0 or interval_s < 0:
         raise ValueError(f"workload {name}: scale ({scale}) and count_factor ({count_factor}) must be > 0 "
                          f"and interval_s ({interval_s}) >= 0")
     rng = random.Random(f"{name}:{seed}")
     if name == MIX:
         return Workload(name, _mix(rng, scale, count_factor), _DESCRIPTIONS[name], scale)
+    if name == TAILS:
+        return Workload(name, [Batch(0.0, _tails(rng, scale, count_factor))], _DESCRIPTIONS[name], scale)
     build = _synthetic if name in _SYNTHETIC else _real
     return Workload(name, build(name, rng, scale, count_factor, interval_s), _DESCRIPTIONS[name], scale)
