@@ -9,7 +9,8 @@ from fstream_bench.core.readers import WAN
 from fstream_bench.tuning.readers import (
     deadline_sim, deadline_wan, eta_error, harp_first_window, harp_optimizer, harp_total, harp_validation,
     pathfill_large, pathfill_small, pools_two_agents, qos_default, qos_issue4, qos_thesis, sim_default_vs_oracle,
-    sim_mix_recovery, sim_oracle, wan_default_vs_oracle, wan_default_vs_static, wan_no_regression,
+    sim_mix_recovery, sim_oracle, tails_default_vs_fixed, wan_default_vs_oracle, wan_default_vs_static,
+    wan_no_regression,
 )
 
 HARP_RERUN = ("fstream bench harp --history-csv bench/results/harp-20261124-081507/history.csv --datasets small "
@@ -88,4 +89,8 @@ GOALS: list[Goal] = [
          "bench/results/deadline-wan-*.json", WAN + "fstream bench deadline wan", measure=deadline_wan),
     Goal("29", "WAN, no regression: large files ≥ 0.95 of `iperf3 -P 16`, 1000 × 1 MiB ≥ 0.85 of the link",
          "bench/results/pathfill-*.json", WAN + "fstream bench pathfill", measure=wan_no_regression),
+    Goal("44", "no straggler tails: the default ≥ 0.95 of the best fixed setting in every run on backlogged mixes of a "
+         "few large and many small files (WAN, fresh seeds)", "bench/results/tails-*.json",
+         WAN + "fstream bench tails --fresh 4 --repeat 2", measure=tails_default_vs_fixed,
+         select=lambda d: not d["config"]["sim_only"]),
 ]

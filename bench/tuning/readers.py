@@ -210,3 +210,24 @@ def wan_no_regression(doc: dict, _: Path) -> tuple[str, str]:
     large, small = r["large / iperf3"], r["small / link"]
     return (f"large {med_range(large)} of `iperf3 -P 16`; 1000 × 1 MiB {med_range(small)} of the link",
             yes(statistics.median(large) >= 0.95 and statistics.median(small) >= 0.85))
+
+
+def tails_default_vs_fixed(doc: dict, _: Path) -> tuple[str, str]:
+    """``fstream bench tails`` on the WAN: per round (seed x repeat), the default tuner and the ablation without the
+    tail floor as fractions of that round's best fixed setting (``static`` or the simulator's two best points of
+    at most 32 streams). Met when the default is ≥ 0.95 in every round, not on the median."""
+    default, ablation, static = [], [], []
+    for row in doc["rows"]:
+        for rd in row.get("wan", []):
+            runs = rd["runs"]
+            default.append(runs["fstream-fstream"]["of_best"])
+            ablation.append(runs["fstream-fstream@default-tail-floor"]["of_best"])
+            static.append(runs["fstream-static"]["of_best"])
+    if not default:
+        return "no WAN rounds in this result", "no"
+    low = sum(x < 0.95 for x in default)
+    text = (f"default {med_range(default, '{:.3f}')} of the best fixed setting over {len(default)} rounds "
+            f"(without the tail floor {med_range(ablation, '{:.3f}')}; static {med_range(static, '{:.3f}')}); seeds "
+            f"{', '.join(map(str, doc['seeds']))}{', fresh' if doc.get('seeds_fresh') else ''}")
+    return text, (f"yes ({len(default)} of {len(default)} rounds)" if not low
+                  else f"no (below 0.95 in {low} of {len(default)} rounds)")
