@@ -51,3 +51,33 @@ def test_a_layout_opens_its_channels_at_once_and_no_more_than_open_at_once(tmp_p
     assert state["data"] == 24  # 12 channels of 2 streams
     assert not two.broken, "the first two data handshakes were never in progress at the same time"
     assert 2 <= state["most"] <= OPEN_AT_ONCE, state
+
+
+def test_after_a_failed_open_no_further_channel_starts():
+    """The channels open 8 at a time; once one fails (a receiver gone: here a port nobody listens on, refused at
+    once) the rest do not start: 12 channels are at most 8 connection attempts, not 12 (with a receiver that answers
+    with connect timeouts instead, 12 would be two rounds of the timeout before the session could retry)."""
+    import socket
+
+    import pytest
+
+    from transfer_agent.errors import NetworkError
+    from transfer_agent.sending.channels import ChannelPool
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: connections to it are refused
+    connector = Connector("127.0.0.1", port, b"k" * 32, None, {}, timeout=5.0)
+    attempts = []
+    real = connector.connect_link
+
+    def counted(**extra):
+        attempts.append(extra.get("channel"))
+        return real(**extra)
+
+    connector.connect_link = counted
+    pool = ChannelPool(None, connector, 1 << 20)
+    with pytest.raises(NetworkError, match="cannot connect to receiver"):
+        pool.apply({"small": (12, 1, 0)})
+    assert 1 <= len(attempts) <= OPEN_AT_ONCE, attempts
+    assert not pool.channels

@@ -195,11 +195,18 @@ class ChannelPool:
 
         One after another they cost a connect and an authentication (a few round trips) per stream: 28 channels of
         one stream and 4 of five, 48 handshakes on a 40 ms path, took 5.8 s, the whole of a 0.5 GB transfer, while
-        the sender's loop waited (issue 44). At once they cost the slowest of them, a few hundred ms."""
+        the sender's loop waited (issue 44). At once they cost the slowest of them, a few hundred ms. After a failure
+        no further channel starts (a receiver gone answers every one with a connect timeout)."""
+        failed = threading.Event()
+
         def one(ch: Channel) -> None:
-            if halt():
+            if halt() or failed.is_set():
                 return
-            ch.start()  # refused ("unknown session"): the session's failure is the receiver's reason (control)
+            try:
+                ch.start()  # refused ("unknown session"): the session's failure is the receiver's reason (control)
+            except BaseException:
+                failed.set()
+                raise
             with self.cond:
                 self.channels[ch.id] = ch
                 self.cond.notify_all()
