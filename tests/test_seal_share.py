@@ -99,3 +99,14 @@ def test_bench_seal_load_records_fresh_seeds_and_the_goal_reads_it(tmp_path: Pat
     png = tmp_path / "seal-load.png"
     assert seal_load.main(["--figure", str(path), str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bench_seal_load_help_prints(capsys):
+    """Regression: ``--traces``' default (25%,45%,...) went into argparse's help unescaped, so ``--help`` failed."""
+    import pytest
+
+    from fstream_bench.scheduling import seal_load
+
+    with pytest.raises(SystemExit) as ex:
+        seal_load.main(["--help"])
+    assert ex.value.code == 0 and "25%" in capsys.readouterr().out

@@ -25,20 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from fstream_bench.core import RESULTS_DIR, provenance
+from fstream_bench.core.seeds import add_seed_args, seeds_from
 from fstream_bench.core.runstats import write_result
 from fstream_bench.scheduling.replay import DEFAULT_TRACES
 from fstream_provider.tuning import sched_sim as S
 from fstream_provider.tuning import trace as T
 
 COMMAND = "seal-load"
-MODULES = ("fstream_provider.tuning", "fstream_bench.scheduling.seal_load")
+MODULES = ("fstream_provider.tuning", "fstream_bench.scheduling.seal_load", "fstream_bench.core.seeds")
 ALGORITHMS = S.BASELINES + ("seal", "seal-share")
 #: the ablation: ``seal-share`` with one of its two changes off (``seal_share.SealShareScheduler``'s switches)
 ABLATIONS = {"seal-share-no-admit": {"admit": False}, "seal-share-no-fair": {"fair_small": False}}
@@ -121,9 +121,8 @@ def figure(result: Path, png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"fstream bench {COMMAND}", description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", help="comma list of seeds (default: --fresh seeds drawn from the system)")
-    ap.add_argument("--fresh", type=int, default=3, help="how many fresh seeds without --seeds (default 3)")
-    ap.add_argument("--traces", default=DEFAULT_TRACES, help=f"trace shapes (default {DEFAULT_TRACES})")
+    add_seed_args(ap)
+    ap.add_argument("--traces", default=DEFAULT_TRACES, help=f"trace shapes (default {DEFAULT_TRACES})".replace("%", "%%"))
     ap.add_argument("--scale", type=float, default=1.0, help="tasks, volume and duration x this (load kept)")
     ap.add_argument("--no-batch", dest="batch", action="store_false", help="skip the STEAL batch replays")
     ap.add_argument("--results", default=str(RESULTS_DIR))
@@ -134,17 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         figure(Path(args.figure[0]), Path(args.figure[1]))
         print(f"figure: {args.figure[1]}")
         return 0
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else \
-            [secrets.randbelow(2 ** 31) for _ in range(args.fresh)]
-    except ValueError:
-        ap.error(f"--seeds: expected a comma list of integers, got {args.seeds!r}")
+    seeds = seeds_from(ap, args)
     traces = [t for t in args.traces.split(",") if t]
     for t in traces:
         if t not in T.TABLE2:
             ap.error(f"--traces: unknown trace shape {t!r} (known: {', '.join(T.TABLE2)})")
-    if not seeds or args.scale <= 0:
-        ap.error("need at least one seed and --scale > 0")
+    if args.scale <= 0:
+        ap.error("--scale must be > 0")
     prov = provenance.start(COMMAND, argv, MODULES)
     rows = []
     for seed in seeds:

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from fstream_bench.core import RESULTS_DIR, provenance
+from fstream_bench.core.seeds import add_seed_args, seeds_from
 from fstream_bench.core.runstats import write_result
 from fstream_bench.core.workload_gen import build, describe
 from fstream_provider.tuning.workloads import TAILS
@@ -38,7 +38,7 @@ from fstream_provider.tuning.workloads import TAILS
 COMMAND = "tails"
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.tails", "fstream_bench.tuning.wan", "fstream_bench.wan.harness",
            "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.core.workload_gen",
-           "fstream_bench.core.cpu_meter", "fstream_bench.wan.oracle")
+           "fstream_bench.core.cpu_meter", "fstream_bench.wan.oracle", "fstream_bench.core.seeds")
 BW, RTT, BUF = 1e9, 0.040, 2 ** 20
 DEFAULT, ABLATION, STATIC = "fstream-fstream", "fstream-fstream@default-tail-floor", "fstream-static"
 LABELS = {DEFAULT: "default", ABLATION: "default without the tail floor", STATIC: "static"}
@@ -193,8 +193,7 @@ def _on_wan(seeds: list[int], rows: list[dict], args: argparse.Namespace) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"fstream bench {COMMAND}", description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", help="comma list of seeds (default: --fresh seeds drawn from the system)")
-    ap.add_argument("--fresh", type=int, default=3, help="how many fresh seeds without --seeds (default 3)")
+    add_seed_args(ap)
     ap.add_argument("--sim-only", action="store_true", help="the simulator only (no root, no WAN)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per tool and seed on the WAN (seconds)")
     ap.add_argument("--results", default=str(RESULTS_DIR))
@@ -206,13 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         figure(Path(args.figure[0]), Path(args.figure[1]))
         print(f"figure: {args.figure[1]}")
         return 0
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else \
-            [secrets.randbelow(2 ** 31) for _ in range(args.fresh)]
-    except ValueError:
-        ap.error(f"--seeds: expected a comma list of integers, got {args.seeds!r}")
-    if not seeds:
-        ap.error("need at least one seed")
+    seeds = seeds_from(ap, args)
     if not args.sim_only and os.geteuid() != 0:
         ap.error("the WAN needs root (network namespaces); --sim-only runs the simulator alone")
     prov = provenance.start(COMMAND, argv, MODULES)
