@@ -155,3 +155,22 @@ def test_provenance_command_reruns_the_benchmark(capsys):
     assert {"fstream_bench.tuning.harp", "fstream_bench.tuning.harp_windows", "fstream_bench.wan.rig"} <= set(prov["modules"])
     assert prov["code_hash"].startswith("sha256:")
     assert "load_end" in provenance.finish(prov)
+
+
+def test_generated_datasets_come_from_the_seeds_and_are_staged_whole(tmp_path):
+    """``--generated``: one held-out workload per seed, its chunks as the optimizer report and calibration see them,
+    staged file for file (issue 44)."""
+    from fstream_bench.tuning.harp import chunks_of, describe_dataset, generated, stage
+
+    sets = generated([3, 11], 1e9, 0.040)
+    assert list(sets) == ["heldout-3", "heldout-11"]
+    w = sets["heldout-3"]
+    groups = chunks_of(w, 5e6)
+    assert sum(n for _, _, n in groups) == len(w.files) and {c for c, _, _ in groups} <= {"tiny", "small", "medium",
+                                                                                          "large"}
+    assert describe_dataset(w)["bytes"] == w.total_bytes >= 0.45e9
+    assert chunks_of((2_000_000, 750), 5e6) == [("small", 2e6, 750)]
+    small = generated([5], 1e7, 0.040)["heldout-5"]  # a 10 Mbit/s path: the same shape at 1/100 of the sizes
+    root = stage(small, tmp_path / "src", seed=5)
+    landed = {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+    assert landed == {f.path: f.size for f in small.files}

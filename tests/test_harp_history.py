@@ -114,7 +114,8 @@ def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secre
     assert 0 < first["probes_run"] < first["probes_total"] == 2 * 2 * 12
     rows = TransferHistory(redis_client).rows()
     assert len(rows) == first["probes_run"] and all(r.kind == "probe" and r.throughput_bps > 0 for r in rows)
-    assert {r.chunk for r in rows} == {"small", "large"}  # interleaved: any prefix covers both chunks
+    # blocks of GROUP_BLOCK points per chunk (12 here, the whole grid): small's group is whole before large starts
+    assert [r.chunk for r in rows] == ["small"] * min(12, len(rows)) + ["large"] * (len(rows) - 12)
     assert {(r.cc, r.p, r.pp) for r in rows} <= {(cc, p, pp) for cc in (1, 2, 4, 8) for p in (1, 2) for pp in (0, 2)}
     # every probe moved its bytes: the destination's copy holds the source's last content
     landed = sorted((tmp_path / "dst" / "cal" / ".fstream-calibration" / "small").iterdir())
@@ -131,6 +132,46 @@ def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secre
     assert fstream(argv + ["--budget", "1s", "--restart"]) == 0
     third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert third["run"] != first["run"] and third["probes_done"] == third["probes_run"] >= 1
+
+
+def test_probe_order_completes_a_group_per_chunk_before_the_next_chunk():
+    """A short budget must end with whole groups (a cubic needs 20 distinct settings), not a few points of each chunk:
+    the calibration used to interleave chunks point by point, and 48 probes over four chunks left 12 each, none
+    usable (issue 44)."""
+    from transfer_agent.sending.calibration import GROUP_BLOCK, probe_order
+
+    grid = {"cc": (1, 2, 4, 8, 16), "p": (1, 2, 4, 8), "pp": (0, 4)}  # 40 points
+    chunks = ["tiny", "small", "medium", "large"]
+    order = probe_order(chunks, grid, passes=2)
+    assert len(order) == 2 * 4 * 40 and len({pr.field for pr in order}) == len(order)
+    prefix = order[:2 * GROUP_BLOCK]
+    distinct = {c: len({(pr.cc, pr.p, pr.pp) for pr in prefix if pr.chunk == c}) for c in chunks}
+    assert distinct == {"tiny": GROUP_BLOCK, "small": GROUP_BLOCK, "medium": 0, "large": 0}
+    assert GROUP_BLOCK >= 20
+    first_pass = order[:4 * 40]  # the whole grid of every chunk in pass 0, before any point of pass 1
+    assert {pr.pass_no for pr in first_pass} == {0}
+    assert all(len({(pr.cc, pr.p, pr.pp) for pr in first_pass if pr.chunk == c}) == 40 for c in chunks)
+
+
+def test_a_slow_probe_is_cut_at_its_time_cap_and_its_steady_rate_recorded(tmp_path, secret, rx, redis_url,
+                                                                          redis_client, capsys):
+    """cc=1 pp=0 over ~1,900 64 KiB files takes many seconds even on loopback; the probe is drained at warm-up +
+    2 x probe_seconds and still recorded (without the cap a 120 s budget ran 6 probes on the WAN, issue 44)."""
+    from transfer_agent.sending.calibration import CAP_PROBES, warm_up
+
+    argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/cut", "--secret-file", str(secret), "--redis",
+            redis_url, "--bandwidth", "1Gbit", "--rtt", "10ms", "--probe-seconds", "1s", "--chunks", "tiny",
+            "--grid", "cc=1:p=1:pp=0", "--passes", "1", "--budget", "60s", "--json"]
+    assert fstream(argv) == 0
+    cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    files = cal["files"]["tiny"]
+    assert cal["probes_run"] == 1 and files > 1500
+    landed = list((tmp_path / "dst" / "cut" / ".fstream-calibration" / "tiny").iterdir())
+    assert 0 < len(landed) < files  # cut: the rest never started
+    (row,) = TransferHistory(redis_client).rows()
+    cap = warm_up(0.010) + CAP_PROBES * 1.0
+    assert row.throughput_bps > 0 and 0.3 <= row.duration_s <= cap - warm_up(0.010) + 0.2
+    assert row.cc == 1 and row.kind == "probe"
 
 
 def test_calibrate_refuses_bad_options_naming_them(capsys, redis_url):

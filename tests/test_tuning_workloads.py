@@ -46,3 +46,20 @@ def test_scale_multiplies_sizes_and_count_factor_thins():
 def test_unknown_workload_is_refused_with_the_name():
     with pytest.raises(ValueError, match="w9"):
         make_workload("w9")
+
+
+def test_heldout_draws_its_shape_from_the_seed_within_the_stated_bounds():
+    """HARP's held-out transfers (issue 44): 1-3 groups, 5-10 GB at reference scale, everything at t=0."""
+    from fstream_provider.tuning.workloads import HELDOUT
+
+    shapes = set()
+    for seed in range(20):
+        w = make_workload(HELDOUT, seed=seed, scale=0.1)
+        assert w.batches[0].t == 0.0 and len(w.batches) == 1
+        assert 0.45e9 <= w.total_bytes <= 1.05e9  # +-50 % per file around each group's drawn total
+        groups = {f.path.split("/")[1] for f in w.files}
+        assert 1 <= len(groups) <= 3
+        assert all(0.25e6 * 0.5 <= f.size <= 100e6 * 1.5 for f in w.files)
+        shapes.add((len(w.files), len(groups)))
+        assert make_workload(HELDOUT, seed=seed, scale=0.1).files == w.files  # the seed replays it
+    assert len(shapes) >= 15 and {g for _, g in shapes} == {1, 2, 3}

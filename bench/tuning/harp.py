@@ -19,6 +19,10 @@ its own first byte as HARP's allocation came after HARP's. Ratios are taken with
 amortisation size is Eq. 6–7 of the paper solved for D with the measured Thr_0 (static), Thr_S (the
 sample) and Thr_H (after the sample), all from the first byte.
 
+Held-out transfers (issue 44): ``--generated`` replaces the fixed datasets by ``heldout`` workloads
+(``tuning.workloads``: 1-3 groups of files from BDP/20 to 20 BDP, 0.5-1 GB on this path) drawn from fresh seeds
+(``--fresh N``, or ``--seeds``), each recorded in the summary; HARP never saw these shapes.
+
 Run: ``fstream bench harp`` or ``python -m fstream_bench.tuning.harp`` (root; ``--loopback`` for a smoke run).
 """
 
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 
 from fstream_bench.core import provenance
+from fstream_bench.core.seeds import add_seed_args, seeds_from
 from fstream_bench.core.unix_redis import UnixRedis
 from fstream_bench.tuning.harp_windows import PAIRS, med_range, run_metrics, summarize
 from fstream_bench.wan.rig import (add_path_args, concurrent_benchmarks, machine_line, open_bench, result_dirs,
@@ -61,6 +66,44 @@ def make_dataset(root: Path, size: int, count: int) -> Path:
     return root
 
 
+def chunks_of(spec, bdp: float) -> list[tuple[str, float, int]]:
+    """(chunk, average size, count) of a dataset: a fixed ``(size, count)`` or a generated ``Workload``."""
+    from fstream_provider.tuning.harp_history import chunk_of
+
+    if isinstance(spec, tuple):
+        return [(chunk_of(spec[0], bdp), float(spec[0]), int(spec[1]))]
+    groups: dict[str, list[int]] = {}
+    for f in spec.files:
+        groups.setdefault(chunk_of(f.size, bdp), []).append(f.size)
+    return [(c, sum(v) / len(v), len(v)) for c, v in sorted(groups.items())]
+
+
+def stage(spec, root: Path, seed: int = 0) -> Path:
+    """Write a dataset's files under ``root``: fixed ``(size, count)`` or a generated ``Workload``."""
+    if isinstance(spec, tuple):
+        return make_dataset(root, *spec)
+    from fstream_bench.core.workload_gen import materialize
+
+    materialize(spec, root, seed=seed)
+    return root
+
+
+def generated(seeds: list[int], bandwidth_bps: float, rtt_s: float) -> dict:
+    """``heldout`` workloads, one per seed, named ``heldout-<seed>``."""
+    from fstream_bench.core.workload_gen import build
+    from fstream_provider.tuning.workloads import HELDOUT
+
+    return {f"heldout-{s}": build(HELDOUT, bandwidth_bps=bandwidth_bps, rtt_s=rtt_s, seed=s, interval_s=0.0)
+            for s in seeds}
+
+
+def describe_dataset(spec) -> dict:
+    if isinstance(spec, tuple):
+        return {"size": spec[0], "count": spec[1], "bytes": spec[0] * spec[1]}
+    return {"files": len(spec.files), "bytes": spec.total_bytes,
+            "groups": [{"chunk": c, "avg_size": a, "count": n} for c, a, n in chunks_of(spec, 5e6)]}
+
+
 def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
     """The Optimizer's time and validation accuracy per dataset chunk, on the calibrated history."""
     import redis
@@ -73,20 +116,20 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     frame = TransferHistory(client).frame()
     out = []
-    for name, (size, count) in datasets.items():
-        chunk = chunk_of(size, bench.bandwidth_bps * bench.rtt_s / 8)
-        req = HarpRequest(bandwidth_bps=bench.bandwidth_bps, rtt_s=bench.rtt_s, tcp_buffer=1 << 20, chunk=chunk,
-                          avg_file_size=size, file_count=count)
-        opt = HarpOptimizer()
-        t0 = time.perf_counter()
-        fitted = opt.fit(frame, req)
-        pred = opt.predict(fitted, None)
-        secs = time.perf_counter() - t0
-        val = validation_accuracy(frame, req)
-        out.append({"dataset": name, "chunk": chunk, "rows": len(frame), "optimizer_seconds": secs,
-                    "prediction": {"cc": pred.cc, "p": pred.p, "pp": pred.pp, "bps": pred.throughput_bps,
-                                   "fallback": pred.fallback, "reason": pred.reason},
-                    "validation": val})
+    for name, spec in datasets.items():
+        for chunk, size, count in chunks_of(spec, bench.bandwidth_bps * bench.rtt_s / 8):
+            req = HarpRequest(bandwidth_bps=bench.bandwidth_bps, rtt_s=bench.rtt_s, tcp_buffer=1 << 20, chunk=chunk,
+                              avg_file_size=size, file_count=count)
+            opt = HarpOptimizer()
+            t0 = time.perf_counter()
+            fitted = opt.fit(frame, req)
+            pred = opt.predict(fitted, None)
+            secs = time.perf_counter() - t0
+            val = validation_accuracy(frame, req)
+            out.append({"dataset": name, "chunk": chunk, "rows": len(frame), "optimizer_seconds": secs,
+                        "prediction": {"cc": pred.cc, "p": pred.p, "pp": pred.pp, "bps": pred.throughput_bps,
+                                       "fallback": pred.fallback, "reason": pred.reason},
+                        "validation": val, "chunk_avg_size": size, "chunk_files": count})
     return out
 
 
@@ -94,7 +137,7 @@ def optimizer_report(redis_url: str, bench, datasets: dict) -> list[dict]:
 MODULES = (*provenance.AGENT, "fstream_bench.tuning.harp", "fstream_bench.tuning.harp_windows", "fstream_bench.wan.rig",
            "fstream_bench.tuning.breakdown", "fstream_bench.peers", "fstream_bench.wan", "fstream_bench.core.report",
            "fstream_bench.core.cpu_meter", "fstream_bench.core.workload_gen", "fstream_bench.core.children",
-           "fstream_bench.core.unix_redis")
+           "fstream_bench.core.unix_redis", "fstream_bench.core.seeds")
 
 
 def _settings(r: dict) -> str:
@@ -249,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", default="300s", help="per run")
     ap.add_argument("--report-only", metavar="SUMMARY_JSON", help="rebuild report.md from a summary.json")
     ap.add_argument("--history-csv", metavar="FILE", help="import this history instead of calibrating")
+    ap.add_argument("--generated", action="store_true",
+                    help="held-out 'heldout' workloads from fresh seeds (--fresh N / --seeds) instead of --datasets")
+    add_seed_args(ap)
     raw_args = list(sys.argv[1:] if argv is None else argv)  # the words after ``fstream bench harp``
     args = ap.parse_args(raw_args)
     if args.report_only:
@@ -261,19 +307,24 @@ def main(argv: list[str] | None = None) -> int:
     from fstream_bench.peers import fstream as fs_peer
     from fstream_bench.peers.base import run_timed
 
-    datasets = {k: (DATASETS[k][0], max(2, int(DATASETS[k][1] * args.scale))) for k in args.datasets.split(",")}
+    seeds = seeds_from(ap, args) if args.generated else []
     conditions = [c for c in args.conditions.split(",") if c]
     tuners = [t for t in args.tuners.split(",") if t]
     out, work = result_dirs(args, "harp")
     first = parse_duration(args.first_window)
     repeat = max(1, args.repeat)
     bench = open_bench(args)
-    summary: dict = {"machine": machine_info(), "machine_line": machine_line(),
+    datasets = (generated(seeds, bench.bandwidth_bps, bench.rtt_s) if args.generated else
+                {k: (DATASETS[k][0], max(2, int(DATASETS[k][1] * args.scale))) for k in args.datasets.split(",")})
+    summary: dict = {"seeds": seeds, "seeds_fresh": bool(args.generated and not args.seeds),
+                     "dataset_shapes": {k: describe_dataset(v) for k, v in datasets.items()},
+                     "machine": machine_info(), "machine_line": machine_line(),
                      "selfcheck_line": selfcheck_line(bench.selfcheck),
                      "command": prov["command"], "provenance": prov,
                      "path": ("loopback smoke" if args.loopback
                               else f"{args.rate}, {args.rtt} RTT, {args.buffer} TCP buffer"),
-                     "concurrent": concurrent_benchmarks(), "runs": [], "datasets": datasets,
+                     "concurrent": concurrent_benchmarks(), "runs": [],
+                     "datasets": {k: (v if isinstance(v, tuple) else "generated") for k, v in datasets.items()},
                      "first_window": args.first_window, "repeat": repeat, "sample_interval": args.sample_interval,
                      "cases": []}
     print(summary["machine_line"], flush=True)
@@ -283,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with UnixRedis(work / "redis") as redis_srv, \
                 fs_peer.FStreamReceiver(sites=bench.sites, workdir=work / "rx", root=work / "dst") as rx:
-            chunks = sorted({__import__("fstream_provider.tuning.harp_history", fromlist=["chunk_of"]).chunk_of(
-                s, bench.bandwidth_bps * bench.rtt_s / 8) for s, _ in datasets.values()})
+            chunks = sorted({c for spec in datasets.values()
+                             for c, _, _ in chunks_of(spec, bench.bandwidth_bps * bench.rtt_s / 8)})
             cal = [*fs_peer.fstream_argv(), "calibrate", "--to", rx.url("calibration"), "--secret-file", str(rx.secret),
                    "--redis", redis_srv.url, "--budget", args.budget, "--bandwidth", base["bandwidth"], "--rtt",
                    base["rtt"],
@@ -309,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in summary["optimizer"]:
                 print(f"optimizer {row['dataset']}: {row['optimizer_seconds']:.2f} s, "
                       f"validation {row['validation'].get('accuracy')}", flush=True)
-            for dname, (size, count) in datasets.items():
-                src = make_dataset(work / "src" / dname, size, count)
+            for k_data, (dname, spec) in enumerate(datasets.items()):
+                src = stage(spec, work / "src" / dname, seeds[k_data] if seeds else 0)
                 for cond in conditions:
                     if cond == "background" and bench.path is not None:
                         from fstream_bench.wan.background import set_background

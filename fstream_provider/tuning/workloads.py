@@ -50,6 +50,9 @@ _MIX_PHASES = ("large", "xsmall", "large")
 #: A backlog of a few large files among many small ones (issue 44's straggler tails); its shape is drawn from the
 #: seed: 2-6 large files of 0.8-2 GB and 600-2000 small ones of 1.5-8 MB on average (reference scale), all at once.
 TAILS = "tails"
+#: Held-out transfers for HARP (issue 44): 1-3 groups of files whose average sizes are drawn log-uniformly from
+#: 2.5 MB to 1 GB (BDP/20 to 20 BDP at reference scale), 5-10 GB in total, all at once; a shape HARP never saw.
+HELDOUT = "heldout"
 
 # (low, high) bytes, count per batch, file type
 _CLASSES: dict[str, tuple[int, int, int]] = {
@@ -86,6 +89,8 @@ _REAL_COUNT_DIVISOR = 4
 _FTYPE = {"sra": "sra", "lcls": "xtc"}
 
 _DESCRIPTIONS = {
+    HELDOUT: "held-out transfer: 1-3 groups of files with average sizes from BDP/20 to 20 BDP, 5-10 GB "
+             "(reference scale), all present at the start; the shape is drawn from the seed (issue 44)",
     TAILS: "straggler tails: 2-6 large files among 600-2000 small ones, all present at the start; the shape is "
            "drawn from the seed (issue 44)",
     "w1": "workload #1: small, large, small, large files (Table 4.1)",
@@ -198,6 +203,21 @@ def _tails(rng: random.Random, scale: float, count_factor: float) -> list[FileIn
     return files
 
 
+def _heldout(rng: random.Random, scale: float, count_factor: float) -> list[FileInfo]:
+    """1-3 groups, each with a log-uniform average size and a share of the total; sizes +-50 % of the average."""
+    total = rng.uniform(5 * GB, 10 * GB)
+    n_groups = rng.randint(1, 3)
+    shares = [rng.uniform(0.2, 1.0) for _ in range(n_groups)]
+    files: list[FileInfo] = []
+    for g, share in enumerate(shares):
+        avg = math.exp(rng.uniform(math.log(2.5 * MB), math.log(1 * GB)))
+        count = _count(max(2, int(round(total * share / sum(shares) / avg))), count_factor)
+        files += [FileInfo(f"heldout/g{g + 1}/f-{j:05d}.dat", max(1, int(avg * rng.uniform(0.5, 1.5) * scale)), "dat")
+                  for j in range(count)]
+    rng.shuffle(files)
+    return files
+
+
 def _mix(rng: random.Random, scale: float, count_factor: float) -> list[Batch]:
     """Phases of ``_MIX_PHASES``; phase k arrives when phases < k would be done at the reference line rate."""
     batches, t = [], 0.0
@@ -222,8 +242,8 @@ def make_workload(name: str, *, scale: float = 1.0, seed: int = 0, interval_s: f
         start, "backlogged"); ``mix`` times its phases itself.
     :param count_factor: multiplies file counts (at least one file per group).
     """
-    if name not in WORKLOADS + (MIX, TAILS):
-        raise ValueError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOADS + (MIX, TAILS))}")
+    if name not in WORKLOADS + (MIX, TAILS, HELDOUT):
+        raise ValueError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOADS + (MIX, TAILS, HELDOUT))}")
     if scale <= 0 or count_factor <= 0 or interval_s < 0:
         raise ValueError(f"workload {name}: scale ({scale}) and count_factor ({count_factor}) must be > 0 "
                          f"and interval_s ({interval_s}) >= 0")
@@ -232,5 +252,7 @@ def make_workload(name: str, *, scale: float = 1.0, seed: int = 0, interval_s: f
         return Workload(name, _mix(rng, scale, count_factor), _DESCRIPTIONS[name], scale)
     if name == TAILS:
         return Workload(name, [Batch(0.0, _tails(rng, scale, count_factor))], _DESCRIPTIONS[name], scale)
+    if name == HELDOUT:
+        return Workload(name, [Batch(0.0, _heldout(rng, scale, count_factor))], _DESCRIPTIONS[name], scale)
     build = _synthetic if name in _SYNTHETIC else _real
     return Workload(name, build(name, rng, scale, count_factor, interval_s), _DESCRIPTIONS[name], scale)

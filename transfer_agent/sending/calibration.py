@@ -14,9 +14,15 @@ The paper ran every dataset with every parameter combination, at least five time
   be used, so the row records ``cc = min(cc, files)``: what actually ran. The row's throughput is the
   probe's steady rate after its warm-up (``steady_rate``; departure from the paper's whole-transfer
   entries, for the reason given there).
+* **Time cap.** A probe is cut (drained: files in flight finish, no new one starts) once it has run
+  ``warm-up + 2 x probe_seconds``; its rate is the steady part before the cut. Without the cap a slow point
+  ran for as long as its files took: on a 40 ms path, 376 tiny files at cc=1 pp=0 took 55 s, and a 120 s
+  budget ended after 6 probes, too few for any model (issue 44).
 * **Order.** The grid is walked in passes; within a pass each chunk's grid is shuffled (seeded) and the
-  chunks are interleaved, so any prefix of the sweep covers every chunk and the whole grid evenly. One
-  pass of one chunk is one experiment set (its ``group``), as the paper's groups are one sweep each.
+  chunks take turns in blocks of ``GROUP_BLOCK`` points (a cubic needs 20 distinct settings), so a short
+  budget ends with whole groups for the first chunks rather than a few points of every chunk, none of them
+  usable (issue 44), and a long one still covers every chunk and the whole grid evenly. One pass of one
+  chunk is one experiment set (its ``group``), as the paper's groups are one sweep each.
 * **Budget and resume.** No probe starts after the budget; done probes are kept in
   ``Keys.calibration(path id)``, so a second run continues where the first stopped (``restart`` forgets).
 """
@@ -42,6 +48,8 @@ from fstream_provider.tuning.harp_history import CALIBRATION_GRID, CHUNKS, SIZE_
 DEFAULT_GRID = CALIBRATION_GRID
 MIN_FILE, MAX_LARGE = 64 * 1024, 256 * 2**20
 MIN_FILES = 4  # per probe: so concurrency 1, 2 and 4 differ even on large files (a cubic needs 20 settings)
+GROUP_BLOCK = 24  # grid points of one chunk before the next chunk's turn: a cubic needs 20 distinct settings
+CAP_PROBES = 2.0  # a probe is cut after its warm-up + this many probe_seconds
 
 
 def parse_grid(text: str | None) -> dict[str, tuple[int, ...]]:
@@ -76,7 +84,12 @@ def file_size(chunk: str, bdp: float) -> int:
     return size
 
 
-def steady_rate(result: Any, rtt: float) -> tuple[float, float]:
+def warm_up(rtt: float) -> float:
+    """Seconds of a probe that slow start and the first OPENs take (left out of its rate)."""
+    return max(0.25, 6 * rtt)
+
+
+def steady_rate(result: Any, rtt: float, until: float | None = None) -> tuple[float, float]:
     """(bits/s, seconds) of a probe after its warm-up: the intervals that began once slow start and the
     first OPENs were behind it (max(0.25 s, 6 RTT)); the whole probe if too little is left (< 0.3 s).
 
@@ -84,10 +97,12 @@ def steady_rate(result: Any, rtt: float) -> tuple[float, float]:
     set-up and TCP slow start on a long path (measured on a 40 ms path: every 0.5 s probe at or below a
     third of the link), while HARP models the rate a dataset reaches. The paper's entries were whole
     transfers of 10-98 GB datasets, where start-up is negligible; the steady part of a short probe stands
-    in for that.
+    in for that. ``until``: only intervals that ended by then (a probe cut at its time cap drains afterwards,
+    at falling concurrency).
     """
-    warm = max(0.25, 6 * rtt)
-    steady = [iv for iv in result.intervals if iv.get("dt", 0) > 0 and iv["t"] - iv["dt"] >= warm - 1e-9]
+    warm = warm_up(rtt)
+    steady = [iv for iv in result.intervals if iv.get("dt", 0) > 0 and iv["t"] - iv["dt"] >= warm - 1e-9
+              and (until is None or iv["t"] <= until + 1e-9)]
     secs = sum(iv["dt"] for iv in steady)
     moved = sum(iv["bytes"] for iv in steady)
     if secs >= 0.3 and moved > 0:
@@ -111,7 +126,7 @@ class Probe:
 
 
 def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int, seed: int = 0) -> list[Probe]:
-    """Passes of the grid; each chunk's points shuffled per pass, chunks interleaved."""
+    """Passes of the grid; each chunk's points shuffled per pass, chunks taking turns in ``GROUP_BLOCK`` blocks."""
     points = [(cc, p, pp) for cc in grid["cc"] for p in grid["p"] for pp in grid["pp"]]
     out: list[Probe] = []
     for k in range(passes):
@@ -120,8 +135,9 @@ def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int
             pts = list(points)
             random.Random(seed * 1000 + k * 31 + i).shuffle(pts)
             per[c] = pts
-        for j in range(len(points)):
-            out.extend(Probe(c, *per[c][j], k) for c in chunks)
+        for j in range(0, len(points), GROUP_BLOCK):
+            for c in chunks:
+                out.extend(Probe(c, *pt, k) for pt in per[c][j:j + GROUP_BLOCK])
     return out
 
 
@@ -182,11 +198,25 @@ class Calibration:
                             rtt_s=rtt, secret_file=self.secret_file, tcp_buffer=self.tcp_buffer,
                             sample_interval_s=0.1, label="fstream calibrate")
 
-    def _transfer(self, spec: TransferSpec) -> Any:
+    def _transfer(self, spec: TransferSpec, cap_s: float | None = None) -> tuple[Any, bool]:
+        """Run ``spec``; with ``cap_s``, drain it after that many seconds. (result, whether it was cut)."""
+        import threading
+
         from transfer_agent.sending.history_io import HistoryOptions
         from transfer_agent.sending.sender import Transfer
 
-        return Transfer(spec, redis=None, history=HistoryOptions(record=False), stall_timeout=30.0).run()
+        drain = threading.Event()
+        timer = threading.Timer(cap_s, drain.set) if cap_s else None
+        t = Transfer(spec, redis=None, history=HistoryOptions(record=False), stall_timeout=30.0, drain=drain)
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            r = t.run()
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return r, drain.is_set()
 
     def run(self) -> dict:
         t0 = time.monotonic()
@@ -207,8 +237,7 @@ class Calibration:
         ping = work / "ping"
         ping.mkdir(parents=True, exist_ok=True)
         (ping / "ping.dat").write_bytes(os.urandom(MIN_FILE))
-        first = self._transfer(self._spec(ping, self._under("ping"), 1, 1, 0,
-                                          self.rtt_s))
+        first, _ = self._transfer(self._spec(ping, self._under("ping"), 1, 1, 0, self.rtt_s))
         if not first.ok:
             raise RuntimeError(f"calibrate: the first transfer to {self.destination} failed: {first.error}")
         rtt = self.rtt_s or max(first.rtt_s or 0.0, 1e-4)
@@ -247,13 +276,13 @@ class Calibration:
                     f.write(os.urandom(16))
             cc = min(pr.cc, files)
             ts = time.monotonic()
-            r = self._transfer(self._spec(d, self._under(pr.chunk), cc,
-                                          pr.p, pr.pp, rtt))
+            cap = warm_up(rtt) + CAP_PROBES * self.probe_seconds
+            r, cut = self._transfer(self._spec(d, self._under(pr.chunk), cc, pr.p, pr.pp, rtt), cap_s=cap)
             last_s = time.monotonic() - ts
-            if not r.ok:
+            bps, secs = steady_rate(r, rtt, until=cap if cut else None)
+            if not r.ok and not (cut and r.verified_files > 0 and secs > 0 and bps > 0):
                 self.out(f"probe {pr.chunk} cc={cc} p={pr.p} pp={pr.pp}: failed ({r.error}); not recorded")
                 continue
-            bps, secs = steady_rate(r, rtt)
             row = HistoryRow(source=os.uname().nodename, destination=f"{self.dest.host}:{self.dest.port}",
                              bandwidth_bps=self.bandwidth_bps, rtt_s=rtt, tcp_buffer=buffer, chunk=pr.chunk,
                              avg_file_size=float(sizes[pr.chunk]), file_count=files, cc=cc, p=pr.p, pp=pr.pp,
@@ -265,7 +294,8 @@ class Calibration:
             if bps > best.get(pr.chunk, (0.0,))[0]:
                 best[pr.chunk] = (bps, cc, pr.p, pr.pp)
             self.out(f"probe {ran:4d} pass {pr.pass_no} {pr.chunk:<6} cc={cc:<2} p={pr.p:<2} pp={pr.pp:<2} "
-                     f"{bps / 1e6:9.1f} Mbit/s  {r.seconds:5.2f} s  bytes {r.bytes}")
+                     f"{bps / 1e6:9.1f} Mbit/s  {r.seconds:5.2f} s  bytes {r.bytes}"
+                     + (f"  (cut at {cap:.2f} s)" if cut else ""))
         total_done = len(done - {"run"}) + ran
         self.summary = {"run": run_id, "probes_run": ran, "probes_done": total_done, "probes_total": len(order),
                         "seconds": time.monotonic() - t0, "rtt_s": rtt, "bdp_bytes": bdp, "sizes": sizes,
