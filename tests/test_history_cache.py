@@ -25,7 +25,7 @@ from fstream_provider.tuning.harp_model import HarpOptimizer
 from fstream_provider.tuning.clustering import Cluster
 from transfer_agent.sending.history_io import BackgroundHistory
 from test_harp_optimizer import REQ, quad, rows as probe_rows
-from test_harp_tuner import PATH, SMALL_FILE, drive_sample, files, history as tuner_history, law
+from test_harp_tuner import PATH, SAMPLED, SMALL_FILE, drive_sample, files, history as tuner_history, law
 
 STRINGS = ("source", "destination", "chunk", "group", "kind")
 log = logging.getLogger("test-history-cache")
@@ -319,7 +319,7 @@ def test_harp_decides_the_same_with_the_cache_as_without_and_a_second_job_reuses
     store.append(from_frame(tuner_history()))
     dataset = files(20, 200_000, "t") + files(200)
     sample_bps = law(4, 4, 2, load=0.4)
-    plain = HarpTuner(path=PATH, history=TransferHistory(redis_client).frame())
+    plain = HarpTuner(path=PATH, history=TransferHistory(redis_client).frame(), variant=SAMPLED)
     plain_layouts, _ = drive_sample(plain, dataset, sample_bps)
     caches = HistoryCaches()
     results, fits = [], []
@@ -327,7 +327,7 @@ def test_harp_decides_the_same_with_the_cache_as_without_and_a_second_job_reuses
         for job in range(2):  # two jobs of one agent process
             src = BackgroundHistory(redis_client, log, caches=caches)
             assert src.wait(30) is not None and src.fit_cache is not None
-            tuner = HarpTuner(path=PATH, history=src)
+            tuner = HarpTuner(path=PATH, history=src, variant=SAMPLED)
             layouts, reasons = drive_sample(tuner, dataset, sample_bps)
             results.append((layouts, reasons, tuner))
             fits.append(src.fit_cache.fits)

@@ -16,6 +16,10 @@ What it does, in the paper's order:
    (cc, p, pp) and the unit throughput. This is the paper's pipelined cost analysis: the regression work
    overlaps the sample transfers, and the transfer itself never stops (the driver keeps moving the
    sample while ``update`` computes).
+   *Departure* (switch ``sample-pays``, ``harp_sample_cost``): once a chunk's groups are fitted, its sample is
+   skipped or cut when it cannot pay for itself (no model, one group, groups that agree on the path, or a cost
+   above half the expected gain). A sample that is running stops at its new size; a chunk without a sample
+   starts from the equal-weight prediction; the sample's files not yet sent move with the chunk's settings.
 4. **Channel allocation** (lines 17–23, ``harp_model.allocate_channels``), then every chunk starts with its
    settings, and they are kept (HARP tunes once; ``fstream`` is the tuner that keeps adapting).
 
@@ -38,6 +42,7 @@ from fstream_provider.tuning.harp_history import CHUNKS, chunk_of
 from fstream_provider.tuning.heuristic import Settings, clamp, heuristic
 
 SAMPLE = ".sample"  # cluster-name suffix of a chunk's sample files
+MIN_SAMPLE_SECONDS = 0.25  # sample-pays: a sample shorter than this many bandwidth-seconds measures no rate
 
 
 def optimizer_for(path: PathInfo, variant: Any = None, fit_cache: Any = None) -> Any:
@@ -86,6 +91,7 @@ class _Chunk:
     sample_start: float | None = None
     sample_moved: int = 0
     sample_bps: float | None = None
+    sample_goal: float | None = None  # bytes at which the sample ends (None: all its files; 0: no sample)
     fitted: Any = None
     prediction: Any = None
     settings: Settings | None = None
@@ -93,7 +99,20 @@ class _Chunk:
 
     @property
     def sampling(self) -> bool:
-        return self.sample_start is not None and self.sample_bps is None
+        return self.sample_start is not None and self.sample_bps is None and not self.skipped
+
+    @property
+    def skipped(self) -> bool:
+        """No sample (``sample-pays``): the chunk is predicted without one."""
+        return self.sample_goal == 0
+
+    @property
+    def rest_bytes(self) -> int:
+        """Bytes still to move with the chunk's own settings: all but what its sample moved."""
+        if self.skipped or not self.sample_files:
+            return self.bytes
+        return self.bytes - min(self.sample_bytes, self.sample_moved if self.sample_bps is not None else
+                                self.sample_bytes)
 
 
 class HarpTuner:
@@ -131,6 +150,7 @@ class HarpTuner:
         self._tag = f"harp ({variant.name})" if named else "harp"  # the variant reaches every reason
         self.has_history = history_rows(history) > 0
         self.sample_target = 2.0 * path.bandwidth_bps / 8.0 * sample_scale
+        self.min_sample_bytes = MIN_SAMPLE_SECONDS * path.bandwidth_bps / 8.0  # shorter: no sample (sample-pays)
         self.min_sample_files = min_sample_files
         self.source, self.destination = source, destination
         self._observe_every = observe_every_s
@@ -144,6 +164,7 @@ class HarpTuner:
         self._last: tuple | None = None
         self._reason = f"{self._tag}: waiting for files"
         self.decisions: list[dict] = []  # what was predicted per chunk (for logs, tests and benchmarks)
+        self.sample_plans: list[dict] = []  # sample-pays: each chunk's sample size and why
 
     # -- what the driver asks ----------------------------------------------------------------
     @property
@@ -191,18 +212,19 @@ class HarpTuner:
             notes.append("the transfer history could not be loaded: heuristic")
         self._measure(obs)
         for c in self._ordered():
-            if c.sample_bps is not None and c.prediction is None and c.settings is None:
+            if (c.sample_bps is not None or c.skipped) and c.prediction is None and c.settings is None:
                 if c.fitted is None and self.has_history and self._loading:
                     continue  # the history is still loading: the rest of the chunk waits for the model
                 notes.append(self._predict(c, obs))
         running = next((c for c in self._ordered() if c.sampling), None)
         started = False
         if running is None:
-            nxt = next((c for c in self._ordered() if c.sample_files and c.sample_start is None), None)
+            nxt = next((c for c in self._ordered() if c.sample_files and c.sample_start is None and not c.skipped),
+                       None)
             if nxt is not None:
                 notes.append(self._start_sample(nxt, obs))
                 running, started = nxt, True
-        waiting = any(c.sample_bps is not None and c.settings is None for c in self._ordered())
+        waiting = any((c.sample_bps is not None or c.skipped) and c.settings is None for c in self._ordered())
         if running is not None or waiting:
             # not in the update that starts a sample: its layout is applied when this returns (for the first
             # sample: before the transfer's first byte), and a cached history is ready that early
@@ -230,7 +252,8 @@ class HarpTuner:
             if st is not None:
                 c.sample_moved += st.bytes
             done = st is None or (st.pending_files == 0 and st.active_channels == 0)
-            if c.sample_moved >= c.sample_bytes or (done and obs.t > c.sample_start):
+            goal = c.sample_bytes if c.sample_goal is None else c.sample_goal
+            if c.sample_moved >= goal or (done and obs.t > c.sample_start):
                 seconds = max(obs.t - c.sample_start, 1e-3)
                 c.sample_bps = c.sample_moved * 8 / seconds
 
@@ -269,24 +292,51 @@ class HarpTuner:
             return ""
         t0 = self._clock()
         self._fit_for(c)
+        own = c.sampling
+        plan = self._plan(c)
         if isinstance(c.fitted, Exception):
-            return f"{c.name}: no model ({c.fitted})"
+            return f"{c.name}: no model ({c.fitted})" + plan
         reused = getattr(c.fitted, "reused", 0)
         total = len(c.fitted.groups) + len(c.fitted.dropped) if reused else 0
-        return (f"{c.name}: models fitted in {self._clock() - t0:.2f} s while its sample runs"
-                + (f" ({reused} of {total} groups unchanged since an earlier fit)" if reused else ""))
+        return (f"{c.name}: models fitted in {self._clock() - t0:.2f} s while "
+                + ("its sample runs" if own else "a sample runs")
+                + (f" ({reused} of {total} groups unchanged since an earlier fit)" if reused else "") + plan)
+
+    def _plan(self, c: _Chunk) -> str:
+        """``sample-pays``: whether the chunk's sample can pay for itself, and its size (``harp_sample_cost``)."""
+        if self.variant is not None and not self.variant.on("sample-pays"):
+            return ""
+        if c.sample_bps is not None or c.sample_goal is not None:
+            return ""  # its sample is over, or already planned
+        from fstream_provider.tuning.harp_sample_cost import plan_sample
+
+        fitted = c.fitted
+        groups = () if fitted is None or isinstance(fitted, Exception) else fitted.groups
+        no_model = str(fitted) if isinstance(fitted, Exception) else getattr(fitted, "reason", "no history")
+        s = c.sample_settings or heuristic(c.sample_bytes / max(1, c.sample_files), c.sample_files, self.path)
+        plan = plan_sample(groups, sample_settings=(s.cc, s.p, s.pp), paper_bytes=float(c.sample_bytes),
+                           chunk_bytes=float(c.bytes), min_bytes=self.min_sample_bytes,
+                           bandwidth_bps=self.path.bandwidth_bps, no_model=no_model)
+        c.sample_goal = plan.bytes if plan.bytes < c.sample_bytes else None
+        self.sample_plans.append({"chunk": c.name, "bytes": plan.bytes, "paper_bytes": c.sample_bytes,
+                                  "reason": plan.reason, "gain_s": plan.gain_s, "cost_s": plan.cost_s})
+        return f"; {c.name}: {plan.reason}"
 
     def _predict(self, c: _Chunk, obs: Observation) -> str:
         if c.fitted is None:
             self._fit_for(c)
         s = c.sample_settings
-        sample_note = f"sample {c.name} {fmt_bps(c.sample_bps)} at cc={s.cc} p={s.p} pp={s.pp}"
+        if c.skipped:
+            sample_note = f"{c.name} without a sample"
+        else:
+            sample_note = f"sample {c.name} {fmt_bps(c.sample_bps)} at cc={s.cc} p={s.p} pp={s.pp}"
         if isinstance(c.fitted, Exception) or c.fitted is None:
             c.settings = self._heuristic(c)
             return f"{sample_note}; {c.name}: heuristic ({c.fitted or 'no history'})"
-        pred = self.optimizer.predict(c.fitted, (s.cc, s.p, s.pp, c.sample_bps))
+        pred = self.optimizer.predict(c.fitted, None if c.skipped else (s.cc, s.p, s.pp, c.sample_bps))
         c.prediction = pred
-        self.decisions.append({"chunk": c.name, "sample_bps": c.sample_bps, "cc": pred.cc, "p": pred.p,
+        self.decisions.append({"chunk": c.name, "sample_bps": None if c.skipped else c.sample_bps, "cc": pred.cc,
+                               "p": pred.p,
                                "pp": pred.pp, "predicted_bps": pred.throughput_bps, "fallback": pred.fallback,
                                "reason": pred.reason, "t": obs.t})
         if pred.fallback:
@@ -306,6 +356,8 @@ class HarpTuner:
             c.fitted = exc
 
     def _heuristic(self, c: _Chunk) -> Settings:
+        if c.skipped or c.sample_goal is not None:  # no sample, or one cut short: the chunk's files as a whole
+            return heuristic(c.bytes / max(1, c.files), c.files, self.path)
         rest = max(1, c.files - c.sample_files)
         avg = max(1.0, (c.bytes - c.sample_bytes) / rest) if c.files > c.sample_files else c.bytes / max(1, c.files)
         return heuristic(avg, rest, self.path)
@@ -318,8 +370,8 @@ class HarpTuner:
         for c in self._ordered():
             if c.settings is None:  # no sample (no history, or nothing left after it): heuristic
                 c.settings = self._heuristic(c)
-        predicted = [(c.name, float(max(1, c.bytes - c.sample_bytes)), c.prediction) for c in self._ordered()
-                     if c.prediction is not None and not c.prediction.fallback and c.files > c.sample_files
+        predicted = [(c.name, float(max(1, c.rest_bytes)), c.prediction) for c in self._ordered()
+                     if c.prediction is not None and not c.prediction.fallback and self._has_rest(c)
                      and c.prediction.unit_bps > 0]  # no unit throughput: the chunk keeps its predicted cc
         notes = []
         if predicted:
@@ -328,12 +380,17 @@ class HarpTuner:
                 c = self._chunks[name]
                 c.settings = Settings(n, c.settings.p, c.settings.pp)
             notes.append("Algorithm 1 channels " + ", ".join(f"{n}={v}" for n, v in cc.items()))
-        wanted = {c.name: c.settings.cc for c in self._ordered() if c.files > c.sample_files}
+        wanted = {c.name: c.settings.cc for c in self._ordered() if self._has_rest(c)}
         if sum(wanted.values()) > self.path.max_cc:  # applied per round by _refresh_layouts (fit_cc)
             notes.append(f"shared within max_cc={self.path.max_cc} while chunks overlap")
         shown = ", ".join(f"{c.name} cc={c.settings.cc} p={c.settings.p} pp={c.settings.pp}"
-                          for c in self._ordered() if c.files > c.sample_files)
+                          for c in self._ordered() if self._has_rest(c))
         return "start " + (shown or "nothing left after the samples") + (f" ({'; '.join(notes)})" if notes else "")
+
+    @staticmethod
+    def _has_rest(c: _Chunk) -> bool:
+        """Files of the chunk move with its own settings: beyond its sample, or left by a sample skipped or cut."""
+        return c.files > c.sample_files or c.skipped or (c.sample_goal is not None and c.rest_bytes > 0)
 
     def _late_chunks(self) -> list[str]:
         """A chunk first seen after the allocation: predicted without a sample, else the heuristic."""
@@ -356,8 +413,19 @@ class HarpTuner:
         layouts: dict[str, Settings] = {}
         held: set[str] = set()
         for c in self._ordered():
+            rest = obs.clusters.get(c.name + SAMPLE)
             if c.sampling and c.sample_settings is not None:
                 layouts[c.name + SAMPLE] = c.sample_settings
+            elif (c.skipped or c.sample_goal is not None) and rest is not None and (
+                    rest.pending_files > 0 or rest.active_channels > 0):
+                # a sample skipped or cut: its files left move with the chunk's settings from the allocation on;
+                # until then a sample that had started goes on at its own (the link never waits for the model)
+                if self._allocated and c.settings is not None:
+                    layouts[c.name + SAMPLE] = c.settings
+                elif c.sample_start is not None and c.sample_settings is not None:
+                    layouts[c.name + SAMPLE] = c.sample_settings
+                else:
+                    held.add(c.name + SAMPLE)
             elif c.sample_files and c.sample_start is None:
                 held.add(c.name + SAMPLE)
             main = obs.clusters.get(c.name)
@@ -367,6 +435,15 @@ class HarpTuner:
                 layouts[c.name] = c.settings
             else:
                 held.add(c.name)
+        for c in self._ordered():  # a chunk's settings over its own files and its sample's left: cc shared by bytes
+            main, rest = layouts.get(c.name), layouts.get(c.name + SAMPLE)
+            if main is None or rest is None or rest != c.settings or not self._allocated:
+                continue
+            pb = {n: float(max(1, getattr(obs.clusters.get(n), "pending_bytes", 1))) for n in (c.name, c.name + SAMPLE)}
+            if main.cc >= 2:
+                k = min(main.cc - 1, max(1, round(main.cc * pb[c.name + SAMPLE] / sum(pb.values()))))
+                layouts[c.name + SAMPLE] = Settings(k, main.p, main.pp)
+                layouts[c.name] = Settings(main.cc - k, main.p, main.pp)
         if sum(s.cc for s in layouts.values()) > self.path.max_cc:  # never more channels than allowed in total
             weights = {n: float(max(1, getattr(obs.clusters.get(n), "pending_bytes", 1))) for n in layouts}
             fitted = fit_cc({n: s.cc for n, s in layouts.items()}, self.path.max_cc, weights)

@@ -373,25 +373,15 @@ def validation_accuracy(history: pd.DataFrame, request: HarpRequest, *, test_sha
     ratio ``|Thr_test - Thr_projected| / Thr_projected`` and reports accuracy, i.e. one minus it, averaged
     here over the test groups (each test group keeps its own model: groups differ in background load).
     """
+    from fstream_provider.tuning.harp_sample_cost import group_validation
+
     if not 0 < test_share < 1:
         raise ValueError(f"validation: test_share {test_share!r} must be between 0 and 1")
     opt = optimizer or HarpOptimizer()
     fitted = opt.fit(history, request)
-    groups = list(fitted.groups)
-    if len(groups) < 2:
-        return {"accuracy": None, "n_train": len(groups), "n_test": 0,
+    out = group_validation(fitted.groups, test_share=test_share, seed=seed)
+    if out["accuracy"] is None:
+        return {"accuracy": None, "n_train": out["n_train"], "n_test": 0,
                 "reason": f"needs at least 2 usable groups ({fitted.reason})"}
-    order = np.random.default_rng(seed).permutation(len(groups))
-    n_test = max(1, int(round(test_share * len(groups))))
-    test = [groups[i] for i in order[:n_test]]
-    train = [groups[i] for i in order[n_test:]]
-    # the optimum of the training data: the groups' maximisers (Eq. 4) averaged (Eq. 5, equal weights), not
-    # relaxed: relaxation trades up to a fifth of the estimate for fewer streams by design
-    cc, p, pp = (int(round(float(np.mean([g.best[k] for g in train])))) for k in range(3))
-    accs = []
-    for g in test:
-        projected = float(g.predict(cc, p, pp)[0])
-        accs.append(max(0.0, 1.0 - abs(g.t_max_bps - projected) / projected) if projected > 0 else 0.0)
-    return {"accuracy": float(np.mean(accs)), "per_group": accs, "n_train": len(train), "n_test": len(test),
-            "settings": (cc, p, pp),
-            "reason": f"{len(train)} training and {len(test)} test groups of {fitted.entries} entries"}
+    return {**out,
+            "reason": f"{out['n_train']} training and {out['n_test']} test groups of {fitted.entries} entries"}

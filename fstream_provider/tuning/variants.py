@@ -169,6 +169,9 @@ HARP_SWITCHES: dict[str, str] = {
                     "every file below a tenth of the largest look alike (harp_similarity)",
     "observed-grid": "each group's maximum (Eq. 4) is searched only within the settings the group observed: a "
                      "cubic extrapolates wildly outside its data (harp_model)",
+    "sample-pays": "a chunk is sampled only when the sample can pay for itself: not when no model fits or one "
+                   "group is all the history holds, not when the groups agree on the path (validation error <= 10 "
+                   "%), and cut to the size whose cost is at most half its expected gain (harp_sample_cost)",
     "sample-rate": "the throughput estimate is scaled by the sample's rate over the models' estimate at the "
                    "sample's settings: the models locate the optimum, the sample says how fast the path is today",
     "unit-floor": "one channel's throughput (Algorithm 1's UT) is at least a tenth of one channel's share at the "

@@ -1,0 +1,115 @@
+"""HARP's sample only when it can pay for itself (issue 44, switch ``sample-pays``): the plan, then the tuner.
+
+The histories are synthetic with known optima (``test_harp_tuner.law``), fitted by the real Optimizer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fstream_provider.tuning.base import ClusterStats, Observation
+from fstream_provider.tuning.harp import SAMPLE, HarpTuner
+from fstream_provider.tuning.harp_history import HistoryRow, to_frame
+from fstream_provider.tuning.harp_model import HarpOptimizer
+from fstream_provider.tuning.harp_sample_cost import AGREE, equal_weight_settings, group_validation, plan_sample
+from fstream_provider.tuning.harp_similarity import HarpRequest
+from fstream_provider.tuning.variants import HarpVariant
+from test_harp_tuner import GRID, PATH, SMALL_FILE, files, history, law
+
+REQ = HarpRequest(bandwidth_bps=1e9, rtt_s=0.04, tcp_buffer=1 << 20, chunk="small", avg_file_size=SMALL_FILE,
+                  file_count=200)
+
+
+def _groups(hist) -> tuple:
+    return HarpOptimizer().fit(hist, REQ).groups
+
+
+def _opposed(seed: int = 3):
+    """Two kinds of day that want opposite settings: few streams (a shared, lossy path) or many (a clean one)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g, best in enumerate((2, 2, 2, 64, 64, 64)):
+        for cc, p, pp in GRID:
+            s = cc * p
+            thr = 1e9 * np.exp(-((np.log2(s) - np.log2(best)) ** 2) / 2.0) * (1 + rng.normal(0, 0.01))
+            rows.append(HistoryRow("src", "dst:1", 1e9, 0.04, 1 << 20, "small", SMALL_FILE, 200, cc, p, pp,
+                                   max(thr, 1e6), 1_700_000_000 + g * 86_400 + len(rows), 1.0, f"cal{g}:small",
+                                   kind="probe"))
+    return to_frame(rows)
+
+
+def test_no_model_and_one_group_take_no_sample_and_say_why():
+    kw = dict(sample_settings=(2, 2, 2), paper_bytes=250e6, chunk_bytes=1e9, min_bytes=31e6, bandwidth_bps=1e9)
+    none = plan_sample((), no_model="0 of 3 groups kept", **kw)
+    assert none.bytes == 0 and "no model fits (0 of 3 groups kept)" in none.reason
+    one = plan_sample(_groups(history(loads=(1.0,))), **kw)
+    assert one.bytes == 0 and "one group" in one.reason
+
+
+def test_groups_that_agree_on_the_path_take_no_sample():
+    groups = _groups(history(loads=(1.0, 1.0, 1.0, 1.0)))  # four quiet days: the same optimum
+    val = group_validation(groups)
+    assert val["accuracy"] is not None and 1 - val["accuracy"] <= AGREE
+    plan = plan_sample(groups, sample_settings=(2, 2, 2), paper_bytes=250e6, chunk_bytes=5e9, min_bytes=31e6,
+                       bandwidth_bps=1e9)
+    assert plan.bytes == 0 and "the history predicts this path" in plan.reason
+
+
+def test_opposed_groups_sample_a_large_chunk_and_cut_the_sample_of_a_small_one():
+    groups = _groups(_opposed())
+    assert 1 - group_validation(groups)["accuracy"] > AGREE  # a sample can tell the two kinds of day apart
+    s0 = equal_weight_settings(groups)
+    kw = dict(sample_settings=(4, 2, 2), paper_bytes=250e6, min_bytes=31e6, bandwidth_bps=1e9)
+    big = plan_sample(groups, chunk_bytes=50e9, **kw)
+    assert big.bytes == 250e6 and big.gain_s > 2 * big.cost_s and "expected gain" in big.reason, (s0, big)
+    small = plan_sample(groups, chunk_bytes=0.6e9, **kw)
+    assert small.bytes == 60e6 and "sample 60 MB, cut from 250 MB" in small.reason  # a tenth of the chunk
+    assert small.cost_s <= 0.5 * small.gain_s
+    tiny = plan_sample(groups, chunk_bytes=200e6, **kw)
+    assert tiny.bytes == 0 and "would be 20.0 MB, below the 31.0 MB a rate needs" in tiny.reason
+    # a sample at settings the models put below s0 costs time per byte; where they put it at ~0, no sample can pay
+    slow = plan_sample(groups, chunk_bytes=50e9, **{**kw, "sample_settings": (8, 1, 0)})
+    assert 0 < slow.cost_s <= 0.5 * slow.gain_s and slow.bytes == 250e6
+    hopeless = plan_sample(groups, chunk_bytes=50e9, **{**kw, "sample_settings": (32, 8, 8)})
+    assert hopeless.bytes == 0 and "a sample that pays for itself would be 0.0 MB" in hopeless.reason
+
+
+def test_the_tuner_stops_a_sample_that_cannot_pay_and_its_files_move_with_the_chunk():
+    """One quiet calibration (one group): the sample that starts at once is stopped as soon as the model is fitted,
+    the chunk runs the history's prediction, and the sample's files left share the chunk's channels. The paper's
+    variant samples 250 MB of the 400 MB first."""
+    hist = history(loads=(1.0,))
+    dataset = files(200)
+    tuner = HarpTuner(path=PATH, history=hist)
+    for f in dataset:
+        tuner.cluster_of(f)
+    start = {"small" + SAMPLE: ClusterStats(pending_files=125, pending_bytes=250_000_000),
+             "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
+    tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=start))
+    first = tuner.suggest()
+    assert {l.cluster for l in first.layouts} == {"small" + SAMPLE} and "sample small: 125 files" in first.reason
+    moving = {"small" + SAMPLE: ClusterStats(bytes=10_000_000, pending_files=118, pending_bytes=236_000_000,
+                                             active_channels=2),
+              "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
+    tuner.update(Observation(t=0.25, dt=0.25, bytes=10_000_000, clusters=moving))
+    mid = tuner.suggest()
+    assert "no sample: one group" in mid.reason and tuner.sample_plans[0]["bytes"] == 0
+    assert {l.cluster for l in mid.layouts} == {"small" + SAMPLE}  # no idle link while the chunk is predicted
+    tuner.update(Observation(t=0.5, dt=0.25, bytes=10_000_000, clusters=moving))
+    end = tuner.suggest()
+    by = {l.cluster: l for l in end.layouts}
+    assert set(by) == {"small", "small" + SAMPLE} and not end.held
+    d = tuner.decisions[0]
+    assert d["sample_bps"] is None and not d["fallback"]  # predicted without a sample
+    assert by["small"].cc + by["small" + SAMPLE].cc == d["cc"] or by["small"].cc == by["small" + SAMPLE].cc == 1
+    assert (by["small"].p, by["small"].pp) == (by["small" + SAMPLE].p, by["small" + SAMPLE].pp) == (d["p"], d["pp"])
+    assert "small without a sample" in end.reason and "start small cc=" in end.reason
+
+    paper = HarpTuner(path=PATH, history=hist, variant=HarpVariant.parse("default-sample-pays"))
+    for f in dataset:
+        paper.cluster_of(f)
+    paper.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=start))
+    paper.update(Observation(t=0.25, dt=0.25, bytes=10_000_000, clusters=moving))
+    paper.update(Observation(t=0.5, dt=0.25, bytes=10_000_000, clusters=moving))
+    s = paper.suggest()
+    assert {l.cluster for l in s.layouts} == {"small" + SAMPLE} and s.held == {"small"} and not paper.sample_plans
