@@ -13,6 +13,7 @@ from fstream_provider.tuning.harp_history import HistoryRow, to_frame
 from fstream_provider.tuning.harp_model import HarpOptimizer
 from fstream_provider.tuning.harp_sample_cost import AGREE, equal_weight_settings, group_validation, plan_sample
 from fstream_provider.tuning.harp_similarity import HarpRequest
+from fstream_provider.tuning.heuristic import heuristic
 from fstream_provider.tuning.variants import HarpVariant
 from test_harp_tuner import GRID, PATH, SMALL_FILE, files, history, law
 
@@ -74,29 +75,36 @@ def test_opposed_groups_sample_a_large_chunk_and_cut_the_sample_of_a_small_one()
     assert hopeless.bytes == 0 and "a sample that pays for itself would be 0.0 MB" in hopeless.reason
 
 
-def test_the_tuner_stops_a_sample_that_cannot_pay_and_its_files_move_with_the_chunk():
-    """One quiet calibration (one group): the sample that starts at once is stopped as soon as the model is fitted,
-    the chunk runs the history's prediction, and the sample's files left share the chunk's channels. The paper's
-    variant samples 250 MB of the 400 MB first."""
+def test_the_tuner_runs_the_heuristic_until_the_model_says_no_sample_then_the_prediction_on_every_file():
+    """One quiet calibration (one group): until the models are fitted every chunk runs at the heuristic (nothing
+    held), then no sample is taken, the chunk runs the history's prediction, and the files that would have been the
+    sample share the chunk's channels. The paper's variant samples 250 MB of the 400 MB first, the rest held."""
     hist = history(loads=(1.0,))
     dataset = files(200)
-    tuner = HarpTuner(path=PATH, history=hist)
+    loaded = []  # the agent's history source: None while loading (BackgroundHistory)
+    source = lambda: hist if loaded else None  # noqa: E731
+    source.rows, source.ready = len(hist), False
+    tuner = HarpTuner(path=PATH, history=source)
     for f in dataset:
         tuner.cluster_of(f)
     start = {"small" + SAMPLE: ClusterStats(pending_files=125, pending_bytes=250_000_000),
              "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
     tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=start))
     first = tuner.suggest()
-    assert {l.cluster for l in first.layouts} == {"small" + SAMPLE} and "sample small: 125 files" in first.reason
+    by = {l.cluster: l for l in first.layouts}
+    assert set(by) == {"small", "small" + SAMPLE} and not first.held and "while the history loads" in first.reason
+    h = heuristic(SMALL_FILE, 200, PATH)
+    assert by["small"].cc + by["small" + SAMPLE].cc == h.cc and by["small"].p == h.p  # one chunk, as static runs it
+    assert tuner.observe_every_s == 0.25  # looks again soon: the plan comes when the history does
     moving = {"small" + SAMPLE: ClusterStats(bytes=10_000_000, pending_files=118, pending_bytes=236_000_000,
                                              active_channels=2),
-              "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
-    tuner.update(Observation(t=0.25, dt=0.25, bytes=10_000_000, clusters=moving))
-    mid = tuner.suggest()
-    assert "no sample: one group" in mid.reason and tuner.sample_plans[0]["bytes"] == 0
-    assert {l.cluster for l in mid.layouts} == {"small" + SAMPLE}  # no idle link while the chunk is predicted
-    tuner.update(Observation(t=0.5, dt=0.25, bytes=10_000_000, clusters=moving))
+              "small": ClusterStats(bytes=5_000_000, pending_files=72, pending_bytes=144_000_000, active_channels=1)}
+    loaded.append(True)
+    source.ready = True
+    tuner.update(Observation(t=0.25, dt=0.25, bytes=15_000_000, clusters=moving))  # fitted, planned: no sample
+    tuner.update(Observation(t=0.5, dt=0.25, bytes=15_000_000, clusters=moving))  # predicted, allocated
     end = tuner.suggest()
+    assert "no sample: one group" in end.reason and tuner.sample_plans[0]["bytes"] == 0
     by = {l.cluster: l for l in end.layouts}
     assert set(by) == {"small", "small" + SAMPLE} and not end.held
     d = tuner.decisions[0]
@@ -104,12 +112,12 @@ def test_the_tuner_stops_a_sample_that_cannot_pay_and_its_files_move_with_the_ch
     assert by["small"].cc + by["small" + SAMPLE].cc == d["cc"] or by["small"].cc == by["small" + SAMPLE].cc == 1
     assert (by["small"].p, by["small"].pp) == (by["small" + SAMPLE].p, by["small" + SAMPLE].pp) == (d["p"], d["pp"])
     assert "small without a sample" in end.reason and "start small cc=" in end.reason
+    assert tuner.observe_every_s is None
 
     paper = HarpTuner(path=PATH, history=hist, variant=HarpVariant.parse("default-sample-pays"))
     for f in dataset:
         paper.cluster_of(f)
     paper.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=start))
     paper.update(Observation(t=0.25, dt=0.25, bytes=10_000_000, clusters=moving))
-    paper.update(Observation(t=0.5, dt=0.25, bytes=10_000_000, clusters=moving))
     s = paper.suggest()
     assert {l.cluster for l in s.layouts} == {"small" + SAMPLE} and s.held == {"small"} and not paper.sample_plans

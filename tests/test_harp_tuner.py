@@ -218,7 +218,7 @@ class Loading:
 
 def test_the_sample_starts_before_the_history_is_loaded_and_the_rest_waits_for_the_model():
     src = Loading(history())
-    tuner = HarpTuner(path=PATH, history=src)
+    tuner = HarpTuner(path=PATH, history=src, variant=SAMPLED)
     dataset = files(200)
     first_layouts = None
     clusters = {}

@@ -83,5 +83,5 @@ def test_the_variant_reaches_harp_from_the_spec_and_names_itself_in_every_reason
     _start(tuner)
     assert tuner.suggest().reason.startswith("harp (paper): sample small:")
     default = make_tuner("harp", path=PATH, transfer_history=history)
-    _start(default)
-    assert default.suggest().reason.startswith("harp: sample small:")
+    _start(default)  # sample-pays: the heuristic first, the sample only if the models say it pays
+    assert default.suggest().reason.startswith("harp: every chunk at the heuristic while")

@@ -92,6 +92,7 @@ class _Chunk:
     sample_moved: int = 0
     sample_bps: float | None = None
     sample_goal: float | None = None  # bytes at which the sample ends (None: all its files; 0: no sample)
+    planned: bool = False  # sample-pays has decided this chunk's sample
     fitted: Any = None
     prediction: Any = None
     settings: Settings | None = None
@@ -158,6 +159,7 @@ class HarpTuner:
         self._chunks: dict[str, _Chunk] = {}
         self._assigned: dict[str, str] = {}
         self._started = False
+        self._updates = 0
         self._allocated = False
         self._layouts: dict[str, Settings] = {}
         self._held: set[str] = set()
@@ -169,8 +171,8 @@ class HarpTuner:
     # -- what the driver asks ----------------------------------------------------------------
     @property
     def observe_every_s(self) -> float | None:
-        """Observe this often while a sample runs (None: the driver's own interval)."""
-        return self._observe_every if any(c.sampling for c in self._chunks.values()) else None
+        """Observe this often while a sample runs or samples are being planned (None: the driver's own interval)."""
+        return self._observe_every if self._planning or any(c.sampling for c in self._chunks.values()) else None
 
     def cluster_of(self, file: FileInfo) -> str:
         known = self._assigned.get(file.path)
@@ -210,36 +212,48 @@ class HarpTuner:
         if self.has_history and not self._loading and self.history is None:
             self.has_history = False  # the source finished without a history (a Redis error): heuristic
             notes.append("the transfer history could not be loaded: heuristic")
+        first, self._updates = self._updates == 0, self._updates + 1
         self._measure(obs)
-        for c in self._ordered():
-            if (c.sample_bps is not None or c.skipped) and c.prediction is None and c.settings is None:
-                if c.fitted is None and self.has_history and self._loading:
-                    continue  # the history is still loading: the rest of the chunk waits for the model
-                notes.append(self._predict(c, obs))
-        running = next((c for c in self._ordered() if c.sampling), None)
-        started = False
-        if running is None:
-            nxt = next((c for c in self._ordered() if c.sample_files and c.sample_start is None and not c.skipped),
-                       None)
-            if nxt is not None:
-                notes.append(self._start_sample(nxt, obs))
-                running, started = nxt, True
-        waiting = any((c.sample_bps is not None or c.skipped) and c.settings is None for c in self._ordered())
-        if running is not None or waiting:
-            # not in the update that starts a sample: its layout is applied when this returns (for the first
-            # sample: before the transfer's first byte), and a cached history is ready that early
-            fit_note = "" if started else self._fit_one()
-            if fit_note:
-                notes.append(fit_note)
-        elif not self._allocated:
-            notes.append(self._allocate())
-        else:
-            notes.extend(self._late_chunks())
+        if self._planning:  # sample-pays: every chunk at the heuristic until each one's sample is planned
+            # not in the first update: its layout goes out before the first byte, which never waits for a fit
+            notes.append(("" if first else self._fit_one()) or "every chunk at the heuristic while the history "
+                         "loads and the models are fitted (no sample before they say whether one pays)")
+        if not self._planning:
+            for c in self._ordered():
+                if (c.sample_bps is not None or c.skipped) and c.prediction is None and c.settings is None:
+                    if c.fitted is None and self.has_history and self._loading:
+                        continue  # the history is still loading: the rest of the chunk waits for the model
+                    notes.append(self._predict(c, obs))
+            running = next((c for c in self._ordered() if c.sampling), None)
+            started = False
+            if running is None:
+                nxt = next((c for c in self._ordered() if c.sample_files and c.sample_start is None and not c.skipped),
+                           None)
+                if nxt is not None:
+                    notes.append(self._start_sample(nxt, obs))
+                    running, started = nxt, True
+            waiting = any((c.sample_bps is not None or c.skipped) and c.settings is None for c in self._ordered())
+            if running is not None or waiting:
+                # not in the update that starts a sample: its layout is applied when this returns (for the first
+                # sample: before the transfer's first byte), and a cached history is ready that early
+                fit_note = "" if started else self._fit_one()
+                if fit_note:
+                    notes.append(fit_note)
+            elif not self._allocated:
+                notes.append(self._allocate())
+            else:
+                notes.extend(self._late_chunks())
         self._refresh_layouts(obs)
         if notes:
             self._reason = f"{self._tag}: " + "; ".join(notes)
         elif not self._layouts:
             self._reason = f"{self._tag}: no pending files"
+
+    @property
+    def _planning(self) -> bool:
+        """``sample-pays``, before every chunk's sample is planned (the history loading, the models being fitted)."""
+        return (self.has_history and (self.variant is None or self.variant.on("sample-pays"))
+                and any(c.sample_files and not c.planned and c.sample_bps is None for c in self._ordered()))
 
     def _ordered(self) -> list[_Chunk]:
         return [self._chunks[n] for n in CHUNKS if n in self._chunks]
@@ -292,21 +306,21 @@ class HarpTuner:
             return ""
         t0 = self._clock()
         self._fit_for(c)
-        own = c.sampling
+        own = "while its sample runs" if c.sampling else "while a sample runs" if any(
+            x.sampling for x in self._ordered()) else "while the heuristic runs"
         plan = self._plan(c)
         if isinstance(c.fitted, Exception):
             return f"{c.name}: no model ({c.fitted})" + plan
         reused = getattr(c.fitted, "reused", 0)
         total = len(c.fitted.groups) + len(c.fitted.dropped) if reused else 0
-        return (f"{c.name}: models fitted in {self._clock() - t0:.2f} s while "
-                + ("its sample runs" if own else "a sample runs")
+        return (f"{c.name}: models fitted in {self._clock() - t0:.2f} s " + own
                 + (f" ({reused} of {total} groups unchanged since an earlier fit)" if reused else "") + plan)
 
     def _plan(self, c: _Chunk) -> str:
         """``sample-pays``: whether the chunk's sample can pay for itself, and its size (``harp_sample_cost``)."""
         if self.variant is not None and not self.variant.on("sample-pays"):
             return ""
-        if c.sample_bps is not None or c.sample_goal is not None:
+        if c.sample_bps is not None or c.planned:
             return ""  # its sample is over, or already planned
         from fstream_provider.tuning.harp_sample_cost import plan_sample
 
@@ -318,6 +332,7 @@ class HarpTuner:
                            chunk_bytes=float(c.bytes), min_bytes=self.min_sample_bytes,
                            bandwidth_bps=self.path.bandwidth_bps, no_model=no_model)
         c.sample_goal = plan.bytes if plan.bytes < c.sample_bytes else None
+        c.planned = True
         self.sample_plans.append({"chunk": c.name, "bytes": plan.bytes, "paper_bytes": c.sample_bytes,
                                   "reason": plan.reason, "gain_s": plan.gain_s, "cost_s": plan.cost_s})
         return f"; {c.name}: {plan.reason}"
@@ -409,10 +424,30 @@ class HarpTuner:
             notes.append(f"{c.name} (arrived later): heuristic cc={c.settings.cc} p={c.settings.p} pp={c.settings.pp}")
         return notes
 
+    @staticmethod
+    def _share(layouts: dict[str, Settings], name: str, settings: Settings, obs: Observation) -> None:
+        """When a chunk's own files and its sample's run with the same ``settings``, its cc is shared by bytes."""
+        main, rest = layouts.get(name), layouts.get(name + SAMPLE)
+        if main != settings or rest != settings or settings.cc < 2:
+            return
+        pb = {n: float(max(1, getattr(obs.clusters.get(n), "pending_bytes", 1))) for n in (name, name + SAMPLE)}
+        k = min(settings.cc - 1, max(1, round(settings.cc * pb[name + SAMPLE] / sum(pb.values()))))
+        layouts[name + SAMPLE] = Settings(k, settings.p, settings.pp)
+        layouts[name] = Settings(settings.cc - k, settings.p, settings.pp)
+
     def _refresh_layouts(self, obs: Observation) -> None:
         layouts: dict[str, Settings] = {}
         held: set[str] = set()
+        planning = self._planning
         for c in self._ordered():
+            if planning:  # the whole chunk (its sample's files too) at the heuristic, as ``static`` would run it
+                whole = heuristic(c.bytes / max(1, c.files), c.files, self.path)
+                for n in (c.name, c.name + SAMPLE):
+                    st = obs.clusters.get(n)
+                    if st is not None and (st.pending_files > 0 or st.active_channels > 0):
+                        layouts[n] = whole
+                self._share(layouts, c.name, whole, obs)
+                continue
             rest = obs.clusters.get(c.name + SAMPLE)
             if c.sampling and c.sample_settings is not None:
                 layouts[c.name + SAMPLE] = c.sample_settings
@@ -426,7 +461,7 @@ class HarpTuner:
                     layouts[c.name + SAMPLE] = c.sample_settings
                 else:
                     held.add(c.name + SAMPLE)
-            elif c.sample_files and c.sample_start is None:
+            elif c.sample_files and c.sample_start is None and not c.skipped:
                 held.add(c.name + SAMPLE)
             main = obs.clusters.get(c.name)
             if main is None or (main.pending_files <= 0 and main.active_channels <= 0):
@@ -435,15 +470,10 @@ class HarpTuner:
                 layouts[c.name] = c.settings
             else:
                 held.add(c.name)
-        for c in self._ordered():  # a chunk's settings over its own files and its sample's left: cc shared by bytes
-            main, rest = layouts.get(c.name), layouts.get(c.name + SAMPLE)
-            if main is None or rest is None or rest != c.settings or not self._allocated:
-                continue
-            pb = {n: float(max(1, getattr(obs.clusters.get(n), "pending_bytes", 1))) for n in (c.name, c.name + SAMPLE)}
-            if main.cc >= 2:
-                k = min(main.cc - 1, max(1, round(main.cc * pb[c.name + SAMPLE] / sum(pb.values()))))
-                layouts[c.name + SAMPLE] = Settings(k, main.p, main.pp)
-                layouts[c.name] = Settings(main.cc - k, main.p, main.pp)
+        if self._allocated:  # a chunk's settings over its own files and its sample's left
+            for c in self._ordered():
+                if c.settings is not None:
+                    self._share(layouts, c.name, c.settings, obs)
         if sum(s.cc for s in layouts.values()) > self.path.max_cc:  # never more channels than allowed in total
             weights = {n: float(max(1, getattr(obs.clusters.get(n), "pending_bytes", 1))) for n in layouts}
             fitted = fit_cc({n: s.cc for n, s in layouts.items()}, self.path.max_cc, weights)
