@@ -47,7 +47,7 @@ MIN_SAMPLE_SECONDS = 0.25  # sample-pays: a sample shorter than this many bandwi
 
 def optimizer_for(path: PathInfo, variant: Any = None, fit_cache: Any = None) -> Any:
     """The paper's Optimizer within the path's bounds, with ``variant``'s departures (None: the default's) and
-    ``fit_cache`` (``harp_fits.GroupFitCache``, or None); imports scikit-learn: call it when first needed."""
+    ``fit_cache`` (``harp_fits.GroupFitCache``, or None); imports numpy and pandas: call it when first needed."""
     from fstream_provider.tuning.harp_model import HarpOptimizer
 
     return HarpOptimizer(max_cc=path.max_cc, max_p=min(32, path.max_p), max_pp=min(32, path.max_pp), variant=variant,
@@ -145,7 +145,7 @@ class HarpTuner:
                              f"({min_sample_files}) >= 1")
         self.path = path
         self._source = history
-        self._optimizer = optimizer  # built on first use: scikit-learn takes a second to import
+        self._optimizer = optimizer  # built on first use: numpy and pandas take half a second to import
         self.variant = variant
         named = variant is not None and variant.name != "default"
         self._tag = f"harp ({variant.name})" if named else "harp"  # the variant reaches every reason

@@ -3,7 +3,8 @@
 ``HarpOptimizer.fit`` is the sample-independent, expensive part, run while a chunk's sample transfer is
 in flight (the paper's pipelined cost analysis): filter similar history (``harp_similarity``), group it
 into experiment sets, fit a cubic polynomial ``throughput = f_i(cc, p, pp)`` per group (Eq. 2;
-scikit-learn ``PolynomialFeatures(3)`` + ``LinearRegression`` on standardised inputs), drop groups with
+scikit-learn's ``PolynomialFeatures(3)`` + ``LinearRegression`` on standardised inputs, written out in numpy in
+``harp_cubic`` because importing scikit-learn cost the sender 1.6 s of CPU mid-transfer), drop groups with
 R² < 0.6 or too few distinct settings, maximise each model over the integer grid (Eq. 4), then relax
 each parameter in turn while the estimate stays >= rho = 0.9 of the maximum (§III-B3).
 
@@ -38,13 +39,10 @@ from fstream_provider.extras import agent_only
 try:
     import numpy as np
     import pandas as pd
-    from sklearn.cluster import DBSCAN
-    from sklearn.linear_model import LinearRegression
-    from sklearn.metrics import r2_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 except ImportError as exc:  # a provider-only install (issue 39)
     raise agent_only(exc, "HARP's regression") from exc
+
+from fstream_provider.tuning.harp_cubic import Cubic, r2 as r2_score, split_1d
 
 from fstream_provider.tuning.harp_fits import rows_digest
 from fstream_provider.tuning.harp_similarity import GROUP_WINDOW_S, WEIGHTS, HarpRequest, group_rows, select_similar
@@ -235,8 +233,7 @@ class HarpOptimizer:
         n_settings = len({tuple(r) for r in x})
         if n_settings < self.min_settings:
             return None, f"{n_settings} distinct settings < {self.min_settings}"
-        model = make_pipeline(StandardScaler(), PolynomialFeatures(self.degree), LinearRegression())
-        model.fit(x, y)
+        model = Cubic(self.degree).fit(x, y)
         r2 = float(r2_score(y, model.predict(x)))
         if not r2 >= self.r2_min:
             return None, f"R² {r2:.2f} < {self.r2_min}"
@@ -302,7 +299,7 @@ class HarpOptimizer:
                 raise ValueError(f"HARP sample throughput must be > 0, got {t_act!r}")
             at_sample = np.array([float(g.predict(cc0, p0, pp0)[0]) for g in groups])
             rel = np.abs(t_act - at_sample) / t_act  # Eq. 3, relative
-            labels = DBSCAN(eps=self.dbscan_eps, min_samples=1).fit(rel.reshape(-1, 1)).labels_
+            labels = split_1d(rel, self.dbscan_eps)  # DBSCAN(eps, min_samples=1) on one dimension
             classes = sorted(set(labels), key=lambda c: -float(rel[labels == c].mean()))  # largest error first
             class_w = {c: 2.0 ** k for k, c in enumerate(classes)}
             w = np.array([class_w[c] for c in labels])

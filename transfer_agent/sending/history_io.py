@@ -92,8 +92,8 @@ def background(redis: Any, log: logging.Logger, options: HistoryOptions | None, 
 class BackgroundHistory:
     """Load the transfer history (and import the Optimizer's libraries) in a thread while the transfer starts.
 
-    pandas and scikit-learn take about 1.4 s to import on a small machine and a large history a while to
-    parse; HARP's sample transfer does not need either, so the transfer starts at once and the tuner
+    pandas takes about half a second to import on a small machine (scikit-learn, 1.6 s more, is no longer
+    imported: ``harp_cubic``) and a large history a while to parse; HARP's start does not need either, so the transfer starts at once and the tuner
     picks the history up when it is ready. Calling the object returns the DataFrame, or None while loading.
 
     The rows come from the process's history cache (``bus.history_cache``, imported in the thread: it needs
@@ -138,7 +138,7 @@ class BackgroundHistory:
                 else:
                     log.info("transfer history: %d row(s) cached, %d new and %d dropped read in %.3f s",
                              len(self._frame), r.new, r.dropped, r.seconds)
-                import fstream_provider.tuning.harp_model  # noqa: F401 - scikit-learn, before the tuner needs it
+                import fstream_provider.tuning.harp_model  # noqa: F401 - numpy and pandas, before the tuner needs them
             except Exception as exc:  # noqa: BLE001 - HARP falls back to the heuristic without history
                 log.warning("transfer history not loaded: %s", exc)
             finally:
