@@ -18,7 +18,7 @@ HARP_RERUN = ("fstream bench harp --history-csv bench/results/harp-20261124-0815
               "--conditions quiet,background,buffer --tuners static,harp,fstream,fstream+harp --repeat 3")
 
 HELDOUT_RERUN = ("fstream bench harp --generated --fresh 3 --conditions quiet,background "
-                 "--tuners static,harp,harp@default-sample-pays --repeat 3 --budget 120s")
+                 "--tuners static,harp,harp@default-sample-pays,harp-no-history --repeat 3 --budget 120s")
 
 
 def _fixed_datasets(doc: dict) -> bool:

@@ -242,10 +242,15 @@ def _one_run(bench, rx, redis_srv, src: Path, base: dict, args, dname: str, cond
              pos: int, first: float, work: Path) -> dict:
     """One ``fstream send`` of ``src``; its record keeps the agent's raw interval records and decisions."""
     opts = dict(base)
+    name = tuner  # as the summary names it
     tuner, _, variant = tuner.partition("@")  # harp@default-sample-pays: a variant (the ablation)
     if variant:
         opts["variant"] = variant
-    if tuner in ("harp", "fstream+harp"):
+    if tuner == "harp-no-history":  # HARP's chunks at the heuristic, no model: what the history itself adds
+        import redis as redis_py
+        redis_py.Redis.from_url(redis_srv.url + "?db=1").flushdb()
+        tuner, opts["redis"], opts["no_history"] = "harp", redis_srv.url + "?db=1", True
+    elif tuner in ("harp", "fstream+harp"):
         import redis as redis_py  # each run starts from the calibrated history alone:
         r0 = redis_py.Redis.from_url(redis_srv.url)  # no profiling history of the last
         for key in r0.scan_iter(match="{fstream}:profiling:*"):
@@ -254,11 +259,10 @@ def _one_run(bench, rx, redis_srv, src: Path, base: dict, args, dname: str, cond
         opts["no_history"] = True      # and add nothing: every run sees the same one
     if cond == "buffer":
         opts["tcp_buffer"] = args.told_buffer
-    label = f"{dname}-{cond}-{tuner.replace('+', '-')}{'-' + variant if variant else ''}-r{k}"
+    label = f"{dname}-{cond}-{name.replace('+', '-').replace('@', '-')}-r{k}"
     r = send_json(bench.sites, rx, [src], label, tuner=tuner.split("+")[0], options=opts,
                   label=label, timeout=parse_duration(args.timeout))
     shutil.rmtree(work / "dst" / label, ignore_errors=True)
-    name = f"{tuner}@{variant}" if variant else tuner
     m = run_metrics(r.intervals, r.tuning, name, first)
     rec = {"dataset": dname, "condition": cond, "tuner": name, "repeat": k, "order": pos, "ok": r.ok,
            "error": r.error, **{key: v for key, v in m.items()},

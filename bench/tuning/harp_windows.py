@@ -32,7 +32,9 @@ from collections import defaultdict
 
 #: ratios within a repeat: (numerator tuner, denominator tuner)
 #: ratios within a repeat; ``harp@default-sample-pays`` is the ablation: the paper's sample on every chunk
-PAIRS = (("harp", "static"), ("fstream+harp", "fstream"), ("harp@default-sample-pays", "static"))
+#: and ``harp-no-history`` HARP's chunks at the heuristic without any history (what the model adds)
+PAIRS = (("harp", "static"), ("fstream+harp", "fstream"), ("harp@default-sample-pays", "static"),
+         ("harp-no-history", "static"))
 
 
 def window_bytes(intervals: list[dict], start: float, end: float) -> float:
@@ -113,7 +115,7 @@ def run_metrics(intervals: list[dict], tuning: list[dict], tuner: str, window_s:
     out["total_bps"] = out["bytes"] * 8 / out["total_s"]
     data = from_first_byte(intervals)
     out["first_window_bps"], out["first_window_s"] = aligned_window(data, fb, window_s)
-    if tuner.partition("@")[0] == "harp":
+    if tuner.partition("@")[0] in ("harp", "harp-no-history"):
         alloc, why = harp_times(tuning)
         out["harp_reason"] = why
         if alloc is not None:

@@ -60,15 +60,17 @@ def harp_total(doc: dict, _: Path) -> tuple[str, str]:
 def harp_heldout(doc: dict, _: Path) -> tuple[str, str]:
     """``fstream bench harp --generated``: per held-out workload and condition, static's time / HARP's (HARP's
     throughput over static's, sample included), every repeat; met when every case's median is ≥ 1.2. The
-    ablation (the paper's sample on every chunk) beside it."""
+    ablations beside it: the paper's sample on every chunk, and HARP's chunks at the heuristic without history."""
     parts, low = [], 0
     for c in doc["cases"]:
         xs = [1 / x for x in c["ratios"]["harp/static total"]["all"] if x]
         ab = [1 / x for x in c["ratios"].get("harp@default-sample-pays/static total", {}).get("all", []) if x]
+        nh = [1 / x for x in c["ratios"].get("harp-no-history/static total", {}).get("all", []) if x]
         gb = doc.get("dataset_shapes", {}).get(c["dataset"], {}).get("bytes", 0) / 1e9
         low += not xs or statistics.median(xs) < 1.2
+        aside = ([f"paper's sample {med_range(ab)}×"] if ab else []) + ([f"no history {med_range(nh)}×"] if nh else [])
         parts.append(f"{c['dataset']} ({gb:.2f} GB) {c['condition']}: {med_range(xs)}×"
-                     + (f" (paper's sample {med_range(ab)}×)" if ab else ""))
+                     + (f" ({'; '.join(aside)})" if aside else ""))
     seeds = ", ".join(map(str, doc.get("seeds", [])))
     text = "; ".join(parts) + f" static's throughput; seeds {seeds}{', fresh' if doc.get('seeds_fresh') else ''}"
     return text, (f"yes ({len(parts)} of {len(parts)} cases)" if parts and not low
