@@ -174,3 +174,22 @@ def test_generated_datasets_come_from_the_seeds_and_are_staged_whole(tmp_path):
     root = stage(small, tmp_path / "src", seed=5)
     landed = {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
     assert landed == {f.path: f.size for f in small.files}
+
+
+def test_the_heldout_figure_draws_every_repeat_of_every_case(tmp_path):
+    """``harp_figure``: one point per repeat, at the transfer's size, for each tool and condition (nothing chosen)."""
+    from fstream_bench.tuning.harp_figure import figure, points
+
+    summary = {"seeds": [1], "dataset_shapes": {"heldout-1": {"bytes": 6e8}},
+               "cases": [{"dataset": "heldout-1", "condition": "quiet",
+                          "ratios": {"harp/static total": {"all": [0.8, 0.5]},
+                                     "harp-no-history/static total": {"all": [1.0]}}},
+                         {"dataset": "heldout-1", "condition": "background",
+                          "ratios": {"harp@default-sample-pays/static total": {"all": [1.25, 0.0]}}}]}
+    got = points(summary)
+    assert got[("harp", "quiet")] == [(0.6, 1.25), (0.6, 2.0)] and got[("harp-no-history", "quiet")] == [(0.6, 1.0)]
+    assert got[("harp@default-sample-pays", "background")] == [(0.6, 0.8)]  # a failed repeat (0) is left out
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(summary))
+    figure(tmp_path / "r", tmp_path / "f.png")
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

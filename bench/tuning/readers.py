@@ -60,7 +60,8 @@ def harp_total(doc: dict, _: Path) -> tuple[str, str]:
 def harp_heldout(doc: dict, _: Path) -> tuple[str, str]:
     """``fstream bench harp --generated``: per held-out workload and condition, static's time / HARP's (HARP's
     throughput over static's, sample included), every repeat; met when every case's median is ≥ 1.2. The
-    ablations beside it: the paper's sample on every chunk, and HARP's chunks at the heuristic without history."""
+    ablations beside it: the paper's sample on every chunk, and HARP's chunks at the heuristic without history; and
+    the ceiling, the link over static's rate (no tuner moves more than the link)."""
     parts, low = [], 0
     for c in doc["cases"]:
         xs = [1 / x for x in c["ratios"]["harp/static total"]["all"] if x]
@@ -68,7 +69,11 @@ def harp_heldout(doc: dict, _: Path) -> tuple[str, str]:
         nh = [1 / x for x in c["ratios"].get("harp-no-history/static total", {}).get("all", []) if x]
         gb = doc.get("dataset_shapes", {}).get(c["dataset"], {}).get("bytes", 0) / 1e9
         low += not xs or statistics.median(xs) < 1.2
-        aside = ([f"paper's sample {med_range(ab)}×"] if ab else []) + ([f"no history {med_range(nh)}×"] if nh else [])
+        aside = [f"paper's sample {med_range(ab)}×"] if ab else []
+        aside += [f"no history {med_range(nh)}×"] if nh else []
+        static_bps = c["tuners"].get("static", {}).get("total_bps", {}).get("median")
+        if static_bps:  # the most any tuner can reach: the link over static's rate
+            aside.append(f"ceiling {doc.get('bandwidth_bps', 1e9) / static_bps:.2f}×")
         parts.append(f"{c['dataset']} ({gb:.2f} GB) {c['condition']}: {med_range(xs)}×"
                      + (f" ({'; '.join(aside)})" if aside else ""))
     seeds = ", ".join(map(str, doc.get("seeds", [])))
