@@ -12,7 +12,8 @@ import pytest
 from fstream_provider.tuning.base import ClusterStats, FileInfo, Observation, PathInfo
 from fstream_provider.tuning.clustering import Cluster
 from fstream_provider.tuning.fstream import FStreamTuner
-from fstream_provider.tuning.harp import SAMPLE, HarpTuner, harp_start
+from fstream_provider.tuning.harp import SAMPLE, HarpTuner
+from fstream_provider.tuning.harp_start import harp_start
 from fstream_provider.tuning.harp_history import HistoryRow, chunk_of, to_frame
 from fstream_provider.tuning.heuristic import heuristic
 from fstream_provider.tuning.registry import make_tuner

@@ -18,7 +18,8 @@ from fstream_provider.bus.client import connect
 from fstream_provider.bus.history_cache import HistoryCache, HistoryCaches, connection_identity
 from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.transfer_history import TransferHistory
-from fstream_provider.tuning.harp import HarpTuner, harp_start
+from fstream_provider.tuning.harp import HarpTuner
+from fstream_provider.tuning.harp_start import harp_start
 from fstream_provider.tuning.harp_fits import GroupFitCache
 from fstream_provider.tuning.harp_history import HistoryRow, from_frame
 from fstream_provider.tuning.harp_model import HarpOptimizer

@@ -68,7 +68,7 @@ class FStreamTuner(ClusteredTuner):
     :param profiling: False turns the tuner into ``dynamic`` (for breakdowns).
     :param start_time: wall-clock seconds of the start, for history timestamps.
     :param seed: where the initial dataset's clusters start instead of the heuristic:
-        ``seed(cluster) -> (Settings, reason)`` or None (``harp.harp_start``: HARP's prediction from the
+        ``seed(cluster) -> (Settings, reason)`` or None (``harp_start.harp_start``: HARP's prediction from the
         transfer history); online profiling continues from there.
     """
 

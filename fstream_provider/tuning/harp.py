@@ -16,10 +16,11 @@ What it does, in the paper's order:
    (cc, p, pp) and the unit throughput. This is the paper's pipelined cost analysis: the regression work
    overlaps the sample transfers, and the transfer itself never stops (the driver keeps moving the
    sample while ``update`` computes).
-   *Departure* (switch ``sample-pays``, ``harp_sample_cost``): once a chunk's groups are fitted, its sample is
-   skipped or cut when it cannot pay for itself (no model, one group, groups that agree on the path, or a cost
-   above half the expected gain). A sample that is running stops at its new size; a chunk without a sample
-   starts from the equal-weight prediction; the sample's files not yet sent move with the chunk's settings.
+   *Departure* (switch ``sample-pays``, ``harp_sample_cost``): every chunk first runs at its heuristic, nothing
+   held, while the history loads and its groups are fitted; then its sample is skipped or cut when it cannot pay
+   for itself (no model, one group, groups that agree on the path, or a cost above half the expected gain). A
+   chunk without a sample starts from the equal-weight prediction; the sample's files not yet sent move with
+   the chunk's settings.
 4. **Channel allocation** (lines 17–23, ``harp_model.allocate_channels``), then every chunk starts with its
    settings, and they are kept (HARP tunes once; ``fstream`` is the tuner that keeps adapting).
 
@@ -109,7 +110,8 @@ class _Chunk:
 
     @property
     def rest_bytes(self) -> int:
-        """Bytes still to move with the chunk's own settings: all but what its sample moved."""
+        """Bytes still to move with the chunk's own settings: all but what its sample moved (Algorithm 1's chunk
+        size; sample files moved at the heuristic before the sample started count as the chunk's)."""
         if self.skipped or not self.sample_files:
             return self.bytes
         return self.bytes - min(self.sample_bytes, self.sample_moved if self.sample_bps is not None else
@@ -351,9 +353,8 @@ class HarpTuner:
         pred = self.optimizer.predict(c.fitted, None if c.skipped else (s.cc, s.p, s.pp, c.sample_bps))
         c.prediction = pred
         self.decisions.append({"chunk": c.name, "sample_bps": None if c.skipped else c.sample_bps, "cc": pred.cc,
-                               "p": pred.p,
-                               "pp": pred.pp, "predicted_bps": pred.throughput_bps, "fallback": pred.fallback,
-                               "reason": pred.reason, "t": obs.t})
+                               "p": pred.p, "pp": pred.pp, "predicted_bps": pred.throughput_bps,
+                               "fallback": pred.fallback, "reason": pred.reason, "t": obs.t})
         if pred.fallback:
             c.settings = self._heuristic(c)
             return f"{sample_note}; {c.name}: heuristic ({pred.reason})"
@@ -479,52 +480,3 @@ class HarpTuner:
             fitted = fit_cc({n: s.cc for n, s in layouts.items()}, self.path.max_cc, weights)
             layouts = {n: Settings(fitted[n], s.p, s.pp) for n, s in layouts.items()}
         self._layouts, self._held = layouts, held
-
-
-class HarpStart:
-    """HARP's prediction as the ``fstream`` tuner's starting point (``FStreamTuner(seed=...)``).
-
-    No sample is taken here (the online profiling that follows measures today's load instead), so every
-    group the Optimizer keeps weighs the same; a cluster the history cannot model keeps the heuristic.
-    ``ready`` is False while the history is still loading: the tuner starts from the heuristic and moves to
-    the prediction as soon as it is ready, if profiling has not decided anything yet.
-
-    :param path: the path description.
-    :param history: a DataFrame, or a loading source (see ``HarpTuner``).
-    :param optimizer: a ``HarpOptimizer`` (default: the paper's settings within the path's bounds).
-    """
-
-    def __init__(self, path: PathInfo, history: Any, *, optimizer: Any = None, source: str = "",
-                 destination: str = "") -> None:
-        self.path, self._source, self.source, self.destination = path, history, source, destination
-        self._optimizer = optimizer
-        self.notes: list[str] = []
-
-    @property
-    def ready(self) -> bool:
-        src = self._source
-        return not callable(src) or src() is not None
-
-    def __call__(self, cluster: Any) -> tuple[Settings, str] | None:
-        history = self._source() if callable(self._source) else self._source
-        avg = cluster.avg_size
-        if history is None or len(history) == 0 or avg <= 0:
-            return None
-        if self._optimizer is None:
-            self._optimizer = optimizer_for(self.path, fit_cache=fit_cache_of(self._source))
-        req = request_for(self.path, chunk_of(avg, self.path.bdp_bytes), avg, max(1, cluster.files), self.source,
-                          self.destination)
-        try:
-            pred = self._optimizer.optimize(history, req, None)
-        except ValueError as exc:
-            self.notes.append(f"{cluster.name}: {exc}")
-            return None
-        if pred.fallback:
-            self.notes.append(f"{cluster.name}: {pred.reason}")
-            return None
-        return Settings(pred.cc, pred.p, pred.pp), f"HARP start without sample: {pred.reason}"
-
-
-def harp_start(path: PathInfo, history: Any, **kw: Any) -> HarpStart | None:
-    """A ``HarpStart`` when there is (or will be) history, else None."""
-    return HarpStart(path, history, **kw) if history_rows(history) > 0 else None
