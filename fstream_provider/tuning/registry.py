@@ -108,7 +108,8 @@ def _fixed(a: TunerArgs) -> Tuner:
 def _fstream(a: TunerArgs) -> Tuner:
     return _lazy("fstream", "FStreamTuner")(
         path=a.path, start=a.start, target_throughput_bps=a.target, history=a.history, start_time=a.start_time,
-        seed=_lazy("harp_start", "harp_start")(a.path, a.transfer_history), variant=a.variant or _lazy("variants", "DEFAULT"))
+        seed=_lazy("harp_start", "harp_start")(a.path, a.transfer_history),
+        variant=a.variant or _lazy("variants", "DEFAULT"))
 
 
 def _harp(a: TunerArgs) -> Tuner:
