@@ -169,9 +169,10 @@ def test_redis_stopped_for_30_s_mid_transfer(rig):
 def test_a_sentinel_failover_mid_transfer(rig):
     run = rig.transfer("failover", files=24, size=512 * 1024, rate=512 * 1024)
     before = run.moving()
-    old = rig.group.master().port
-    promoted = rig.group.failover()  # the master SIGKILLed; the sentinel promotes the replica
-    assert rig.group.master().port != old
+    # the master SIGKILLed; failover() returns once the sentinel names another master (it polls for that and raises
+    # on timeout). Not asserted again after the group settles: under load the sentinel may fail over a second time,
+    # back to the restarted old master (CI, 2026-11-30), and the transfer must ride that out too
+    promoted = rig.group.failover()
     run.check(before)
     print(f"\nfailover at {before} of {run.files} files; the sentinel promoted the replica in {promoted:.1f} s")
 

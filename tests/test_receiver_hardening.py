@@ -338,8 +338,7 @@ def test_mtime_only_change_is_named(tmp_path: Path, secret: Path) -> None:
     assert "mtime changed" in reason and f"size {size}→{size}" not in reason
 
 
-def test_bytes_sent_counts_every_session(tmp_path: Path, secret: Path) -> None:
-    size = 24 * MiB
+def _cut_mid_file(tmp_path: Path, secret: Path, size: int) -> Any:
     src = make_files(tmp_path / "src", {"r.bin": size})
     rx = start_receiver(tmp_path / "dst", secret, cls=GatedReceiver, hold_after=size // 2)
     result: dict[str, Any] = {}
@@ -356,12 +355,24 @@ def test_bytes_sent_counts_every_session(tmp_path: Path, secret: Path) -> None:
     finally:
         rx.gate.set()
         rx.stop()
-    res = result["r"]
+    return result["r"]
+
+
+def test_bytes_sent_counts_every_session(tmp_path: Path, secret: Path) -> None:
+    size = 24 * MiB
+    # the cut races the held data stream: once the gate opens, that stream (still connected) may land the rest of
+    # the file before the sender notices, and the next session then finds it whole (skipped, nothing to resume;
+    # seen once on a loaded CI machine). Up to three tries for the case this test is about: a resume.
+    for k in range(3):
+        res = _cut_mid_file(tmp_path / f"try{k}", secret, size)
+        if res.resumed_bytes:
+            break
     assert res.ok and res.resumed_bytes >= size // 4
     # the first session's bytes count too (a block cut off mid-send is not counted: at most one per stream)
     assert res.bytes_sent >= size - 1 * MiB, f"bytes sent over both sessions: {res.bytes_sent}, file {size}"
     assert res.bytes_sent > size - res.resumed_bytes
-    assert (tmp_path / "dst" / "out" / "r.bin").read_bytes() == (src / "r.bin").read_bytes()
+    assert (tmp_path / f"try{k}" / "dst" / "out" / "r.bin").read_bytes() == \
+        (tmp_path / f"try{k}" / "src" / "r.bin").read_bytes()
 
 
 def _orphans(root: Path, age: float) -> dict[str, Path]:
