@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fstream_provider.tuning.base import PathInfo
 from fstream_provider.tuning.harp import fit_cache_of, history_rows, optimizer_for, request_for
 from fstream_provider.tuning.harp_history import chunk_of
 from fstream_provider.tuning.heuristic import Settings
