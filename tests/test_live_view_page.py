@@ -252,7 +252,7 @@ def test_a_redis_outage_is_shown_and_clears_when_reads_succeed(site, job, redis)
         status = page.locator("#status")
         page.wait_for_function("() => document.getElementById('status').textContent === 'live'", timeout=30_000)
         page.wait_for_function(f"() => document.querySelector(\"tr[data-job='{job.job_id}'] .rate\")"
-                               ".textContent.startsWith('350.00')", timeout=15_000)
+                               "?.textContent.startsWith('350.00')", timeout=15_000)
         assert page.locator("#problem").inner_text() == ""
         redis.stop()
         try:
@@ -265,7 +265,7 @@ def test_a_redis_outage_is_shown_and_clears_when_reads_succeed(site, job, redis)
             since = re.search(r"(\d\d:\d\d:\d\d)", status.inner_text()).group(1)
             assert since in page.locator("#generated").inner_text()  # stale since the last good read
             page.wait_for_function(f"() => / s old$/.test(document.querySelector(\"tr[data-job='{job.job_id}'] "
-                                   ".age\").textContent)", timeout=15_000)
+                                   ".age\")?.textContent)", timeout=15_000)
             assert "stale" in status.get_attribute("class")
         finally:
             redis.start()
@@ -275,7 +275,7 @@ def test_a_redis_outage_is_shown_and_clears_when_reads_succeed(site, job, redis)
         page.wait_for_function("() => document.getElementById('problem').textContent === ''", timeout=30_000)
         page.wait_for_function("() => document.getElementById('status').textContent === 'live'", timeout=15_000)
         page.wait_for_function(f"() => document.querySelector(\"tr[data-job='{job.job_id}'] .rate\")"
-                               ".textContent.startsWith('375.00')", timeout=15_000)
+                               "?.textContent.startsWith('375.00')", timeout=15_000)
         assert page.locator(f"tr[data-job='{job.job_id}'] .age").inner_text() == ""
 
 
