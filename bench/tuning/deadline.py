@@ -1,13 +1,15 @@
 """``fstream bench deadline``: issue 27's ETA and deadline goals, in the simulator and on the emulated WAN.
 
-    fstream bench deadline sim                   # every workload x seeds: deadlines at 1.2/1.5/2x the oracle's
+    fstream bench deadline sim                   # every workload x 3 fresh seeds: deadlines at 1.2/1.5/2x the oracle's
                                                  # minimum and one infeasible (0.8x); ETA error at 25/50/75 %
     fstream bench deadline wan                   # (root) 1 Gbit/s, 40 ms, 1 MiB: ETA error of backlogged runs,
                                                  # 10 deadline runs, the fewest-stream fixed setting, infeasible
 
 Simulator (``fstream_provider.tuning.deadline_report``): the minimum is the fastest fixed (cc, p, pp) of
 the grid; a run meets its deadline when everything landed by then; its stream-seconds are compared with
-the grid setting that meets the same deadline with the fewest stream-seconds. Deterministic.
+the grid setting that meets the same deadline with the fewest stream-seconds. Both deadline rules run
+(``streams``, the default; issue 27's ``target``) in the simulator calibrated to the emulated WAN, on seeds
+drawn fresh per run (recorded; deterministic given the seeds).
 
 WAN: each workload runs once with the default ``fstream`` tuner (its time is the minimum we use: the
 oracle's grid is not re-run on the WAN, see ``tuning_wan``; the tuner is within a few % of it there), and
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -80,31 +83,44 @@ def eta_summary(cases: list[dict]) -> dict:
 
 # -- the simulator ------------------------------------------------------------------------------------------------
 def run_sim(args) -> dict:
+    """Every workload x seed: both ``Deadline`` rules (``streams``, the default, and issue 27's ``target``)
+    against the same fixed grid, in the simulator calibrated to the emulated WAN (``ablation.SIM_KW``: a
+    stream keeps 0.65 of its window, measured there) unless ``--uncalibrated``. Seeds are drawn fresh per run
+    and recorded (``--seed`` replays one)."""
+    import random
+
+    from fstream_provider.tuning.ablation import SIM_KW
     from fstream_provider.tuning.base import PathInfo
+    from fstream_provider.tuning.deadline import STEERS
     from fstream_provider.tuning.deadline_report import case, eta_errors
     from fstream_provider.tuning.workloads import make_workload
 
     path = PathInfo(args.bandwidth, args.rtt, tcp_buffer=args.buffer, max_cc=32)
+    sim_kw = {} if args.uncalibrated else dict(SIM_KW)
+    seeds = args.seed or [random.SystemRandom().randrange(2**31) for _ in range(args.seeds)]
     rows, etas = [], []
-    for seed in range(args.seeds):
+    for seed in seeds:
         for name in args.workloads.split(","):
             w = make_workload(name, scale=args.scale, seed=seed, interval_s=0.0)
             t0 = time.process_time()
-            for r in case(w, path, factors=FACTORS, infeasible=0.8):
+            for r in case(w, path, factors=FACTORS, infeasible=0.8, steers=STEERS, sim_kw=sim_kw):
                 rows.append({**r, "seed": seed})
-            etas.append({"workload": name, "seed": seed, "eta": eta_errors(w, path)})
+            etas.append({"workload": name, "seed": seed, "eta": eta_errors(w, path, sim_kw=sim_kw)})
             print(f"sim {name} seed {seed}: {time.process_time() - t0:.1f} CPU-s", flush=True)
-    feasible = [r for r in rows if r["factor"] >= 1.0]
-    infeasible = [r for r in rows if r["factor"] < 1.0]
+    summary = {}
+    for steer in STEERS:
+        feasible = [r for r in rows if r["factor"] >= 1.0 and r["steer"] == steer]
+        infeasible = [r for r in rows if r["factor"] < 1.0 and r["steer"] == steer]
+        summary[steer] = {
+            "met": sum(r["met"] for r in feasible), "feasible": len(feasible),
+            "stream_ratio": {str(k): _med([r["stream_ratio"] for r in feasible if r["factor"] == k]) for k in FACTORS},
+            "infeasible_reported_s": _med([r["infeasible_reported_s"] for r in infeasible
+                                           if r["infeasible_reported_s"] is not None]),
+            "infeasible_reported": sum(r["infeasible_reported_s"] is not None for r in infeasible),
+            "infeasible_runs": len(infeasible)}
     return {"path": {"bandwidth_bps": args.bandwidth, "rtt_s": args.rtt, "tcp_buffer": args.buffer},
-            "scale": args.scale, "rows": rows, "eta": etas,
-            "summary": {"met": sum(r["met"] for r in feasible), "feasible": len(feasible),
-                        "stream_ratio": {str(k): _med([r["stream_ratio"] for r in feasible if r["factor"] == k])
-                                         for k in FACTORS},
-                        "infeasible_reported_s": _med([r["infeasible_reported_s"] for r in infeasible
-                                                       if r["infeasible_reported_s"] is not None]),
-                        "infeasible_reported": sum(r["infeasible_reported_s"] is not None for r in infeasible),
-                        "infeasible_runs": len(infeasible), "eta": eta_summary(etas)}}
+            "calibration": sim_kw, "seeds": seeds, "scale": args.scale, "rows": rows, "eta": etas,
+            "summary": {**summary[STEERS[0]], "steers": summary, "eta": eta_summary(etas)}}
 
 
 # -- the emulated WAN ---------------------------------------------------------------------------------------------
@@ -132,9 +148,10 @@ def run_wan(args) -> dict:
                 return r
 
             staged = {}
-            for name in args.workloads.split(","):
+            out["seed"] = seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+            for name in args.workloads.split(","):  # sizes drawn from a seed fresh per run (recorded)
                 w = build(name, bandwidth_bps=bench.bandwidth_bps, rtt_s=bench.rtt_s, interval_s=0.0,
-                          count_factor=args.count_factor)
+                          count_factor=args.count_factor, seed=seed)
                 staged[name] = (w, materialize(w, work / "stage" / name).staging)
                 r = send(f"min-{name}", staged[name][1])
                 secs = r.self_seconds or r.seconds
@@ -199,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="part", required=True)
     s = sub.add_parser("sim", help="the simulator's table (deterministic)")
     s.add_argument("--workloads", default="w1,w2,w3,w4,sra,lcls")
-    s.add_argument("--seeds", type=int, default=3)
+    s.add_argument("--seeds", type=int, default=3, help="fresh seeds drawn per run (recorded)")
+    s.add_argument("--seed", type=int, action="append", help="replay this seed (repeatable) instead")
+    s.add_argument("--uncalibrated", action="store_true", help="the simulator's whole-window streams (issue 27's)")
     s.add_argument("--scale", type=float, default=0.25, help="workload size scale (0.25: 3-5 minute runs at 1 Gbit/s)")
     s.add_argument("--bandwidth", default="1Gbit")
     s.add_argument("--rtt", default="40ms")
@@ -211,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     wn.add_argument("--deadline-workload", default="w1")
     wn.add_argument("--count-factor", type=float, default=0.3)
     wn.add_argument("--runs", type=int, default=10)
+    wn.add_argument("--seed", type=int, help="the workloads' seed (default: drawn fresh, recorded)")
     wn.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args(argv)
     prov = provenance.start("deadline", argv, MODULES)

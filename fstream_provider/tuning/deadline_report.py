@@ -61,10 +61,14 @@ def fixed_runs(w: Workload, path: PathInfo, *, storage: StorageModel | None = No
 
 
 def steered(w: Workload, path: PathInfo, deadline_s: float, *, storage: StorageModel | None = None,
-            profile_interval_s: float = 2.0, bandwidth_known: bool = False) -> dict:
-    """One steered run: met, seconds, stream-seconds, when each state was first said."""
-    d = Deadline(FStreamTuner(path=path), deadline_s, bandwidth_bps=path.bandwidth_bps if bandwidth_known else None)
-    r = simulate(d, w, path, storage=storage, profile_interval_s=profile_interval_s, max_time_s=deadline_s * 4)
+            profile_interval_s: float = 2.0, bandwidth_known: bool = False, steer: str = "streams",
+            sim_kw: dict | None = None) -> dict:
+    """One steered run: met, seconds, stream-seconds, when each state was first said (``steer``: the
+    ``Deadline``'s rule; ``sim_kw``: more ``simulate`` options, e.g. the WAN's calibration ``ablation.SIM_KW``)."""
+    d = Deadline(FStreamTuner(path=path), deadline_s, bandwidth_bps=path.bandwidth_bps if bandwidth_known else None,
+                 steer=steer)
+    r = simulate(d, w, path, storage=storage, profile_interval_s=profile_interval_s, max_time_s=deadline_s * 4,
+                 **(sim_kw or {}))
     first: dict[str, float] = {}
     for t, st in d.changes:
         first.setdefault(st.state, round(t, 3))
@@ -72,23 +76,30 @@ def steered(w: Workload, path: PathInfo, deadline_s: float, *, storage: StorageM
             "stream_seconds": stream_seconds(r), "first": first, "completed": r.completed}
 
 
-def case(w: Workload, path: PathInfo, factors=(1.2, 1.5, 2.0), infeasible=0.8, **kw) -> list[dict]:
-    """Rows for one workload: each deadline factor, and the infeasible one."""
-    runs = fixed_runs(w, path, storage=kw.get("storage"), profile_interval_s=kw.get("profile_interval_s", 2.0))
+def case(w: Workload, path: PathInfo, factors=(1.2, 1.5, 2.0), infeasible=0.8, steers=("streams",),
+         **kw) -> list[dict]:
+    """Rows for one workload: each deadline factor, and the infeasible one, for each ``Deadline`` rule in
+    ``steers`` (row key "steer"), against the same fixed settings."""
+    runs = fixed_runs(w, path, storage=kw.get("storage"), profile_interval_s=kw.get("profile_interval_s", 2.0),
+                      **(kw.get("sim_kw") or {}))
     best = min(runs, key=lambda f: f.seconds)
     rows = []
-    for k in factors:
-        deadline = best.seconds * k
-        s = steered(w, path, deadline, **kw)
-        meeting = [f for f in runs if f.seconds <= deadline]
-        slowest = min(meeting, key=lambda f: f.stream_seconds)
-        rows.append({"workload": w.name, "factor": k, "minimum_s": best.seconds, "deadline_s": deadline, **s,
-                     "fixed": {"cc": slowest.cc, "p": slowest.p, "pp": slowest.pp, "seconds": slowest.seconds,
-                               "stream_seconds": slowest.stream_seconds},
-                     "stream_ratio": s["stream_seconds"] / slowest.stream_seconds if slowest.stream_seconds else None})
-    s = steered(w, path, best.seconds * infeasible, **kw)
-    rows.append({"workload": w.name, "factor": infeasible, "minimum_s": best.seconds,
-                 "deadline_s": best.seconds * infeasible, **s, "infeasible_reported_s": s["first"].get("infeasible")})
+    for steer in steers:
+        for k in factors:
+            deadline = best.seconds * k
+            s = steered(w, path, deadline, steer=steer, **kw)
+            meeting = [f for f in runs if f.seconds <= deadline]
+            slowest = min(meeting, key=lambda f: f.stream_seconds)
+            rows.append({"workload": w.name, "steer": steer, "factor": k, "minimum_s": best.seconds,
+                         "deadline_s": deadline, **s,
+                         "fixed": {"cc": slowest.cc, "p": slowest.p, "pp": slowest.pp, "seconds": slowest.seconds,
+                                   "stream_seconds": slowest.stream_seconds},
+                         "stream_ratio": s["stream_seconds"] / slowest.stream_seconds if slowest.stream_seconds
+                         else None})
+        s = steered(w, path, best.seconds * infeasible, steer=steer, **kw)
+        rows.append({"workload": w.name, "steer": steer, "factor": infeasible, "minimum_s": best.seconds,
+                     "deadline_s": best.seconds * infeasible, **s,
+                     "infeasible_reported_s": s["first"].get("infeasible")})
     return rows
 
 
@@ -123,11 +134,11 @@ class EtaProbe:
 
 
 def eta_errors(w: Workload, path: PathInfo, *, storage: StorageModel | None = None, profile_interval_s: float = 2.0,
-               at=(0.25, 0.5, 0.75)) -> dict:
+               at=(0.25, 0.5, 0.75), sim_kw: dict | None = None) -> dict:
     """The ETA's relative error (and whether its interval held the truth) when 25, 50 and 75 % of a backlogged
     workload had moved, on the ``fstream`` tuner."""
     probe = EtaProbe(FStreamTuner(path=path))
-    r = simulate(probe, w, path, storage=storage, profile_interval_s=profile_interval_s)
+    r = simulate(probe, w, path, storage=storage, profile_interval_s=profile_interval_s, **(sim_kw or {}))
     total = w.total_bytes
     out = {}
     for frac in at:
