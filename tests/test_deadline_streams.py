@@ -10,7 +10,7 @@ from fstream_provider.tuning.ablation import SIM_KW
 from fstream_provider.tuning.base import ClusterLayout, ClusterStats, Observation, PathInfo
 from fstream_provider.tuning.deadline import Deadline, grow_streams, plan
 from fstream_provider.tuning.deadline_report import case
-from fstream_provider.tuning.eta import Eta
+from fstream_provider.tuning.eta import Eta, EtaEstimator, record_streams
 from fstream_provider.tuning.fstream import FStreamTuner
 from fstream_provider.tuning.workloads import make_workload
 
@@ -87,3 +87,31 @@ def test_calibrated_simulator_meets_deadlines_with_the_fewest_streams_and_issue_
 def test_an_unknown_steering_rule_is_named():
     with pytest.raises(ValueError, match=r"deadline steer 'fast': one of streams, target"):
         Deadline(FStreamTuner(path=WAN), 60.0, steer="fast")
+
+
+# -- the ETA's window restarts at a layout change ------------------------------------------------------------------
+def _fed(rows) -> EtaEstimator:
+    est = EtaEstimator()
+    for i, (mbps, streams) in enumerate(rows):
+        est.add(float(i + 1), 1.0, mbps * 1e6 / 8, streams=streams)
+    return est
+
+
+def test_the_eta_window_restarts_once_a_new_layout_has_three_intervals():
+    """A ramp at 300 Mbit/s on 6 streams, then 900 Mbit/s on 18: the rate is the new layout's alone once it has
+    three intervals (the whole window held the ramp for 20 s before: a 25 % ETA 9 % off on the WAN)."""
+    two = _fed([(300, 6)] * 5 + [(900, 18)] * 2)
+    assert 300e6 < two.rate_bps() < 900e6 and two.estimate(1e9) is not None  # not yet: the ETA stays
+    three = _fed([(300, 6)] * 5 + [(900, 18)] * 3)
+    assert three.rate_bps() == pytest.approx(900e6)
+    assert three.estimate(900e6 / 8 * 10).s == pytest.approx(10.0, rel=1e-6)
+
+
+def test_a_small_layout_change_keeps_the_window():
+    est = _fed([(300, 12)] * 5 + [(400, 16)] * 4)  # a third more streams: the same regime
+    assert est.rate_bps() == pytest.approx((5 * 300e6 + 4 * 400e6) / 9)
+
+
+def test_record_streams_counts_every_cluster_or_falls_back_to_the_record():
+    assert record_streams({"clusters": {"a": {"cc": 2, "p": 4}, "b": {"cc": 3, "p": 1}}, "cc": 5, "p": 4}) == 11
+    assert record_streams({"cc": 5, "p": 4}) == 20 and record_streams({"t": 1.0}) is None

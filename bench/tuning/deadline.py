@@ -206,6 +206,47 @@ def run_wan(args) -> dict:
     return out
 
 
+# -- the ETA replayed over committed records ----------------------------------------------------------------------
+def replay_eta(records: list[dict], seconds: float, *, restart: bool, at=(0.25, 0.5, 0.75)) -> dict:
+    """The live ETA's relative error at 25/50/75 % of the bytes, replayed from a run's trimmed interval records
+    through ``EtaEstimator`` as the sender feeds it, with (``restart``) or without the window's restart at a
+    layout change."""
+    from fstream_provider.tuning.eta import EtaEstimator, record_streams
+
+    est, out = EtaEstimator(), {}
+    for r in records:
+        if not r.get("dt"):
+            continue
+        est.add(r["t"], r["dt"], r["bytes"], busy=bool(r.get("bytes")) or bool(r.get("files_pending")),
+                streams=record_streams(r) if restart else None)
+        left, total = r.get("bytes_left"), r.get("bytes_total")
+        if left is None or not total:
+            continue
+        e = est.estimate(left, (r.get("files_pending") or 0) + (r.get("active_files") or 0))
+        for frac in at:
+            if str(frac) not in out and e is not None and e.basis != "done" and total - left >= frac * total:
+                truth = seconds - r["t"]
+                out[str(frac)] = abs(e.s - truth) / truth if truth > 0 else 0.0
+    return out
+
+
+def run_replay(args) -> dict:
+    """Every committed WAN result's backlogged runs, the ETA with and without the restart (no transfer runs)."""
+    import glob
+
+    runs = []
+    for f in sorted(glob.glob(str(Path(args.results) / "deadline-wan-*.json"))):
+        for b in json.loads(Path(f).read_text()).get("backlogged", []):
+            if b.get("records"):
+                runs.append({"result": Path(f).name, "workload": b["workload"],
+                             **{mode: replay_eta(b["records"], b["seconds"], restart=mode == "restart")
+                                for mode in ("window", "restart")}})
+    summary = {mode: {k: {**_med([r[mode][k] for r in runs if k in r[mode]]),
+                          "over_10pct": sum(r[mode].get(k, 0) > 0.10 for r in runs)}
+                      for k in ("0.25", "0.5", "0.75")} for mode in ("window", "restart")}
+    return {"runs": runs, "summary": summary}
+
+
 def main(argv: list[str] | None = None) -> int:
     from fstream_bench.core.report import machine_info
     from fstream_bench.wan.rig import add_path_args
@@ -232,9 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     wn.add_argument("--runs", type=int, default=10)
     wn.add_argument("--seed", type=int, help="the workloads' seed (default: drawn fresh, recorded)")
     wn.add_argument("--timeout", type=float, default=600.0)
+    rp = sub.add_parser("replay", help="the live ETA with and without its restart, over committed WAN records")
+    rp.add_argument("--results", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
     prov = provenance.start("deadline", argv, MODULES)
-    if args.part == "sim":
+    if args.part == "replay":
+        doc = run_replay(args)
+    elif args.part == "sim":
         args.bandwidth, args.rtt = parse_rate(args.bandwidth), parse_duration(args.rtt)
         args.buffer = parse_size(args.buffer)
         doc = run_sim(args)

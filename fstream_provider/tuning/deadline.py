@@ -185,7 +185,8 @@ class Deadline:
                 self.probe_per_stream = obs.throughput_bps / streams  # what a stream gave at the best rate
             self.best_seen_bps = max(self.best_seen_bps, obs.throughput_bps)
             if self._feeds_eta:
-                self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0)
+                self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0,
+                             streams=sum(l.cc * l.p for l in obs.layouts) or None)
         self.tuner.update(obs)
         self._note = ""
         remaining = max(0.0, self.known_bytes - self.moved_bytes)

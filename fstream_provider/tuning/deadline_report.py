@@ -124,7 +124,8 @@ class EtaProbe:
         self.moved += obs.bytes
         pending = sum(st.pending_files for st in obs.clusters.values())
         if obs.dt > 0:
-            self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0)
+            self.eta.add(obs.t, obs.dt, obs.bytes, busy=obs.bytes > 0 or pending > 0,
+                         streams=sum(l.cc * l.p for l in obs.layouts) or None)
             left = max(0.0, self.known - self.moved)
             self.points.append((obs.t, left, self.eta.estimate(left, pending)))
         self.tuner.update(obs)

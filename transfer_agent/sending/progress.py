@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any
 
-from fstream_provider.tuning.eta import EtaEstimator
+from fstream_provider.tuning.eta import EtaEstimator, record_streams
 from transfer_agent.errors import FStreamError
 
 LAG_WINDOW = 512
@@ -88,7 +88,8 @@ class LiveProgress:
             covered = max(done, self.bytes_moved + self.bytes_skipped)
             oldest = min(self._waiting.values(), default=None)
             lat = sorted(self._latency)
-        self.eta.add(rec["t"], rec["dt"], rec["bytes"], files=files_done - self._files_seen, busy=busy)
+        self.eta.add(rec["t"], rec["dt"], rec["bytes"], files=files_done - self._files_seen, busy=busy,
+                     streams=record_streams(rec))  # a new layout restarts the window
         self._files_seen = files_done
         left = max(0, total - covered)
         files_left = int(rec.get("files_pending") or 0) + int(rec.get("active_files") or 0)
