@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agentkit import PacedReceiver, make_files, send, start_receiver, write_file, write_secret
+from transfer_agent.receiving.receiver import Receiver
 
 
 @pytest.fixture
@@ -122,3 +123,34 @@ def test_the_deadline_and_the_live_eta_share_one_fit_per_interval(rig, monkeypat
     assert any("deadline on-track" in t["reason"] for k, t in events if k == "tuning")  # and the deadline planned
     assert 0 < fits.count(1) <= len(ivs), f"{fits.count(1)} rate fits for {len(ivs)} interval records"
     assert fits.count(2) <= len(ivs)
+
+
+class _SlowCommits(Receiver):
+    """A real receiver whose commits take 1 s (a slow fsync): every byte of a file is sent, and counted, long
+    before the sender hears it landed."""
+
+    def _commit_batch(self, batch):
+        time.sleep(1.0)
+        super()._commit_batch(batch)
+
+
+def test_the_last_record_is_the_verdict_even_when_every_byte_was_counted_before_the_commits(tmp_path):
+    """Seen on the WAN: 2 of 10 deadline runs ended with a last record that said "on-track" (and an ETA) for a
+    transfer that had landed, because the last sample was taken while the commits were outstanding and no byte
+    moved after it, so no closing record was written."""
+    secret = write_secret(tmp_path / "secret")
+    rx = start_receiver(tmp_path / "dst", secret, cls=_SlowCommits)
+    try:
+        src = make_files(tmp_path / "src", {f"f{i}.bin": 400_000 for i in range(2)})
+        events: list = []
+        r = send(src, rx.port, secret, tuner="fstream", deadline=time.time() + 8, bandwidth="2Gbit",
+                 sample_interval="0.2s", on_event=lambda k, d: events.append((k, d)))
+        assert r.ok and r.verified_files == 2
+        ivs = [d for k, d in events if k == "interval"]
+        waiting = [d for d in ivs if d["bytes_left"] == 0 and d["active_files"] > 0]
+        assert waiting, "a record taken with every byte counted and the commits outstanding"
+        last = ivs[-1]
+        assert last["deadline"]["state"] == "met" and last["active_files"] == 0
+        assert last["eta"]["basis"] == "done"
+    finally:
+        rx.stop()

@@ -29,13 +29,20 @@ def test_a_ramp_up_is_not_called_infeasible():
     assert late.state == "infeasible" and "late even at full rate" in late.message  # 21 s of work in 16.8 s
 
 
-def test_grow_streams_widens_every_cluster_to_the_budget_keeping_p():
+def test_grow_streams_widens_every_cluster_to_the_budget():
     layouts = (ClusterLayout("small", 1, 4, 8), ClusterLayout("large", 1, 5, 8))
     out, why = grow_streams(layouts, 14, max_cc=32)
-    assert [(l.cluster, l.p, l.pp) for l in out] == [("small", 4, 8), ("large", 5, 8)]
-    assert 10 <= sum(l.cc * l.p for l in out) <= 14 and all(l.cc >= 1 for l in out)
-    assert sum(l.cc * l.p for l in out) > 9 and "deadline needs 14 stream(s)" in why
+    assert sum(l.cc * l.p for l in out) == 14 and [l.cluster for l in out] == ["small", "large"]
+    assert out[1] == ClusterLayout("large", 1, 5, 8) and out[0].cc == 3 and out[0].p == 3  # p lowered to land on 14
+    assert "deadline needs 14 stream(s): small cc=1 p=4 -> cc=3 p=3" in why
     assert grow_streams(layouts, 9, max_cc=32) == (layouts, "")  # at the budget: nothing to grow
+
+
+def test_a_budget_a_channel_cannot_fill_is_reached_not_rounded_down():
+    """sra in the calibrated simulator at 1.2x: one channel of p=5 under a budget of 8 stayed at 5 streams (a whole
+    channel more did not fit), 682 Mbit/s for 130 s, and the deadline was missed. Now: 2 channels of p=4."""
+    out, why = grow_streams((ClusterLayout("large", 1, 5, 8),), 8, max_cc=32)
+    assert out == (ClusterLayout("large", 2, 4, 8),) and why
 
 
 FILES = make_workload("w1", scale=0.05, seed=1, interval_s=0.0).files

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fstream_bench.core.goals_table import Goal
 from fstream_bench.core.readers import WAN
+from fstream_bench.tuning.deadline_readers import deadline_streams_sim, deadline_streams_wan, eta_25_wan
 from fstream_bench.tuning.readers import (
     deadline_sim, deadline_wan, eta_error, harp_first_window, harp_heldout, harp_optimizer, harp_total,
     harp_validation,
@@ -104,6 +105,16 @@ GOALS: list[Goal] = [
     Goal("44", "HARP ≥ 1.2× `static`'s throughput, sample included, on held-out transfers ≥ 0.5 GB after `fstream "
          "calibrate --budget 120s`, quiet and under background load (WAN, fresh seeds)", "bench/results/harp-*",
          WAN + HELDOUT_RERUN, measure=harp_heldout, select=lambda d: bool(d.get("seeds"))),
+    Goal("44", "deadlines without extra streams: stream-seconds ≤ 1.15× the fewest-stream setting that meets the "
+         "deadline, at 1.2×, 1.5× and 2× the minimum (simulator calibrated to the WAN, fresh seeds)",
+         "bench/results/deadline-sim-*.json", "fstream bench deadline sim", measure=deadline_streams_sim,
+         select=lambda d: bool(d.get("calibration"))),
+    Goal("44", "deadlines without extra streams: the same on the emulated WAN (≥ 3 runs of the same code, fresh "
+         "seeds)", "bench/results/deadline-wan-*.json", WAN + "fstream bench deadline wan (3 times)",
+         measure=deadline_streams_wan, select=lambda d: d.get("seed") is not None),
+    Goal("44", "ETA median |error| ≤ 10 % at 25 % on every workload (WAN, ≥ 3 runs of the same code, fresh seeds)",
+         "bench/results/deadline-wan-*.json", WAN + "fstream bench deadline wan (3 times)", measure=eta_25_wan,
+         select=lambda d: d.get("seed") is not None),
     Goal("44", "no straggler tails: the default ≥ 0.95 of the best fixed setting in every run on backlogged mixes of a "
          "few large and many small files (WAN, fresh seeds)", "bench/results/tails-*.json",
          WAN + "fstream bench tails --fresh 4 --repeat 2", measure=tails_default_vs_fixed,

@@ -287,20 +287,30 @@ class Deadline:
 def grow_streams(layouts: tuple, budget: int, max_cc: int) -> tuple[tuple, str]:
     """``layouts`` widened to the ``budget`` streams the deadline needs, and what grew ("" if nothing): every
     cluster's channels scaled alike (its p kept: the heuristic's per-file choice), then one channel more at a
-    time to the cluster whose added streams still fit. A tuner that profiles under a budget learns that more
-    channels buy nothing (they were cut) and settles on one a cluster: 9 streams at 600 Mbit/s while the
-    deadline needed 13 at 67 Mbit/s each (the calibrated simulator, w1 at 1.5x)."""
+    time to the narrowest cluster that has room (else the one of fewest streams a channel) until the budget is
+    reached; when the last channel passes it, that cluster's p is lowered to land on it. A cut rounds down: one
+    channel of p=5 under a budget of 8 held a deadline at 682 Mbit/s for 130 s and missed it (sra in the
+    calibrated simulator at 1.2x). A tuner that profiles under a budget learns that more channels buy nothing
+    (they were cut) and settles on one a cluster: 9 streams at 600 Mbit/s while the deadline needed 13 at
+    67 Mbit/s each (w1 at 1.5x)."""
     streams = sum(l.cc * l.p for l in layouts)
     if not layouts or streams <= 0 or streams >= budget:
         return layouts, ""
     out = [replace(l, cc=min(max_cc, max(l.cc, math.floor(l.cc * budget / streams)))) if l.cc else l
            for l in layouts]
-    while True:
+    i = None
+    while sum(l.cc * l.p for l in out) < budget:  # short of it the target is missed: up to one channel over
         room = budget - sum(l.cc * l.p for l in out)
-        fits = [i for i, l in enumerate(out) if l.cc and l.p <= room and l.cc < max_cc]
-        if not fits:
+        open_ = [k for k, l in enumerate(out) if l.cc and l.cc < max_cc]
+        if not open_:
             break
-        i = min(fits, key=lambda k: (out[k].cc * out[k].p, out[k].cluster))
+        fits = [k for k in open_ if out[k].p <= room]
+        i = (min(fits, key=lambda k: (out[k].cc * out[k].p, out[k].cluster)) if fits
+             else min(open_, key=lambda k: (out[k].p, out[k].cluster)))
         out[i] = replace(out[i], cc=out[i].cc + 1)
-    grew = ", ".join(f"{a.cluster} cc={a.cc} -> cc={b.cc}" for a, b in zip(layouts, out) if a != b)
+    over = sum(l.cc * l.p for l in out) - budget
+    if i is not None and over > 0:  # the last channel passed it: its cluster's streams spread to land on it
+        c = out[i]
+        out[i] = replace(c, p=max(1, min(c.p, math.ceil((c.cc * c.p - over) / c.cc))))
+    grew = ", ".join(f"{a.cluster} cc={a.cc} p={a.p} -> cc={b.cc} p={b.p}" for a, b in zip(layouts, out) if a != b)
     return tuple(out), (f"deadline needs {budget} stream(s): {grew}" if grew else "")

@@ -250,7 +250,7 @@ class Transfer:
         prof_bytes, prof_cluster = last_bytes, dict(last_cluster)
         next_scan = start + spec.interval_s
         last_new = start
-        pending_reason, self._paced = "", intervals.PacedCount(pool)
+        pending_reason, self._paced, self._last_busy = "", intervals.PacedCount(pool), False
         watcher = self._hold_back_if_draining(pool, files, retry_files, watcher)  # drained before it started
         self._add_files(tuner, pool, files)
         pending_reason = self._retune(tuner, pool, self._observe(tuner, pool, start, 0.0, 0, {}, files))
@@ -317,7 +317,8 @@ class Transfer:
             self._wake.clear()
         now = time.monotonic()
         total, per_cluster = pool.counters()
-        if total != last_bytes or not self.result.intervals or pending_reason:
+        # the last record is the verdict: one taken with commits outstanding said "on-track" for a landed transfer
+        if total != last_bytes or not self.result.intervals or pending_reason or self._last_busy:
             self._record(now, max(now - last_sample, 1e-6), max(0, total - last_bytes), per_cluster, last_cluster,
                          pool, pending_reason)
 
@@ -492,6 +493,7 @@ class Transfer:
         self.result.intervals.append(rec)
         status = getattr(self._tuner, "deadline_status", None)
         rec.update(self.live.fields(rec, busy=outstanding > 0, deadline=status))
+        self._last_busy = outstanding > 0
         if self._recorder is not None:
             self._recorder.interval(rec)
         self.on_event("interval", rec)
