@@ -12,9 +12,12 @@ from fstream_bench.tuning.deadline import eta_points, main, stream_seconds
 
 @pytest.mark.slow
 def test_sim_part_writes_rows_summary_and_provenance(tmp_path, capsys):
-    assert main(["sim", "--workloads", "w1", "--seeds", "1", "--scale", "0.05", "--results", str(tmp_path)]) == 0
+    assert main(["sim", "--workloads", "w1", "--seed", "1", "--scale", "0.05", "--results", str(tmp_path)]) == 0
     doc = json.loads(next(tmp_path.glob("deadline-sim-*.json")).read_text())
     assert doc["provenance"]["bench"] == "deadline" and doc["provenance"]["load_end"]
+    assert doc["seeds"] == [1] and doc["calibration"]["window_efficiency"] == 0.65
+    assert set(doc["summary"]["steers"]) == {"streams", "target"}  # the ablation in the same run
+    assert {r["steer"] for r in doc["rows"]} == {"streams", "target"}
     s = doc["summary"]
     assert s["feasible"] == 3 and s["met"] == 3  # the simulator is deterministic: 1.2, 1.5 and 2x all met
     assert s["infeasible_reported"] == 1 and s["infeasible_reported_s"]["median"] <= 10.0
@@ -31,3 +34,35 @@ def test_eta_points_and_stream_seconds_from_agent_records():
     assert pts["0.25"]["t"] == 3.0 and pts["0.25"]["rel_error"] == 0.0 and pts["0.25"]["covered"]
     assert pts["0.5"]["t"] == 5.0 and abs(pts["0.5"]["rel_error"] - 0.2) < 1e-9
     assert stream_seconds(ivs) == 40.0
+
+
+def _wan_doc(seed, code, ratios_by_factor, met=True):
+    fixed = [{"factor": k, "stream_seconds": 100.0} for k in (1.2, 1.5, 2.0)]
+    runs = [{"factor": k, "stream_seconds": 100.0 * x, "met": met} for k, xs in ratios_by_factor.items() for x in xs]
+    etas = {"0.25": {"rel_error": 0.05}}
+    return {"seed": seed, "provenance": {"code_hash": code}, "fixed": fixed, "deadline": runs,
+            "backlogged": [{"workload": "w1", "eta": etas}, {"workload": "w3", "eta": {"0.25": {"rel_error": 0.2}}}]}
+
+
+def test_wan_rows_read_every_run_of_the_same_code_and_the_figure_draws_them(tmp_path):
+    from fstream_bench.tuning.deadline_figure import figure
+    from fstream_bench.tuning.deadline_readers import deadline_streams_wan, eta_25_wan
+
+    docs = {"deadline-wan-20260101-000001.json": _wan_doc(1, "A", {1.2: [0.9], 1.5: [1.0], 2.0: [1.1]}),
+            "deadline-wan-20260101-000002.json": _wan_doc(2, "A", {1.2: [1.0], 1.5: [1.0], 2.0: [1.3]}),
+            "deadline-wan-20260101-000003.json": _wan_doc(3, "B", {1.2: [9.0], 1.5: [9.0], 2.0: [9.0]}, met=False),
+            "deadline-wan-20260101-000004.json": _wan_doc(4, "A", {1.2: [1.1], 1.5: [0.8], 2.0: [1.2]})}
+    for name, d in docs.items():
+        (tmp_path / name).write_text(json.dumps(d))
+    newest = tmp_path / "deadline-wan-20260101-000004.json"
+    measured, met = deadline_streams_wan(docs[newest.name], newest)
+    assert "3 runs, seeds 1, 2, 4" in measured and "met 9/9" in measured  # code B's run is not one of them
+    assert "2.0×: 1.20 (1.10–1.30, 3 runs)" in measured and met == "no"  # 2x's median is over 1.15
+    eta, eta_met = eta_25_wan(docs[newest.name], newest)
+    assert "w3 20.0%" in eta and eta_met == "no"
+    sim = tmp_path / "deadline-sim.json"
+    sim.write_text(json.dumps({"seeds": [5], "rows": [
+        {"steer": s, "factor": k, "stream_ratio": 1.0 + i / 10, "met": True}
+        for i, s in enumerate(("streams", "target")) for k in (1.2, 1.5, 2.0)]}))
+    figure(sim, newest, tmp_path / "fig.png")
+    assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
