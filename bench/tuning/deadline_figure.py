@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from fstream_bench.core.figure_io import cli, save
+
 STEERS = (("streams", "the fewest streams, unpaced (default)"), ("target", "issue 27: a paced QoS target"))
 
 
@@ -73,20 +75,11 @@ def figure(sim: Path, wan: Path, png: Path) -> None:
         ax.set_xticks([1.2, 1.5, 2.0])
         ax.legend(fontsize=7)
     left.set_ylabel("stream-seconds / fewest-stream fixed setting")
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 3:
-        print("usage: python -m fstream_bench.tuning.deadline_figure SIM_RESULT WAN_RESULT PNG", file=sys.stderr)
-        return 2
-    figure(Path(args[0]), Path(args[1]), Path(args[2]))
-    print(f"figure: {args[2]}")
-    return 0
+    return cli(argv, "python -m fstream_bench.tuning.deadline_figure SIM_RESULT WAN_RESULT PNG", figure, inputs=2)
 
 
 if __name__ == "__main__":

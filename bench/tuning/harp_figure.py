@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from fstream_bench.core.figure_io import cli, save
+
 TOOLS = (("harp", "harp (default)"), ("harp@default-sample-pays", "paper's sample on every chunk"),
          ("harp-no-history", "HARP's chunks, no history"))
 MARKERS = {"quiet": "o", "background": "^"}
@@ -53,20 +55,11 @@ def figure(result: Path, png: Path) -> None:
     seeds = ", ".join(str(s) for s in summary.get("seeds", []))
     ax.set_title(f"HARP on held-out transfers after a 120 s calibration, every run (seeds {seeds})", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        print("usage: python -m fstream_bench.tuning.harp_figure RESULT_DIR_OR_SUMMARY PNG", file=sys.stderr)
-        return 2
-    figure(Path(args[0]), Path(args[1]))
-    print(f"figure: {args[1]}")
-    return 0
+    return cli(argv, "python -m fstream_bench.tuning.harp_figure RESULT_DIR_OR_SUMMARY PNG", figure, inputs=1)
 
 
 if __name__ == "__main__":
