@@ -31,16 +31,6 @@ def sim_points(doc: dict) -> dict[str, list[tuple[float, float, bool]]]:
     return out
 
 
-def wan_points(docs: list[dict]) -> list[tuple[float, float, bool]]:
-    """[(factor, stream ratio, met)] for every deadline run, against its own result's fixed run."""
-    out = []
-    for d in docs:
-        fixed = {f["factor"]: f["stream_seconds"] for f in d["fixed"]}
-        out += [(r["factor"], r["stream_seconds"] / fixed[r["factor"]], bool(r["met"])) for r in d["deadline"]
-                if fixed.get(r["factor"])]
-    return out
-
-
 def _draw(ax, pts: list[tuple[float, float, bool]], k: int, label: str) -> None:
     for met in (True, False):
         sel = [p for p in pts if p[2] == met]
@@ -56,7 +46,7 @@ def figure(sim: Path, wan: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fstream_bench.tuning.deadline_readers import same_code_runs
+    from fstream_bench.tuning.deadline_readers import same_code_runs, wan_points
 
     sim_doc = json.loads(sim.read_text())
     wan_docs = same_code_runs(json.loads(wan.read_text()), wan)

@@ -48,19 +48,26 @@ def same_code_runs(doc: dict, path: Path) -> list[dict]:
     return out
 
 
+def wan_points(docs: list[dict]) -> list[tuple[float, float, bool]]:
+    """[(factor, stream ratio, met)] for every deadline run of ``docs``, against its own result's fixed run at the
+    same factor (the goals row and the figure read the same points)."""
+    out = []
+    for d in docs:
+        fixed = {f["factor"]: f["stream_seconds"] for f in d["fixed"]}
+        out += [(r["factor"], r["stream_seconds"] / fixed[r["factor"]], bool(r["met"])) for r in d["deadline"]
+                if fixed.get(r["factor"])]
+    return out
+
+
 def deadline_streams_wan(doc: dict, path: Path) -> tuple[str, str]:
     """Every deadline run of every same-code WAN result: its stream-seconds over its own result's fixed run at the
     same factor; met when there are ≥ 3 results and each factor's median is ≤ 1.15."""
     runs = same_code_runs(doc, path)
+    points = wan_points(runs)
     ratios: dict[str, list[float]] = defaultdict(list)
-    met = total = 0
-    for d in runs:
-        fixed = {f["factor"]: f["stream_seconds"] for f in d["fixed"]}
-        for r in d["deadline"]:
-            total += 1
-            met += bool(r["met"])
-            if fixed.get(r["factor"]):
-                ratios[str(r["factor"])].append(r["stream_seconds"] / fixed[r["factor"]])
+    for factor, ratio, _ in points:
+        ratios[str(factor)].append(ratio)
+    met, total = sum(bool(r["met"]) for d in runs for r in d["deadline"]), sum(len(d["deadline"]) for d in runs)
     cells = "; ".join(f"{k}×: {med_range(ratios[k])}" for k in FACTORS)
     ok = len(runs) >= MIN_RUNS and all(ratios[k] and statistics.median(ratios[k]) <= GOAL_RATIO for k in FACTORS)
     return (f"stream-seconds of the fewest-stream fixed setting that meets it: {cells}; met {met}/{total}; "
