@@ -219,13 +219,19 @@ def test_the_jobs_table_fits_1280_px_inside_airflows_frame(site, job):
         ov.locator(f"tr[data-job='{job.job_id}'] .rate").wait_for(timeout=30_000)
         frame_box = page.locator("iframe").first.bounding_box()
         right = min(1280, frame_box["x"] + frame_box["width"])
-        cells = ov.locator("#jobs th, #jobs td")
-        assert cells.count() == 9 * 2  # the header row and the job's row: nine columns each
-        for i in range(cells.count()):
-            box = cells.nth(i).bounding_box()
-            assert box["x"] >= frame_box["x"] - 0.5 and box["x"] + box["width"] <= right + 0.5, (
-                cells.nth(i).inner_text(), box, right, ov.evaluate("() => [...document.querySelectorAll('#jobs th')]"
-                                                                   ".map(e => Math.round(e.offsetWidth))"))
+        # the page redraws the table's rows every second (replaceChildren), so a cell located one call and measured
+        # the next may be detached; every cell is measured in one call, in the frame's coordinates, plus the
+        # frame's content origin on the page (its box plus its border)
+        origin = page.evaluate("() => { const f = document.querySelector('iframe'), r = f.getBoundingClientRect();"
+                               " return [r.left + f.clientLeft, r.top + f.clientTop]; }")
+        boxes = ov.evaluate("""() => [...document.querySelectorAll('#jobs th, #jobs td')].map(e => {
+            const r = e.getBoundingClientRect(); return [e.innerText, r.left, r.width]; })""")
+        assert len(boxes) == 9 * 2, boxes  # the header row and the job's row: nine columns each
+        for text, left, width in boxes:
+            x = origin[0] + left
+            assert x >= frame_box["x"] - 0.5 and x + width <= right + 0.5, (
+                text, x, width, right, ov.evaluate("() => [...document.querySelectorAll('#jobs th')]"
+                                                   ".map(e => Math.round(e.offsetWidth))"))
         assert ov.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
         cut = ov.evaluate("""() => [...document.querySelectorAll('#jobs .cut, #jobs .clamp')]
             .filter(e => e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1)
