@@ -32,7 +32,8 @@ from fstream_bench.core import provenance
 
 from fstream_bench.core import runstats
 from fstream_bench.core import RESULTS_DIR
-from fstream_bench.datapath.micro_agent import run_bytecode, run_gc, run_pipe, run_reserve, run_startup
+from fstream_bench.datapath.micro_agent import (run_bytecode, run_gc, run_hashed_recv, run_pipe, run_reserve,
+                                               run_startup)
 from fstream_bench.datapath.micro_cpu import (GIB, KIB, MIB, Ctx, run_checksum, run_frame, run_gmac, run_hash_small,
                                      run_pydantic, run_touch, tmpfs_dir)
 
@@ -87,6 +88,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("reserve", "§19.2 (issue 43): on tmpfs a quarter of the receiver's CPU is posix_fallocate at OPEN; without "
           "the reservation, is that cost gone or moved into the writes?", run_reserve.__doc__ or "", AGENT_RUN,
           run_reserve, agent=True),
+    Entry("hashed-recv", "§19.2 (issue 43): a hashed block received into memory, hashed there and pwritten (one pass "
+          "over the bytes in user memory) against splice into the file and a read-back of each chunk",
+          run_hashed_recv.__doc__ or "", AGENT_RUN, run_hashed_recv, agent=True),
 )}
 
 #: §12 figures no entry here reproduces, and why (the report lists them with each run)

@@ -205,3 +205,22 @@ def run_reserve(ctx: Ctx) -> dict:
         "receiver CPU-s": ("CPU-s", lambda r: r["rx_cpu"]), "sender CPU-s": ("CPU-s", lambda r: r["tx_cpu"])})
     return {"params": {"bytes": size, "send_options": opts}, "series": series, "ratios": ratios, "pairs": pairs,
             "notes": [note] if note else []}
+
+
+def run_hashed_recv(ctx: Ctx) -> dict:
+    """A/B (issue 43): pairs of ``send`` of one ``--pipe-bytes`` file at p = 4 onto tmpfs, keyed checksum on: A
+    takes each hashed block in socket → pipe → file with splice(2) and reads each chunk back for the hash
+    (``receiving.data.HASHED_VIA = "splice"``), B receives it into a buffer, hashes it there and pwrites it
+    (``"recv"``, ``BlockTree.pump``); freed pages held for the run. Both arms set the switch, so the entry means
+    the same whatever the default is."""
+    size = ctx.args.pipe_bytes
+    opts = ab.CASES["1 x 1 GiB, p=4"][2]
+    patch = "import transfer_agent.receiving.data as d\nd.HASHED_VIA = {!r}"
+    pairs, note = _ab(ctx, "hashed-recv", agent_cmd(post=patch.format("splice")), agent_cmd(post=patch.format("recv")),
+                      1, size, opts, hold_bytes=2 * size)
+    series, ratios = _ab_series(pairs, "splice and read-back", "recv, hash, pwrite", {
+        "Gbit/s (agent's seconds)": ("Gbit/s", lambda r: size * 8 / r["agent_seconds"] / 1e9 if r.get("agent_seconds")
+                                     else size * 8 / r["wall"] / 1e9),
+        "receiver CPU-s": ("CPU-s", lambda r: r["rx_cpu"]), "sender CPU-s": ("CPU-s", lambda r: r["tx_cpu"])})
+    return {"params": {"bytes": size, "send_options": opts}, "series": series, "ratios": ratios, "pairs": pairs,
+            "notes": [note] if note else []}

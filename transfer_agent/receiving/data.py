@@ -20,13 +20,16 @@ from transfer_agent.receiving import admission
 from transfer_agent.receiving.commit import GroupCommit
 from transfer_agent.receiving.state import RecvFile, Session
 from transfer_agent.storage import gil_meter
-from transfer_agent.wire.protocol import VERSION, Frame, pack_header, recv_exact, recv_frame
+from transfer_agent.wire.protocol import VERSION, Frame, pack_header, recv_exact, recv_exact_into, recv_frame
 from transfer_agent.wire.secure import TAG_BYTES, DataSealer, SessionKeys
 
 PIPE_SIZE = 1 << 20
 HASH_AHEAD_STEP = 16 << 20  # a file hashed while it arrives is hashed on in steps this large
 DROP_CHUNK = 1 << 20
 NATIVE_CALL = 4 << 20  # bytes of a block a native call takes in at most (it holds the part's fd meanwhile)
+#: how a hashed block of a plain TCP connection is taken in: "recv" into memory, hashed there and pwritten, or
+#: "splice" socket → pipe → file and each chunk read back for the hash (``fstream bench micro --only hashed-recv``)
+HASHED_VIA = "splice"
 
 
 def _pipe() -> tuple[int, int] | None:
@@ -121,21 +124,22 @@ class DataStreams(GroupCommit):
 
     def _open_sealed(self, f: RecvFile, conn: socket.socket, sealer: DataSealer, off: int, length: int,
                      wire: int, version: int = VERSION) -> None:
-        """Receive a sealed block, open it (AAD = its header) and only then write it. A block that fails
-        authentication is never written; the sender is told on the control connection (its session restarts
-        and resumes from the ranges received) and this data connection closes."""
+        """Receive a sealed block into the connection's buffer, open it (AAD = its header) into the other and only
+        then write it. A block that fails authentication is never written; the sender is told on the control
+        connection (its session restarts and resumes from the ranges received) and this data connection closes."""
+        sealed, plain = sealer.buffers.views(wire, length)
         try:
-            sealed = recv_exact(conn, wire)
+            recv_exact_into(conn, sealed)
         except (NetworkError, ProtocolError) as exc:
             raise self._lost_mid_block(f, exc) from None
         try:
-            plain = sealer.open(pack_header(Frame.DATA, f.file_id, off, wire, version), sealed,
-                                f"data block [{off}, {off + length}) of {f.relpath!r}")
+            sealer.open_into(pack_header(Frame.DATA, f.file_id, off, wire, version), sealed,
+                             f"data block [{off}, {off + length}) of {f.relpath!r}", plain)
         except ProtocolError as exc:
             f.session.reply(Frame.ERROR, {"kind": "checksum", "retryable": True,
                                           "message": f"{exc}; nothing of it was written, the session resumes"})
             raise
-        self._write(f, memoryview(plain), off, hashed=True)
+        self._write(f, plain, off, hashed=True)
 
     @staticmethod
     def _lost_mid_block(f: RecvFile, exc: FStreamError) -> FStreamError:
@@ -278,7 +282,7 @@ class DataStreams(GroupCommit):
             t = gil_meter.clock()
             try:
                 want = min(NATIVE_CALL, length - got)
-                if pipe is not None:
+                if pipe is not None and HASHED_VIA == "splice":
                     n, written, werr, rerr = block.splice(sock, pipe[0], pipe[1], fd, want)
                 else:
                     n, written, werr, rerr = block.pump(sock, fd, want)

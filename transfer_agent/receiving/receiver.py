@@ -339,8 +339,9 @@ class Receiver(ControlSessions):
                 session = new  # registered: from here on this connection owns it and closes it
                 session.sock = conn
                 writer.send(Frame.WELCOME, {"session": sid, "root_free": storage.free_bytes(self._root_fd)})
-                self.log.info("session %s from %s (key %s generation %s, protocol %d): job %s attempt %d", sid[:8],
-                              peer, key.key_id, hs.generation, hs.version, job, attempt)
+                sealed = f", sealed with {hs.keys.aead}" if hs.keys is not None and hs.keys.encrypt else ""
+                self.log.info("session %s from %s (key %s generation %s, protocol %d%s): job %s attempt %d", sid[:8],
+                              peer, key.key_id, hs.generation, hs.version, sealed, job, attempt)
                 writer.read_ahead()  # only control frames follow on this connection
                 self._control_loop(session, writer)
             elif role == "data":

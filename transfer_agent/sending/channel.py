@@ -189,16 +189,17 @@ class Channel:
 
     # -- streams -------------------------------------------------------------------------------
     def _send_sealed(self, sock: socket.socket, sealer: DataSealer, f: InFlight, off: int, length: int) -> None:
-        """One block read with pread, sealed (AAD = its header, whose length counts the tag) and sent."""
-        chunks, got = [], 0
+        """One block read with preadv into the connection's buffer, sealed into its other buffer (AAD = its header,
+        whose length counts the tag) and sent."""
+        sealed, plain = sealer.buffers.views(length + TAG_BYTES, length)
+        got = 0
         while got < length:
-            chunk = os.pread(f.fd, length - got, off + got)
-            if not chunk:
+            k = os.preadv(f.fd, [plain[got:]], off + got)
+            if not k:
                 raise SourceModifiedError(f"{f.sf.src}: source shrank while being sent; not committed")
-            chunks.append(chunk)
-            got += len(chunk)
+            got += k
         header = pack_header(Frame.DATA, f.file_id, off, length + TAG_BYTES, self.version)
-        sealed = sealer.seal(header, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        sealer.seal_into(header, plain, sealed)
         sock.sendall(header, 0 if isinstance(sock, ssl.SSLSocket) else MSG_MORE)
         sock.sendall(sealed)
         self.pool.count(f, length)

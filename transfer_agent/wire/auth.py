@@ -34,6 +34,8 @@ speaking another version is refused naming both ("sender speaks protocol 1; this
 Capabilities: HELLO and CHALLENGE list what each side speaks (``caps``: ``CLIENT_CAPS``, ``SERVER_CAPS``; bound by
 the proofs like every field); the link keeps both lists (``caps``, ``peer_caps``). Batch frames (issue 29,
 ``wire.batch``) are used only on a connection where both sides listed ``"batch"``: no version bump was needed.
+Likewise ``--encrypt`` seals with AES-256-GCM only where both sides listed ``"aes-256-gcm"`` (issue 43), else with
+ChaCha20-Poly1305 (``secure.choose_aead``).
 
 With TLS, both sides present certificates checked against the given CA (``CERT_REQUIRED``)
 before any frame is exchanged; a shared secret, if also given, is checked on top. There is no
@@ -61,7 +63,7 @@ from fstream_provider.model.secret_ring import GEN_ID_RULE, LEGACY_GEN, SecretRi
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError
 from transfer_agent.wire.protocol import (CAPABILITIES, PRE_AUTH_MAX_CONTROL, SUPPORTED, VERSION, ControlWriter, Frame,
                                      error_from_body, expect, expect_versioned, speaks)
-from transfer_agent.wire.secure import ControlLink, SessionKeys, derive_keys, transcript_hash
+from transfer_agent.wire.secure import ControlLink, SessionKeys, aead_caps, choose_aead, derive_keys, transcript_hash
 
 NONCE_BYTES = 32
 DEFAULT_KEY = "default"  # the key a HELLO without ``key`` names
@@ -75,9 +77,10 @@ GenLookup = Callable[[str, "str | None"], "tuple[str, bytes | None]"]
 # protocol-2 one (no ``kgen``, frames of version 2) against a receiver that speaks 3 and 2.
 CLIENT_VERSION = VERSION
 # The capabilities each side lists (HELLO ``caps``, CHALLENGE ``caps``; both bound by the proofs). Tests take one
-# away (monkeypatch, e.g. ``auth.SERVER_CAPS`` without "batch") to run that side as an older peer.
-CLIENT_CAPS: tuple[str, ...] = CAPABILITIES
-SERVER_CAPS: tuple[str, ...] = CAPABILITIES
+# away (monkeypatch, e.g. ``auth.SERVER_CAPS`` without "batch") to run that side as an older peer. AES-256-GCM is
+# listed where this CPU has AES instructions (``secure.aead_caps``; issue 43).
+CLIENT_CAPS: tuple[str, ...] = CAPABILITIES + aead_caps()
+SERVER_CAPS: tuple[str, ...] = CAPABILITIES + aead_caps()
 log = logging.getLogger("fstream.auth")
 
 
@@ -298,7 +301,8 @@ def client_handshake(sock: socket.socket, secret: bytes | None, hello: dict[str,
         if encrypt and chal.get("encrypt") is not True:
             raise AuthError(f"receiver {peer} did not agree to encrypt (it does not support --encrypt)")
         writer.send(Frame.AUTH, {"proof": _proof(secret, b"client", c_nonce, s_nonce, transcript)})
-        keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt)
+        keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt,
+                           aead=choose_aead(sent["caps"], peer_caps(chal)))
     else:
         if chal.get("auth") == "hmac" or chal.get("proof"):
             raise AuthError(f"receiver {peer} requires a shared secret (pass --secret-file)")
@@ -423,7 +427,8 @@ def server_handshake(sock: socket.socket, secret: bytes | None = None, tls: bool
                    "authentication failed: no proof of the shared secret (this receiver requires one)")
             _refuse(writer, "auth", msg)
             raise AuthError(f"{peer}: {msg}" + (f" ({unknown})" if unknown else ""))
-        keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt)
+        keys = derive_keys(secret, c_nonce, s_nonce, transcript, encrypt=encrypt,
+                           aead=choose_aead(body["caps"], peer_caps(hello)))
     link = ControlLink(sock, keys, client=False, peer=f"sender {peer}", version=version)
     link.caps, link.peer_caps = tuple(body["caps"]), peer_caps(hello)
     return Handshake(hello, keys, link, key_id=key_id, generation=generation if secret is not None else None,

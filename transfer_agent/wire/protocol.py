@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import struct
 import threading
 from enum import IntEnum
@@ -116,11 +117,19 @@ def parse_header(raw: bytes, max_control: int = MAX_CONTROL, versions: tuple[int
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Read exactly n bytes or raise ``NetworkError`` (peer closed) / ``ProtocolError`` (truncated)."""
     buf = bytearray(n)
-    view = memoryview(buf)
+    recv_exact_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock`` or raise as ``recv_exact`` does (a buffer the caller reuses: no object per read);
+    on a blocking plain socket in as few calls as the kernel allows (``MSG_WAITALL``)."""
+    n = len(view)
     got = 0
+    flags = 0 if isinstance(sock, ssl.SSLSocket) else socket.MSG_WAITALL
     while got < n:
         try:
-            k = sock.recv_into(view[got:], n - got)
+            k = sock.recv_into(view[got:], n - got, flags)
         except (ConnectionError, TimeoutError, OSError) as exc:
             raise NetworkError(f"connection lost while reading: {exc}") from exc
         if k == 0:
@@ -128,7 +137,6 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
                 raise NetworkError("connection closed by peer")
             raise ProtocolError(f"truncated frame: connection closed after {got} of {n} bytes")
         got += k
-    return bytes(buf)
 
 
 class FrameBuffer:

@@ -12,9 +12,14 @@ What each mode protects against (README "Never losing data" says the same):
   commit, the file is discarded and re-sent. Data is readable in transit (not confidential), and
   tampering of data blocks is only found at commit.
 * **Shared secret + ``--encrypt``**: in addition, every data block and every control body after
-  the handshake is sealed with ChaCha20-Poly1305 (nonce = per-direction counter, associated data
-  = the frame header): data is confidential, and a tampered, truncated, replayed or reordered
-  block is refused before it is written. The receiver can insist (``--require-encryption``).
+  the handshake is sealed with an AEAD (nonce = per-direction counter, associated data = the
+  frame header): data is confidential, and a tampered, truncated, replayed or reordered block is
+  refused before it is written. The receiver can insist (``--require-encryption``). The AEAD is
+  AES-256-GCM when both sides list ``aes-256-gcm`` (each lists it only where its CPU has AES and
+  carry-less multiply instructions, ``hardware_aes``), else ChaCha20-Poly1305 (issue 43: on this
+  project's CPU AES-256-GCM opens 8.3 GiB/s on one core against ChaCha20-Poly1305's 2.6). Both
+  lists are bound by the handshake's proofs, so the choice cannot be changed in transit, and both
+  AEADs give the same guarantees; whether to encrypt at all stays each side's own configuration.
 * **Mutual TLS** (``--tls-*``): TLS gives confidentiality and integrity in transit and both sides
   check certificates against the CA; the file digest stays the fast unkeyed xxh3-128. With a
   shared secret as well, everything above applies on top.
@@ -26,8 +31,10 @@ Neither mode hides sizes, names' lengths or timing from someone watching the pat
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
+import platform
 import struct
 import threading
 from dataclasses import dataclass
@@ -40,6 +47,40 @@ from transfer_agent.wire.protocol import (MAX_CONTROL, VERSION, Frame, FrameBuff
 MAC_BYTES = 16
 TAG_BYTES = 16  # AEAD tag appended to every sealed payload
 KDF_LABEL = b"fstream session key v1"
+CHACHA = "chacha20-poly1305"  # every side speaks it (``protocol.CAPABILITIES``)
+AES_GCM = "aes-256-gcm"  # listed by a side whose CPU has AES instructions (``aead_caps``)
+#: per machine, the /proc/cpuinfo flags that make AES-GCM fast and constant-time (AES rounds, GHASH's multiply)
+AES_FLAGS = {"x86_64": ("aes", "pclmulqdq"), "aarch64": ("aes", "pmull")}
+
+
+@functools.lru_cache(maxsize=1)
+def hardware_aes(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True when this CPU has the instructions AES-GCM needs to be fast (``AES_FLAGS``), as /proc/cpuinfo says;
+    False where it cannot be told (another OS, an unknown machine): ChaCha20-Poly1305 is then used."""
+    need = AES_FLAGS.get(platform.machine())
+    if need is None:
+        return False
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    have = set(value.split())
+                    return all(flag in have for flag in need)
+    except OSError:
+        pass
+    return False
+
+
+def aead_caps() -> tuple[str, ...]:
+    """The AEADs this side lists beyond ChaCha20-Poly1305: AES-256-GCM where the CPU has AES instructions."""
+    return (AES_GCM,) if hardware_aes() else ()
+
+
+def choose_aead(own: tuple[str, ...] | list[str], peer: tuple[str, ...] | list[str]) -> str:
+    """The AEAD of a connection: AES-256-GCM when both sides listed it, else ChaCha20-Poly1305. Both sides compute
+    it from the same two lists, which the handshake's proofs bind."""
+    return AES_GCM if AES_GCM in own and AES_GCM in peer else CHACHA
 
 
 def _hmac(key: bytes, *parts: bytes) -> bytes:
@@ -53,9 +94,10 @@ class SessionKeys:
     :param mac_c2s: control-frame MAC key, client → server.
     :param mac_s2c: control-frame MAC key, server → client.
     :param digest: 32-byte key of the ``blake3-keyed`` file digest (the control connection's is used).
-    :param aead_c2s: ChaCha20-Poly1305 key, client → server.
-    :param aead_s2c: ChaCha20-Poly1305 key, server → client.
+    :param aead_c2s: AEAD key, client → server.
+    :param aead_s2c: AEAD key, server → client.
     :param encrypt: payloads and control bodies are sealed (the client asked, bound by the transcript).
+    :param aead: the AEAD they are sealed with (``choose_aead``: ``AES_GCM`` or ``CHACHA``).
     """
 
     mac_c2s: bytes
@@ -64,6 +106,7 @@ class SessionKeys:
     aead_c2s: bytes
     aead_s2c: bytes
     encrypt: bool = False
+    aead: str = CHACHA
 
 
 def transcript_hash(hello: dict[str, Any], challenge: dict[str, Any]) -> bytes:
@@ -72,11 +115,12 @@ def transcript_hash(hello: dict[str, Any], challenge: dict[str, Any]) -> bytes:
     return hashlib.sha256(canonical(hello)).digest() + hashlib.sha256(canonical(chal)).digest()
 
 
-def derive_keys(secret: bytes, c_nonce: bytes, s_nonce: bytes, transcript: bytes, *, encrypt: bool) -> SessionKeys:
+def derive_keys(secret: bytes, c_nonce: bytes, s_nonce: bytes, transcript: bytes, *, encrypt: bool,
+                aead: str = CHACHA) -> SessionKeys:
     """HMAC-based KDF: a session key over the secret, both nonces and the transcript, then one key per use."""
     k = _hmac(secret, KDF_LABEL, c_nonce, s_nonce, transcript)
     return SessionKeys(mac_c2s=_hmac(k, b"mac c2s"), mac_s2c=_hmac(k, b"mac s2c"), digest=_hmac(k, b"digest"),
-                       aead_c2s=_hmac(k, b"aead c2s"), aead_s2c=_hmac(k, b"aead s2c"), encrypt=encrypt)
+                       aead_c2s=_hmac(k, b"aead c2s"), aead_s2c=_hmac(k, b"aead s2c"), encrypt=encrypt, aead=aead)
 
 
 def _nonce(counter: int) -> bytes:
@@ -84,12 +128,16 @@ def _nonce(counter: int) -> bytes:
 
 
 class Sealer:
-    """ChaCha20-Poly1305 in one direction; the nonce is a counter, so every message is sealed once, in order."""
+    """An AEAD (``aead``: ChaCha20-Poly1305 or AES-256-GCM) in one direction; the nonce is a counter, so every
+    message is sealed once, in order."""
 
-    def __init__(self, key: bytes) -> None:
-        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    def __init__(self, key: bytes, aead: str = CHACHA) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
-        self._aead = ChaCha20Poly1305(key)
+        if aead not in (CHACHA, AES_GCM):
+            raise ValueError(f"unknown AEAD {aead!r} (this side speaks {CHACHA} and {AES_GCM})")
+        self.aead = aead
+        self._aead = AESGCM(key) if aead == AES_GCM else ChaCha20Poly1305(key)
         self._n = 0
 
     def seal(self, data: bytes, aad: bytes) -> bytes:
@@ -106,6 +154,32 @@ class Sealer:
             raise ProtocolError(f"{what} failed authentication (tampered, replayed or reordered in transit)") from None
         self._n += 1
         return out
+
+    def seal_into(self, data: memoryview, aad: bytes, out: memoryview) -> None:
+        """``seal`` into ``out`` (exactly ``len(data) + TAG_BYTES`` bytes)."""
+        into = getattr(self._aead, "encrypt_into", None)
+        if into is None:
+            out[:] = self._aead.encrypt(_nonce(self._n), bytes(data), aad)
+        else:
+            into(_nonce(self._n), data, aad, out)
+        self._n += 1
+
+    def open_into(self, data: memoryview, aad: bytes, what: str, out: memoryview) -> None:
+        """``open`` into ``out`` (exactly ``len(data) - TAG_BYTES`` bytes): no plaintext object per message where
+        ``cryptography`` has ``decrypt_into``. A tampered message raises, and then ``out`` holds bytes nobody
+        may use (``decrypt_into`` fills it before it checks the tag): the caller writes ``out`` only when this
+        returns."""
+        from cryptography.exceptions import InvalidTag
+
+        into = getattr(self._aead, "decrypt_into", None)
+        try:
+            if into is None:
+                out[:] = self._aead.decrypt(_nonce(self._n), bytes(data), aad)
+            else:
+                into(_nonce(self._n), data, aad, out)
+        except InvalidTag:
+            raise ProtocolError(f"{what} failed authentication (tampered, replayed or reordered in transit)") from None
+        self._n += 1
 
 
 class ControlLink:
@@ -134,7 +208,7 @@ class ControlLink:
             self._mac_out, self._mac_in = (keys.mac_c2s, keys.mac_s2c) if client else (keys.mac_s2c, keys.mac_c2s)
             if keys.encrypt:
                 out, inn = (keys.aead_c2s, keys.aead_s2c) if client else (keys.aead_s2c, keys.aead_c2s)
-                self._seal, self._open = Sealer(out), Sealer(inn)
+                self._seal, self._open = Sealer(out, keys.aead), Sealer(inn, keys.aead)
 
     @staticmethod
     def _aad(seq: int, ftype: int, fid: int) -> bytes:
@@ -236,14 +310,41 @@ def with_mac(canon: bytes, mac: str) -> bytes:
     return b"{" + tail if canon == b"{}" else canon[:-1] + b"," + tail
 
 
+class SealedBuffers:
+    """The two buffers one data connection reuses for its blocks, sealed and plain (issue 43: each block's bytes
+    objects, and their fresh pages, were allocated per block, on both sides). Blocks larger than
+    ``KEEP`` get buffers of their own, so a connection holds at most 2 × ``KEEP`` between blocks."""
+
+    KEEP = 8 << 20
+
+    def __init__(self) -> None:
+        self._wire = self._plain = bytearray(0)
+
+    def views(self, wire: int, plain: int) -> tuple[memoryview, memoryview]:
+        """A view of ``wire`` bytes for the sealed block and one of ``plain`` bytes for its plaintext."""
+        if wire > self.KEEP:
+            return memoryview(bytearray(wire)), memoryview(bytearray(plain))
+        if len(self._wire) < wire:
+            self._wire, self._plain = bytearray(wire), bytearray(wire)
+        return memoryview(self._wire)[:wire], memoryview(self._plain)[:plain]
+
+
 class DataSealer:
     """Seals (sender) or opens (receiver) the DATA payloads of one data connection; AAD = the frame header."""
 
     def __init__(self, keys: SessionKeys) -> None:
-        self._s = Sealer(keys.aead_c2s)  # data only flows client → server
+        self._s = Sealer(keys.aead_c2s, keys.aead)  # data only flows client → server
+        self.aead = keys.aead
+        self.buffers = SealedBuffers()  # one thread uses a data connection's sealer
 
     def seal(self, header: bytes, data: bytes) -> bytes:
         return self._s.seal(data, header)
 
     def open(self, header: bytes, data: bytes, what: str) -> bytes:
         return self._s.open(data, header, what)
+
+    def seal_into(self, header: bytes, data: memoryview, out: memoryview) -> None:
+        self._s.seal_into(data, header, out)
+
+    def open_into(self, header: bytes, data: memoryview, what: str, out: memoryview) -> None:
+        self._s.open_into(data, header, what, out)
