@@ -20,6 +20,7 @@ from transfer_agent.errors import FStreamError
 from transfer_agent.receiving.state import RecvFile, Session
 from transfer_agent.receiving.store import PartStore
 from transfer_agent.storage import durable as storage
+from transfer_agent.storage.writeback import Writeback
 from transfer_agent.storage.checksum import hash_fd
 from transfer_agent.wire.batch import INNER, send_batched
 from transfer_agent.wire.protocol import Frame
@@ -34,6 +35,7 @@ class GroupCommit(PartStore):
         super().__init__(root=root, fsync=fsync, log=log, part_max_age=part_max_age)
         self._commit_q: queue.Queue[RecvFile | None] = queue.Queue()  # None: stop after what is queued
         self._sync_pool = ThreadPoolExecutor(max_workers=storage.SYNC_WAYS, thread_name_prefix="fstream-fsync")
+        self._writeback = Writeback(enabled=fsync)  # with fsync on: a large part's pages go to disk as it arrives
 
     def _commit_loop(self) -> None:
         while True:

@@ -327,5 +327,11 @@ class DataStreams(GroupCommit):
             ready = f.commit_requested and not f.queued and f.ranges.covers(f.size)
             if ready:
                 f.queued = True
+            f.unkicked += n
+            kick = not ready and self._writeback.due(f.unkicked)
+            if kick:
+                f.unkicked = 0
+        if kick:
+            self._writeback.start_file(f)
         if ready:
             self._commit_q.put(f)

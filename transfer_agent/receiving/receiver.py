@@ -189,6 +189,7 @@ class Receiver(ControlSessions):
         for t in self._threads:
             t.join(timeout=10)
         self._sync_pool.shutdown(wait=True)
+        self._writeback.close()
         if self._deadlines is not None:
             self._deadlines.stop()
         if self._root_fd >= 0:

@@ -45,6 +45,7 @@ class RecvFile:
     done: bool = False
     failed: bool = False
     dirty: bool = False
+    unkicked: int = 0  # bytes written since its writeback was last started (``storage.writeback``, issue 43)
     users: int = 0
     closing: bool = False
     meta_written: bool = False
