@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import os
 import secrets
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -161,3 +163,16 @@ def transfer_swapping_after_listing(swap: Any) -> Any:
             self.guard.check_fd(fd, path)
 
     return lambda spec, **kw: Transfer(spec, **{**kw, "guard": SwapAfterListing(kw["guard"])})
+
+
+def pump(a: socket.socket, b: socket.socket) -> None:
+    """Copy ``a`` → ``b`` until ``a`` ends or fails, then shut both down (one direction of a test's relay)."""
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkit import wait_until
+from agentkit import pump, wait_until
 from transfer_agent.receiving.receiver import Receiver
 from transfer_agent.errors import AuthError, FStreamError, ProtocolError
 from transfer_agent.sending.connector import Connector
@@ -138,19 +138,6 @@ def test_a_real_receiver_opens_blocks_with_the_aead_both_listed_and_refuses_the_
 def _relay_stripping_aes(client: socket.socket, server: socket.socket) -> threading.Thread:
     """Someone in the path: forwards the client's HELLO without ``aes-256-gcm`` in its caps (re-framed, so it still
     parses), then everything as it is, both ways."""
-
-    def pump(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while chunk := a.recv(65536):
-                b.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def run() -> None:
         import json

@@ -31,6 +31,7 @@ from fstream_provider.model.units import format_bytes, format_rate  # noqa: E402
 import authkit  # noqa: E402
 from airflowkit import api_server, browser_page, token  # noqa: E402
 from airflowkit import plugin_frame  # noqa: E402
+from agentkit import pump  # noqa: E402
 from test_airflow_live_view import Driven, _run_dags, _xcom_value  # noqa: E402
 
 DAG = "fstream_live_tab"
@@ -189,19 +190,7 @@ class Cut:
             up = socket.create_connection(("127.0.0.1", self.upstream))
             self.socks += [client, up]
             for a, b in ((client, up), (up, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def cut(self) -> None:
         self.down = True

@@ -189,22 +189,28 @@ def run_pipe(ctx: Ctx) -> dict:
             "ratios": ratios, "pairs": pairs, "notes": [note] if note else []}
 
 
-def run_reserve(ctx: Ctx) -> dict:
-    """A/B (issue 43's profile): pairs of ``send`` of one ``--pipe-bytes`` file at p = 4 onto tmpfs, A as today
-    (the receiver reserves the file's size at OPEN, ``storage.durable.reserve``: ``posix_fallocate``), B with the
-    reservation a no-op; freed pages held for the run. Says whether the 25 % of the receiver's samples that
-    ``recv-profile`` finds in ``fallocate`` on tmpfs are an added cost or the page allocation a write pays anyway."""
+def _one_big_file(ctx: Ctx, name: str, a: tuple[str, str], b: tuple[str, str]) -> dict:
+    """A/B pairs of ``send`` of one ``--pipe-bytes`` file at p = 4 onto tmpfs, each arm (label, wrapper code run after
+    the CLI's import), freed pages held for the run: throughput from the agent's own seconds, both sides' CPU-s."""
     size = ctx.args.pipe_bytes
     opts = ab.CASES["1 x 1 GiB, p=4"][2]
-    pairs, note = _ab(ctx, "reserve", agent_cmd(), agent_cmd(post="import transfer_agent.storage.durable as d\n"
-                                                                  "d.reserve = lambda fd, size: None"), 1, size, opts,
-                      hold_bytes=2 * size)
-    series, ratios = _ab_series(pairs, "space reserved at OPEN (today)", "no reservation", {
+    pairs, note = _ab(ctx, name, agent_cmd(post=a[1]), agent_cmd(post=b[1]), 1, size, opts, hold_bytes=2 * size)
+    series, ratios = _ab_series(pairs, a[0], b[0], {
         "Gbit/s (agent's seconds)": ("Gbit/s", lambda r: size * 8 / r["agent_seconds"] / 1e9 if r.get("agent_seconds")
                                      else size * 8 / r["wall"] / 1e9),
         "receiver CPU-s": ("CPU-s", lambda r: r["rx_cpu"]), "sender CPU-s": ("CPU-s", lambda r: r["tx_cpu"])})
     return {"params": {"bytes": size, "send_options": opts}, "series": series, "ratios": ratios, "pairs": pairs,
             "notes": [note] if note else []}
+
+
+def run_reserve(ctx: Ctx) -> dict:
+    """A/B (issue 43's profile): pairs of ``send`` of one ``--pipe-bytes`` file at p = 4 onto tmpfs, A as today
+    (the receiver reserves the file's size at OPEN, ``storage.durable.reserve``: ``posix_fallocate``), B with the
+    reservation a no-op; freed pages held for the run. Says whether the 25 % of the receiver's samples that
+    ``recv-profile`` finds in ``fallocate`` on tmpfs are an added cost or the page allocation a write pays anyway."""
+    return _one_big_file(ctx, "reserve", ("space reserved at OPEN (today)", ""),
+                         ("no reservation", "import transfer_agent.storage.durable as d\n"
+                                            "d.reserve = lambda fd, size: None"))
 
 
 def run_hashed_recv(ctx: Ctx) -> dict:
@@ -213,14 +219,6 @@ def run_hashed_recv(ctx: Ctx) -> dict:
     (``receiving.data.HASHED_VIA = "splice"``), B receives it into a buffer, hashes it there and pwrites it
     (``"recv"``, ``BlockTree.pump``); freed pages held for the run. Both arms set the switch, so the entry means
     the same whatever the default is."""
-    size = ctx.args.pipe_bytes
-    opts = ab.CASES["1 x 1 GiB, p=4"][2]
     patch = "import transfer_agent.receiving.data as d\nd.HASHED_VIA = {!r}"
-    pairs, note = _ab(ctx, "hashed-recv", agent_cmd(post=patch.format("splice")), agent_cmd(post=patch.format("recv")),
-                      1, size, opts, hold_bytes=2 * size)
-    series, ratios = _ab_series(pairs, "splice and read-back", "recv, hash, pwrite", {
-        "Gbit/s (agent's seconds)": ("Gbit/s", lambda r: size * 8 / r["agent_seconds"] / 1e9 if r.get("agent_seconds")
-                                     else size * 8 / r["wall"] / 1e9),
-        "receiver CPU-s": ("CPU-s", lambda r: r["rx_cpu"]), "sender CPU-s": ("CPU-s", lambda r: r["tx_cpu"])})
-    return {"params": {"bytes": size, "send_options": opts}, "series": series, "ratios": ratios, "pairs": pairs,
-            "notes": [note] if note else []}
+    return _one_big_file(ctx, "hashed-recv", ("splice and read-back", patch.format("splice")),
+                         ("recv, hash, pwrite", patch.format("recv")))
