@@ -1,3 +1,4 @@
+"""Issue 43 prototype (not the agent): receive 1 GiB into tmpfs one of six ways and print the CPU-s (README)."""
 import os, sys, socket, mmap, time, blake3
 MODE, PORT, OUT = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 SIZE = 1 << 30; CH = int(os.environ.get("CH", 1 << 20))
