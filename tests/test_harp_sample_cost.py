@@ -121,3 +121,31 @@ def test_the_tuner_runs_the_heuristic_until_the_model_says_no_sample_then_the_pr
     paper.update(Observation(t=0.25, dt=0.25, bytes=10_000_000, clusters=moving))
     s = paper.suggest()
     assert {l.cluster for l in s.layouts} == {"small" + SAMPLE} and s.held == {"small"} and not paper.sample_plans
+
+
+def test_a_decision_that_keeps_the_heuristic_layout_is_still_reported_with_its_reason():
+    """Loopback noise: no calibration group fits, so no sample is taken and the chunk keeps the heuristic, which is
+    the layout it already runs. That decision still differs from the last suggestion (``changed``), so the sender
+    records and logs why HARP kept the heuristic (the servers-matrix CI once lost it: StopIteration at the plan)."""
+    rng = np.random.default_rng(5)
+    rows = [HistoryRow("src", "dst:1", 1e9, 0.04, 1 << 20, "small", SMALL_FILE, 200, cc, p, pp,
+                       float(rng.uniform(1e7, 1e9)), 1_700_000_000 + g * 86_400 + i, 1.0, f"cal{g}:small", kind="probe")
+            for g in range(3) for i, (cc, p, pp) in enumerate(GRID)]
+    tuner = HarpTuner(path=PATH, history=to_frame(rows))
+    dataset = files(200)
+    for f in dataset:
+        tuner.cluster_of(f)
+    start = {"small" + SAMPLE: ClusterStats(pending_files=125, pending_bytes=250_000_000),
+             "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
+    tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=start))
+    first = tuner.suggest()
+    moving = {"small" + SAMPLE: ClusterStats(bytes=10_000_000, pending_files=118, pending_bytes=236_000_000,
+                                             active_channels=2),
+              "small": ClusterStats(bytes=5_000_000, pending_files=72, pending_bytes=144_000_000, active_channels=1)}
+    tuner.update(Observation(t=0.25, dt=0.25, bytes=15_000_000, clusters=moving))
+    plan = tuner.suggest()
+    assert "small: no sample: no model fits" in plan.reason and "small: heuristic (" in plan.reason, plan.reason
+    assert plan.layouts == first.layouts  # the heuristic it already ran: the same channels
+    assert plan.changed  # ... but a new decision, with its reason
+    tuner.update(Observation(t=0.5, dt=0.25, bytes=15_000_000, clusters=moving))
+    assert not tuner.suggest().changed  # nothing new: no decision to record

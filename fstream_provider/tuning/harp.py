@@ -196,7 +196,9 @@ class HarpTuner:
     def suggest(self) -> Suggestion:
         layouts = tuple(ClusterLayout(n, s.cc, s.p, s.pp) for n, s in sorted(self._layouts.items()))
         held = frozenset(self._held)
-        key = (layouts, held)
+        # a new reason is a new decision even on the same channels (no sample, the heuristic kept): the driver
+        # records and logs it; the reason changes only at decisions, so the steady state stays unchanged
+        key = (layouts, held, self._reason)
         changed = key != self._last
         self._last = key
         return Suggestion(layouts, self._reason, changed, held=held)
