@@ -66,3 +66,33 @@ def test_per_gb_per_file_net_and_goal_lines():
     md = loopback.markdown(doc, "fstream bench loopback")
     assert "| a: 1 GiB, p=4: CPU both sides, fstream (checksum, fsync) / gridftp -fast <= 1 | 1.90;" in md
     assert "| a: 1 GiB, p=4: throughput fstream / gridftp >= 1.5 (p=4 and the small set) | 0.53;" in md
+
+
+def test_disk_ratios_are_paired_with_their_own_repeats_dd_and_name_the_filesystem():
+    """Since the disk cases' dd runs once per repeat just before them, each run is divided by its own repeat's dd
+    (the disk swings 3.5-9.4 Gbit/s here); an older document is divided by the median of its ceilings."""
+    from fstream_bench.datapath.readers import disk_files
+
+    big, small = "d: 1 GiB, p=4, disk", "d: 2000 files, cc=4, pp, disk"
+    results = [_row(big, "fstream", 4e9, 1, 1, 2**30, 1, rep=0), _row(big, "fstream", 8e9, 1, 1, 2**30, 1, rep=1),
+               _row(small, "fstream", 2e9, 1, 1, 2000 * 262144, 2000, rep=0),
+               _row(small, "fstream", 2e9, 1, 1, 2000 * 262144, 2000, rep=1)]
+    doc = {"cases": [big, small], "results": results, "disk_ceiling_Bps": [0.5e9, 1e9],  # 4 and 8 Gbit/s
+           "disk_ceiling_paired": True, "disk": {"type": "ext4", "journal": False}}
+    xs, ceiling = loopback.disk_ratios(doc, big)
+    assert xs == [1.0, 1.0] and ceiling == 6e9
+    assert loopback.disk_ratios(doc, small)[0] == [0.5, 0.25]
+    measured, met = disk_files(doc, None)
+    assert met == "no" and "2000 files, cc=4, pp: 0.38" in measured and "ext4 without a journal" in measured
+    old = {**doc, "disk_ceiling_paired": False}
+    assert loopback.disk_ratios(old, big)[0] == [4e9 / 6e9, 8e9 / 6e9]
+    doc["results"] = [r if r["case"] == big else {**r, "throughput_bps": 5e9} for r in results]
+    assert disk_files(doc, None)[1] == "yes"  # both cases 0.94 (0.625-1.25) of their own dd
+
+
+def test_disk_info_names_the_mount_the_directory_is_on(tmp_path):
+    info = loopback.disk_info(tmp_path)
+    mounts = [line.split() for line in open("/proc/mounts")]
+    assert info["mount"] in {m[1] for m in mounts}
+    assert info["type"] == next(m[2] for m in mounts if m[1] == info["mount"])
+    assert str(tmp_path).startswith(info["mount"])

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from fstream_bench.core.goals_table import Goal
 from fstream_bench.datapath.readers import (
-    authz_cost, backlog_memory, cpu_vs_fast, fd_budget, flow_latency, flow_memory, flow_small, flow_throughput,
+    authz_cost, backlog_memory, cpu_vs_fast, disk_files, fd_budget, flow_latency, flow_memory, flow_small,
+    flow_throughput,
     gil_receiver, loopback_cpu, loopback_disk, loopback_throughput, per_file, receiver_core, receiver_vs_iperf3,
     startup,
 )
@@ -73,6 +74,9 @@ GOALS: list[Goal] = [
     Goal("43", "receiver CPU per GB, keyed checksum on, ≤ 3.0× iperf3's receiver on the same pinned core (1 GiB, "
          "p=4, tmpfs)", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK,
          measure=receiver_vs_iperf3, was=("5.4× (1.93 vs 0.35 CPU-s/GB; the issue's check, medians of three)", "no")),
+    Goal("43", "on a real filesystem with fsync, ≥ 0.9 of `dd conv=fdatasync` for 1 GiB and ≥ 0.6 for 2000 files "
+         "(256 KiB, cc=4)", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=disk_files,
+         was=("0.53 (1 GiB) / 0.25 (2000 files) (the issue's check, BENCHMARKS §12)", "no")),
     Goal("43", "a `--watch` stream started on a backlog of 1,000,000 files already present keeps the sender < 300 MB "
          "(real disk)", "bench/results/backlog-memory-*.json", "fstream bench backlog-memory --files 1000000 "
          "--no-trace", measure=backlog_memory, select=lambda d: d.get("files", 0) >= 1_000_000,

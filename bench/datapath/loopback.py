@@ -26,6 +26,7 @@ from typing import Callable
 from fstream_bench.core import provenance
 from fstream_bench.core.saved import save_with_markdown
 from fstream_bench.core.cpu_meter import ServerCpu
+from fstream_bench.core.runstats import med_range
 from fstream_bench.peers import fstream as fs_peer, gridftp, iperf
 from fstream_bench.peers.base import PeerError, PeerResult, Sites
 from fstream_bench.core.report import machine_info
@@ -82,6 +83,29 @@ def _tmpfs_root() -> Path | None:
             return Path("/dev/shm") if any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in f) else None
     except OSError:
         return None
+
+
+def disk_info(d: Path) -> dict:
+    """The filesystem the disk cases write to: its type and mount options from ``/proc/mounts``, and for ext4
+    whether it has a journal (a ``/proc/fs/jbd2/<device>-*`` entry; this VM's root has none)."""
+    d = d.resolve()
+    best: list[str] = []
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 4 and (d == Path(parts[1]) or Path(parts[1]) in d.parents) and (
+                        not best or len(parts[1]) > len(best[1])):
+                    best = parts
+    except OSError:
+        return {}
+    if not best:
+        return {}
+    info: dict = {"device": best[0], "mount": best[1], "type": best[2], "options": best[3]}
+    if best[2] == "ext4" and Path("/proc/fs/jbd2").is_dir():
+        dev = Path(best[0]).name
+        info["journal"] = any(p.name.startswith(dev + "-") for p in Path("/proc/fs/jbd2").iterdir())
+    return info
 
 
 def disk_ceiling(d: Path, nbytes: int = GIB) -> float:
@@ -183,15 +207,24 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
             log(f"loopback: skipping {name}: {why}")
         hashing = checksum_cost(data["big"][0])
         log(f"loopback: checksum pass, CPU-s per GiB: {hashing}")
-        ceilings = ([disk_ceiling(workdir / "ceiling") for _ in range(repeat)]
-                    if any(c[3] == "disk" for c in cases) else [])
+        ceilings: list[float] = []  # dd conv=fdatasync, once per repeat just before its disk cases (paired)
+        disk = disk_info(workdir) if any(c[3] == "disk" for c in cases) else {}
         results: list[dict] = []
         with held_free_pages(warm_bytes=2 * big_bytes + sizes["small"]) as memory_note:
             log(f"loopback: {memory_note}")
             for rep in range(repeat):
                 for case, dataset, knobs, kind in cases:
-                    dst_root = (fast_root if kind == "tmpfs" else workdir) / "dst"
-                    names = TMPFS_TOOLS if kind == "tmpfs" else ("fstream",)
+                    if kind == "disk" and len(ceilings) == rep:
+                        _sync()
+                        ceilings.append(disk_ceiling(workdir / "ceiling"))
+                        log(f"loopback: [{rep + 1}/{repeat}] dd conv=fdatasync: {ceilings[-1] * 8 / 1e9:.2f} Gbit/s")
+                    # a disk case writes into a directory of its own, kept until the run ends: on an ext4 without
+                    # a journal (this VM's root) every file created within seconds after thousands were deleted
+                    # pays a scan of the recently deleted inodes (find_inode_bit -> recently_deleted, a third of
+                    # the receiver's CPU when each repeat removed the last one's 2000 files); dd writes a fresh file
+                    dst_root = fast_root / "dst" if kind == "tmpfs" else workdir / "dst" / f"r{rep}"
+                    # on disk, without fsync beside it: what the flushes cost in the same repeat
+                    names = TMPFS_TOOLS if kind == "tmpfs" else ("fstream", "fstream-nofsync")
                     if dataset in ("tiny", "bytes"):
                         names = ("fstream", "fstream-noverify", "gridftp")
                     names = [n for n in names if n.partition("-")[0].partition("+")[0] not in missing
@@ -204,8 +237,9 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
                             r = _one(tool, sites, workdir, dest, src, dataset, data[dataset], knobs, sizes[dataset])
                         except PeerError as e:
                             r = PeerResult(tool=tool, ok=False, error=str(e))
-                        finally:  # freed now, so the next run writes into the pages this one used
-                            shutil.rmtree(dest, ignore_errors=True)
+                        finally:  # freed now, so the next run writes into the pages this one used (tmpfs)
+                            if kind == "tmpfs":
+                                shutil.rmtree(dest, ignore_errors=True)
                         r.tool = tool
                         results.append({"case": case, "repeat": rep, "dest": kind, "dataset": dataset,
                                         **r.to_dict()})
@@ -215,7 +249,9 @@ def run(workdir: Path, *, repeat: int = 1, big_bytes: int = GIB, small_count: in
     finally:
         if tmpfs:
             shutil.rmtree(fast_root, ignore_errors=True)
-    return {"machine": machine, "pinned": pinned, "memory": memory_note, "cases": [c[0] for c in cases],
+        shutil.rmtree(workdir / "dst", ignore_errors=True)  # the disk cases' files, kept until now (see above)
+    return {"machine": machine, "disk": disk, "disk_ceiling_paired": True, "pinned": pinned, "memory": memory_note,
+            "cases": [c[0] for c in cases],
             "results": results,
             "files": {"big": 1, "small": small_count, "tiny": 1, "bytes": small_count}, "disk_ceiling_Bps": ceilings,
             "checksum_cpu_s_per_gib": hashing,
@@ -301,6 +337,23 @@ def cpu_per_unit(doc: dict, case: str, tool: str, *, net: bool = False) -> float
     return cpu / (cell["bytes"] / 1e9) if cell["files"] <= 1 else cpu / (cell["files"] / 1000)
 
 
+def disk_ratios(doc: dict, case: str) -> tuple[list[float], float]:
+    """fstream's throughput over the disk's ``dd conv=fdatasync`` per repeat, and the ceilings' median (bit/s).
+
+    Since 2026-11-30 (``disk_ceiling_paired``) each repeat measures dd just before its own disk cases and a run is
+    divided by its own repeat's dd (the disk's rate swings 3.5-9.4 Gbit/s on this VM); before, the ceilings were
+    measured together at the start and every run was divided by their median."""
+    ceilings = [c * 8 for c in doc.get("disk_ceiling_Bps") or []]
+    if not ceilings:
+        return [], 0.0
+    runs = {r["repeat"]: r for r in doc["results"] if r.get("ok") and r["case"] == case and r["tool"] == "fstream"}
+    if doc.get("disk_ceiling_paired"):
+        xs = [runs[i]["throughput_bps"] / ceilings[i] for i in sorted(runs) if i < len(ceilings)]
+    else:
+        xs = [r["throughput_bps"] / statistics.median(ceilings) for r in runs.values()]
+    return xs, statistics.median(ceilings)
+
+
 def markdown(doc: dict, command: str) -> str:
     """Throughput, CPU per side and CPU per GB / per 1,000 files for every tool and case, then the goals."""
     m = doc["machine"]
@@ -333,11 +386,12 @@ def markdown(doc: dict, command: str) -> str:
         if case.startswith("z:"):
             continue
         if "disk" in case:
-            ceil = statistics.median(doc["disk_ceiling_Bps"]) if doc.get("disk_ceiling_Bps") else None
-            fs = med.get(case, {}).get("fstream")
-            if fs and ceil:
-                lines.append(f"| {case}: fstream (fsync) / the disk's `dd conv=fdatasync` "
-                             f"({ceil * 8 / 1e9:.2f} Gbit/s) >= 0.9 | {fs['bps'] / (ceil * 8):.2f} |")
+            xs, ceil = disk_ratios(doc, case)
+            if xs:
+                goal = 0.9 if "GiB" in case else 0.6  # issue 43: one large file, 2000 files
+                lines.append(f"| {case}: fstream (fsync) / the disk's `dd conv=fdatasync` ({ceil / 1e9:.2f} Gbit/s"
+                             f"{', paired per repeat' if doc.get('disk_ceiling_paired') else ''}) >= {goal} "
+                             f"| {med_range(xs)} |")
             continue
         a, b = cpu_per_unit(doc, case, "fstream"), cpu_per_unit(doc, case, "gridftp")
         an, bn = cpu_per_unit(doc, case, "fstream", net=True), cpu_per_unit(doc, case, "gridftp", net=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fstream_bench.core.readers import yes
 from fstream_bench.core.runstats import med_range
+from fstream_bench.datapath.loopback import disk_ratios
 
 
 def _loopback_runs(doc: dict) -> dict[tuple[str, str], dict[int, dict]]:
@@ -72,14 +73,33 @@ def loopback_cpu(cases: list[str]):
                           "{case}: {first} (without the checksum {second})", " of GridFTP's CPU-s, both sides")
 
 
+def _disk_cases(doc: dict) -> list[str]:
+    return [c for c in doc["cases"] if c.startswith("d:")]
+
+
 def loopback_disk(doc: dict, _: Path) -> tuple[str, str]:
-    ceiling = statistics.median(doc["disk_ceiling_Bps"]) * 8  # dd conv=fdatasync, once per repeat
-    parts, ok = [], True
-    for case in [c for c in doc["cases"] if c.startswith("d:")]:
-        xs = [r["throughput_bps"] / ceiling for r in _loopback_runs(doc)[(case, "fstream")].values()]
+    """Issue 13: both disk cases ≥ 0.9 of ``dd conv=fdatasync``."""
+    parts, ok, ceiling = [], True, 0.0
+    for case in _disk_cases(doc):
+        xs, ceiling = disk_ratios(doc, case)
         parts.append(f"{case.split(', disk')[0][3:]}: {med_range(xs)}")
         ok = ok and statistics.median(xs) >= 0.9
     return "; ".join(parts) + f" of `dd conv=fdatasync` ({ceiling / 1e9:.1f} Gbit/s)", yes(ok)
+
+
+def disk_files(doc: dict, _: Path) -> tuple[str, str]:
+    """Issue 43: one large file ≥ 0.9 and 2000 files ≥ 0.6 of ``dd conv=fdatasync``, with the filesystem named."""
+    parts, ok, ceiling = [], True, 0.0
+    for case in _disk_cases(doc):
+        xs, ceiling = disk_ratios(doc, case)
+        goal = 0.9 if "GiB" in case else 0.6
+        parts.append(f"{case.split(', disk')[0][3:]}: {med_range(xs)}")
+        ok = ok and bool(xs) and statistics.median(xs) >= goal
+    disk = doc.get("disk") or {}
+    fs = f"{disk.get('type', '?')}{'' if disk.get('journal', True) else ' without a journal'}" if disk else "?"
+    paired = "paired per repeat" if doc.get("disk_ceiling_paired") else "median of the run's"
+    return (f"{'; '.join(parts)} of `dd conv=fdatasync` ({paired}, {ceiling / 1e9:.1f} Gbit/s; {fs})",
+            yes(ok))
 
 
 BIG = ("a: 1 GiB, p=1", "a: 1 GiB, p=4")
