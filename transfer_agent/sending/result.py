@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 LANDED_MAX = 10_000  # landed-file records a result keeps (the Airflow report lists as many); the rest are counted
@@ -45,9 +45,22 @@ class TransferResult:
             self.landed_truncated += 1
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """A copy of every field as plain dicts and lists. Not ``dataclasses.asdict``: its generic walk (a dataclass
+        check and a ``deepcopy`` per value) took 0.31 of a 2000-file send's 0.9 CPU-s over the landed records
+        (py-spy); these fields hold only JSON values, which ``_plain`` copies directly."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     def settle_retryable(self) -> None:
         """Set ``retryable`` once the transfer ended: its error was, or every failed file's reason was."""
         if self.error is None and self.failures:
             self.retryable = all(f.get("retryable") for f in self.failures)
+
+
+def _plain(value: Any) -> Any:
+    """A copy of a JSON-like value (dicts, lists and tuples copied, scalars shared: they are immutable)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return kind(_plain(v) for v in value) if kind is tuple else [_plain(v) for v in value]
+    return value
