@@ -144,3 +144,26 @@ def test_an_infeasible_deadline_is_reported_within_ten_seconds():
     simulate(d, w, PATH)
     first = next(t for t, s in d.changes if s.state == "infeasible")
     assert first <= 10.0
+
+
+def test_eta_is_never_shorter_than_the_bytes_left_at_the_stated_path_rate():
+    """Issue 44: on the WAN a new layout's streams filled their socket buffers and the window read 1.8 Gbit/s on a
+    1 Gbit/s path, so the ETA at 25 % was seconds short (w3: 8.6 s for 13.0 s). With the path's rate stated the
+    estimate is at least the bytes left at that rate, and says so ("link"); a slower fit is left as it is."""
+    fast = [(4.95, 1.0, 137_750_000), (5.96, 1.01, 69_560_000), (6.97, 1.01, 52_000_000), (7.97, 1.0, 229_400_000)]
+    free, bound = EtaEstimator(), EtaEstimator(link_bps=1e9)
+    for t, dt, nbytes in fast:
+        free.add(t, dt, nbytes)
+        bound.add(t, dt, nbytes)
+    left = 1_475_000_000  # 11.8 s at 1 Gbit/s
+    unbounded, eta = free.estimate(left), bound.estimate(left)
+    assert unbounded.basis == "rate" and unbounded.s < 10.0 and unbounded.rate_bps > 1.2e9
+    assert eta.basis == "link" and eta.s == pytest.approx(11.8) and eta.lo == eta.s <= eta.hi
+    assert eta.rate_bps == 1e9
+    slow = EtaEstimator(link_bps=1e9)
+    for i in range(1, 11):
+        slow.add(float(i), 1.0, 12_500_000)  # 100 Mbit/s, well under the link
+    e = slow.estimate(125_000_000)
+    assert e.basis == "rate" and e.s == pytest.approx(10.0, rel=1e-6) and e.lo >= 1.0  # the floor: 1 s
+    with pytest.raises(ValueError, match="link rate 0"):
+        EtaEstimator(link_bps=0)

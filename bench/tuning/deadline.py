@@ -135,7 +135,7 @@ def run_wan(args) -> dict:
     bench = open_bench(args)
     work = Path(args.workdir or f"/dev/shm/fstream-deadline-{os.getpid()}")
     out = {"selfcheck": selfcheck_line(bench.selfcheck), "backlogged": [], "deadline": [], "fixed": [],
-           "infeasible": None}
+           "infeasible": None, "path": {"bandwidth_bps": bench.bandwidth_bps, "rtt_s": bench.rtt_s}}
     base = {"bandwidth": f"{bench.bandwidth_bps:.0f}bps", "rtt": f"{bench.rtt_s * 1e3:g}ms",
             "sample_interval": "1s"}
     try:
@@ -207,13 +207,14 @@ def run_wan(args) -> dict:
 
 
 # -- the ETA replayed over committed records ----------------------------------------------------------------------
-def replay_eta(records: list[dict], seconds: float, *, restart: bool, at=(0.25, 0.5, 0.75)) -> dict:
+def replay_eta(records: list[dict], seconds: float, *, restart: bool, at=(0.25, 0.5, 0.75),
+               link_bps: float | None = None) -> dict:
     """The live ETA's relative error at 25/50/75 % of the bytes, replayed from a run's trimmed interval records
     through ``EtaEstimator`` as the sender feeds it, with (``restart``) or without the window's restart at a
-    layout change."""
+    layout change, and with the stated path rate as its floor (``link_bps``) or without."""
     from fstream_provider.tuning.eta import EtaEstimator, record_streams
 
-    est, out = EtaEstimator(), {}
+    est, out = EtaEstimator(link_bps=link_bps), {}
     for r in records:
         if not r.get("dt"):
             continue
@@ -230,20 +231,30 @@ def replay_eta(records: list[dict], seconds: float, *, restart: bool, at=(0.25, 
     return out
 
 
+REPLAY_MODES = ("window", "restart", "link")  # issue 27's window; + the restart (issue 44); + the link floor
+
+
 def run_replay(args) -> dict:
-    """Every committed WAN result's backlogged runs, the ETA with and without the restart (no transfer runs)."""
+    """Every committed WAN result's backlogged runs, the ETA without and with the restart, and with the restart and
+    the stated path rate as a floor (no transfer runs). The path rate is the result's ``path`` (recorded since the
+    floor landed), else the WAN rig's default ``--rate`` of 1 Gbit/s, which every earlier result ran at."""
     import glob
 
     runs = []
     for f in sorted(glob.glob(str(Path(args.results) / "deadline-wan-*.json"))):
-        for b in json.loads(Path(f).read_text()).get("backlogged", []):
+        doc = json.loads(Path(f).read_text())
+        link = float((doc.get("path") or {}).get("bandwidth_bps") or 1e9)
+        for b in doc.get("backlogged", []):
             if b.get("records"):
                 runs.append({"result": Path(f).name, "workload": b["workload"],
-                             **{mode: replay_eta(b["records"], b["seconds"], restart=mode == "restart")
-                                for mode in ("window", "restart")}})
+                             **{mode: replay_eta(b["records"], b["seconds"], restart=mode != "window",
+                                                 link_bps=link if mode == "link" else None)
+                                for mode in REPLAY_MODES}})
     summary = {mode: {k: {**_med([r[mode][k] for r in runs if k in r[mode]]),
-                          "over_10pct": sum(r[mode].get(k, 0) > 0.10 for r in runs)}
-                      for k in ("0.25", "0.5", "0.75")} for mode in ("window", "restart")}
+                          "over_10pct": sum(r[mode].get(k, 0) > 0.10 for r in runs),
+                          "by_workload": {w: _med([r[mode][k] for r in runs if k in r[mode] and r["workload"] == w])
+                                          for w in sorted({r["workload"] for r in runs})}}
+                      for k in ("0.25", "0.5", "0.75")} for mode in REPLAY_MODES}
     return {"runs": runs, "summary": summary}
 
 

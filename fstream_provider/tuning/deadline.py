@@ -147,7 +147,8 @@ class Deadline:
         self.name = getattr(tuner, "name", "tuner")
         self.bandwidth_bps = bandwidth_bps
         self.probe_s = 0.0 if bandwidth_bps else float(probe_s)
-        self.eta, self._feeds_eta = (eta, False) if eta is not None else (EtaEstimator(), True)
+        # its own estimator (the simulator) takes the path rate it was told as the floor, as the sender's does
+        self.eta, self._feeds_eta = (eta, False) if eta is not None else (EtaEstimator(link_bps=bandwidth_bps), True)
         self.known_bytes = 0.0
         self.moved_bytes = 0.0
         self.best_seen_bps = 0.0

@@ -40,11 +40,12 @@ class LiveProgress:
 
     :param streaming: the transfer watches its sources (or takes a feed): report lag.
     :param deadline_at: the spec's deadline (UNIX seconds) or None.
+    :param link_bps: the path rate the user stated (``--bandwidth``), a floor on the ETA; None: not known.
     """
 
-    def __init__(self, *, streaming: bool, deadline_at: float | None = None) -> None:
+    def __init__(self, *, streaming: bool, deadline_at: float | None = None, link_bps: float | None = None) -> None:
         self.streaming, self.deadline_at = streaming, deadline_at
-        self.eta = EtaEstimator()
+        self.eta = EtaEstimator(link_bps=link_bps)  # the path rate the user stated: the ETA's floor
         self.bytes_total = 0
         self.bytes_done = 0
         self.bytes_moved = 0  # sent by the channels (the interval records' bytes, summed)
@@ -54,6 +55,12 @@ class LiveProgress:
         self._waiting: dict[str, float] = {}  # source path -> its close time (mtime), until it lands
         self._latency: deque[float] = deque(maxlen=LAG_WINDOW)
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, spec: Any, *, fed: bool = False) -> "LiveProgress":
+        """A transfer's progress: streaming when it watches its sources or takes a feed (``fed``), with the spec's
+        deadline and its stated path rate (``bandwidth_bps``) as the ETA's floor."""
+        return cls(streaming=bool(spec.watch) or fed, deadline_at=spec.deadline, link_bps=spec.bandwidth_bps)
 
     def added(self, files: list[Any]) -> None:
         """Files listed (``SrcFile``: ``src``, ``size``, ``mtime_ns``)."""

@@ -103,7 +103,7 @@ class Transfer:
         self.history = history or history_io.HistoryOptions()
         self._recorder: history_io.HistoryRecorder | None = None
         self._lease: grant.PoolLease | None = None  # the stream pool's grant (spec.pool), opened by run()
-        self.live = LiveProgress(streaming=spec.watch or feed is not None, deadline_at=spec.deadline)
+        self.live = LiveProgress.of(spec, fed=feed is not None)
         self._deadline_news = DeadlineNews(spec.on_deadline_risk, self.log, self.on_event)
 
     # -- public --------------------------------------------------------------------------------
