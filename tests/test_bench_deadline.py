@@ -66,3 +66,26 @@ def test_wan_rows_read_every_run_of_the_same_code_and_the_figure_draws_them(tmp_
         for i, s in enumerate(("streams", "target")) for k in (1.2, 1.5, 2.0)]}))
     figure(sim, newest, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replay_scores_the_link_floor_against_the_restart_on_committed_records(tmp_path):
+    """``deadline replay`` over a WAN result whose window read 1.6 Gbit/s on its 1 Gbit/s path (send buffers
+    filling): the "link" mode's ETA at 25 % is the bytes left at 1 Gbit/s, the "restart" mode's is seconds short."""
+    import argparse
+
+    from fstream_bench.tuning.deadline import run_replay
+
+    total, rec, done, t = 2_000_000_000, [], 0, 0.0
+    for mbps in (1600, 1600, 1600, 1600, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000):
+        nbytes = min(total - done, mbps * 1e6 / 8)
+        t, done = t + 1.0, done + nbytes
+        rec.append({"t": t, "dt": 1.0, "bytes": nbytes, "bytes_total": total, "bytes_left": total - done,
+                    "files_pending": 10, "active_files": 4, "cc": 4, "p": 4})
+    doc = {"path": {"bandwidth_bps": 1e9}, "backlogged": [{"workload": "w3", "records": rec, "seconds": 16.8}]}
+    (tmp_path / "deadline-wan-20260101-000001.json").write_text(json.dumps(doc))
+    out = run_replay(argparse.Namespace(results=str(tmp_path)))
+    run = out["runs"][0]
+    # at 25 % (t=3: 0.6 GB moved, 1.4 GB left): 7 s at the window's 1.6 Gbit/s, 11.2 s at the link, 13.8 s true
+    assert run["restart"]["0.25"] == pytest.approx(abs(7.0 - 13.8) / 13.8, rel=1e-3)
+    assert run["link"]["0.25"] == pytest.approx(abs(11.2 - 13.8) / 13.8, rel=1e-3)
+    assert out["summary"]["link"]["0.25"]["by_workload"]["w3"]["median"] == run["link"]["0.25"]
