@@ -21,6 +21,14 @@ REQ = HarpRequest(bandwidth_bps=1e9, rtt_s=0.04, tcp_buffer=1 << 20, chunk="smal
                   file_count=200)
 
 
+#: 200 small files at t=0 (125 of them the sample's), and a quarter of a second later with channels moving them
+START = {"small" + SAMPLE: ClusterStats(pending_files=125, pending_bytes=250_000_000),
+         "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
+MOVING = {"small" + SAMPLE: ClusterStats(bytes=10_000_000, pending_files=118, pending_bytes=236_000_000,
+                                         active_channels=2),
+          "small": ClusterStats(bytes=5_000_000, pending_files=72, pending_bytes=144_000_000, active_channels=1)}
+
+
 def _groups(hist) -> tuple:
     return HarpOptimizer().fit(hist, REQ).groups
 
@@ -87,8 +95,7 @@ def test_the_tuner_runs_the_heuristic_until_the_model_says_no_sample_then_the_pr
     tuner = HarpTuner(path=PATH, history=source)
     for f in dataset:
         tuner.cluster_of(f)
-    start = {"small" + SAMPLE: ClusterStats(pending_files=125, pending_bytes=250_000_000),
-             "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
+    start = dict(START)
     tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=start))
     first = tuner.suggest()
     by = {l.cluster: l for l in first.layouts}
@@ -96,9 +103,7 @@ def test_the_tuner_runs_the_heuristic_until_the_model_says_no_sample_then_the_pr
     h = heuristic(SMALL_FILE, 200, PATH)
     assert by["small"].cc + by["small" + SAMPLE].cc == h.cc and by["small"].p == h.p  # one chunk, as static runs it
     assert tuner.observe_every_s == 0.25  # looks again soon: the plan comes when the history does
-    moving = {"small" + SAMPLE: ClusterStats(bytes=10_000_000, pending_files=118, pending_bytes=236_000_000,
-                                             active_channels=2),
-              "small": ClusterStats(bytes=5_000_000, pending_files=72, pending_bytes=144_000_000, active_channels=1)}
+    moving = dict(MOVING)
     loaded.append(True)
     source.ready = True
     tuner.update(Observation(t=0.25, dt=0.25, bytes=15_000_000, clusters=moving))  # fitted, planned: no sample
@@ -135,13 +140,10 @@ def test_a_decision_that_keeps_the_heuristic_layout_is_still_reported_with_its_r
     dataset = files(200)
     for f in dataset:
         tuner.cluster_of(f)
-    start = {"small" + SAMPLE: ClusterStats(pending_files=125, pending_bytes=250_000_000),
-             "small": ClusterStats(pending_files=75, pending_bytes=150_000_000)}
+    start = dict(START)
     tuner.update(Observation(t=0.0, dt=0.0, new_files=dataset, clusters=start))
     first = tuner.suggest()
-    moving = {"small" + SAMPLE: ClusterStats(bytes=10_000_000, pending_files=118, pending_bytes=236_000_000,
-                                             active_channels=2),
-              "small": ClusterStats(bytes=5_000_000, pending_files=72, pending_bytes=144_000_000, active_channels=1)}
+    moving = dict(MOVING)
     tuner.update(Observation(t=0.25, dt=0.25, bytes=15_000_000, clusters=moving))
     plan = tuner.suggest()
     assert "small: no sample: no model fits" in plan.reason and "small: heuristic (" in plan.reason, plan.reason
