@@ -46,8 +46,8 @@ class TransferResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A copy of every field as plain dicts and lists. Not ``dataclasses.asdict``: its generic walk (a dataclass
-        check and a ``deepcopy`` per value) took 0.31 of a 2000-file send's 0.9 CPU-s over the landed records
-        (py-spy); these fields hold only JSON values, which ``_plain`` copies directly."""
+        check and a ``deepcopy`` per value) took 26 ms over 2000 landed records, this 2 ms (timed in one process;
+        py-spy had shown it larger); these fields hold only JSON values, which ``_plain`` copies directly."""
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     def settle_retryable(self) -> None:
