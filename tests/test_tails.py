@@ -30,6 +30,15 @@ def test_a_queued_large_file_keeps_its_channel_and_small_files_get_no_floor():
     assert tail_floors(long, {"large": 300e6, "small": 100e6}, 900e6, 32) == {}
 
 
+def test_a_vanishing_rate_gives_no_floor_instead_of_a_nan():
+    """Hypothesis found it in CI (test_tuning_tuners): a measured rate of 5e-324 bit/s made the time left and one
+    file's time both infinite, and ``floor(inf / inf)`` raised "cannot convert float NaN to integer"."""
+    stats = {"small": ClusterStats(bytes=1_000_000, throughput_bps=5e-324, active_channels=1, pending_files=50,
+                                   pending_bytes=1_000_000_000)}
+    assert tail_floors(stats, {"small": 5e-324}, 5e-324, 1) == {}
+    assert tail_floors(stats, {"small": 5e-324}, float("nan"), 1) == {}
+
+
 def test_queued_files_share_channels_when_several_fit_in_the_time_left():
     # 6 queued files of 1.3 s each with 4.1 s left: 3 fit one after another on a channel -> 2 channels + 1 in flight
     stats = {"large": ClusterStats(active_channels=1, pending_files=6, pending_bytes=6 * 50 * MB),

@@ -49,9 +49,11 @@ def tail_floors(stats: Mapping[str, ClusterStats], per_channel_bps: Mapping[str,
     :param max_cc: the most channels a cluster can have.
     """
     queued = sum(max(st.pending_bytes, 0) for st in stats.values())
-    if rate_bps <= 0 or queued <= 0:
+    if not rate_bps > 0 or queued <= 0:
         return {}
     left = queued * 8 / rate_bps
+    if not math.isfinite(left):  # a rate too small to tell the time left (5e-324 bit/s): no floor, not a NaN
+        return {}
     out = {}
     for name, st in sorted(stats.items()):
         per = per_channel_bps.get(name) or 0.0
