@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fstream_bench.core.readers import yes
 from fstream_bench.core.runstats import med_range
-from fstream_bench.datapath.loopback import disk_ratios
+from fstream_bench.datapath.loopback import disk_goal, disk_ratios
 
 
 def _loopback_runs(doc: dict) -> dict[tuple[str, str], dict[int, dict]]:
@@ -73,28 +73,26 @@ def loopback_cpu(cases: list[str]):
                           "{case}: {first} (without the checksum {second})", " of GridFTP's CPU-s, both sides")
 
 
-def _disk_cases(doc: dict) -> list[str]:
-    return [c for c in doc["cases"] if c.startswith("d:")]
+def _disk_parts(doc: dict, goal) -> tuple[list[str], bool, float]:
+    """Each disk case's ratios to dd (``disk_ratios``) as text, whether every median meets ``goal(case)``, and the
+    ceilings' median (bit/s)."""
+    parts, ok, ceiling = [], True, 0.0
+    for case in [c for c in doc["cases"] if c.startswith("d:")]:
+        xs, ceiling = disk_ratios(doc, case)
+        parts.append(f"{case.split(', disk')[0][3:]}: {med_range(xs)}")
+        ok = ok and bool(xs) and statistics.median(xs) >= goal(case)
+    return parts, ok, ceiling
 
 
 def loopback_disk(doc: dict, _: Path) -> tuple[str, str]:
     """Issue 13: both disk cases ≥ 0.9 of ``dd conv=fdatasync``."""
-    parts, ok, ceiling = [], True, 0.0
-    for case in _disk_cases(doc):
-        xs, ceiling = disk_ratios(doc, case)
-        parts.append(f"{case.split(', disk')[0][3:]}: {med_range(xs)}")
-        ok = ok and statistics.median(xs) >= 0.9
+    parts, ok, ceiling = _disk_parts(doc, lambda _case: 0.9)
     return "; ".join(parts) + f" of `dd conv=fdatasync` ({ceiling / 1e9:.1f} Gbit/s)", yes(ok)
 
 
 def disk_files(doc: dict, _: Path) -> tuple[str, str]:
     """Issue 43: one large file ≥ 0.9 and 2000 files ≥ 0.6 of ``dd conv=fdatasync``, with the filesystem named."""
-    parts, ok, ceiling = [], True, 0.0
-    for case in _disk_cases(doc):
-        xs, ceiling = disk_ratios(doc, case)
-        goal = 0.9 if "GiB" in case else 0.6
-        parts.append(f"{case.split(', disk')[0][3:]}: {med_range(xs)}")
-        ok = ok and bool(xs) and statistics.median(xs) >= goal
+    parts, ok, ceiling = _disk_parts(doc, disk_goal)
     disk = doc.get("disk") or {}
     fs = f"{disk.get('type', '?')}{'' if disk.get('journal', True) else ' without a journal'}" if disk else "?"
     paired = "paired per repeat" if doc.get("disk_ceiling_paired") else "median of the run's"
