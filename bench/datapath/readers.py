@@ -231,3 +231,21 @@ def backlog_memory(doc: dict, _: Path) -> tuple[str, str]:
     return (f"{doc['files']:,} × {doc['size']} B on {doc['filesystem']}: sender peak RSS {mib:,.0f} MiB "
             f"({plain['sender_peak_rss'] / doc['files']:,.0f} B per file), {plain['landed']:,} landed, one run",
             yes(plain["sender_peak_rss"] < 300e6 and plain["landed"] == doc["files"]))
+
+
+def workers_vs_one(doc: dict, _: Path) -> tuple[str, str]:
+    """Issue 43: two jobs through one port, ``receive --workers 2`` over ``--workers 1``, per repeat (both ran in
+    it): aggregate throughput and the receiver tree's CPU per GB."""
+    parts, ok = [], True
+    for case in doc["cases"]:
+        pair: dict[int, dict[int, dict]] = defaultdict(dict)
+        for r in doc["runs"]:
+            if r["case"] == case:
+                pair[r["repeat"]][r["workers"]] = r
+        both = [p for p in pair.values() if 1 in p and 2 in p]
+        tput = [p[2]["gbit_s"] / p[1]["gbit_s"] for p in both]
+        cpu = [p[2]["receiver_cpu_s_per_gb"] / p[1]["receiver_cpu_s_per_gb"] for p in both]
+        ok = ok and statistics.median(tput) >= 1.0
+        parts.append(f"{case}: {med_range(tput, '{:.2f}')}× the throughput, receiver CPU per GB "
+                     f"{med_range(cpu, '{:.2f}')}×")
+    return "; ".join(parts) + " of one process (two jobs at once, unpinned, 2 cores)", yes(ok)

@@ -212,6 +212,8 @@ def options_of(parser: argparse.ArgumentParser) -> dict[str, Option]:
                 continue
             if isinstance(a, (argparse._HelpAction, argparse._VersionAction)) or a.dest == argparse.SUPPRESS:
                 continue
+            if getattr(a, "internal", False):  # set by a process for its children (receive's --handoff-fd)
+                continue
             longs = [s[2:] for s in a.option_strings if s.startswith("--")]
             if longs:
                 out.setdefault(longs[0], Option(longs[0], a)).places.append((p, a))

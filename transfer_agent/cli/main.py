@@ -80,15 +80,23 @@ def cmd_receive(args: argparse.Namespace) -> int:
         keyring, secret = keyring.with_key(ReceiverKey(DEFAULT_KEY, secret)), None
     from transfer_agent.service import sdnotify
 
+    parse_duration(args.drain_grace)  # a bad value: an error before anything starts
     stop, term = threading.Event(), threading.Event()
     _install_stop_signals(stop, term)
-    grace = parse_duration(args.drain_grace)
-    rcv = Receiver(listen=_parse_listen(args.listen), root=args.root, secret=secret, tls=tls,
-                   fsync=not args.no_fsync, handshake_timeout=parse_duration(args.handshake_timeout),
-                   part_max_age=max_age, max_unauth=args.max_unauth,
-                   max_unauth_per_addr=args.max_unauth_per_addr,
-                   require_encryption=args.require_encryption, keyring=keyring, quota_state=quota_state,
-                   watchdog=sdnotify.Watchdog.from_env()).start()  # a unit's WatchdogSec= (issue 39)
+    if args.workers != 1 and args.handoff_fd is None:  # one port, several processes (issue 43)
+        from transfer_agent.cli import receive_workers
+        return receive_workers.run(args, keyring, quota_state, tls, _parse_listen(args.listen), stop, term)
+    kw: dict[str, Any] = dict(listen=_parse_listen(args.listen), root=args.root, secret=secret, tls=tls,
+                              fsync=not args.no_fsync, keyring=keyring, part_max_age=max_age,
+                              handshake_timeout=parse_duration(args.handshake_timeout),
+                              max_unauth=args.max_unauth, max_unauth_per_addr=args.max_unauth_per_addr,
+                              require_encryption=args.require_encryption, quota_state=quota_state,
+                              watchdog=sdnotify.Watchdog.from_env())  # a unit's WatchdogSec= (issue 39)
+    if args.handoff_fd is not None:  # a worker of `receive --workers N` (cli.receive_workers)
+        from transfer_agent.receiving.handoff import worker_receiver
+        rcv = worker_receiver(args, kw, lambda: (term.set(), stop.set())).start()
+    else:
+        rcv = Receiver(**kw).start()
     from transfer_agent.cli.sighup import Hangup
 
     def _reloader():
@@ -297,6 +305,11 @@ def _add_receive_parser(sub: Any) -> None:
                    help="count what every key with a quota holds under its subtree (one walk each), write the "
                         "counts to --quota-state, print them, and exit; run it with the receiver stopped after "
                         "files were added or removed by hand")
+    r.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="receiver processes behind the one port (default 1): the router hands each connection to "
+                        "the process of its session (HMAC handshake only; not with TLS or --metrics-listen)")
+    for hidden in ("--handoff-fd", "--worker-index", "--router-port"):  # set by the router for its workers
+        r.add_argument(hidden, type=int, help=argparse.SUPPRESS).internal = True  # not in the file
     r.add_argument("--clean", action="store_true",
                    help="remove orphaned parts older than --max-part-age under --root, print them, and exit "
                         "(do not run it on a root a live receiver is writing)")

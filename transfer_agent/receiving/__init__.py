@@ -10,5 +10,8 @@
 - ``store``: the parts (claims, current attempts, parent directories, ranges sidecars, removal, orphan sweep);
 - ``state``: ``Session`` and ``RecvFile``, what the receiver knows of each sender and file;
 - ``admission``: the budget of open parts from the descriptor limit, and the OPENs parked beyond it (backpressure,
-  issue 43), used by ``store`` (a released part frees a slot) and ``control`` (an OPEN takes one or waits).
+  issue 43), used by ``store`` (a released part frees a slot) and ``control`` (an OPEN takes one or waits);
+- ``claims``: which session holds which part (``store``'s table; across processes a record lock);
+- several processes behind one port (issue 43): ``router`` (accept, route by the HELLO, hand over) and ``handoff``
+  (the hand-over, and ``HandoffReceiver``: a ``Receiver`` whose connections come from its router).
 """

@@ -39,8 +39,8 @@ from transfer_agent.receiving.state import Session
 from transfer_agent.sending.host import raise_fd_limit
 from fstream_provider.model.retry import RetryPolicy
 from transfer_agent.storage import durable as storage
-from transfer_agent.wire.auth import TLSConfig, server_handshake
-from transfer_agent.wire.protocol import MAGIC, PRE_AUTH_MAX_CONTROL, ControlWriter, Frame, recv_frame
+from transfer_agent.wire.auth import TLSConfig, refuse_plaintext, server_handshake
+from transfer_agent.wire.protocol import Frame
 from transfer_agent.wire.watchdog import Deadlines, PreAuthLimits
 
 if TYPE_CHECKING:
@@ -138,13 +138,7 @@ class Receiver(ControlSessions):
         os.makedirs(self.root, exist_ok=True)
         self._quotas.open()  # FStreamError if another receiver holds its state file
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-        host, port = self.listen_addr
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(256)
-        self._sock = sock
+        self._sock = self._listen()
         self._released = threading.Condition(self._lock)  # bound to the final _lock (subclasses may replace it)
         self._deadlines = Deadlines()
         raise_fd_limit()  # towards the hard limit; the open parts stay within what it is (issue 43)
@@ -154,8 +148,17 @@ class Receiver(ControlSessions):
             t.start()
             self._threads.append(t)
         threading.Thread(target=self._sweep_at_start, name="fstream-recv-sweep", daemon=True).start()
-        self.log.info("listening on %s:%d, root %s", host, self.port, self.root)
+        self.log.info("listening on %s:%d, root %s", self.listen_addr[0], self.port, self.root)
         return self
+
+    def _listen(self) -> socket.socket:
+        """The listening socket (``receiving.handoff``'s workers take connections from their router instead)."""
+        host, port = self.listen_addr
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(256)
+        return sock
 
     def _admit_loop(self) -> None:
         self._gate.run(self._admit_parked, self._stop)
@@ -251,23 +254,29 @@ class Receiver(ControlSessions):
             if failures:
                 failures = 0
                 self.log.warning("accepting connections again")
-            ip = str(addr[0])
-            token = self._deadlines.add(conn.fileno(), self.handshake_timeout)
-            admitted, victim = self._preauth.admit(ip, token)
-            if victim is not None:
-                self._deadlines.expire(victim)  # the busiest address gives up its oldest connection
-            if not admitted:
-                self._deadlines.cancel(token)
-                self.log.debug("connection from %s:%s closed: too many unauthenticated connections", ip, addr[1])
-                conn.close()
-                continue
-            try:
-                threading.Thread(target=self._handle, args=(conn, f"{ip}:{addr[1]}", ip, token),
-                                 name=f"fstream-recv-conn-{addr[1]}", daemon=True).start()
-            except RuntimeError:  # no thread to be had: drop this one connection, keep accepting
-                self._deadlines.cancel(token)
-                self._preauth.release(ip, token)
-                conn.close()
+            self._take(conn, addr)
+
+    def _take(self, conn: socket.socket, addr: tuple) -> None:
+        """An accepted (or handed over: ``receiving.handoff``) connection: within the pre-auth caps, on its own
+        thread with a handshake deadline; over them, closed at once."""
+        assert self._deadlines is not None
+        ip = str(addr[0])
+        token = self._deadlines.add(conn.fileno(), self.handshake_timeout)
+        admitted, victim = self._preauth.admit(ip, token)
+        if victim is not None:
+            self._deadlines.expire(victim)  # the busiest address gives up its oldest connection
+        if not admitted:
+            self._deadlines.cancel(token)
+            self.log.debug("connection from %s:%s closed: too many unauthenticated connections", ip, addr[1])
+            conn.close()
+            return
+        try:
+            threading.Thread(target=self._handle, args=(conn, f"{ip}:{addr[1]}", ip, token),
+                             name=f"fstream-recv-conn-{addr[1]}", daemon=True).start()
+        except RuntimeError:  # no thread to be had: drop this one connection, keep accepting
+            self._deadlines.cancel(token)
+            self._preauth.release(ip, token)
+            conn.close()
 
     def _handle(self, conn: socket.socket, peer: str, ip: str = "", token: int = 0) -> None:
         session: Session | None = None
@@ -288,7 +297,7 @@ class Receiver(ControlSessions):
             _tune_keepalive(conn)
             conn.settimeout(self.handshake_timeout)
             if self._ssl_ctx is not None:
-                self._refuse_plaintext(conn)
+                refuse_plaintext(conn)
                 try:
                     conn = self._ssl_ctx.wrap_socket(conn, server_side=True)
                 except (ssl.SSLError, OSError) as exc:
@@ -396,27 +405,6 @@ class Receiver(ControlSessions):
                 pass
             if session is not None:
                 self._close_session(session)
-
-    def _refuse_plaintext(self, conn: socket.socket) -> None:
-        """Before the TLS handshake, peek: a plaintext FStream HELLO gets a plaintext, terminal auth ERROR
-        ("the receiver requires TLS") instead of a TLS failure the client would see as a reset and retry."""
-        try:
-            head = conn.recv(len(MAGIC), socket.MSG_PEEK | socket.MSG_WAITALL)
-        except OSError:
-            return  # the TLS handshake reports it
-        if head != MAGIC:
-            return
-        try:
-            recv_frame(conn, PRE_AUTH_MAX_CONTROL)  # consume the HELLO, so closing sends FIN, not RST
-        except FStreamError:
-            pass
-        msg = "the receiver requires TLS: this connection is plaintext (pass --tls-cert/--tls-key/--tls-ca)"
-        ControlWriter(conn).send(Frame.ERROR, {"kind": "auth", "message": msg, "retryable": False})
-        try:
-            conn.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        raise AuthError(f"plaintext connection refused: {msg}")
 
     # -- sweeps --------------------------------------------------------------------------------
     def _sweep_at_start(self) -> None:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from transfer_agent.errors import FStreamError
+from transfer_agent.receiving.claims import ClaimTable
 from transfer_agent.receiving.admission import OpenGate
 from transfer_agent.storage.parts import PartIndex, sweep_dir, sweep_parts
 from transfer_agent.storage.paths import open_parent, stem_of
@@ -45,7 +46,7 @@ class PartStore:
         self._lock = threading.Lock()
         self._released = threading.Condition(self._lock)  # notified whenever a busy part is released (see start)
         self._attempts: dict[tuple[str, str], int] = {}  # (key id, job) -> its newest attempt: older ones may not write
-        self._busy_parts: dict[tuple[tuple[int, int], str], Session] = {}  # part key -> the session holding it
+        self._busy_parts: ClaimTable = ClaimTable()  # part key -> the session holding it (claims: several processes)
         self._parts = PartIndex()
         self._written_dirs: dict[tuple[int, int], str] = {}  # (dev, ino) -> relative path: what the sweep revisits
         self._quotas = Quotas(self.root, log=log)  # bytes held and reserved under keys with a quota (issues 32, 40)
@@ -149,7 +150,8 @@ class PartStore:
             return []
 
         def busy(dkey: tuple[int, int], stem: str) -> bool:  # called under self._lock
-            return any(k[0] == dkey and stem_of(k[1]) == stem for k in self._busy_parts)
+            return (any(k[0] == dkey and stem_of(k[1]) == stem for k in self._busy_parts)
+                    or self._busy_parts.elsewhere(dkey, stem))
 
         # a part is claimed (busy, under self._lock) before it is taken over: one not busy here is nobody's
         if whole_tree:

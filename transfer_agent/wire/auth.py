@@ -61,8 +61,8 @@ from typing import Any, Callable
 from fstream_provider.model.keyfile import KEY_ID, KeyFileError
 from fstream_provider.model.secret_ring import GEN_ID_RULE, LEGACY_GEN, SecretRing, read_ring, valid_gen_id
 from transfer_agent.errors import AuthError, FStreamError, NetworkError, ProtocolError
-from transfer_agent.wire.protocol import (CAPABILITIES, PRE_AUTH_MAX_CONTROL, SUPPORTED, VERSION, ControlWriter, Frame,
-                                     error_from_body, expect, expect_versioned, speaks)
+from transfer_agent.wire.protocol import (CAPABILITIES, MAGIC, PRE_AUTH_MAX_CONTROL, SUPPORTED, VERSION, ControlWriter,
+                                     Frame, error_from_body, expect, expect_versioned, recv_frame, speaks)
 from transfer_agent.wire.secure import ControlLink, SessionKeys, aead_caps, choose_aead, derive_keys, transcript_hash
 
 NONCE_BYTES = 32
@@ -331,6 +331,28 @@ def _single(secret: bytes | None) -> SecretLookup:
             raise KeyError(key_id)
         return secret
     return lookup
+
+
+def refuse_plaintext(conn: socket.socket) -> None:
+    """On a TLS receiver, before the TLS handshake, peek: a plaintext FStream HELLO gets a plaintext, terminal auth
+    ERROR ("the receiver requires TLS") instead of a TLS failure the client would see as a reset and retry."""
+    try:
+        head = conn.recv(len(MAGIC), socket.MSG_PEEK | socket.MSG_WAITALL)
+    except OSError:
+        return  # the TLS handshake reports it
+    if head != MAGIC:
+        return
+    try:
+        recv_frame(conn, PRE_AUTH_MAX_CONTROL)  # consume the HELLO, so closing sends FIN, not RST
+    except FStreamError:
+        pass
+    msg = "the receiver requires TLS: this connection is plaintext (pass --tls-cert/--tls-key/--tls-ca)"
+    ControlWriter(conn).send(Frame.ERROR, {"kind": "auth", "message": msg, "retryable": False})
+    try:
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    raise AuthError(f"plaintext connection refused: {msg}")
 
 
 def server_handshake(sock: socket.socket, secret: bytes | None = None, tls: bool = False, *,

@@ -1,0 +1,254 @@
+"""One port, several receiver processes (issue 43): ``fstream receive --workers N`` as a user starts it.
+
+Real router and worker processes on loopback, real senders: a job's control and data connections meet in the
+process its route names, two jobs run in two processes, a killed worker is restarted and its job resumes, SIGTERM
+drains, claims across processes are exclusive, and what the router holds before handing a connection over is
+bounded (an attacker's idle and half-sent connections)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentkit import make_files, send, trees_identical, wait_until, write_secret
+from transfer_agent.errors import FStreamError
+from transfer_agent.receiving.claims import ProcessClaims
+from transfer_agent.receiving.keyring import ReceiverKey
+from transfer_agent.receiving.router import quota_groups, route
+
+
+class RouterProc:
+    """``fstream receive --workers N`` in its own process; its stderr is collected (``log``)."""
+
+    def __init__(self, tmp: Path, secret: Path, *extra: str, workers: int = 2) -> None:
+        self.root = tmp / "dst"
+        env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp / "state")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "transfer_agent.cli", "-v", "receive", "--listen", "127.0.0.1:0", "--root",
+             str(self.root), "--secret-file", str(secret), "--no-fsync", "--workers", str(workers), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        first = self.proc.stdout.readline()  # type: ignore[union-attr]
+        m = re.match(r"listening on 127\.0\.0\.1:(\d+)", first)
+        assert m, f"no 'listening on' line: {first!r}; stderr: {self.log}"
+        self.port = int(m.group(1))
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def worker_pids(self) -> list[int]:
+        m = wait_until(lambda: re.search(r"worker processes \(pids ([\d, ]+)\)", self.log), 10, "the router's pids")
+        return [int(x) for x in m.group(1).split(", ")]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def _jobs_on(workers: int) -> list[str]:
+    """One job name per worker, each routed to that worker (the route is a hash of key and job)."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < workers:
+        job = f"job-{i}"
+        found.setdefault(route({"role": "control", "key": "default", "job": job}, workers, {}, 0), job)
+        i += 1
+    return [found[w] for w in range(workers)]
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    return write_secret(tmp_path / "secret")
+
+
+@pytest.fixture
+def router(tmp_path: Path, secret: Path):
+    r = RouterProc(tmp_path, secret)
+    yield r
+    r.stop()
+
+
+def test_two_jobs_through_one_port_run_in_two_worker_processes(tmp_path, secret, router):
+    jobs = _jobs_on(2)
+    srcs = [make_files(tmp_path / f"src{w}", {f"f{i:02d}.bin": 200_000 + i for i in range(24)}, seed=w)
+            for w in range(2)]
+    results: dict[int, Any] = {}
+
+    def run(w: int) -> None:
+        results[w] = send(srcs[w], router.port, secret, dest=f"out{w}", job_id=jobs[w], cc=3, p=2, pp=2)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for w in range(2):
+        assert results[w].ok, results[w].error
+        assert trees_identical(srcs[w], router.root / f"out{w}")
+    # each job's session was served by the worker its route names, and its data connections reached that worker
+    for w in range(2):
+        assert re.search(rf"fstream\.receiver\.worker{w} INFO session \w+ from .* job {jobs[w]} attempt 1",
+                         router.log), router.log
+    assert "unknown session" not in router.log
+    assert len(set(router.worker_pids())) == 2
+
+
+def test_a_killed_worker_is_restarted_and_its_job_resumes(tmp_path, secret, router):
+    job = _jobs_on(2)[1]
+    src = make_files(tmp_path / "src", {f"f{i:03d}.bin": 400_000 for i in range(60)}, seed=7)
+    pids = router.worker_pids()
+    result: dict[str, Any] = {}
+    landed = lambda: len(list((router.root / "out").glob("f*.bin"))) if (router.root / "out").exists() else 0  # noqa
+    t = threading.Thread(target=lambda: result.update(r=send(src, router.port, secret, job_id=job, cc=2, p=1,
+                                                               max_session_retries=10)))
+    t.start()
+    wait_until(lambda: landed() >= 5, 60, "5 files landed")
+    os.kill(pids[1], signal.SIGKILL)
+    t.join(180)
+    assert result["r"].ok, result["r"].error
+    assert trees_identical(src, router.root / "out")
+    assert re.search(rf"worker 1 \(pid {pids[1]}\) exited with -9; restarting it", router.log), router.log
+    assert router.log.count("fstream.receiver.worker1 INFO session") >= 2  # the job's second session, new process
+
+
+def test_sigterm_drains_the_workers_and_the_router_exits(tmp_path, secret):
+    r = RouterProc(tmp_path, secret, "--drain-grace", "5s")
+    pids = r.worker_pids()
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.proc.wait(40) == 0
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    assert r.log.count("drained: no session open") == 2, r.log
+
+
+def test_tls_and_metrics_with_workers_are_refused_naming_why(tmp_path, secret):
+    base = [sys.executable, "-m", "transfer_agent.cli", "receive", "--listen", "127.0.0.1:0", "--root",
+            str(tmp_path / "dst"), "--workers", "2"]
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state")}
+    tls = subprocess.run(base + ["--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert tls.returncode == 2 and "with TLS the HELLO" in tls.stderr, tls.stderr
+    met = subprocess.run(base + ["--secret-file", str(secret), "--metrics-listen", "127.0.0.1:0"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert met.returncode == 2 and "--metrics-listen" in met.stderr, met.stderr
+
+
+def test_the_router_bounds_idle_and_half_sent_connections_and_serves_a_sender_meanwhile(tmp_path, secret):
+    r = RouterProc(tmp_path, secret, "--max-unauth-per-addr", "4", "--handshake-timeout", "2s")
+    try:
+        held: list[socket.socket] = []
+        for i in range(12):  # from another source address: the caps are per address
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", r.port))
+            if i % 2:
+                s.sendall(b"FS\x03")  # a HELLO's first bytes, then nothing (slowloris)
+            held.append(s)
+        t0 = time.monotonic()
+        closed: dict[int, float] = {}
+
+        def watch(i: int, s: socket.socket) -> None:
+            s.settimeout(30)
+            try:
+                s.recv(1)
+            except OSError:
+                pass
+            closed[i] = time.monotonic() - t0
+
+        watchers = [threading.Thread(target=watch, args=(i, s)) for i, s in enumerate(held)]
+        for w in watchers:
+            w.start()
+        src = make_files(tmp_path / "src", {f"f{i}.bin": 100_000 for i in range(10)}, seed=1)
+        result = send(src, r.port, secret, cc=2, p=2)  # from 127.0.0.1, during the flood
+        assert result.ok, result.error
+        assert trees_identical(src, r.root / "out")
+        for w in watchers:
+            w.join(30)
+        assert len(closed) == 12
+        early = sorted(closed.values())[:8]  # over the per-address cap of 4: closed at once
+        late = sorted(closed.values())[8:]  # held until the handshake timeout (2 s), then closed
+        assert max(early) < 1.0, closed
+        assert all(1.5 <= x < 10.0 for x in late), closed
+        for s in held:
+            s.close()
+    finally:
+        r.stop()
+
+
+def _claim_in_child(lock: str, dkey: tuple[int, int], name: str, ready: Path, release: Path) -> subprocess.Popen:
+    code = (f"import time, os, sys\nfrom transfer_agent.receiving.claims import ProcessClaims\n"
+            f"c = ProcessClaims({lock!r})\nc[({dkey!r}, {name!r})] = 'session'\n"
+            f"open({str(ready)!r}, 'w').close()\n"
+            f"while not os.path.exists({str(release)!r}): time.sleep(0.02)\n"
+            f"c.pop(({dkey!r}, {name!r}))\nopen({str(ready)!r} + '.released', 'w').close()\ntime.sleep(30)\n")
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_a_claim_held_by_another_process_is_busy_until_it_is_released_or_that_process_dies(tmp_path):
+    lock = str(tmp_path / "claims.lock")
+    dkey, name = (1, 2), "data.bin"
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    child = _claim_in_child(lock, dkey, name, ready, release)
+    try:
+        wait_until(ready.exists, 30, "the other process's claim")
+        mine = ProcessClaims(lock)
+        with pytest.raises(FStreamError, match="busy: another receiver process") as err:
+            mine[(dkey, name)] = "me"
+        assert err.value.retryable
+        assert mine.elsewhere(dkey, name) and not mine.elsewhere(dkey, "other.bin")
+        mine[(dkey, "other.bin")] = "me"  # another file: no conflict
+        release.touch()
+        wait_until(Path(str(ready) + ".released").exists, 30, "the release")
+        mine[(dkey, name)] = "me"
+        assert mine.pop((dkey, name)) == "me"
+        # a process that dies holds nothing: the kernel drops its record locks
+        ready.unlink()
+        release.unlink()
+        child.kill()
+        child.wait()
+        child = _claim_in_child(lock, dkey, name, ready, release)
+        wait_until(ready.exists, 30, "the second claim")
+        assert mine.elsewhere(dkey, name)
+        child.kill()
+        child.wait()
+        wait_until(lambda: not mine.elsewhere(dkey, name), 10, "the dead process's claim dropped")
+        mine[(dkey, name)] = "me"
+    finally:
+        child.kill()
+
+
+def test_routes_put_a_jobs_connections_together_and_quota_groups_in_one_process():
+    hello = {"role": "control", "key": "lcls", "job": "j1", "session": "s1"}
+    data = {**hello, "role": "data"}
+    assert route(hello, 4, {}, 0) == route(data, 4, {}, 99)  # the session's data connections: same worker
+    spread = {route({**hello, "job": f"j{i}"}, 4, {}, 0) for i in range(64)}
+    assert spread == {0, 1, 2, 3}  # jobs of one key spread over every worker
+    keys = [ReceiverKey("a", b"x" * 32, subtree="lcls", quota=10), ReceiverKey("b", b"y" * 32, subtree="lcls/run1"),
+            ReceiverKey("c", b"z" * 32, subtree="sra"), ReceiverKey("d", b"w" * 32, subtree="sra2", quota=5)]
+    groups = quota_groups(keys)
+    assert groups == {"a": "a", "b": "a", "d": "d"}  # b writes under a's quota; c overlaps no quota
+    by_a = {route({**hello, "key": k, "job": f"j{i}"}, 4, groups, 0) for k in ("a", "b") for i in range(32)}
+    assert len(by_a) == 1  # every session that may charge a's quota: one process
+    assert route(None, 4, groups, 6) == 2 and route({"role": "doctor"}, 4, groups, 7) == 3  # round-robin
