@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from fstream_bench.smokes import SMOKES
 from fstream_provider.model.units import parse_duration
 
 ROOT_PREFIX = "(as root) "
+TIMES = re.compile(r"\s*\((\d+) times\)\s*$")  # a row measured over several runs: "fstream bench X (3 times)"
 #: how long a command whose benchmark has never recorded its own duration is assumed to take
 UNKNOWN_S = 1800.0
 
@@ -44,6 +46,17 @@ class Step:
     results: list[Path] = field(default_factory=list)  #: the rows' current result files (carry candidates)
     as_root: bool = False
     estimate_s: float = UNKNOWN_S
+
+    @property
+    def times(self) -> int:
+        """How many runs the row asks for: ``... (3 times)`` (a goal over ≥ 3 runs of the same code), else 1."""
+        m = TIMES.search(self.command)
+        return int(m.group(1)) if m else 1
+
+    @property
+    def argv(self) -> list[str]:
+        """The command's words after ``fstream``, without the ``(N times)`` note."""
+        return shlex.split(TIMES.sub("", self.command))[1:]
 
     @property
     def bench(self) -> str:
@@ -147,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             if a.carry and s.smoke and s.results:
                 entry["carried"] = _carry_all(s, results)
             if not entry.get("carried"):
-                entry["exit"] = _run([fstream, *shlex.split(s.command)[1:]], log)
+                exits = [_run([fstream, *s.argv], log) for _ in range(s.times)]
+                entry["exit"] = next((e for e in exits if e), 0)
             entry["finished_unix"], entry["load_after"] = time.time(), os.getloadavg()
         done.append(entry)
         print(f"refresh: {s.command}: " + (entry.get("skipped") or ("carried" if entry.get("carried") else

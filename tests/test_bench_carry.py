@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,21 @@ def test_the_refresh_writes_the_table_with_the_carries_it_made(tmp_path):
     gt.forget()
     assert sum(r.status == "current" for r in gt.rows_of(refresh.GOALS)) == current
     assert all(r.evidence in bench_md.read_text() for r in carried)
+
+
+def test_a_row_measured_over_several_runs_is_run_that_many_times(tmp_path, monkeypatch):
+    """`deadline wan (3 times)` reached the shell as `deadline wan (3 times)`: argparse refused it (exit 2) and the
+    refresh re-measured nothing. The note is the number of runs, not words of the command."""
+    from fstream_bench.refresh import Step
+
+    step = Step("fstream bench deadline wan (3 times)", as_root=True)
+    assert step.times == 3 and step.argv == ["bench", "deadline", "wan"] and step.smoke is None
+    assert Step("fstream bench gil --repeat 5").times == 1 and Step("fstream bench gil --repeat 5").argv == [
+        "bench", "gil", "--repeat", "5"]
+    ran: list[list[str]] = []
+    monkeypatch.setattr(refresh, "_run", lambda argv, log: ran.append(argv[1:]) or 0)
+    monkeypatch.setattr(refresh, "plan", lambda only=None: ([step], []))
+    monkeypatch.setattr(refresh.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(refresh.goals_table, "write", lambda *a, **k: [types.SimpleNamespace(status="current")])
+    assert refresh.main(["--results", str(tmp_path), "--benchmarks", str(tmp_path / "B.md")]) == 0
+    assert ran == [["bench", "deadline", "wan"]] * 3
