@@ -252,3 +252,30 @@ def test_routes_put_a_jobs_connections_together_and_quota_groups_in_one_process(
     by_a = {route({**hello, "key": k, "job": f"j{i}"}, 4, groups, 0) for k in ("a", "b") for i in range(32)}
     assert len(by_a) == 1  # every session that may charge a's quota: one process
     assert route(None, 4, groups, 6) == 2 and route({"role": "doctor"}, 4, groups, 7) == 3  # round-robin
+
+
+def test_the_sweep_leaves_an_old_part_that_another_process_holds(tmp_path, secret):
+    from transfer_agent.receiving.receiver import Receiver
+    from transfer_agent.wire.auth import load_secret
+
+    root = tmp_path / "dst"
+    root.mkdir()
+    part = root / ".data.bin.jobx.1.part"  # a resume's part: untouched for 8 days, then taken over by a worker
+    part.write_bytes(b"x" * 10)
+    old = time.time() - 8 * 86400
+    os.utime(part, (old, old))
+    st = os.stat(root)
+    lock = str(tmp_path / "claims.lock")
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    child = _claim_in_child(lock, (st.st_dev, st.st_ino), "data.bin", ready, release)
+    rcv = Receiver(root=str(root), secret=load_secret(str(secret)), part_max_age=None, fsync=False).start()
+    try:
+        rcv._busy_parts = ProcessClaims(lock)  # what a worker's receiver holds (handoff.HandoffReceiver)
+        wait_until(ready.exists, 30, "the other process's claim")
+        assert rcv.sweep_parts(whole_tree=True, max_age=7 * 86400) == [] and part.exists()
+        release.touch()
+        wait_until(Path(str(ready) + ".released").exists, 30, "the release")
+        assert rcv.sweep_parts(whole_tree=True, max_age=7 * 86400) == [part.name] and not part.exists()
+    finally:
+        rcv.stop()
+        child.kill()
