@@ -8,9 +8,10 @@ in a lock file the processes share, one byte at an offset derived from the part'
 claim held by another process refuses the newcomer as busy (retryable), exactly as a live holder of another job
 does in one process. The lock is the kernel's: a process that dies releases its claims with it.
 
-Two claims whose offsets collide (62 bits of BLAKE2b) are refused as busy too; POSIX locks never conflict within
-one process, which the table covers. Closing any descriptor of the lock file would drop the process's locks, so it
-is opened once per process and never reopened.
+POSIX locks never conflict within one process, which the table covers. Two different files whose offsets collide
+(62 bits of BLAKE2b) are busy to each other in two processes; in one process they share the byte, and the first
+release drops it (a chance of about n² / 2⁶³ for n claims held at once). Closing any descriptor of the lock file
+would drop the process's locks, so it is opened once per process and never reopened.
 """
 
 from __future__ import annotations
