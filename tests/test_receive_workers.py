@@ -279,3 +279,21 @@ def test_the_sweep_leaves_an_old_part_that_another_process_holds(tmp_path, secre
     finally:
         rcv.stop()
         child.kill()
+
+
+def test_a_hello_nested_too_deeply_does_not_stop_the_router(tmp_path, secret, router):
+    """The router parsed the unauthenticated HELLO with ``json.loads`` alone: 2,000 nested brackets (a 4 KB body, within the pre-auth limit) raised
+    RecursionError in its loop, which ended it, and the port took no connection after that."""
+    from transfer_agent.wire.protocol import Frame, pack_control
+
+    with socket.create_connection(("127.0.0.1", router.port)) as s:
+        s.sendall(pack_control(Frame.HELLO, b"[" * 2000 + b"]" * 2000))
+        s.settimeout(30)
+        try:
+            s.recv(4096)  # refused by the worker it went to (an ERROR, or a reset: the HELLO was not read)
+        except OSError:
+            pass
+    src = make_files(tmp_path / "src", {"a.bin": 50_000}, seed=3)
+    result = send(src, router.port, secret)
+    assert result.ok, result.error
+    assert trees_identical(src, router.root / "out")

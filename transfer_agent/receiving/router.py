@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import errno
 import itertools
-import json
 import logging
 import selectors
 import socket
@@ -36,7 +35,8 @@ from dataclasses import dataclass
 from transfer_agent.receiving.handoff import send_conn
 from transfer_agent.receiving.keyring import ReceiverKey
 from transfer_agent.receiving.receiver import ACCEPT_RETRY
-from transfer_agent.wire.protocol import HEADER, HEADER_SIZE, MAGIC, PRE_AUTH_MAX_CONTROL
+from transfer_agent.errors import ProtocolError
+from transfer_agent.wire.protocol import HEADER, HEADER_SIZE, MAGIC, PRE_AUTH_MAX_CONTROL, Frame, decode_body
 from transfer_agent.wire.watchdog import PreAuthLimits
 
 
@@ -109,11 +109,10 @@ def _peek_hello(conn: socket.socket, need: int) -> tuple[str, int, dict | None]:
         return "route", 0, None
     if len(raw) < HEADER_SIZE + length:
         return "wait", HEADER_SIZE + length, None
-    try:
-        body = json.loads(raw[HEADER_SIZE:HEADER_SIZE + length])
-    except ValueError:
+    try:  # the wire's own decoder: its depth limit before json.loads (2,000 brackets would raise RecursionError)
+        return "route", 0, decode_body(Frame.HELLO, raw[HEADER_SIZE:HEADER_SIZE + length])
+    except ProtocolError:
         return "route", 0, None
-    return "route", 0, body if isinstance(body, dict) else None
 
 
 class Router:
@@ -234,7 +233,11 @@ class Router:
                     elif isinstance(skey.data, int):
                         self._flush(sel, skey.data)
                     else:
-                        self._readable(sel, skey.data)
+                        try:
+                            self._readable(sel, skey.data)
+                        except Exception:  # noqa: BLE001 - one connection's surprise must not stop the port
+                            self.log.exception("router: connection from %s:%s failed", *skey.data.addr[:2])
+                            self._close(sel, skey.data)
                 now = time.monotonic()
                 for p in [p for p in self._waiting() if p.deadline <= now]:
                     self.log.debug("connection from %s:%s closed: not handed over within %.0f s", p.addr[0],
