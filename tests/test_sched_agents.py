@@ -78,3 +78,58 @@ def test_interactive_job_preempts_batch_which_resumes_without_resending(tmp_path
     assert res["resumed_bytes"] > 0, res
     assert res["bytes_sent"] + res["resumed_bytes"] == size_a, res
     assert not redis_client.hlen(keys.sched_tasks())  # both off the board
+
+
+def test_seal_share_agents_start_a_second_job_beside_the_first_below_the_knee(tmp_path: Path, secret: Path,
+                                                                                redis_url: str, redis_client) -> None:
+    """Issue 44: two real agents with ``scheduler="seal-share"``. A second large interactive job arrives while the
+    first fills the paced path with its one stream (the knee: 2). It starts beside the first (scheduled "below
+    the knee ... share"), moves bytes while the first still runs, and neither is preempted."""
+    keys = Keys("t-sched-share")
+    rate = 16 * MiB
+    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=rate)
+    dst = f"127.0.0.1:{rx.port}"
+    link = rate * 8
+    redis_client.hset(keys.sched_config(), mapping={f"cap:{dst}": link, f"unit:{dst}": link,
+                                                    f"cap:{socket.gethostname()}": 10 * link,
+                                                    f"unit:{socket.gethostname()}": link})
+    cfg = SealConfig(small_bytes=MiB, single_bytes=MiB // 2)
+    agents = [Agent(redis_url, policy=authkit.policy(), name=f"share-{i}", secret_file=str(secret), keys=keys,
+                    scheduler="seal-share", sched_config=cfg, sched_interval=0.2, poll_interval=0.2,
+                    heartbeat_ttl=3, block_ms=100, flush_interval=0.1,
+                    history=HistoryOptions(record=False, keys=keys, source=f"share-{i}"))
+              for i in range(2)]
+    threads = [threading.Thread(target=a.run, name=a.name) for a in agents]
+    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
+    src_a = make_files(tmp_path / "a", {"big.dat": 96 * MiB}, seed=3)
+    src_b = make_files(tmp_path / "b", {"big.dat": 48 * MiB}, seed=4)
+
+    def spec(src: Path, name: str) -> TransferSpec:
+        return TransferSpec.from_options([str(src)], f"fstream://{dst}/{name}", tuner="fixed", cc=1, p=1, pp=1,
+                                         sample_interval="0.2s", block_size="1MiB")
+
+    try:
+        for t in threads:
+            t.start()
+        job_a, _ = store.submit(spec(src_a, "a"))
+        wait_until(lambda: ((store.get(job_a).progress or {}).get("t") or 0) > 1.0, 20, "the first job moving")
+        job_b, _ = store.submit(spec(src_b, "b"))
+        a_done = store.wait(job_a, timeout=90)
+        b_done = store.wait(job_b, timeout=60)
+    finally:
+        for a in agents:
+            a.stop()
+        for t in threads:
+            t.join(30)
+        rx.stop()
+    assert (a_done.state, b_done.state) == ("succeeded", "succeeded"), (a_done.error, b_done.error)
+    assert trees_identical(src_a, tmp_path / "dst" / "a") and trees_identical(src_b, tmp_path / "dst" / "b")
+    ev_a = [e for _, e in store.events(job_a, count=10_000)]
+    ev_b = [e for _, e in store.events(job_b, count=10_000)]
+    sched_b = [e for e in ev_b if e["kind"] == "scheduled"]
+    assert sched_b and "below the knee" in sched_b[0]["reason"] and "share" in sched_b[0]["reason"], sched_b
+    assert not [e for e in ev_a + ev_b if e["kind"] == "preempted"]
+    b_first_bytes = min(e["ts"] for e in ev_b if e["kind"] == "interval" and e["bytes"] > 0)
+    a_last_bytes = max(e["ts"] for e in ev_a if e["kind"] == "interval" and e["bytes"] > 0)
+    assert b_first_bytes < a_last_bytes  # side by side, not one after the other
+    assert a_done.attempt == 1 and b_done.attempt == 1

@@ -301,3 +301,28 @@ def test_an_agent_admits_a_dead_fifo_agents_running_job_and_leaves_a_live_ones_a
     (dead_job, _), (live_job, _) = jobs
     assert agent._board.task(dead_job)["state"] == "waiting"
     assert agent._board.task(live_job) is None
+
+
+@pytest.mark.parametrize("share, streams, starts", [(False, 8, False), (True, 8, True), (True, 12, False)])
+def test_seal_share_on_the_board_starts_a_job_beside_a_saturating_one_only_below_the_knee(
+        redis_client, keys, share, streams, starts) -> None:
+    """Issue 44 on the agents' board (``--scheduler seal-share``): a second 100 GB job arrives while the first
+    fills a 1 Gbit/s path with 8 streams (the knee: 16). SEAL as written makes it wait; the sharing rule starts it
+    with an equal share (8: 16 streams, at the knee). Past the knee (12 + 12) it waits under both."""
+    board = SchedBoard(redis_client, keys, SealConfig(small_s=1.0), share=share)
+    _path(redis_client, keys, 1e9, 1.25e8)
+    (first, e1), (second, e2) = _queue(redis_client, keys, 2)
+    _beat(redis_client, keys, "x", "y")
+    board.admit(first, e1, src="a", dst="b", size=100 * GB, klass="interactive", arrival=100.0)
+    assert board.plan("x", now=100.0).job_id == first
+    board.report(first, 1e9, 1e9, streams=streams)
+    board.admit(second, e2, src="a", dst="b", size=100 * GB, klass="interactive", arrival=101.0)
+    d = board.plan("y", now=101.5)
+    assert (d.job_id == second) is starts
+    t = board.task(second)
+    if starts:
+        assert (t["state"], t["agent"], t["cc"]) == ("running", "y", 8) and not d.preempted
+        assert "below the knee at a 16 of 16 streams, b 16 of 16 streams: share" in d.reason, d.reason
+        assert board.task(first)["state"] == "running" and not board.task(first)["preempt_by"]
+    else:
+        assert t["state"] == "waiting" and d.job_id is None

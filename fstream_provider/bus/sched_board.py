@@ -3,7 +3,8 @@
 Seed: Kettimuthu et al., "An Elegant Sufficiency" (SEAL §4, STEAL §5); the decisions are
 ``fstream_provider.tuning.scheduler.SealScheduler``'s, unchanged. This module is the driver the paper's
 scheduler has in GridFTP's place: the board of all queued and running jobs of one namespace, shared by
-every ``fstream agent --scheduler seal|steal`` on the bus.
+every ``fstream agent --scheduler seal|steal`` on the bus (``seal-share|steal-share``: the same driver over
+``fstream_provider.tuning.seal_share.SealShareScheduler``, which shares below the knee, issue 44).
 
 - **Admission.** An agent that reads a job from the stream admits it: its task (ends, size, class,
   arrival) goes into ``sched_tasks`` and the stream entry is acknowledged *in the same transaction*, so
@@ -58,6 +59,7 @@ from fstream_provider.bus.keys import Keys
 from fstream_provider.bus.sched_view import BoardView, IdealMemo, bump
 from fstream_provider.tuning.sched_model import EndpointCurve, LoadModel
 from fstream_provider.tuning.scheduler import Action, SealConfig, SealScheduler, Task
+from fstream_provider.tuning.seal_share import SealShareScheduler
 
 DEFAULT_CAPACITY_BPS = 10e9
 DEFAULT_UNIT_BPS = 1e9
@@ -94,6 +96,8 @@ class SchedBoard:
     :param client: ``redis.Redis`` with ``decode_responses=True``.
     :param keys: the key schema.
     :param config: SEAL/STEAL parameters (``config.steal`` selects STEAL).
+    :param share: run SEAL/STEAL that shares below the knee (``tuning.seal_share.SealShareScheduler``, issue 44:
+        ``fstream agent --scheduler seal-share|steal-share``) instead of the rule as written.
     :param startup_s: the model's cost of (re)starting a transfer.
     :param resync_s: the whole board is read again at least this often (± 20 %), whatever its version says.
     :param clock: monotonic seconds (for ``resync_s``; tests pass their own).
@@ -102,9 +106,10 @@ class SchedBoard:
 
     def __init__(self, client: redis.Redis, keys: Keys | None = None, config: SealConfig | None = None,
                  startup_s: float = 1.0, *, resync_s: float = RESYNC_S, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, share: bool = False) -> None:
         self.client, self.keys = client, keys or Keys()
         self.config = config or SealConfig()
+        self.share = share
         self.startup_s = startup_s
         self._view = BoardView(client, self.keys, resync_s=resync_s, clock=clock, rng=rng or random.Random())
         self._ideal: dict[Any, Any] = {}  # TT_ideal by (ends, size, cap) for these curves: a cycle's costliest part
@@ -342,7 +347,8 @@ class SchedBoard:
             if name.startswith("ratio:"):
                 src, _, dst = name[len("ratio:"):].partition("|")
                 model.set_correction(src, dst, float(value))
-        sched = SealScheduler(model, self.config, now=now)  # the waits and run times below are up to ``now``
+        rule = SealShareScheduler if self.share else SealScheduler
+        sched = rule(model, self.config, now=now)  # the waits and run times below are up to ``now``
         for j, t in tasks.items():
             task = Task(j, t["src"], t["dst"], max(1.0, float(t["size"])), float(t["arrival"]), t["klass"])
             sched.submit(task)  # computes TT_ideal

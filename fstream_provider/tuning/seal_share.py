@@ -21,8 +21,8 @@ Two changes, each a switch (``admit``, ``fair_small``) so that its gain is shown
   cap (1 at or below ``single_bytes``) and the ends' room.
 
 Everything else is SEAL's or STEAL's (``config.steal``) unchanged, batch tasks included. Selectable beside SEAL
-as written (``sched_sim.make_scheduler('seal-share')`` / ``'steal-share'``). Only the simulator runs it so far:
-the agents' board (``bus.sched_board``) runs SEAL/STEAL as written.
+as written (``sched_sim.make_scheduler('seal-share')`` / ``'steal-share'``); the agents run it on their shared board
+(``bus.sched_board.SchedBoard(share=True)``: ``fstream agent --scheduler seal-share|steal-share``).
 """
 
 from __future__ import annotations

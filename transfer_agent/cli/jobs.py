@@ -94,10 +94,12 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="reclaim a dead agent's job after it was idle this long (default 30s)")
     p.add_argument("--max-deliveries", type=int, default=5, help="dead-letter a job taken this often (default 5)")
     p.add_argument("--max-retries", type=int, default=3, help="retries of retryable failures per claim (default 3)")
-    p.add_argument("--scheduler", choices=("fifo", "seal", "steal"), default="fifo",
+    p.add_argument("--scheduler", choices=("fifo", "seal", "steal", "seal-share", "steal-share"), default="fifo",
                    help="fifo: jobs in arrival order (default); seal/steal: all agents of the namespace share one "
                         "SEAL/STEAL scheduler that picks, preempts and sizes jobs (use the same on every agent; "
-                        "`fstream schedule` shows it)")
+                        "`fstream schedule` shows it); seal-share/steal-share: the same, but a job that would wait "
+                        "on a saturated endpoint starts beside the running ones while the endpoint stays below its "
+                        "knee, and a small job gets an equal share (docs/scheduling.md)")
     p.add_argument("--preemption-factor", type=float, default=1.5, metavar="PF",
                    help="seal/steal: a waiting job preempts running ones whose xfactor is PF times lower (default 1.5)")
     p.add_argument("--lambda", dest="lambda_", type=float, default=1.0, metavar="L",

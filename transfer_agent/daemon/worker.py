@@ -48,7 +48,7 @@ def default_agent_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-SCHEDULERS = ("fifo", "seal", "steal")
+SCHEDULERS = ("fifo", "seal", "steal", "seal-share", "steal-share")  # ``-share``: ``tuning.seal_share`` (issue 44)
 
 
 class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
@@ -87,7 +87,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
     :param rng: randomness for backoff jitter.
     :param scheduler: ``fifo`` (jobs in arrival order, one per free agent) or ``seal``/``steal``: every agent
         on the namespace admits jobs to one shared board and runs what SEAL/STEAL gives it
-        (``transfer_agent.daemon.scheduled``; all agents of a namespace should use the same).
+        (``transfer_agent.daemon.scheduled``; all agents of a namespace should use the same); ``seal-share``/
+        ``steal-share``: the same, sharing below the knee (``tuning.seal_share``, issue 44).
     :param sched_config: SEAL/STEAL parameters (``tuning.scheduler.SealConfig``; ``steal`` is set from
         ``scheduler``).
     :param sched_interval: seconds between an idle agent's scheduling cycles.
@@ -271,8 +272,8 @@ class Agent(IntakeMixin, SchedulingMixin, JobRunnerMixin, HeartbeatMixin):
             # the transfers retune live within their pool grants: the cycle does not raise running tasks' cc
             # and "small" is relative to the path (a second at the slower end's known maximum), not 1 GB
             cfg = self.sched_config or SealConfig(small_s=1.0)
-            cfg = dataclasses.replace(cfg, steal=self.scheduler == "steal", resize_running=False)
-            self._board = SchedBoard(self._client, self.keys, cfg)
+            cfg = dataclasses.replace(cfg, steal=self.scheduler.startswith("steal"), resize_running=False)
+            self._board = SchedBoard(self._client, self.keys, cfg, share=self.scheduler.endswith("-share"))
         self._started_at = time.time()
         if self.watchdog is not None:
             self.watchdog.own()  # this thread's loop keeps the daemon alive
