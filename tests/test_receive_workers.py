@@ -30,9 +30,11 @@ from transfer_agent.receiving.router import quota_groups, route
 class RouterProc:
     """``fstream receive --workers N`` in its own process; its stderr is collected (``log``)."""
 
-    def __init__(self, tmp: Path, secret: Path, *extra: str, workers: int = 2) -> None:
+    def __init__(self, tmp: Path, secret: Path, *extra: str, workers: int = 2, config: Path | None = None) -> None:
         self.root = tmp / "dst"
         env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp / "state")}
+        if config is not None:
+            env["FSTREAM_CONFIG"] = str(config)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "transfer_agent.cli", "-v", "receive", "--listen", "127.0.0.1:0", "--root",
              str(self.root), "--secret-file", str(secret), "--no-fsync", "--workers", str(workers), *extra],
@@ -193,6 +195,69 @@ def test_the_router_bounds_idle_and_half_sent_connections_and_serves_a_sender_me
         assert all(1.5 <= x < 10.0 for x in late), closed
         for s in held:
             s.close()
+    finally:
+        r.stop()
+
+
+def _idle_from_another_address(port: int, n: int) -> dict[int, float]:
+    """``n`` connections from 127.0.0.2 that send nothing: seconds until each was closed by the other end."""
+    held, closed, t0 = [], {}, time.monotonic()
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.2", 0))
+        s.connect(("127.0.0.1", port))
+        held.append(s)
+
+    def watch(i: int, s: socket.socket) -> None:
+        s.settimeout(30)
+        try:
+            s.recv(1)
+        except OSError:
+            pass
+        closed[i] = time.monotonic() - t0
+
+    watchers = [threading.Thread(target=watch, args=(i, s)) for i, s in enumerate(held)]
+    for w in watchers:
+        w.start()
+    for w in watchers:
+        w.join(40)
+    for s in held:
+        s.close()
+    return closed
+
+
+def test_sighup_reloads_the_routers_own_caps_and_handshake_time(tmp_path, secret):
+    """The router holds connections before a worker takes them, within caps of its own: a reload (``systemctl
+    reload``: SIGHUP, the config file read again) changes them in the router too, not only in the workers. Started
+    at 16 per address and 30 s; reloaded to 2 and 2 s: of 6 idle connections from one address, 4 are closed at once
+    and 2 at the new handshake time (before the fix the router kept 16 and 30 s: none closed within 10 s)."""
+    cfg = tmp_path / "fstream.toml"
+    cfg.write_text('[receive]\nmax-unauth-per-addr = 16\nhandshake-timeout = "30s"\n')
+    r = RouterProc(tmp_path, secret, config=cfg)
+    try:
+        r.worker_pids()
+        cfg.write_text('[receive]\nmax-unauth-per-addr = 2\nhandshake-timeout = "2s"\n')
+        r.proc.send_signal(signal.SIGHUP)
+        line = wait_until(lambda: next((x for x in r.lines if "router: at most" in x), None), 20, "the router's reload")
+        assert "(2 per address), 2.0 s each" in line, line
+        closed = _idle_from_another_address(r.port, 6)
+        assert len(closed) == 6
+        order = sorted(closed.values())
+        assert max(order[:4]) < 1.0, closed  # over the new cap of 2: closed at once
+        assert all(1.5 <= x < 10.0 for x in order[4:]), closed  # held until the new handshake time
+        wanted = "max_unauth_per_addr: 16 -> 2"
+        assert sum(wanted in x and "configuration reloaded" in x for x in r.lines) >= 1, r.log
+        # a metrics address cannot be shared by the processes: refused by the router and each worker, as at start
+        cfg.write_text('[receive]\nmax-unauth-per-addr = 16\nhandshake-timeout = "2s"\n'
+                       '[metrics]\nlisten = "127.0.0.1:0"\n')  # refused whole: the caps stay at 2 (below)
+        r.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: sum("reload refused" in x and "not with --workers" in x for x in r.lines) >= 1, 20,
+                   "the router refusing a metrics address")
+        wait_until(lambda: sum("reload refused" in x and "not in a worker" in x for x in r.lines) >= 2, 20,
+                   "both workers refusing it")
+        assert r.proc.poll() is None
+        result = send(make_files(tmp_path / "src", {"a.bin": 1000}, seed=2), r.port, secret, cc=1, p=1)
+        assert result.ok, result.error  # still serving (one control and one data connection: within 2)
     finally:
         r.stop()
 

@@ -8,7 +8,8 @@ name it). The router:
 - prints ``listening on HOST:PORT`` (and tells systemd it is ready) once every worker is;
 - restarts a worker that dies (``RESTART_PAUSE``, doubled while it keeps dying at start; its senders' sessions
   were cut and resume);
-- passes SIGHUP on to the workers (each reloads as one receiver does) and re-reads the keyring for its routes;
+- passes SIGHUP on to the workers (each reloads as one receiver does), re-reads the keyring for its routes and
+  reloads its own caps on the connections it holds and their handshake time (``cli.reload.router_apply``);
 - on SIGTERM tells the workers to drain (``--drain-grace``: open sessions finish, none starts) and keeps routing
   until they have exited; on SIGINT stops them at once.
 
@@ -139,6 +140,7 @@ def _supervise(workers: list[_Worker], router: Any, stop: threading.Event, hup: 
     wd = sdnotify.Watchdog.from_env()
     if wd is not None:
         wd.own()
+    reloader = None
     while not stop.wait(0.2):
         if wd is not None:
             wd.kick()
@@ -153,6 +155,10 @@ def _supervise(workers: list[_Worker], router: Any, stop: threading.Event, hup: 
                     router.set_keys(load_keyring(args.keyring).values())
                 except FStreamError as exc:
                     log.warning("router: keyring %s not re-read (%s): routes unchanged", args.keyring, exc)
+            if reloader is None:  # the router's own caps and handshake time (cli.reload, imported on the first HUP)
+                from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, router_apply
+                reloader = Reloader(args, RECEIVER_LIVE, router_apply(router, args))
+            reloader.reload()
         for w in workers:
             if w.proc is None or w.proc.poll() is None or stop.is_set():
                 continue

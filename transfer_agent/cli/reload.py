@@ -148,6 +148,9 @@ def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable
     the metrics endpoint (restarted on its new address or free-space floor; transfers are not touched)."""
 
     def apply(live: dict[str, Any]) -> list[str]:
+        if live.get("metrics_listen") and getattr(args, "handoff_fd", None) is not None:  # a worker (router_apply)
+            raise FStreamError(f"metrics on {live['metrics_listen']}: not in a worker of --workers (one address for "
+                               "several processes is not built)")
         done = []
         if {"max_unauth", "max_unauth_per_addr"} & set(live):
             rcv.set_preauth_limits(live.get("max_unauth", args.max_unauth),
@@ -160,6 +163,28 @@ def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable
                               lambda: service.start(rcv), floor=floor)
             done += [k for k in ("metrics_listen", "free_space_floor") if k in live]
         return done
+    return apply
+
+
+def router_apply(router: Any, args: argparse.Namespace) -> Callable[[dict[str, Any]], list[str]]:
+    """The router's part of a reload (``receive --workers N``, issue 43): its own caps on the connections it holds
+    before a worker takes them, and their handshake time. Every worker got the SIGHUP too and applies each live
+    option to itself (``receiver_apply``), so the router counts them applied; the drain grace it reads itself.
+    A metrics address is refused, as at start: N processes cannot share one (per-worker metrics: not built)."""
+
+    def apply(live: dict[str, Any]) -> list[str]:
+        if live.get("metrics_listen"):
+            raise FStreamError(f"metrics on {live['metrics_listen']}: not with --workers {args.workers} (one address "
+                               "for several processes is not built); the workers keep theirs off")
+        if {"max_unauth", "max_unauth_per_addr"} & set(live):
+            router.set_preauth_limits(live.get("max_unauth", args.max_unauth),
+                                      live.get("max_unauth_per_addr", args.max_unauth_per_addr))
+        if "handshake_timeout" in live:
+            router.handshake_timeout = parse_duration(live["handshake_timeout"])
+        log.info("router: at most %s connections before their HELLO (%s per address), %s s each",
+                 live.get("max_unauth", args.max_unauth), live.get("max_unauth_per_addr", args.max_unauth_per_addr),
+                 router.handshake_timeout)
+        return list(live)
     return apply
 
 

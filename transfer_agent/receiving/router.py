@@ -185,6 +185,11 @@ class Router:
     def set_keys(self, keys: Iterable[ReceiverKey]) -> None:
         self.groups = quota_groups(keys)
 
+    def set_preauth_limits(self, max_unauth: int, max_unauth_per_addr: int) -> None:
+        """New caps on the connections held here (SIGHUP, ``cli.reload.router_apply``); those held stay until they
+        resolve, as in ``Receiver.set_preauth_limits``."""
+        self._preauth.max_total, self._preauth.max_per_addr = int(max_unauth), int(max_unauth_per_addr)
+
     def bind(self) -> "Router":
         if self._sock is None:
             host, port = self.listen_addr
