@@ -190,3 +190,34 @@ def test_prometheus_scrapes_exactly_the_transfers_bytes_and_files(tmp_path: Path
     dashboard = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana" / "fstream.json").read_text())
     for expr in (t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])):
         assert _query(base, expr), f"dashboard expression found no series: {expr}"
+
+
+def test_prometheus_scrapes_a_multi_process_receiver_through_its_router(tmp_path: Path, daemons: list[Daemon]) -> None:
+    """Issue 43: ``fstream receive --workers 2 --metrics-listen``, one Prometheus target. Two jobs, routed to the two
+    workers, land; Prometheus then has each worker's receiver series under ``worker``, and their sums are exactly
+    the transfers' bytes and files."""
+    from test_receive_workers import _jobs_on
+    from agentkit import send
+
+    secret = write_secret(tmp_path / "secret")
+    env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state")}
+    rx = Daemon([*FSTREAM, "receive", "--listen", "127.0.0.1:0", "--root", str(tmp_path / "dst"), "--secret-file",
+                 str(secret), "--workers", "2", "--metrics-listen", "127.0.0.1:0"], tmp_path, "receive", env)
+    daemons.append(rx)
+    port = int(rx.find(r"listening on 127\.0\.0\.1:(\d+)", "the router listening").group(1))
+    target = rx.find(r"receive --workers: metrics on http://(127\.0\.0\.1:\d+)/metrics", "the router's metrics").group(1)
+    base = _prometheus(tmp_path, {"fstream-receiver": target}, daemons, env)
+    wait_until(lambda: _scraped_after(base, 0), 30, "a first scrape of the router")
+    sizes = [{f"w{w}/f{i}.bin": 30_000 + 1000 * i + w for i in range(4 + 5 * w)} for w in range(2)]
+    for w, job in enumerate(_jobs_on(2)):
+        src = make_files(tmp_path / f"src{w}", sizes[w], seed=40 + w)
+        result = send(src, port, secret, dest=f"out{w}", job_id=job, cc=1, p=2)
+        assert result.ok, result.error
+        assert trees_identical(src, tmp_path / "dst" / f"out{w}")
+    done = time.time()
+    wait_until(lambda: _scraped_after(base, done), 30, "the router scraped after both jobs")
+    assert _query(base, 'fstream_receiver_files_total{outcome="ok"}') == {"outcome=ok,worker=0": 4.0,
+                                                                          "outcome=ok,worker=1": 9.0}
+    assert _query(base, "sum(fstream_receiver_received_bytes_total)") == {"": float(sum(sum(s.values()) for s in sizes))}
+    assert _query(base, "fstream_router_worker_up") == {"worker=0": 1.0, "worker=1": 1.0}
+    assert _query(base, "sum(up)") == {"": 1.0}

@@ -145,67 +145,114 @@ def test_sigterm_drains_the_workers_and_the_router_exits(tmp_path, secret):
     assert r.log.count("drained: no session open") == 2, r.log
 
 
-def test_tls_and_metrics_with_workers_are_refused_naming_why(tmp_path, secret):
+def test_tls_with_workers_is_refused_naming_why(tmp_path, secret):
     base = [sys.executable, "-m", "transfer_agent.cli", "receive", "--listen", "127.0.0.1:0", "--root",
             str(tmp_path / "dst"), "--workers", "2"]
     env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state")}
     tls = subprocess.run(base + ["--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"], capture_output=True,
                          text=True, env=env, timeout=60)
     assert tls.returncode == 2 and "with TLS the HELLO" in tls.stderr, tls.stderr
-    met = subprocess.run(base + ["--secret-file", str(secret), "--metrics-listen", "127.0.0.1:0"],
-                         capture_output=True, text=True, env=env, timeout=60)
-    assert met.returncode == 2 and "--metrics-listen" in met.stderr, met.stderr
+
+
+def _http(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _samples(text: str, name: str) -> dict[tuple, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == name}
+
+
+def test_one_metrics_address_serves_every_workers_metrics_by_worker(tmp_path, secret):
+    """``--workers 2 --metrics-listen``: one scrape of the router's address has both workers' receiver metrics,
+    labelled ``worker``, counting what each received (a job per worker); ``/readyz`` checks each worker. A worker
+    killed with SIGKILL is ``fstream_router_worker_up 0`` until the router restarted it; then
+    it is up again with its restart counted and its counters from zero."""
+    port = _free_port()
+    r = RouterProc(tmp_path, secret, "--metrics-listen", f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        jobs = _jobs_on(2)
+        srcs = [make_files(tmp_path / f"src{w}", {f"f{i}.bin": 50_000 for i in range(5 + 3 * w)}, seed=w)
+                for w in range(2)]
+        for w in range(2):
+            assert send(srcs[w], r.port, secret, dest=f"out{w}", job_id=jobs[w], cc=1, p=1).ok
+        status, text = _http(f"{base}/metrics")
+        assert status == 200
+        files = _samples(text, "fstream_receiver_files_total")
+        assert files[(("outcome", "ok"), ("worker", "0"))] == 5 and files[(("outcome", "ok"), ("worker", "1"))] == 8
+        up = _samples(text, "fstream_router_worker_up")
+        assert up == {(("worker", "0"),): 1.0, (("worker", "1"),): 1.0}
+        handed = _samples(text, "fstream_router_connections_handed_total")
+        assert all(handed[(("worker", str(w)),)] >= 2 for w in range(2)), handed  # a control and a data connection
+        assert sum(1 for k in _samples(text, "fstream_receiver_file_latency_seconds_count") if k) == 2  # histograms
+        status, ready = _http(f"{base}/readyz")
+        assert status == 200 and "ok: worker 0" in ready and "ok: worker 1" in ready, ready
+
+        victim = r.worker_pids()[1]
+        os.kill(victim, signal.SIGKILL)
+        seen_down = wait_until(lambda: _samples(_http(f"{base}/metrics")[1], "fstream_router_worker_up").get(
+            (("worker", "1"),)) == 0.0, 10, "worker 1 down in a scrape")
+        assert seen_down
+        wait_until(lambda: _samples(_http(f"{base}/metrics")[1], "fstream_router_worker_up").get(
+            (("worker", "1"),)) == 1.0, 30, "worker 1 up again")
+        text = _http(f"{base}/metrics")[1]
+        assert _samples(text, "fstream_router_worker_restarts_total")[(("worker", "1"),)] == 1.0
+        files = _samples(text, "fstream_receiver_files_total")
+        assert files[(("outcome", "ok"), ("worker", "0"))] == 5  # the other worker's counts are untouched
+        assert files.get((("outcome", "ok"), ("worker", "1")), 0.0) == 0.0  # a new process: a counter reset
+        assert wait_until(lambda: _http(f"{base}/readyz")[0] == 200, 10, "ready again")
+    finally:
+        r.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_the_router_bounds_idle_and_half_sent_connections_and_serves_a_sender_meanwhile(tmp_path, secret):
     r = RouterProc(tmp_path, secret, "--max-unauth-per-addr", "4", "--handshake-timeout", "2s")
     try:
-        held: list[socket.socket] = []
-        for i in range(12):  # from another source address: the caps are per address
-            s = socket.socket()
-            s.bind(("127.0.0.2", 0))
-            s.connect(("127.0.0.1", r.port))
-            if i % 2:
-                s.sendall(b"FS\x03")  # a HELLO's first bytes, then nothing (slowloris)
-            held.append(s)
-        t0 = time.monotonic()
-        closed: dict[int, float] = {}
-
-        def watch(i: int, s: socket.socket) -> None:
-            s.settimeout(30)
-            try:
-                s.recv(1)
-            except OSError:
-                pass
-            closed[i] = time.monotonic() - t0
-
-        watchers = [threading.Thread(target=watch, args=(i, s)) for i, s in enumerate(held)]
-        for w in watchers:
-            w.start()
         src = make_files(tmp_path / "src", {f"f{i}.bin": 100_000 for i in range(10)}, seed=1)
-        result = send(src, r.port, secret, cc=2, p=2)  # from 127.0.0.1, during the flood
-        assert result.ok, result.error
-        assert trees_identical(src, r.root / "out")
-        for w in watchers:
-            w.join(30)
+
+        def sender() -> None:
+            result = send(src, r.port, secret, cc=2, p=2)  # from 127.0.0.1, during the flood
+            assert result.ok, result.error
+            assert trees_identical(src, r.root / "out")
+
+        # half of them send a HELLO's first bytes, then nothing (slowloris)
+        closed = _idle_from_another_address(r.port, 12, sender, lambda i: b"FS\x03" if i % 2 else b"")
         assert len(closed) == 12
         early = sorted(closed.values())[:8]  # over the per-address cap of 4: closed at once
         late = sorted(closed.values())[8:]  # held until the handshake timeout (2 s), then closed
         assert max(early) < 1.0, closed
         assert all(1.5 <= x < 10.0 for x in late), closed
-        for s in held:
-            s.close()
     finally:
         r.stop()
 
 
-def _idle_from_another_address(port: int, n: int) -> dict[int, float]:
-    """``n`` connections from 127.0.0.2 that send nothing: seconds until each was closed by the other end."""
+def _idle_from_another_address(port: int, n: int, meanwhile: Any = None,
+                                first: Any = lambda i: b"") -> dict[int, float]:
+    """``n`` connections from 127.0.0.2, each sending ``first(i)`` and then nothing: seconds until each was closed by
+    the other end (``meanwhile()`` runs while they are held)."""
     held, closed, t0 = [], {}, time.monotonic()
-    for _ in range(n):
+    for i in range(n):  # from another source address: the caps are per address
         s = socket.socket()
         s.bind(("127.0.0.2", 0))
         s.connect(("127.0.0.1", port))
+        if first(i):
+            s.sendall(first(i))
         held.append(s)
 
     def watch(i: int, s: socket.socket) -> None:
@@ -219,6 +266,8 @@ def _idle_from_another_address(port: int, n: int) -> dict[int, float]:
     watchers = [threading.Thread(target=watch, args=(i, s)) for i, s in enumerate(held)]
     for w in watchers:
         w.start()
+    if meanwhile is not None:
+        meanwhile()
     for w in watchers:
         w.join(40)
     for s in held:
@@ -247,12 +296,13 @@ def test_sighup_reloads_the_routers_own_caps_and_handshake_time(tmp_path, secret
         assert all(1.5 <= x < 10.0 for x in order[4:]), closed  # held until the new handshake time
         wanted = "max_unauth_per_addr: 16 -> 2"
         assert sum(wanted in x and "configuration reloaded" in x for x in r.lines) >= 1, r.log
-        # a metrics address cannot be shared by the processes: refused by the router and each worker, as at start
+        # metrics added by a reload: refused by the router and each worker (they were started without ports of
+        # their own)
         cfg.write_text('[receive]\nmax-unauth-per-addr = 16\nhandshake-timeout = "2s"\n'
                        '[metrics]\nlisten = "127.0.0.1:0"\n')  # refused whole: the caps stay at 2 (below)
         r.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: sum("reload refused" in x and "not with --workers" in x for x in r.lines) >= 1, 20,
-                   "the router refusing a metrics address")
+        wait_until(lambda: sum("reload refused" in x and "started without --metrics-listen" in x for x in r.lines)
+                   >= 1, 20, "the router refusing a metrics address")
         wait_until(lambda: sum("reload refused" in x and "not in a worker" in x for x in r.lines) >= 2, 20,
                    "both workers refusing it")
         assert r.proc.poll() is None

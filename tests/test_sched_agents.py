@@ -20,9 +20,11 @@ import authkit
 MiB = 1 << 20
 
 
-def test_interactive_job_preempts_batch_which_resumes_without_resending(tmp_path: Path, secret: Path,
-                                                                        redis_url: str, redis_client) -> None:
-    keys = Keys("t-sched-agents")
+def _two_jobs(tmp_path: Path, secret: Path, redis_url: str, redis_client, keys: Keys, scheduler: str,
+              first: tuple[Path, str, str], second: tuple[Path, str, str], second_timeout: float) -> tuple:
+    """Two real agents under ``scheduler`` sending to a receiver paced at 16 MiB/s (both ends' model: one stream
+    fills it); ``first`` (source, destination name, class) is submitted, ``second`` once the first moves. Returns
+    the store, both job ids and their final records."""
     rate = 16 * MiB
     rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=rate)
     dst = f"127.0.0.1:{rx.port}"
@@ -31,15 +33,13 @@ def test_interactive_job_preempts_batch_which_resumes_without_resending(tmp_path
                                                     f"cap:{socket.gethostname()}": 10 * link,
                                                     f"unit:{socket.gethostname()}": link})
     cfg = SealConfig(small_bytes=MiB, single_bytes=MiB // 2)  # the test's sizes are not "small"
-    agents = [Agent(redis_url, policy=authkit.policy(), name=f"sched-{i}", secret_file=str(secret), keys=keys, scheduler="steal",
-                    sched_config=cfg, sched_interval=0.2, poll_interval=0.2, heartbeat_ttl=3, block_ms=100,
-                    flush_interval=0.1, history=HistoryOptions(record=False, keys=keys, source=f"sched-{i}"))
+    agents = [Agent(redis_url, policy=authkit.policy(), name=f"sched-{i}", secret_file=str(secret), keys=keys,
+                    scheduler=scheduler, sched_config=cfg, sched_interval=0.2, poll_interval=0.2, heartbeat_ttl=3,
+                    block_ms=100, flush_interval=0.1, history=HistoryOptions(record=False, keys=keys,
+                                                                             source=f"sched-{i}"))
               for i in range(2)]
     threads = [threading.Thread(target=a.run, name=a.name) for a in agents]
     store = JobStore(redis_client, keys=keys, signer=authkit.signer())
-    size_a = 96 * MiB
-    src_a = make_files(tmp_path / "batch", {"big.dat": size_a}, seed=1)
-    src_b = make_files(tmp_path / "inter", {"x.dat": 24 * MiB}, seed=2)
 
     def spec(src: Path, name: str, klass: str) -> TransferSpec:
         return TransferSpec.from_options([str(src)], f"fstream://{dst}/{name}",
@@ -49,17 +49,28 @@ def test_interactive_job_preempts_batch_which_resumes_without_resending(tmp_path
     try:
         for t in threads:
             t.start()
-        job_a, _ = store.submit(spec(src_a, "batch", "batch"))
-        wait_until(lambda: ((store.get(job_a).progress or {}).get("t") or 0) > 1.0, 20, "the batch job moving")
-        job_b, _ = store.submit(spec(src_b, "inter", "interactive"))
+        job_a, _ = store.submit(spec(*first))
+        wait_until(lambda: ((store.get(job_a).progress or {}).get("t") or 0) > 1.0, 20, "the first job moving")
+        job_b, _ = store.submit(spec(*second))
         a_done = store.wait(job_a, timeout=90)
-        b_done = store.wait(job_b, timeout=5)
+        b_done = store.wait(job_b, timeout=second_timeout)
     finally:
         for a in agents:
             a.stop()
         for t in threads:
             t.join(30)
         rx.stop()
+    return store, job_a, job_b, a_done, b_done
+
+
+def test_interactive_job_preempts_batch_which_resumes_without_resending(tmp_path: Path, secret: Path,
+                                                                        redis_url: str, redis_client) -> None:
+    keys = Keys("t-sched-agents")
+    size_a = 96 * MiB
+    src_a = make_files(tmp_path / "batch", {"big.dat": size_a}, seed=1)
+    src_b = make_files(tmp_path / "inter", {"x.dat": 24 * MiB}, seed=2)
+    store, job_a, job_b, a_done, b_done = _two_jobs(tmp_path, secret, redis_url, redis_client, keys, "steal",
+                                                    (src_a, "batch", "batch"), (src_b, "inter", "interactive"), 5)
     assert (a_done.state, b_done.state) == ("succeeded", "succeeded"), (a_done.error, b_done.error)
     assert trees_identical(src_a, tmp_path / "dst" / "batch") and trees_identical(src_b, tmp_path / "dst" / "inter")
     ev_a = [e for _, e in store.events(job_a, count=10_000)]
@@ -86,42 +97,10 @@ def test_seal_share_agents_start_a_second_job_beside_the_first_below_the_knee(tm
     first fills the paced path with its one stream (the knee: 2). It starts beside the first (scheduled "below
     the knee ... share"), moves bytes while the first still runs, and neither is preempted."""
     keys = Keys("t-sched-share")
-    rate = 16 * MiB
-    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=rate)
-    dst = f"127.0.0.1:{rx.port}"
-    link = rate * 8
-    redis_client.hset(keys.sched_config(), mapping={f"cap:{dst}": link, f"unit:{dst}": link,
-                                                    f"cap:{socket.gethostname()}": 10 * link,
-                                                    f"unit:{socket.gethostname()}": link})
-    cfg = SealConfig(small_bytes=MiB, single_bytes=MiB // 2)
-    agents = [Agent(redis_url, policy=authkit.policy(), name=f"share-{i}", secret_file=str(secret), keys=keys,
-                    scheduler="seal-share", sched_config=cfg, sched_interval=0.2, poll_interval=0.2,
-                    heartbeat_ttl=3, block_ms=100, flush_interval=0.1,
-                    history=HistoryOptions(record=False, keys=keys, source=f"share-{i}"))
-              for i in range(2)]
-    threads = [threading.Thread(target=a.run, name=a.name) for a in agents]
-    store = JobStore(redis_client, keys=keys, signer=authkit.signer())
     src_a = make_files(tmp_path / "a", {"big.dat": 96 * MiB}, seed=3)
     src_b = make_files(tmp_path / "b", {"big.dat": 48 * MiB}, seed=4)
-
-    def spec(src: Path, name: str) -> TransferSpec:
-        return TransferSpec.from_options([str(src)], f"fstream://{dst}/{name}", tuner="fixed", cc=1, p=1, pp=1,
-                                         sample_interval="0.2s", block_size="1MiB")
-
-    try:
-        for t in threads:
-            t.start()
-        job_a, _ = store.submit(spec(src_a, "a"))
-        wait_until(lambda: ((store.get(job_a).progress or {}).get("t") or 0) > 1.0, 20, "the first job moving")
-        job_b, _ = store.submit(spec(src_b, "b"))
-        a_done = store.wait(job_a, timeout=90)
-        b_done = store.wait(job_b, timeout=60)
-    finally:
-        for a in agents:
-            a.stop()
-        for t in threads:
-            t.join(30)
-        rx.stop()
+    store, job_a, job_b, a_done, b_done = _two_jobs(tmp_path, secret, redis_url, redis_client, keys, "seal-share",
+                                                    (src_a, "a", "interactive"), (src_b, "b", "interactive"), 60)
     assert (a_done.state, b_done.state) == ("succeeded", "succeeded"), (a_done.error, b_done.error)
     assert trees_identical(src_a, tmp_path / "dst" / "a") and trees_identical(src_b, tmp_path / "dst" / "b")
     ev_a = [e for _, e in store.events(job_a, count=10_000)]

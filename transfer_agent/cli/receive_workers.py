@@ -13,8 +13,9 @@ name it). The router:
 - on SIGTERM tells the workers to drain (``--drain-grace``: open sessions finish, none starts) and keeps routing
   until they have exited; on SIGINT stops them at once.
 
-Refused, naming why: TLS (the HELLO a route is chosen by is inside TLS) and ``--metrics-listen`` (per-worker
-metrics on one address are not built). With a keyring whose keys have quotas, the one-process quota state is
+With ``--metrics-listen`` the router serves ``/metrics`` and ``/readyz`` for all of them on that address, each
+worker's samples labelled ``worker`` (``service.worker_metrics``). Refused, naming why: TLS (the HELLO a route is
+chosen by is inside TLS). With a keyring whose keys have quotas, the one-process quota state is
 marked in use and left unclean, so a later one-process receiver recounts what the workers changed; each worker
 counts its keys' subtrees once per start (``receiving.quota``, in memory).
 """
@@ -50,9 +51,6 @@ def refuse(args: argparse.Namespace, tls: Any) -> None:
     if tls is not None:
         raise FStreamError("--workers > 1 needs the HMAC handshake (--secret-file or --keyring): with TLS the HELLO "
                            "that chooses a session's process is inside the TLS stream, which only a worker reads")
-    if args.metrics_listen:
-        raise FStreamError("--workers > 1 with --metrics-listen: per-worker metrics on one address are not built; "
-                           "run one process (--workers 1) to serve /metrics")
 
 
 class _Worker:
@@ -65,6 +63,8 @@ class _Worker:
         self.started = 0.0
         self.quick = 0  # deaths in a row within STABLE seconds of a start
         self.died: float | None = None  # when the router saw it dead
+        self.metrics: str | None = None  # its loopback metrics URL, from its stdout (``service.worker_metrics``)
+        self.restarts = 0
 
     def spawn(self) -> socket.socket:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -76,15 +76,27 @@ class _Worker:
                                          env=env)
         finally:
             theirs.close()
-        self.chan, self.started, self.died = mine, time.monotonic(), None
+        self.chan, self.started, self.died, self.metrics = mine, time.monotonic(), None, None
         return mine
 
     def wait_ready(self, deadline: float) -> None:
-        """Read the worker's stdout until its "listening on" line, then forward the rest to our stderr."""
+        """Read the worker's stdout until its "listening on" line (noting its metrics address on the way), then
+        forward the rest to our stderr."""
+        from transfer_agent.service.worker_metrics import WORKER_LINE
+
         assert self.proc is not None and self.proc.stdout is not None
         out = self.proc.stdout
         box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
+
+        def read() -> None:
+            for line in out:
+                if line.startswith(WORKER_LINE):
+                    self.metrics = line[len(WORKER_LINE):].strip()
+                    continue
+                box.append(line)
+                return
+
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         reader.join(max(0.0, deadline - time.monotonic()))
         line = box[0] if box else ""
@@ -108,12 +120,15 @@ def run(args: argparse.Namespace, keyring: Any, quota_state: str, tls: Any, list
     keys = keyring.values() if keyring is not None else ()
     Quotas(os.path.abspath(args.root), state_path=quota_state, keys=lambda: keys).open()  # in use; never closed
     argv = list(args.argv if args.argv is not None else sys.argv[1:])
+    if args.metrics_listen:  # each worker on a loopback port of its own; the router serves them all (on its address)
+        argv += ["--metrics-listen", "127.0.0.1:0"]
     router = Router(listen=listen, workers=args.workers, keys=keys,
                     handshake_timeout=parse_duration(args.handshake_timeout), max_unauth=args.max_unauth,
                     max_unauth_per_addr=args.max_unauth_per_addr).bind()
     workers = [_Worker(i, argv, router.port) for i in range(args.workers)]
     hup = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: hup.set())
+    service = None
     try:
         for w in workers:
             router.set_worker(w.index, w.spawn())
@@ -121,20 +136,38 @@ def run(args: argparse.Namespace, keyring: Any, quota_state: str, tls: Any, list
         deadline = time.monotonic() + READY_TIMEOUT
         for w in workers:
             w.wait_ready(deadline)
+        service, start_metrics = _serve_metrics(args, router, workers)
         host = router.listen_addr[0]
         print(f"listening on {host}:{router.port}", flush=True)
         log.info("router on %s:%d: %d worker processes (pids %s)", host, router.port, len(workers),
                  ", ".join(str(w.proc.pid) for w in workers if w.proc is not None))
         sdnotify.ready(f"listening on {host}:{router.port}, root {args.root}, {len(workers)} worker processes")
-        _supervise(workers, router, stop, hup, args)
+        _supervise(workers, router, stop, hup, args, (service, start_metrics))
     finally:
+        if service is not None:
+            service.stop()
         _stop_workers(workers, term.is_set(), parse_duration(args.drain_grace))
         router.stop()
     return 0
 
 
+def _serve_metrics(args: argparse.Namespace, router: Any, workers: list[_Worker]) -> tuple[Any, Any]:
+    """``--metrics-listen``: the router's ``/metrics`` and ``/readyz``, its workers' under ``worker`` labels
+    (``service.attach.RouterService``): the service and what starts it again on a reload."""
+    from transfer_agent.service.attach import RouterService
+
+    def now() -> list[tuple[int, str | None, int]]:
+        return [(w.index, w.metrics, w.restarts) for w in workers]
+
+    service = RouterService(args)
+    service.workers_serve = bool(args.metrics_listen)  # the workers were started with loopback ports of their own
+    start = lambda: service.start(router, now)  # noqa: E731
+    start()
+    return service, start
+
+
 def _supervise(workers: list[_Worker], router: Any, stop: threading.Event, hup: threading.Event,
-               args: argparse.Namespace) -> None:
+               args: argparse.Namespace, metrics: tuple[Any, Any] = (None, None)) -> None:
     from transfer_agent.service import sdnotify
 
     wd = sdnotify.Watchdog.from_env()
@@ -157,7 +190,7 @@ def _supervise(workers: list[_Worker], router: Any, stop: threading.Event, hup: 
                     log.warning("router: keyring %s not re-read (%s): routes unchanged", args.keyring, exc)
             if reloader is None:  # the router's own caps and handshake time (cli.reload, imported on the first HUP)
                 from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, router_apply
-                reloader = Reloader(args, RECEIVER_LIVE, router_apply(router, args))
+                reloader = Reloader(args, RECEIVER_LIVE, router_apply(router, args, *metrics))
             reloader.reload()
         for w in workers:
             if w.proc is None or w.proc.poll() is None or stop.is_set():
@@ -171,6 +204,7 @@ def _supervise(workers: list[_Worker], router: Any, stop: threading.Event, hup: 
             log.warning("router: worker %d (pid %d) exited with %s; restarting it", w.index, w.proc.pid,
                         w.proc.returncode)
             router.set_worker(w.index, w.spawn())
+            w.restarts += 1
             threading.Thread(target=_ready_or_log, args=(w,), daemon=True).start()  # the loop goes on meanwhile
 
 
