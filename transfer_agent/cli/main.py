@@ -108,9 +108,6 @@ def cmd_receive(args: argparse.Namespace) -> int:
         service.start(rcv)  # issue 30: /metrics, /healthz and /readyz on --metrics-listen (nothing without it)
         reloader = Hangup(_reloader).install()  # SIGHUP (cli.reload is imported on the first one)
         print(f"fstream receive: {tree_hash.native_line()}", file=sys.stderr, flush=True)  # issue 39: once
-        if args.handoff_fd is not None and service.endpoint is not None:  # a worker: the router serves it
-            from transfer_agent.service.worker_metrics import WORKER_LINE
-            print(f"{WORKER_LINE}{service.endpoint.url}", flush=True)
         print(f"listening on {rcv.listen_addr[0]}:{rcv.port}", flush=True)  # ready: SIGHUP is handled from here
         sdnotify.ready(f"listening on {rcv.listen_addr[0]}:{rcv.port}, root {args.root}")
         if rcv.watchdog is not None:

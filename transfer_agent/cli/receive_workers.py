@@ -56,8 +56,8 @@ def refuse(args: argparse.Namespace, tls: Any) -> None:
 class _Worker:
     """One worker process and the router's end of its channel."""
 
-    def __init__(self, index: int, argv: list[str], port: int) -> None:
-        self.index, self.argv, self.port = index, argv, port
+    def __init__(self, index: int, argv: list[str], port: int, watch_metrics: bool = False) -> None:
+        self.index, self.argv, self.port, self.watch_metrics = index, argv, port, watch_metrics
         self.proc: subprocess.Popen[str] | None = None
         self.chan: socket.socket | None = None
         self.started = 0.0
@@ -72,35 +72,37 @@ class _Worker:
         cmd = [sys.executable, "-m", "transfer_agent.cli", *self.argv, "--handoff-fd", str(theirs.fileno()),
                "--worker-index", str(self.index), "--router-port", str(self.port)]
         try:
-            self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True,
-                                         env=env)
+            self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE if self.watch_metrics else None, text=True, env=env)
         finally:
             theirs.close()
+        if self.watch_metrics:  # its log to ours, noting the metrics address it prints there
+            threading.Thread(target=self._stderr, args=(self.proc.stderr,), daemon=True).start()
         self.chan, self.started, self.died, self.metrics = mine, time.monotonic(), None, None
         return mine
 
-    def wait_ready(self, deadline: float) -> None:
-        """Read the worker's stdout until its "listening on" line (noting its metrics address on the way), then
-        forward the rest to our stderr."""
+    def _stderr(self, err: Any) -> None:
         from transfer_agent.service.worker_metrics import WORKER_LINE
 
+        for line in err:
+            m = WORKER_LINE.match(line)
+            if m:
+                self.metrics = m.group(1)
+            sys.stderr.write(line)
+
+    def wait_ready(self, deadline: float) -> None:
+        """Read the worker's stdout until its "listening on" line (and, with metrics, until its address is known),
+        then forward the rest to our stderr."""
         assert self.proc is not None and self.proc.stdout is not None
         out = self.proc.stdout
         box: list[str] = []
-
-        def read() -> None:
-            for line in out:
-                if line.startswith(WORKER_LINE):
-                    self.metrics = line[len(WORKER_LINE):].strip()
-                    continue
-                box.append(line)
-                return
-
-        reader = threading.Thread(target=read, daemon=True)
+        reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
         reader.start()
         reader.join(max(0.0, deadline - time.monotonic()))
         line = box[0] if box else ""
-        if not line.startswith("listening on"):
+        while self.watch_metrics and self.metrics is None and line and time.monotonic() < deadline:
+            time.sleep(0.01)  # printed before "listening on", on the other pipe
+        if not line.startswith("listening on") or (self.watch_metrics and self.metrics is None):
             self.proc.kill()
             raise FStreamError(f"receive --workers: worker {self.index} did not start (exit {self.proc.wait()}); "
                                "its error is above")
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace, keyring: Any, quota_state: str, tls: Any, list
     router = Router(listen=listen, workers=args.workers, keys=keys,
                     handshake_timeout=parse_duration(args.handshake_timeout), max_unauth=args.max_unauth,
                     max_unauth_per_addr=args.max_unauth_per_addr).bind()
-    workers = [_Worker(i, argv, router.port) for i in range(args.workers)]
+    workers = [_Worker(i, argv, router.port, bool(args.metrics_listen)) for i in range(args.workers)]
     hup = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: hup.set())
     service = None
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace, keyring: Any, quota_state: str, tls: Any, list
 def _serve_metrics(args: argparse.Namespace, router: Any, workers: list[_Worker]) -> tuple[Any, Any]:
     """``--metrics-listen``: the router's ``/metrics`` and ``/readyz``, its workers' under ``worker`` labels
     (``service.attach.RouterService``): the service and what starts it again on a reload."""
-    from transfer_agent.service.attach import RouterService
+    from transfer_agent.service.worker_metrics import RouterService
 
     def now() -> list[tuple[int, str | None, int]]:
         return [(w.index, w.metrics, w.restarts) for w in workers]

@@ -98,22 +98,3 @@ class AgentService(_Service):
         self.metrics = AgentMetrics(agent, QueueDepth(url, keys))
         agent.observer = self.metrics
         self._serve(self.metrics.registry, agent_readiness(url, keys, list(agent.policy.roots.roots)))
-
-
-class RouterService(ReceiverService):
-    """``receive --workers N`` with ``--metrics-listen``: the router serves ``/metrics`` and ``/readyz`` for its
-    workers, each worker's samples labelled ``worker`` (``service.worker_metrics``; the workers serve theirs on
-    loopback ports of their own)."""
-
-    command = "receive --workers"
-
-    def start(self, router: Any, workers: Any = None) -> None:  # type: ignore[override]
-        if self.listen is None:
-            return
-        from prometheus_client import CollectorRegistry
-
-        from transfer_agent.service.worker_metrics import WorkersCollector, readiness
-
-        registry = CollectorRegistry()
-        registry.register(WorkersCollector(workers, router))
-        self._serve(registry, readiness(workers))

@@ -1,7 +1,8 @@
 """One ``/metrics`` and ``/readyz`` for ``fstream receive --workers N`` (issue 43): the router serves its workers'.
 
 Each worker serves its own metrics on a loopback port (the router starts it with ``--metrics-listen 127.0.0.1:0``
-and reads the bound address from the worker's stdout, ``WORKER_LINE``). When Prometheus scrapes the router's
+and reads the bound address from the line the worker prints on its stderr, ``WORKER_LINE``; the router forwards
+the workers' stderr to its own). When Prometheus scrapes the router's
 ``--metrics-listen`` address, the router reads every worker's ``/metrics`` at once (each within ``timeout``), adds
 the label ``worker="I"`` to every sample and serves them as one exposition, beside its own families
 (``fstream_router_*``: connections handed to each worker or closed before a worker took them, restarts, and
@@ -16,6 +17,7 @@ The workers' ports are on loopback only and serve what the router serves (read-o
 
 from __future__ import annotations
 
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -25,9 +27,11 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from transfer_agent.service.attach import ReceiverService
 from transfer_agent.service.health import Check
 
-WORKER_LINE = "metrics on "  # what a worker prints on stdout before "listening on": "metrics on http://HOST:PORT"
+#: the line a receiver prints on stderr when its metrics are served (``service.attach``): its address, for the router
+WORKER_LINE = re.compile(r"^fstream receive: metrics on (http://\S+)/metrics ")
 Workers = Callable[[], list[tuple[int, str | None, int]]]  # (index, metrics URL or None, restarts) per worker
 
 
@@ -129,3 +133,19 @@ def readiness(workers: Workers, timeout: float = 2.0) -> Callable[[], list[Check
             out.append(Check(f"worker {index}", status == 200, detail))
         return out
     return checks
+
+
+class RouterService(ReceiverService):
+    """``receive --workers N`` with ``--metrics-listen``: the router serves ``/metrics`` and ``/readyz`` for its
+    workers (see the module)."""
+
+    command = "receive --workers"
+
+    def start(self, router: Any, workers: Workers | None = None) -> None:  # type: ignore[override]
+        if self.listen is None or workers is None:
+            return
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry()
+        registry.register(WorkersCollector(workers, router))
+        self._serve(registry, readiness(workers))
