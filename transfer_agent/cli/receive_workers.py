@@ -63,12 +63,13 @@ class _Worker:
         self.started = 0.0
         self.quick = 0  # deaths in a row within STABLE seconds of a start
         self.died: float | None = None  # when the router saw it dead
-        self.metrics: str | None = None  # its loopback metrics URL, from its stdout (``service.worker_metrics``)
+        self.metrics: str | None = None  # its loopback metrics URL, from its stderr (``service.worker_metrics``)
         self.restarts = 0
 
     def spawn(self) -> socket.socket:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in CHILD_ENV_DROP}
+        self.metrics = None  # before the process can print its new address
         cmd = [sys.executable, "-m", "transfer_agent.cli", *self.argv, "--handoff-fd", str(theirs.fileno()),
                "--worker-index", str(self.index), "--router-port", str(self.port)]
         try:
@@ -78,7 +79,7 @@ class _Worker:
             theirs.close()
         if self.watch_metrics:  # its log to ours, noting the metrics address it prints there
             threading.Thread(target=self._stderr, args=(self.proc.stderr,), daemon=True).start()
-        self.chan, self.started, self.died, self.metrics = mine, time.monotonic(), None, None
+        self.chan, self.started, self.died = mine, time.monotonic(), None
         return mine
 
     def _stderr(self, err: Any) -> None:
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace, keyring: Any, quota_state: str, tls: Any, list
 
 def _serve_metrics(args: argparse.Namespace, router: Any, workers: list[_Worker]) -> tuple[Any, Any]:
     """``--metrics-listen``: the router's ``/metrics`` and ``/readyz``, its workers' under ``worker`` labels
-    (``service.attach.RouterService``): the service and what starts it again on a reload."""
+    (``service.worker_metrics.RouterService``): the service and what starts it again on a reload."""
     from transfer_agent.service.worker_metrics import RouterService
 
     def now() -> list[tuple[int, str | None, int]]:
