@@ -161,3 +161,36 @@ def test_bad_options_are_refused_naming_the_option(tmp_path, capsys, args, says)
     err = capsys.readouterr().err
     assert "fstream bench drain: error:" in err and says in err
     assert not list(tmp_path.iterdir())  # refused before anything started or was written
+
+
+def test_the_drain_datasets_hard_links_are_allowed_by_the_benchs_policy(tmp_path: Path) -> None:
+    """Regression: since issue 40 an agent refuses files with several hard links unless its policy allows them, and
+    the drain bench's datasets are hard links to a few contents (``build_files``): every run failed before it sent a
+    byte ("it has 17 hard links ... terminal: source refused", drain-20261129-100517 and -20261130-205918). Its
+    policy now allows them; the same policy without the switch still refuses them (the agent's own ``Guard``)."""
+    from fstream_bench.scheduling.wan import _policy
+    from transfer_agent.daemon.authorize import AgentPolicy
+    from transfer_agent.errors import FStreamError
+    from transfer_agent.storage.contain import Guard
+
+    src = tmp_path / "src"
+    build_files(src, 80, 4096, tmp_path / "uniq")
+    f = src / "f00070.dat"
+    assert os.stat(f).st_nlink > 1
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 64)
+    for allow in (True, False):
+        logdir = tmp_path / f"policy-{allow}"
+        logdir.mkdir()
+        policy, _key = _policy(logdir, secret, [src], "fstream://127.0.0.1:9/", allow_hardlinks=allow)
+        guard = Guard(AgentPolicy.from_file(str(policy)).roots)
+        try:
+            if allow:
+                fd, st = guard.open(str(f))
+                os.close(fd)
+                assert st.st_size == 4096
+            else:
+                with pytest.raises(FStreamError, match="hard links"):
+                    guard.open(str(f))
+        finally:
+            guard.close()

@@ -68,16 +68,21 @@ def overlap_rates(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return ma, mb
 
 
-def _policy(logdir: Path, secret: Path, roots: list[Path], destination: str) -> tuple[Path, Path]:
+def _policy(logdir: Path, secret: Path, roots: list[Path], destination: str,
+            allow_hardlinks: bool = False) -> tuple[Path, Path]:
     """The agents' policy file (issues 32, 40: roots, the receiver as the one destination, the receiver's key, the
-    bench as the one submitter with its Ed25519 public key) and the bench's submitter private key."""
+    bench as the one submitter with its Ed25519 public key) and the bench's submitter private key.
+    ``allow_hardlinks``: for datasets whose names are hard links to a few contents (issue 40 refuses them
+    otherwise)."""
     from fstream_provider.authz.ed25519 import ensure_pair
 
     key = logdir / "bench-submitter.key"
     ensure_pair(key, "bench")
     policy = logdir / "policy.toml"
     policy.write_text(f'[agent]\nroots = {json.dumps([str(r) for r in roots])}\n'
-                      f'destinations = {json.dumps([destination])}\n[agent.keys]\ndefault = "{secret}"\n'
+                      f'destinations = {json.dumps([destination])}\n'
+                      + ("allow_hardlinks = true\n" if allow_hardlinks else "")
+                      + f'[agent.keys]\ndefault = "{secret}"\n'
                       f'[submitters.bench]\npublic_key_file = "{key}.pub"\n')
     return policy, key
 
