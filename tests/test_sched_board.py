@@ -303,7 +303,8 @@ def test_an_agent_admits_a_dead_fifo_agents_running_job_and_leaves_a_live_ones_a
     assert agent._board.task(live_job) is None
 
 
-@pytest.mark.parametrize("share, streams, starts", [(False, 8, False), (True, 8, True), (True, 12, False)])
+@pytest.mark.parametrize("share, streams, starts", [(False, 8, False), (True, 8, True), (False, 12, False),
+                                                    (True, 12, False)])
 def test_seal_share_on_the_board_starts_a_job_beside_a_saturating_one_only_below_the_knee(
         redis_client, keys, share, streams, starts) -> None:
     """Issue 44 on the agents' board (``--scheduler seal-share``): a second 100 GB job arrives while the first
