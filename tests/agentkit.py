@@ -176,3 +176,17 @@ def pump(a: socket.socket, b: socket.socket) -> None:
         for s in (a, b):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+
+
+def jobs_on_workers(workers: int) -> list[str]:
+    """One job name per worker of ``fstream receive --workers N``, each routed to that worker (the route is a hash
+    of key and job: ``receiving.router.route``)."""
+    from transfer_agent.receiving.router import route
+
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < workers:
+        job = f"job-{i}"
+        found.setdefault(route({"role": "control", "key": "default", "job": job}, workers, {}, 0), job)
+        i += 1
+    return [found[w] for w in range(workers)]

@@ -196,8 +196,7 @@ def test_prometheus_scrapes_a_multi_process_receiver_through_its_router(tmp_path
     """Issue 43: ``fstream receive --workers 2 --metrics-listen``, one Prometheus target. Two jobs, routed to the two
     workers, land; Prometheus then has each worker's receiver series under ``worker``, and their sums are exactly
     the transfers' bytes and files."""
-    from test_receive_workers import _jobs_on
-    from agentkit import send
+    from agentkit import jobs_on_workers, send
 
     secret = write_secret(tmp_path / "secret")
     env = {**os.environ, "FSTREAM_STATE_DIR": str(tmp_path / "state")}
@@ -209,7 +208,7 @@ def test_prometheus_scrapes_a_multi_process_receiver_through_its_router(tmp_path
     base = _prometheus(tmp_path, {"fstream-receiver": target}, daemons, env)
     wait_until(lambda: _scraped_after(base, 0), 30, "a first scrape of the router")
     sizes = [{f"w{w}/f{i}.bin": 30_000 + 1000 * i + w for i in range(4 + 5 * w)} for w in range(2)]
-    for w, job in enumerate(_jobs_on(2)):
+    for w, job in enumerate(jobs_on_workers(2)):
         src = make_files(tmp_path / f"src{w}", sizes[w], seed=40 + w)
         result = send(src, port, secret, dest=f"out{w}", job_id=job, cc=1, p=2)
         assert result.ok, result.error

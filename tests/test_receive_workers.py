@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agentkit import make_files, send, trees_identical, wait_until, write_secret
+from agentkit import jobs_on_workers, make_files, send, trees_identical, wait_until, write_secret
 from transfer_agent.errors import FStreamError
 from transfer_agent.receiving.claims import ProcessClaims
 from transfer_agent.receiving.keyring import ReceiverKey
@@ -69,17 +69,6 @@ class RouterProc:
         return self.proc.returncode
 
 
-def _jobs_on(workers: int) -> list[str]:
-    """One job name per worker, each routed to that worker (the route is a hash of key and job)."""
-    found: dict[int, str] = {}
-    i = 0
-    while len(found) < workers:
-        job = f"job-{i}"
-        found.setdefault(route({"role": "control", "key": "default", "job": job}, workers, {}, 0), job)
-        i += 1
-    return [found[w] for w in range(workers)]
-
-
 @pytest.fixture
 def secret(tmp_path: Path) -> Path:
     return write_secret(tmp_path / "secret")
@@ -93,7 +82,7 @@ def router(tmp_path: Path, secret: Path):
 
 
 def test_two_jobs_through_one_port_run_in_two_worker_processes(tmp_path, secret, router):
-    jobs = _jobs_on(2)
+    jobs = jobs_on_workers(2)
     srcs = [make_files(tmp_path / f"src{w}", {f"f{i:02d}.bin": 200_000 + i for i in range(24)}, seed=w)
             for w in range(2)]
     results: dict[int, Any] = {}
@@ -118,7 +107,7 @@ def test_two_jobs_through_one_port_run_in_two_worker_processes(tmp_path, secret,
 
 
 def test_a_killed_worker_is_restarted_and_its_job_resumes(tmp_path, secret, router):
-    job = _jobs_on(2)[1]
+    job = jobs_on_workers(2)[1]
     src = make_files(tmp_path / "src", {f"f{i:03d}.bin": 400_000 for i in range(60)}, seed=7)
     pids = router.worker_pids()
     result: dict[str, Any] = {}
@@ -181,7 +170,7 @@ def test_one_metrics_address_serves_every_workers_metrics_by_worker(tmp_path, se
     r = RouterProc(tmp_path, secret, "--metrics-listen", f"127.0.0.1:{port}")
     base = f"http://127.0.0.1:{port}"
     try:
-        jobs = _jobs_on(2)
+        jobs = jobs_on_workers(2)
         srcs = [make_files(tmp_path / f"src{w}", {f"f{i}.bin": 50_000 for i in range(5 + 3 * w)}, seed=w)
                 for w in range(2)]
         for w in range(2):
@@ -211,6 +200,27 @@ def test_one_metrics_address_serves_every_workers_metrics_by_worker(tmp_path, se
         assert files[(("outcome", "ok"), ("worker", "0"))] == 5  # the other worker's counts are untouched
         assert files.get((("outcome", "ok"), ("worker", "1")), 0.0) == 0.0  # a new process: a counter reset
         assert wait_until(lambda: _http(f"{base}/readyz")[0] == 200, 10, "ready again")
+    finally:
+        r.stop()
+
+
+def test_a_reload_moves_the_routers_metrics_address(tmp_path, secret):
+    """The router's metrics address from the config file, moved by a reload (SIGHUP): served on the new address with
+    both workers' series, the old address closed; the workers keep their loopback ports (their command line)."""
+    first, second = _free_port(), _free_port()
+    cfg = tmp_path / "fstream.toml"
+    cfg.write_text(f'[metrics]\nlisten = "127.0.0.1:{first}"\n')
+    r = RouterProc(tmp_path, secret, config=cfg)
+    try:
+        assert _http(f"http://127.0.0.1:{first}/metrics")[0] == 200
+        cfg.write_text(f'[metrics]\nlisten = "127.0.0.1:{second}"\n')
+        r.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: any("configuration reloaded" in x and f"127.0.0.1:{second}" in x for x in r.lines), 20,
+                   "the router's reload")
+        up = _samples(_http(f"http://127.0.0.1:{second}/metrics")[1], "fstream_router_worker_up")
+        assert up == {(("worker", "0"),): 1.0, (("worker", "1"),): 1.0}
+        with pytest.raises(OSError):
+            _http(f"http://127.0.0.1:{first}/metrics")
     finally:
         r.stop()
 

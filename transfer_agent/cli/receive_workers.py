@@ -64,12 +64,14 @@ class _Worker:
         self.quick = 0  # deaths in a row within STABLE seconds of a start
         self.died: float | None = None  # when the router saw it dead
         self.metrics: str | None = None  # its loopback metrics URL, from its stderr (``service.worker_metrics``)
+        self.addressed = threading.Event()  # set once ``metrics`` is known for the running process
         self.restarts = 0
 
     def spawn(self) -> socket.socket:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in CHILD_ENV_DROP}
         self.metrics = None  # before the process can print its new address
+        self.addressed.clear()
         cmd = [sys.executable, "-m", "transfer_agent.cli", *self.argv, "--handoff-fd", str(theirs.fileno()),
                "--worker-index", str(self.index), "--router-port", str(self.port)]
         try:
@@ -86,9 +88,10 @@ class _Worker:
         from transfer_agent.service.worker_metrics import WORKER_LINE
 
         for line in err:
-            m = WORKER_LINE.match(line)
+            m = None if self.addressed.is_set() else WORKER_LINE.match(line)
             if m:
                 self.metrics = m.group(1)
+                self.addressed.set()
             sys.stderr.write(line)
 
     def wait_ready(self, deadline: float) -> None:
@@ -101,9 +104,9 @@ class _Worker:
         reader.start()
         reader.join(max(0.0, deadline - time.monotonic()))
         line = box[0] if box else ""
-        while self.watch_metrics and self.metrics is None and line and time.monotonic() < deadline:
-            time.sleep(0.01)  # printed before "listening on", on the other pipe
-        if not line.startswith("listening on") or (self.watch_metrics and self.metrics is None):
+        if self.watch_metrics and line:  # printed before "listening on", on the other pipe
+            self.addressed.wait(max(0.0, deadline - time.monotonic()))
+        if not line.startswith("listening on") or (self.watch_metrics and not self.addressed.is_set()):
             self.proc.kill()
             raise FStreamError(f"receive --workers: worker {self.index} did not start (exit {self.proc.wait()}); "
                                "its error is above")
@@ -139,13 +142,13 @@ def run(args: argparse.Namespace, keyring: Any, quota_state: str, tls: Any, list
         deadline = time.monotonic() + READY_TIMEOUT
         for w in workers:
             w.wait_ready(deadline)
-        service, start_metrics = _serve_metrics(args, router, workers)
+        service = _serve_metrics(args, router, workers)
         host = router.listen_addr[0]
         print(f"listening on {host}:{router.port}", flush=True)
         log.info("router on %s:%d: %d worker processes (pids %s)", host, router.port, len(workers),
                  ", ".join(str(w.proc.pid) for w in workers if w.proc is not None))
         sdnotify.ready(f"listening on {host}:{router.port}, root {args.root}, {len(workers)} worker processes")
-        _supervise(workers, router, stop, hup, args, (service, start_metrics))
+        _supervise(workers, router, stop, hup, args, service)
     finally:
         if service is not None:
             service.stop()
@@ -154,23 +157,20 @@ def run(args: argparse.Namespace, keyring: Any, quota_state: str, tls: Any, list
     return 0
 
 
-def _serve_metrics(args: argparse.Namespace, router: Any, workers: list[_Worker]) -> tuple[Any, Any]:
+def _serve_metrics(args: argparse.Namespace, router: Any, workers: list[_Worker]) -> Any:
     """``--metrics-listen``: the router's ``/metrics`` and ``/readyz``, its workers' under ``worker`` labels
-    (``service.worker_metrics.RouterService``): the service and what starts it again on a reload."""
+    (``service.worker_metrics.RouterService``, started); None without it (the workers serve none either)."""
+    if not args.metrics_listen:
+        return None
     from transfer_agent.service.worker_metrics import RouterService
 
-    def now() -> list[tuple[int, str | None, int]]:
-        return [(w.index, w.metrics, w.restarts) for w in workers]
-
-    service = RouterService(args)
-    service.workers_serve = bool(args.metrics_listen)  # the workers were started with loopback ports of their own
-    start = lambda: service.start(router, now)  # noqa: E731
-    start()
-    return service, start
+    service = RouterService(args, router, lambda: [(w.index, w.metrics, w.restarts) for w in workers])
+    service.start()
+    return service
 
 
 def _supervise(workers: list[_Worker], router: Any, stop: threading.Event, hup: threading.Event,
-               args: argparse.Namespace, metrics: tuple[Any, Any] = (None, None)) -> None:
+               args: argparse.Namespace, service: Any = None) -> None:
     from transfer_agent.service import sdnotify
 
     wd = sdnotify.Watchdog.from_env()
@@ -193,7 +193,7 @@ def _supervise(workers: list[_Worker], router: Any, stop: threading.Event, hup: 
                     log.warning("router: keyring %s not re-read (%s): routes unchanged", args.keyring, exc)
             if reloader is None:  # the router's own caps and handshake time (cli.reload, imported on the first HUP)
                 from transfer_agent.cli.reload import RECEIVER_LIVE, Reloader, router_apply
-                reloader = Reloader(args, RECEIVER_LIVE, router_apply(router, args, *metrics))
+                reloader = Reloader(args, RECEIVER_LIVE, router_apply(router, args, service))
             reloader.reload()
         for w in workers:
             if w.proc is None or w.proc.poll() is None or stop.is_set():

@@ -166,23 +166,20 @@ def receiver_apply(rcv: Any, service: Any, args: argparse.Namespace) -> Callable
     return apply
 
 
-def router_apply(router: Any, args: argparse.Namespace, service: Any = None,
-                 start: Callable[[], None] | None = None) -> Callable[[dict[str, Any]], list[str]]:
+def router_apply(router: Any, args: argparse.Namespace, service: Any = None) -> Callable[[dict[str, Any]], list[str]]:
     """The router's part of a reload (``receive --workers N``, issue 43): its own caps on the connections it holds
-    before a worker takes them, their handshake time, and its metrics address (``service``, started again by
-    ``start``). Every worker got the SIGHUP too and applies each live option to itself (``receiver_apply``), so the
-    router counts them applied; the drain grace it reads itself. Metrics a reload would add to a router started
-    without them are refused: its workers serve none (they were started without a port of their own)."""
+    before a worker takes them, their handshake time, and its metrics address (``service``: the router's
+    ``RouterService``, None when it was started without metrics). Every worker got the SIGHUP too and applies each
+    live option to itself (``receiver_apply``), so the router counts them applied; the drain grace it reads itself.
+    Metrics a reload would add to a router started without them are refused: its workers serve none."""
 
     def apply(live: dict[str, Any]) -> list[str]:
-        if "metrics_listen" in live or "free_space_floor" in live:
-            if start is None or not getattr(service, "workers_serve", False):
-                if live.get("metrics_listen"):
-                    raise FStreamError(f"metrics on {live['metrics_listen']}: this router was started without "
-                                       "--metrics-listen, so its workers serve none; restart it to add them")
-            else:
-                floor = parse_size(live.get("free_space_floor", args.free_space_floor))
-                _restart_endpoint(service, live.get("metrics_listen", args.metrics_listen), start, floor=floor)
+        if service is None and live.get("metrics_listen"):
+            raise FStreamError(f"metrics on {live['metrics_listen']}: this router was started without "
+                               "--metrics-listen, so its workers serve none; restart it to add them")
+        if service is not None and {"metrics_listen", "free_space_floor"} & set(live):
+            floor = parse_size(live.get("free_space_floor", args.free_space_floor))
+            _restart_endpoint(service, live.get("metrics_listen", args.metrics_listen), service.start, floor=floor)
         if {"max_unauth", "max_unauth_per_addr"} & set(live):
             router.set_preauth_limits(live.get("max_unauth", args.max_unauth),
                                       live.get("max_unauth_per_addr", args.max_unauth_per_addr))

@@ -137,15 +137,22 @@ def readiness(workers: Workers, timeout: float = 2.0) -> Callable[[], list[Check
 
 class RouterService(ReceiverService):
     """``receive --workers N`` with ``--metrics-listen``: the router serves ``/metrics`` and ``/readyz`` for its
-    workers (see the module)."""
+    workers (see the module). ``start()`` serves on ``listen`` (again after a reload moved it).
+
+    :param router: the running ``receiving.router.Router``; :param workers: the workers now (``Workers``).
+    """
 
     command = "receive --workers"
 
-    def start(self, router: Any, workers: Workers | None = None) -> None:  # type: ignore[override]
-        if self.listen is None or workers is None:
+    def __init__(self, args: Any, router: Any, workers: Workers) -> None:
+        super().__init__(args)
+        self.router, self.workers = router, workers
+
+    def start(self) -> None:  # type: ignore[override]
+        if self.listen is None:
             return
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
-        registry.register(WorkersCollector(workers, router))
-        self._serve(registry, readiness(workers))
+        registry.register(WorkersCollector(self.workers, self.router))
+        self._serve(registry, readiness(self.workers))
