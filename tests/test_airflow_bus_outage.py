@@ -447,7 +447,7 @@ def test_the_transfer_trigger_follows_a_sentinel_failover_and_fires_the_jobs_out
                 await asyncio.sleep(0.02)
             old = group.master().port
             await asyncio.to_thread(group.failover)
-            assert group.master().port != old
+            assert group.promoted not in (None, old)  # the sentinel named the replica (it may fail back while settling)
             await asyncio.to_thread(_through_failover, agent.interval, 2)
             await asyncio.to_thread(_through_failover, agent.finish)
             return await task

@@ -51,6 +51,7 @@ class SentinelGroup:
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.failovers = 0
+        self.promoted: int | None = None  # the port the sentinel named after the last failover's kill
 
     @property
     def url(self) -> str:
@@ -98,11 +99,14 @@ class SentinelGroup:
 
     def failover(self, timeout: float = 60.0) -> float:
         """SIGKILL the master; wait until the sentinel promoted the replica; start the old master again and wait until
-        the group is whole (``settle``). Returns the seconds until the sentinel named a new master."""
+        the group is whole (``settle``). Returns the seconds until the sentinel named a new master, whose port is kept
+        in ``promoted``: on a loaded host the sentinel may fail back to the old server while the group settles, so
+        the master afterwards is not proof of the failover."""
         old = self.master()
         started = time.monotonic()
         old.kill()
-        _poll(lambda: (p := self.master_port()) != old.port and p, "the sentinel to promote the replica", timeout)
+        self.promoted = _poll(lambda: (p := self.master_port()) != old.port and p, "the sentinel to promote the "
+                              "replica", timeout)
         promoted = time.monotonic() - started
         old.start()
         self.settle(timeout)
