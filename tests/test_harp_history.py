@@ -233,3 +233,31 @@ def test_calibrated_history_drives_harp_on_a_real_transfer_which_records_its_own
     assert val["rows"] == len(TransferHistory(redis_client).rows()) and val["prediction"]["reason"]
     v = val["validation"]  # loopback rates are mostly noise: a group may miss R² 0.6, then there is no split
     assert (v["n_test"] >= 1 and 0 <= v["accuracy"] <= 1) or "needs at least 2 usable groups" in v["reason"]
+
+
+def test_a_large_file_probe_is_stopped_at_its_cap_not_run_to_the_end_of_its_files(tmp_path, secret, redis_url,
+                                                                                  redis_client, capsys, caplog):
+    """Four 15 MB files at cc=4 into a receiver paced at 8 MB/s: a probe drained at its cap ran its files to the end
+    (7.5 s here; on the WAN a 120 s budget ended after 22 large-file probes with no usable group, issue 44). Stopped
+    at the cap, no file lands, its four parts stay behind, the steady part before the cap is recorded, and the files
+    the cut stopped are not logged as errors."""
+    from agentkit import PacedReceiver, start_receiver
+    from transfer_agent.sending.calibration import CAP_PROBES, warm_up
+
+    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=8e6)
+    try:
+        argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/cut", "--secret-file", str(secret), "--redis",
+                redis_url, "--bandwidth", "1Gbit", "--rtt", "10ms", "--probe-seconds", "0.25s", "--chunks", "large",
+                "--grid", "cc=4:p=1:pp=0", "--passes", "1", "--budget", "60s", "--json"]
+        assert fstream(argv) == 0
+    finally:
+        rx.stop()
+    cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cal["probes_run"] == 1 and cal["files"]["large"] == 4 and cal["sizes"]["large"] == 15_000_000
+    (row,) = TransferHistory(redis_client).rows()
+    steady_max = CAP_PROBES * 0.25 + 0.2
+    assert row.chunk == "large" and row.cc == 4 and row.throughput_bps > 0 and 0 < row.duration_s <= steady_max
+    names = [p.name for p in (tmp_path / "dst" / "cut" / ".fstream-calibration" / "large").iterdir()]
+    assert not [n for n in names if n.endswith(".dat")], names  # drained, all four would have landed
+    assert len([n for n in names if n.endswith(".part")]) == 4, names
+    assert not [r for r in caplog.records if r.levelno >= 40 and "cancelled" in r.getMessage()]

@@ -14,10 +14,15 @@ The paper ran every dataset with every parameter combination, at least five time
   be used, so the row records ``cc = min(cc, files)``: what actually ran. The row's throughput is the
   probe's steady rate after its warm-up (``steady_rate``; departure from the paper's whole-transfer
   entries, for the reason given there).
-* **Time cap.** A probe is cut (drained: files in flight finish, no new one starts) once it has run
-  ``warm-up + 2 x probe_seconds``; its rate is the steady part before the cut. Without the cap a slow point
-  ran for as long as its files took: on a 40 ms path, 376 tiny files at cc=1 pp=0 took 55 s, and a 120 s
-  budget ended after 6 probes, too few for any model (issue 44).
+* **Time cap.** A probe is cut (stopped: files in flight stay behind as parts, which the next probe of the chunk
+  finds stale by their mtime and removes) once it has run ``warm-up + 2 x probe_seconds``; its rate is the
+  steady part before the cut. Without the cap a slow point ran for as long as its files took: on a 40 ms path,
+  376 tiny files at cc=1 pp=0 took 55 s, and a 120 s budget ended after 6 probes, too few for any model (issue
+  44). The cut used to drain (files in flight finished): a large-file probe at cc=1 then ran its four 60 MB
+  files to the end, 15 s of a 120 s budget, and the budget ended after 22 probes with no usable group.
+* **Blocks.** Probes send ``PROBE_BLOCK`` blocks: a stream counts its bytes as each block leaves, so a steady
+  window of about a second measured in 4 MiB blocks moved in steps of 4 MiB per stream (every large-file row of
+  that run was a multiple of 42 Mbit/s over 0.8 s or of 56 over 0.6 s: 84, 168, 224, 336 Mbit/s).
 * **Order.** The grid is walked in passes; within a pass each chunk's grid is shuffled (seeded) and the
   chunks take turns in blocks of ``GROUP_BLOCK`` points (a cubic needs 20 distinct settings), so a short
   budget ends with whole groups for the first chunks rather than a few points of every chunk, none of them
@@ -29,6 +34,7 @@ The paper ran every dataset with every parameter combination, at least five time
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -50,6 +56,7 @@ MIN_FILE, MAX_LARGE = 64 * 1024, 256 * 2**20
 MIN_FILES = 4  # per probe: so concurrency 1, 2 and 4 differ even on large files (a cubic needs 20 settings)
 GROUP_BLOCK = 24  # grid points of one chunk before the next chunk's turn: a cubic needs 20 distinct settings
 CAP_PROBES = 2.0  # a probe is cut after its warm-up + this many probe_seconds
+PROBE_BLOCK = 1 << 20  # bytes per block in a probe: a ~1 s window counts its bytes in steps this fine per stream
 
 
 def parse_grid(text: str | None) -> dict[str, tuple[int, ...]]:
@@ -141,6 +148,18 @@ def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int
     return out
 
 
+class _UntilCut(logging.LoggerAdapter):
+    """A probe's log: once its cut is made, the files it stopped are not errors (the probe's line says "cut")."""
+
+    def __init__(self, logger: logging.Logger, cut: Any) -> None:
+        super().__init__(logger, {})
+        self.cut = cut
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if not self.cut.is_set():
+            super().log(level, msg, *args, **kwargs)
+
+
 class Calibration:
     """One calibration sweep (see the module docstring).
 
@@ -196,18 +215,19 @@ class Calibration:
         return TransferSpec(sources=[str(src)], destination=f"fstream://{self.dest.host}:{self.dest.port}/{dest_path}",
                             tuner="fixed", cc=cc, p=p, pp=pp, max_cc=max(cc, 1), bandwidth_bps=self.bandwidth_bps,
                             rtt_s=rtt, secret_file=self.secret_file, tcp_buffer=self.tcp_buffer,
-                            sample_interval_s=0.1, label="fstream calibrate")
+                            sample_interval_s=0.1, block_size=PROBE_BLOCK, label="fstream calibrate")
 
     def _transfer(self, spec: TransferSpec, cap_s: float | None = None) -> tuple[Any, bool]:
-        """Run ``spec``; with ``cap_s``, drain it after that many seconds. (result, whether it was cut)."""
+        """Run ``spec``; with ``cap_s``, stop it after that many seconds. (result, whether it was cut)."""
         import threading
 
         from transfer_agent.sending.history_io import HistoryOptions
         from transfer_agent.sending.sender import Transfer
 
-        drain = threading.Event()
-        timer = threading.Timer(cap_s, drain.set) if cap_s else None
-        t = Transfer(spec, redis=None, history=HistoryOptions(record=False), stall_timeout=30.0, drain=drain)
+        cut = threading.Event()
+        timer = threading.Timer(cap_s, cut.set) if cap_s else None
+        t = Transfer(spec, redis=None, history=HistoryOptions(record=False), stall_timeout=30.0, cancel=cut,
+                     log=_UntilCut(logging.getLogger("fstream.calibrate.probe"), cut))
         if timer is not None:
             timer.daemon = True
             timer.start()
@@ -216,7 +236,7 @@ class Calibration:
         finally:
             if timer is not None:
                 timer.cancel()
-        return r, drain.is_set()
+        return r, cut.is_set()
 
     def run(self) -> dict:
         t0 = time.monotonic()
@@ -280,7 +300,7 @@ class Calibration:
             r, cut = self._transfer(self._spec(d, self._under(pr.chunk), cc, pr.p, pr.pp, rtt), cap_s=cap)
             last_s = time.monotonic() - ts
             bps, secs = steady_rate(r, rtt, until=cap if cut else None)
-            if not r.ok and not (cut and r.verified_files > 0 and secs > 0 and bps > 0):
+            if not r.ok and not (cut and secs > 0 and bps > 0):  # a cut probe's steady part is its measurement
                 self.out(f"probe {pr.chunk} cc={cc} p={pr.p} pp={pr.pp}: failed ({r.error}); not recorded")
                 continue
             row = HistoryRow(source=os.uname().nodename, destination=f"{self.dest.host}:{self.dest.port}",
