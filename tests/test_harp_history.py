@@ -153,6 +153,23 @@ def test_probe_order_completes_a_group_per_chunk_before_the_next_chunk():
     assert all(len({(pr.cc, pr.p, pr.pp) for pr in first_pass if pr.chunk == c}) == 40 for c in chunks)
 
 
+def test_a_chunk_with_few_files_is_probed_at_distinct_settings_only():
+    """A large chunk's probe has four files, so cc 8 and 16 run as cc 4: its first block of 24 grid points held
+    17 distinct settings (fewer than the 20 a cubic needs: no usable group on the WAN, issue 44). Ordered with its
+    file count, every block is 24 distinct settings that can run, and each is probed once per pass."""
+    from transfer_agent.sending.calibration import GROUP_BLOCK, probe_order
+
+    grid = {"cc": (1, 2, 4, 8, 16), "p": (1, 2, 4, 8), "pp": (0, 4)}  # 40 points, 24 distinct at cc <= 4
+    blind = probe_order(["large", "tiny"], grid, passes=1)
+    assert len({(pr.cc if pr.cc <= 4 else 4, pr.p, pr.pp) for pr in blind[:GROUP_BLOCK]}) < 20
+    order = probe_order(["large", "tiny"], grid, passes=2, files={"large": 4, "tiny": 400})
+    large = [pr for pr in order if pr.chunk == "large"]
+    assert all(pr.cc <= 4 for pr in large) and len(large) == 2 * 24
+    assert len({(pr.cc, pr.p, pr.pp) for pr in order[:GROUP_BLOCK]}) == GROUP_BLOCK  # large's first block
+    assert {pr.chunk for pr in order[:GROUP_BLOCK]} == {"large"}
+    assert len([pr for pr in order if pr.chunk == "tiny"]) == 2 * 40 and len({pr.field for pr in order}) == len(order)
+
+
 def test_a_slow_probe_is_cut_at_its_time_cap_and_its_steady_rate_recorded(tmp_path, secret, rx, redis_url,
                                                                           redis_client, capsys):
     """cc=1 pp=0 over ~1,900 64 KiB files takes many seconds even on loopback; the probe is drained at warm-up +

@@ -132,8 +132,14 @@ class Probe:
         return f"{self.pass_no}|{self.chunk}|{self.cc}|{self.p}|{self.pp}"
 
 
-def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int, seed: int = 0) -> list[Probe]:
-    """Passes of the grid; each chunk's points shuffled per pass, chunks taking turns in ``GROUP_BLOCK`` blocks."""
+def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int, seed: int = 0,
+                files: dict[str, int] | None = None) -> list[Probe]:
+    """Passes of the grid; each chunk's points shuffled per pass, chunks taking turns in ``GROUP_BLOCK`` blocks.
+
+    ``files``: files per chunk's probe. Concurrency above it cannot run, so a point is probed at ``min(cc, files)``
+    and once per pass: a large chunk's four files turned a block of 24 points into 17 distinct settings, fewer than
+    a cubic needs (issue 44).
+    """
     points = [(cc, p, pp) for cc in grid["cc"] for p in grid["p"] for pp in grid["pp"]]
     out: list[Probe] = []
     for k in range(passes):
@@ -141,8 +147,10 @@ def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int
         for i, c in enumerate(chunks):
             pts = list(points)
             random.Random(seed * 1000 + k * 31 + i).shuffle(pts)
+            if files is not None:
+                pts = list(dict.fromkeys((min(cc, files[c]), p, pp) for cc, p, pp in pts))
             per[c] = pts
-        for j in range(0, len(points), GROUP_BLOCK):
+        for j in range(0, max(len(v) for v in per.values()), GROUP_BLOCK):
             for c in chunks:
                 out.extend(Probe(c, *pt, k) for pt in per[c][j:j + GROUP_BLOCK])
     return out
@@ -282,7 +290,7 @@ class Calibration:
         self.out(f"calibrating {self.destination}: RTT {rtt * 1e3:.1f} ms, BDP {bdp / 1e6:.2f} MB; "
                  + ", ".join(f"{c} {counts[c]} x {sizes[c] / 1e6:.3g} MB" for c in self.chunks)
                  + f"; budget {self.budget_s:.0f} s, run {run_id}")
-        order = probe_order(self.chunks, self.grid, self.passes, self.seed)
+        order = probe_order(self.chunks, self.grid, self.passes, self.seed, files=counts)
         todo = [pr for pr in order if pr.field not in done]
         ran, best, last_s = 0, {}, 0.0
         for pr in todo:
@@ -294,7 +302,7 @@ class Calibration:
             for i in range(files):  # new content: the destination's copy differs, so the probe moves every byte
                 with open(d / f"cal{i:04d}.dat", "r+b") as f:
                     f.write(os.urandom(16))
-            cc = min(pr.cc, files)
+            cc = min(pr.cc, files)  # already so in the order (``probe_order``); a resumed run's may predate it
             ts = time.monotonic()
             cap = warm_up(rtt) + CAP_PROBES * self.probe_seconds
             r, cut = self._transfer(self._spec(d, self._under(pr.chunk), cc, pr.p, pr.pp, rtt), cap_s=cap)
