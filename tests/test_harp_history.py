@@ -116,7 +116,7 @@ def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secre
     assert len(rows) == first["probes_run"] and all(r.kind == "probe" and r.throughput_bps > 0 for r in rows)
     # blocks of GROUP_BLOCK points per chunk (12 here, the whole grid): small's group is whole before large starts
     assert [r.chunk for r in rows] == ["small"] * min(12, len(rows)) + ["large"] * (len(rows) - 12)
-    assert {(r.cc, r.p, r.pp) for r in rows} <= {(cc, p, pp) for cc in (1, 2, 4, 8) for p in (1, 2) for pp in (0, 2)}
+    assert {(r.cc, r.p, r.pp) for r in rows} <= {(cc, p, pp) for cc in (1, 2, 3, 8) for p in (1, 2) for pp in (0, 2)}
     # every probe moved its bytes: the destination's copy holds the source's last content
     landed = sorted((tmp_path / "dst" / "cal" / ".fstream-calibration" / "small").iterdir())
     assert landed and all(p.stat().st_size == first["sizes"]["small"] for p in landed)
@@ -128,7 +128,8 @@ def test_calibrate_sweeps_within_the_budget_resumes_and_restarts(tmp_path, secre
     assert len(rows) == second["probes_total"]  # nothing probed twice
     large = [r for r in rows if r.chunk == "large"]
     files = second["files"]["large"]
-    assert files == 4 and max(r.cc for r in large) == files  # cc=8 on four files ran (and is recorded) as cc=4
+    assert files == 8 and max(r.cc for r in large if r.pp == 0) == 8
+    assert max(r.cc for r in large if r.pp == 2) == 3  # cc=8 at pp=2 on eight files ran (and is recorded) as cc=3
     assert fstream(argv + ["--budget", "1s", "--restart"]) == 0
     third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert third["run"] != first["run"] and third["probes_done"] == third["probes_run"] >= 1
@@ -154,18 +155,22 @@ def test_probe_order_completes_a_group_per_chunk_before_the_next_chunk():
 
 
 def test_a_chunk_with_few_files_is_probed_at_distinct_settings_only():
-    """A large chunk's probe has four files, so cc 8 and 16 run as cc 4: its first block of 24 grid points held
-    17 distinct settings (fewer than the 20 a cubic needs: no usable group on the WAN, issue 44). Ordered with its
-    file count, every block is 24 distinct settings that can run, and each is probed once per pass."""
-    from transfer_agent.sending.calibration import GROUP_BLOCK, probe_order
+    """A channel takes up to pp + 1 files, so a probe of few files cannot run every concurrency: on the WAN four
+    large files at pp=4 all went to one channel (cc 1, 2 and 4 at p=4 each measured 280 Mbit/s), and a block of
+    24 grid points held 17 distinct settings, fewer than the 20 a cubic needs (issue 44). Ordered with the file
+    count, each point is probed at the concurrency that runs, once per pass, and eight files give 24 of them."""
+    from transfer_agent.sending.calibration import GROUP_BLOCK, MIN_FILES, probe_order, runnable_cc
 
-    grid = {"cc": (1, 2, 4, 8, 16), "p": (1, 2, 4, 8), "pp": (0, 4)}  # 40 points, 24 distinct at cc <= 4
+    assert [runnable_cc(cc, 4, 4) for cc in (1, 2, 4)] == [1, 1, 1] and runnable_cc(16, 0, 4) == 4
+    assert runnable_cc(16, 4, 8) == 2 and runnable_cc(16, 0, 8) == 8 and runnable_cc(16, 4, 38) == 8
+    grid = {"cc": (1, 2, 4, 8, 16), "p": (1, 2, 4, 8), "pp": (0, 4)}  # 40 points
     blind = probe_order(["large", "tiny"], grid, passes=1)
-    assert len({(pr.cc if pr.cc <= 4 else 4, pr.p, pr.pp) for pr in blind[:GROUP_BLOCK]}) < 20
-    order = probe_order(["large", "tiny"], grid, passes=2, files={"large": 4, "tiny": 400})
+    assert len({(runnable_cc(pr.cc, pr.pp, 4), pr.p, pr.pp) for pr in blind[:GROUP_BLOCK]}) < 20
+    assert len({(runnable_cc(cc, pp, 4), p, pp) for cc in grid["cc"] for p in grid["p"] for pp in grid["pp"]}) < 20
+    order = probe_order(["large", "tiny"], grid, passes=2, files={"large": MIN_FILES, "tiny": 400})
     large = [pr for pr in order if pr.chunk == "large"]
-    assert all(pr.cc <= 4 for pr in large) and len(large) == 2 * 24
-    assert len({(pr.cc, pr.p, pr.pp) for pr in order[:GROUP_BLOCK]}) == GROUP_BLOCK  # large's first block
+    assert MIN_FILES == 8 and len(large) == 2 * 24 and all(pr.cc == runnable_cc(pr.cc, pr.pp, 8) for pr in large)
+    assert len({(pr.cc, pr.p, pr.pp) for pr in order[:GROUP_BLOCK]}) == GROUP_BLOCK >= 20  # large's first block
     assert {pr.chunk for pr in order[:GROUP_BLOCK]} == {"large"}
     assert len([pr for pr in order if pr.chunk == "tiny"]) == 2 * 40 and len({pr.field for pr in order}) == len(order)
 
@@ -254,8 +259,8 @@ def test_calibrated_history_drives_harp_on_a_real_transfer_which_records_its_own
 
 def test_a_large_file_probe_is_stopped_at_its_cap_not_run_to_the_end_of_its_files(tmp_path, secret, redis_url,
                                                                                   redis_client, capsys, caplog):
-    """Four 15 MB files at cc=4 into a receiver paced at 8 MB/s: a probe drained at its cap ran its files to the end
-    (7.5 s here; on the WAN a 120 s budget ended after 22 large-file probes with no usable group, issue 44). Stopped
+    """Eight 15 MB files at cc=4 into a receiver paced at 8 MB/s: a probe drained at its cap ran its four files in
+    flight to the end (7.5 s here; on the WAN a 120 s budget ended after 22 large-file probes with no usable group, issue 44). Stopped
     at the cap, no file lands, its four parts stay behind, the steady part before the cap is recorded, and the files
     the cut stopped are not logged as errors."""
     from agentkit import PacedReceiver, start_receiver
@@ -270,11 +275,12 @@ def test_a_large_file_probe_is_stopped_at_its_cap_not_run_to_the_end_of_its_file
     finally:
         rx.stop()
     cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert cal["probes_run"] == 1 and cal["files"]["large"] == 4 and cal["sizes"]["large"] == 15_000_000
+    assert cal["probes_run"] == 1 and cal["files"]["large"] == 8 and cal["sizes"]["large"] == 15_000_000
+    assert cal["failed"] == 0
     (row,) = TransferHistory(redis_client).rows()
     steady_max = CAP_PROBES * 0.25 + 0.2
     assert row.chunk == "large" and row.cc == 4 and row.throughput_bps > 0 and 0 < row.duration_s <= steady_max
     names = [p.name for p in (tmp_path / "dst" / "cut" / ".fstream-calibration" / "large").iterdir()]
     assert not [n for n in names if n.endswith(".dat")], names  # drained, all four would have landed
-    assert len([n for n in names if n.endswith(".part")]) == 4, names
+    assert len([n for n in names if n.endswith(".part")]) == 4, names  # one per channel
     assert not [r for r in caplog.records if r.levelno >= 40 and "cancelled" in r.getMessage()]

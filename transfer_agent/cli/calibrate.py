@@ -27,7 +27,7 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--rtt", metavar="DURATION", help="the path's RTT (default: measured)")
     p.add_argument("--tcp-buffer", metavar="SIZE", help="TCP buffer cap per stream (default: this host's)")
     p.add_argument("--probe-seconds", metavar="DURATION", default="1s",
-                   help="data per probe, in time at the bandwidth (default 1s; at least four files)")
+                   help="data per probe, in time at the bandwidth (default 1s; at least eight files)")
     p.add_argument("--max-cc", type=int, default=32, help="highest concurrency probed (default 32)")
     p.add_argument("--chunks", default="tiny,small,medium,large", help="chunk types to probe (default all four)")
     p.add_argument("--grid", metavar="SPEC", help="cc=1,2,4:p=1,2:pp=0,4 (default cc 1..32, p 1..16, pp 0,1,4,16)")

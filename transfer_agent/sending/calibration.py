@@ -7,11 +7,13 @@ The paper ran every dataset with every parameter combination, at least five time
   BDP/30, small BDP/3, medium 3 x BDP, large 12 x BDP (floors 64 KiB; large capped at 256 MiB), random bytes
   in a temporary directory that is removed at the end.
 * **Probes.** A probe is a real transfer (the ``fixed`` tuner) of about ``probe_seconds`` of data at the
-  path's bandwidth (at least four files), into ``<dest>/.fstream-calibration/<chunk>/``. Before every probe
+  path's bandwidth (at least ``MIN_FILES``), into ``<dest>/.fstream-calibration/<chunk>/``. Before every probe
   the first 16 bytes of each source file are rewritten with random bytes, so the destination's copy
   differs and is replaced (the agent skips files already verified there): every probe moves its bytes,
-  and the receiver holds one dataset per chunk at most. Concurrency above the probe's file count cannot
-  be used, so the row records ``cc = min(cc, files)``: what actually ran. The row's throughput is the
+  and the receiver holds one dataset per chunk at most. A channel takes up to ``pp + 1`` files, so a probe
+  of ``files`` runs at most ``ceil(files / (pp + 1))`` channels and the row records that (``runnable_cc``):
+  what actually ran (on the WAN, four large files at pp=4 went to one channel, and cc 1, 2 and 4 at p=4 all
+  measured 280 Mbit/s). The row's throughput is the
   probe's steady rate after its warm-up (``steady_rate``; departure from the paper's whole-transfer
   entries, for the reason given there).
 * **Time cap.** A probe is cut (stopped: files in flight stay behind as parts, which the next probe of the chunk
@@ -53,7 +55,7 @@ from fstream_provider.tuning.harp_history import CALIBRATION_GRID, CHUNKS, SIZE_
 
 DEFAULT_GRID = CALIBRATION_GRID
 MIN_FILE, MAX_LARGE = 64 * 1024, 256 * 2**20
-MIN_FILES = 4  # per probe: so concurrency 1, 2 and 4 differ even on large files (a cubic needs 20 settings)
+MIN_FILES = 8  # per probe: large files at cc 1..8 with pp=0 and 1..2 with pp=4 are 24 settings (a cubic needs 20)
 GROUP_BLOCK = 24  # grid points of one chunk before the next chunk's turn: a cubic needs 20 distinct settings
 CAP_PROBES = 2.0  # a probe is cut after its warm-up + this many probe_seconds
 PROBE_BLOCK = 1 << 20  # bytes per block in a probe: a ~1 s window counts its bytes in steps this fine per stream
@@ -132,13 +134,18 @@ class Probe:
         return f"{self.pass_no}|{self.chunk}|{self.cc}|{self.p}|{self.pp}"
 
 
+def runnable_cc(cc: int, pp: int, files: int) -> int:
+    """Channels a probe of ``files`` files runs at (cc, pp): each channel takes up to ``pp + 1`` files."""
+    return max(1, min(cc, math.ceil(files / (pp + 1))))
+
+
 def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int, seed: int = 0,
                 files: dict[str, int] | None = None) -> list[Probe]:
     """Passes of the grid; each chunk's points shuffled per pass, chunks taking turns in ``GROUP_BLOCK`` blocks.
 
-    ``files``: files per chunk's probe. Concurrency above it cannot run, so a point is probed at ``min(cc, files)``
-    and once per pass: a large chunk's four files turned a block of 24 points into 17 distinct settings, fewer than
-    a cubic needs (issue 44).
+    ``files``: files per chunk's probe. A point is probed at the concurrency that can run (``runnable_cc``) and
+    once per pass: a large chunk's four files turned a block of 24 points into 17 distinct settings, fewer than a
+    cubic needs (issue 44).
     """
     points = [(cc, p, pp) for cc in grid["cc"] for p in grid["p"] for pp in grid["pp"]]
     out: list[Probe] = []
@@ -148,7 +155,7 @@ def probe_order(chunks: list[str], grid: dict[str, tuple[int, ...]], passes: int
             pts = list(points)
             random.Random(seed * 1000 + k * 31 + i).shuffle(pts)
             if files is not None:
-                pts = list(dict.fromkeys((min(cc, files[c]), p, pp) for cc, p, pp in pts))
+                pts = list(dict.fromkeys((runnable_cc(cc, pp, files[c]), p, pp) for cc, p, pp in pts))
             per[c] = pts
         for j in range(0, max(len(v) for v in per.values()), GROUP_BLOCK):
             for c in chunks:
@@ -292,7 +299,7 @@ class Calibration:
                  + f"; budget {self.budget_s:.0f} s, run {run_id}")
         order = probe_order(self.chunks, self.grid, self.passes, self.seed, files=counts)
         todo = [pr for pr in order if pr.field not in done]
-        ran, best, last_s = 0, {}, 0.0
+        ran, best, last_s, failed = 0, {}, 0.0, []
         for pr in todo:
             elapsed = time.monotonic() - t0
             if elapsed + last_s > self.budget_s:
@@ -302,7 +309,7 @@ class Calibration:
             for i in range(files):  # new content: the destination's copy differs, so the probe moves every byte
                 with open(d / f"cal{i:04d}.dat", "r+b") as f:
                     f.write(os.urandom(16))
-            cc = min(pr.cc, files)  # already so in the order (``probe_order``); a resumed run's may predate it
+            cc = runnable_cc(pr.cc, pr.pp, files)  # so in the order already; a resumed run's may predate it
             ts = time.monotonic()
             cap = warm_up(rtt) + CAP_PROBES * self.probe_seconds
             r, cut = self._transfer(self._spec(d, self._under(pr.chunk), cc, pr.p, pr.pp, rtt), cap_s=cap)
@@ -310,6 +317,8 @@ class Calibration:
             bps, secs = steady_rate(r, rtt, until=cap if cut else None)
             if not r.ok and not (cut and secs > 0 and bps > 0):  # a cut probe's steady part is its measurement
                 self.out(f"probe {pr.chunk} cc={cc} p={pr.p} pp={pr.pp}: failed ({r.error}); not recorded")
+                failed.append({"chunk": pr.chunk, "cc": cc, "p": pr.p, "pp": pr.pp, "cut": cut,
+                               "seconds": round(last_s, 2), "error": r.error})
                 continue
             row = HistoryRow(source=os.uname().nodename, destination=f"{self.dest.host}:{self.dest.port}",
                              bandwidth_bps=self.bandwidth_bps, rtt_s=rtt, tcp_buffer=buffer, chunk=pr.chunk,
@@ -327,7 +336,7 @@ class Calibration:
         total_done = len(done - {"run"}) + ran
         self.summary = {"run": run_id, "probes_run": ran, "probes_done": total_done, "probes_total": len(order),
                         "seconds": time.monotonic() - t0, "rtt_s": rtt, "bdp_bytes": bdp, "sizes": sizes,
-                        "files": counts, "best": {c: {"bps": b[0], "cc": b[1], "p": b[2], "pp": b[3]}
+                        "files": counts, "failed": len(failed), "failures": failed[-20:], "best": {c: {"bps": b[0], "cc": b[1], "p": b[2], "pp": b[3]}
                                                  for c, b in best.items()}}
         self.out(f"calibration: {ran} probe(s) this run, {total_done} of {len(order)} done, "
                  f"{self.summary['seconds']:.0f} s; best " + (", ".join(
