@@ -196,6 +196,50 @@ def test_a_slow_probe_is_cut_at_its_time_cap_and_its_steady_rate_recorded(tmp_pa
     assert row.cc == 1 and row.kind == "probe"
 
 
+def test_a_probe_slow_to_connect_is_measured_from_its_first_byte(tmp_path, secret, redis_url, redis_client, capsys):
+    """Each connection waits 0.25 s at a receiver (as a channel's streams on a long path: eight took 1.1 s at
+    40 ms), so a probe's first byte comes after 0.5 s, past the 0.45 s cap of a 0.1 s probe. Counted from the
+    start, the probe was cut before its first byte and not recorded (every p=8 pp=4 probe on the WAN, issue 44);
+    counted from its first byte, it is recorded, its seconds after that byte."""
+    from agentkit import start_receiver
+    from transfer_agent.receiving.receiver import Receiver
+
+    class SlowToConnect(Receiver):
+        def _handle(self, conn, peer, *args, **kwargs):
+            time.sleep(0.25)
+            return super()._handle(conn, peer, *args, **kwargs)
+
+    rx = start_receiver(tmp_path / "dst", secret, cls=SlowToConnect)
+    try:
+        argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/slow", "--secret-file", str(secret), "--redis",
+                redis_url, "--bandwidth", "1Gbit", "--rtt", "1ms", "--probe-seconds", "0.1s", "--chunks", "small",
+                "--grid", "cc=1:p=2:pp=0", "--passes", "1", "--budget", "60s", "--json"]
+        assert fstream(argv) == 0
+    finally:
+        rx.stop()
+    cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cal["probes_run"] == 1 and cal["failed"] == 0, cal
+    (row,) = TransferHistory(redis_client).rows()
+    assert row.throughput_bps > 0 and 0 < row.duration_s < 1.0
+
+
+def test_the_steady_rate_of_a_wan_probe_counts_from_its_first_byte():
+    """The interval records of a real probe on the 40 ms WAN (cc=1 p=8 pp=4, 38 x 1.67 MB): the first byte at
+    1.13 s, everything else in one record that ended at 1.91 s (the sender's loop was busy). Its rate is taken
+    from the first byte: 63.3 MB in 0.80 s, not over the 1.97 s since the start."""
+    from types import SimpleNamespace
+
+    from transfer_agent.sending.calibration import first_byte, steady_rate
+
+    ivs = [{"t": 1.13, "dt": 0.5, "bytes": 0}, {"t": 1.23, "dt": 0.1, "bytes": 93802},
+           {"t": 1.91, "dt": 0.68, "bytes": 63239506}, {"t": 1.93, "dt": 0.02, "bytes": 0}]
+    result = SimpleNamespace(intervals=ivs, bytes=63333308, seconds=1.97)
+    assert first_byte(ivs) == pytest.approx(1.13)
+    bps, secs = steady_rate(result, 0.040)
+    assert secs == pytest.approx(0.80) and bps == pytest.approx(63333308 * 8 / 0.80)
+    assert steady_rate(SimpleNamespace(intervals=ivs[:1], bytes=0, seconds=1.2), 0.040) == (0.0, 0.0)
+
+
 def test_calibrate_refuses_bad_options_naming_them(capsys, redis_url):
     assert fstream(["calibrate", "--to", "fstream://127.0.0.1:1/x", "--grid", "cc=a", "--redis", redis_url]) == 2
     assert "--grid 'cc=a': cc values must be integers" in capsys.readouterr().err

@@ -17,11 +17,13 @@ The paper ran every dataset with every parameter combination, at least five time
   probe's steady rate after its warm-up (``steady_rate``; departure from the paper's whole-transfer
   entries, for the reason given there).
 * **Time cap.** A probe is cut (stopped: files in flight stay behind as parts, which the next probe of the chunk
-  finds stale by their mtime and removes) once it has run ``warm-up + 2 x probe_seconds``; its rate is the
-  steady part before the cut. Without the cap a slow point ran for as long as its files took: on a 40 ms path,
-  376 tiny files at cc=1 pp=0 took 55 s, and a 120 s budget ended after 6 probes, too few for any model (issue
-  44). The cut used to drain (files in flight finished): a large-file probe at cc=1 then ran its four 60 MB
-  files to the end, 15 s of a 120 s budget, and the budget ended after 22 probes with no usable group.
+  finds stale by their mtime and removes) ``warm-up + 2 x probe_seconds`` after its first byte. Counted from
+  its start instead, connecting a channel's eight streams (1.1 s on the 40 ms path) took the whole cap of a
+  0.5 s probe, and every p=8 pp=4 probe was cut before its first steady interval. Its rate is the steady part
+  before the cut. Without the cap a slow point ran for as long as its files took: on a 40 ms path, 376 tiny
+  files at cc=1 pp=0 took 55 s, and a 120 s budget ended after 6 probes, too few for any model (issue 44). The
+  cut used to drain (files in flight finished): a large-file probe at cc=1 then ran its four 60 MB files to the
+  end, 15 s of a 120 s budget, and the budget ended after 22 probes with no usable group.
 * **Blocks.** Probes send ``PROBE_BLOCK`` blocks: a stream counts its bytes as each block leaves, so a steady
   window of about a second measured in 4 MiB blocks moved in steps of 4 MiB per stream (every large-file row of
   that run was a multiple of 42 Mbit/s over 0.8 s or of 56 over 0.6 s: 84, 168, 224, 336 Mbit/s).
@@ -58,6 +60,7 @@ MIN_FILE, MAX_LARGE = 64 * 1024, 256 * 2**20
 MIN_FILES = 8  # per probe: large files at cc 1..8 with pp=0 and 1..2 with pp=4 are 24 settings (a cubic needs 20)
 GROUP_BLOCK = 24  # grid points of one chunk before the next chunk's turn: a cubic needs 20 distinct settings
 CAP_PROBES = 2.0  # a probe is cut after its warm-up + this many probe_seconds
+START_MAX_S = 30.0  # a probe that moved no byte by then is stopped (and not recorded)
 PROBE_BLOCK = 1 << 20  # bytes per block in a probe: a ~1 s window counts its bytes in steps this fine per stream
 
 
@@ -98,25 +101,39 @@ def warm_up(rtt: float) -> float:
     return max(0.25, 6 * rtt)
 
 
+def first_byte(intervals: list[dict]) -> float | None:
+    """When a transfer's first byte moved (seconds after its start): the start of its first interval with bytes."""
+    iv = next((iv for iv in intervals if iv.get("bytes", 0) > 0), None)
+    return None if iv is None else iv["t"] - iv.get("dt", 0.0)
+
+
 def steady_rate(result: Any, rtt: float, until: float | None = None) -> tuple[float, float]:
     """(bits/s, seconds) of a probe after its warm-up: the intervals that began once slow start and the
-    first OPENs were behind it (max(0.25 s, 6 RTT)); the whole probe if too little is left (< 0.3 s).
+    first OPENs were behind it (max(0.25 s, 6 RTT) after the first byte); from the first byte to the end if
+    too little is left (< 0.3 s).
 
     A probe is short (about ``probe_seconds`` of data); its whole-transfer rate is dominated by the session
     set-up and TCP slow start on a long path (measured on a 40 ms path: every 0.5 s probe at or below a
     third of the link), while HARP models the rate a dataset reaches. The paper's entries were whole
     transfers of 10-98 GB datasets, where start-up is negligible; the steady part of a short probe stands
-    in for that. ``until``: only intervals that ended by then (a probe cut at its time cap drains afterwards,
-    at falling concurrency).
+    in for that. Both are counted from the first byte, not the start: eight streams of a channel took 1.1 s
+    to connect on the 40 ms path, longer than a 0.5 s probe's whole cap. ``until``: only intervals that
+    ended by then, seconds after the first byte (a cut probe's last records are its shutdown).
     """
-    warm = warm_up(rtt)
+    fb = first_byte(result.intervals)
+    if fb is None:
+        return 0.0, 0.0
+    warm = fb + warm_up(rtt)
     steady = [iv for iv in result.intervals if iv.get("dt", 0) > 0 and iv["t"] - iv["dt"] >= warm - 1e-9
-              and (until is None or iv["t"] <= until + 1e-9)]
+              and (until is None or iv["t"] <= fb + until + 1e-9)]
     secs = sum(iv["dt"] for iv in steady)
     moved = sum(iv["bytes"] for iv in steady)
     if secs >= 0.3 and moved > 0:
         return moved * 8 / secs, secs
-    return (result.bytes * 8 / result.seconds if result.seconds > 0 else 0.0), result.seconds
+    ends = [iv for iv in result.intervals if until is None or iv["t"] <= fb + until + 1e-9]
+    secs = (ends[-1]["t"] if ends else 0.0) - fb
+    moved = sum(iv.get("bytes", 0) for iv in ends)
+    return (moved * 8 / secs if secs > 0 else 0.0), max(secs, 0.0)
 
 
 @dataclass(frozen=True)
@@ -233,24 +250,31 @@ class Calibration:
                             sample_interval_s=0.1, block_size=PROBE_BLOCK, label="fstream calibrate")
 
     def _transfer(self, spec: TransferSpec, cap_s: float | None = None) -> tuple[Any, bool]:
-        """Run ``spec``; with ``cap_s``, stop it after that many seconds. (result, whether it was cut)."""
+        """Run ``spec``; with ``cap_s``, stop it that many seconds after its first byte (or ``START_MAX_S`` after
+        its start without one). (result, whether it was cut)."""
         import threading
 
         from transfer_agent.sending.history_io import HistoryOptions
         from transfer_agent.sending.sender import Transfer
 
-        cut = threading.Event()
-        timer = threading.Timer(cap_s, cut.set) if cap_s else None
+        cut, done = threading.Event(), threading.Event()
         t = Transfer(spec, redis=None, history=HistoryOptions(record=False), stall_timeout=30.0, cancel=cut,
                      log=_UntilCut(logging.getLogger("fstream.calibrate.probe"), cut))
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
+        started = time.monotonic()
+
+        def watch() -> None:  # the cap counts from the first byte: connecting p streams is not the probe's rate
+            while not done.wait(0.05):
+                fb = first_byte(t.result.intervals)
+                if time.monotonic() - started >= (START_MAX_S if fb is None else fb + cap_s):
+                    cut.set()
+                    return
+
+        if cap_s:
+            threading.Thread(target=watch, name="fstream-calibrate-cap", daemon=True).start()
         try:
             r = t.run()
         finally:
-            if timer is not None:
-                timer.cancel()
+            done.set()
         return r, cut.is_set()
 
     def run(self) -> dict:
@@ -332,7 +356,7 @@ class Calibration:
                 best[pr.chunk] = (bps, cc, pr.p, pr.pp)
             self.out(f"probe {ran:4d} pass {pr.pass_no} {pr.chunk:<6} cc={cc:<2} p={pr.p:<2} pp={pr.pp:<2} "
                      f"{bps / 1e6:9.1f} Mbit/s  {r.seconds:5.2f} s  bytes {r.bytes}"
-                     + (f"  (cut at {cap:.2f} s)" if cut else ""))
+                     + (f"  (cut {cap:.2f} s after its first byte)" if cut else ""))
         total_done = len(done - {"run"}) + ran
         self.summary = {"run": run_id, "probes_run": ran, "probes_done": total_done, "probes_total": len(order),
                         "seconds": time.monotonic() - t0, "rtt_s": rtt, "bdp_bytes": bdp, "sizes": sizes,
