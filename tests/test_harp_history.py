@@ -196,6 +196,17 @@ def test_a_slow_probe_is_cut_at_its_time_cap_and_its_steady_rate_recorded(tmp_pa
     assert row.cc == 1 and row.kind == "probe"
 
 
+def _calibrate_into(rx, secret, redis_url, capsys, dest: str, *opts: str) -> dict:
+    """One ``fstream calibrate --json`` of one pass into ``rx`` (stopped after it); its JSON summary."""
+    argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/{dest}", "--secret-file", str(secret), "--redis",
+            redis_url, "--bandwidth", "1Gbit", "--passes", "1", "--budget", "60s", "--json", *opts]
+    try:
+        assert fstream(argv) == 0
+    finally:
+        rx.stop()
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
 def test_a_probe_slow_to_connect_is_measured_from_its_first_byte(tmp_path, secret, redis_url, redis_client, capsys):
     """Each connection waits 0.25 s at a receiver (as a channel's streams on a long path: eight took 1.1 s at
     40 ms), so a probe's first byte comes after 0.5 s, past the 0.45 s cap of a 0.1 s probe. Counted from the
@@ -209,15 +220,9 @@ def test_a_probe_slow_to_connect_is_measured_from_its_first_byte(tmp_path, secre
             time.sleep(0.25)
             return super()._handle(conn, peer, *args, **kwargs)
 
-    rx = start_receiver(tmp_path / "dst", secret, cls=SlowToConnect)
-    try:
-        argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/slow", "--secret-file", str(secret), "--redis",
-                redis_url, "--bandwidth", "1Gbit", "--rtt", "1ms", "--probe-seconds", "0.1s", "--chunks", "small",
-                "--grid", "cc=1:p=2:pp=0", "--passes", "1", "--budget", "60s", "--json"]
-        assert fstream(argv) == 0
-    finally:
-        rx.stop()
-    cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cal = _calibrate_into(start_receiver(tmp_path / "dst", secret, cls=SlowToConnect), secret, redis_url, capsys,
+                          "slow", "--rtt", "1ms", "--probe-seconds", "0.1s", "--chunks", "small", "--grid",
+                          "cc=1:p=2:pp=0")
     assert cal["probes_run"] == 1 and cal["failed"] == 0, cal
     (row,) = TransferHistory(redis_client).rows()
     assert row.throughput_bps > 0 and 0 < row.duration_s < 1.0
@@ -304,21 +309,15 @@ def test_calibrated_history_drives_harp_on_a_real_transfer_which_records_its_own
 def test_a_large_file_probe_is_stopped_at_its_cap_not_run_to_the_end_of_its_files(tmp_path, secret, redis_url,
                                                                                   redis_client, capsys, caplog):
     """Eight 15 MB files at cc=4 into a receiver paced at 8 MB/s: a probe drained at its cap ran its four files in
-    flight to the end (7.5 s here; on the WAN a 120 s budget ended after 22 large-file probes with no usable group, issue 44). Stopped
-    at the cap, no file lands, its four parts stay behind, the steady part before the cap is recorded, and the files
-    the cut stopped are not logged as errors."""
+    flight to the end (7.5 s here; on the WAN a 120 s budget ended after 22 large-file probes with no usable
+    group, issue 44). Stopped at the cap, no file lands, its four parts stay behind, the steady part before the
+    cap is recorded, and the files the cut stopped are not logged as errors."""
     from agentkit import PacedReceiver, start_receiver
-    from transfer_agent.sending.calibration import CAP_PROBES, warm_up
+    from transfer_agent.sending.calibration import CAP_PROBES
 
-    rx = start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=8e6)
-    try:
-        argv = ["calibrate", "--to", f"fstream://127.0.0.1:{rx.port}/cut", "--secret-file", str(secret), "--redis",
-                redis_url, "--bandwidth", "1Gbit", "--rtt", "10ms", "--probe-seconds", "0.25s", "--chunks", "large",
-                "--grid", "cc=4:p=1:pp=0", "--passes", "1", "--budget", "60s", "--json"]
-        assert fstream(argv) == 0
-    finally:
-        rx.stop()
-    cal = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cal = _calibrate_into(start_receiver(tmp_path / "dst", secret, cls=PacedReceiver, rate=8e6), secret, redis_url,
+                          capsys, "cut", "--rtt", "10ms", "--probe-seconds", "0.25s", "--chunks", "large", "--grid",
+                          "cc=4:p=1:pp=0")
     assert cal["probes_run"] == 1 and cal["files"]["large"] == 8 and cal["sizes"]["large"] == 15_000_000
     assert cal["failed"] == 0
     (row,) = TransferHistory(redis_client).rows()

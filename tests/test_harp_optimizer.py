@@ -167,3 +167,25 @@ def test_unit_throughput_stays_positive_where_a_model_reaches_zero_at_one_channe
     pred = Prediction("small", g.relaxed[0], g.relaxed[1], g.relaxed[2], g.t_relaxed_bps, g.unit_bps, {}, {}, 0, 1,
                       g.r2, False, "", 0.0)
     assert allocate_channels([("small", 1e9, pred)]) == {"small": g.relaxed[0]}
+
+
+def test_a_prediction_is_one_the_chunk_can_run_its_pipeline_feeds_every_channel():
+    """A group whose optimum is cc=10 with the deepest pipeline (pp=8), asked for nine large files: a channel takes
+    pp + 1 files, so at pp=8 one channel takes all nine and the other nine idle (on the 40 ms WAN a cc=8 pp=4
+    prediction ran nine large files on two channels at 0.52x ``static``'s rate, issue 44). The prediction keeps
+    cc=10 and lowers pp to 0, and says so; with 200 files it is unchanged; the paper's variant keeps it as written."""
+    from fstream_provider.tuning.harp_model import feedable_pp
+    from fstream_provider.tuning.variants import HARP_PAPER
+
+    frame = to_frame(rows(quad, pp_gain=2e6))
+    few = HarpRequest(bandwidth_bps=1e9, rtt_s=0.04, tcp_buffer=1 << 20, chunk="small", avg_file_size=2e6,
+                      file_count=9)
+    opt = HarpOptimizer(rho=1.0)
+    pred = opt.predict(opt.fit(frame, few), None)
+    assert (pred.cc, pred.pp) == (10, 0) and "pp 8 -> 0 (a channel takes pp + 1 files; 9 file(s)" in pred.reason
+    assert abs(pred.throughput_bps - quad(10, 4, 0, pp_gain=2e6)) < 10e6  # the estimate is at the setting that runs
+    many = opt.predict(opt.fit(frame, REQ), None)
+    assert (many.cc, many.pp) == (10, 8) and "pp 8 ->" not in many.reason
+    paper = HarpOptimizer(rho=1.0, variant=HARP_PAPER)
+    assert paper.predict(paper.fit(frame, few), None).pp >= 8  # the whole grid: pp up to 32, as written
+    assert [feedable_pp(cc, 4, 9) for cc in (1, 2, 4, 8)] == [4, 3, 1, 0] and feedable_pp(7, 4, 1249) == 4

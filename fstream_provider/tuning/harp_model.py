@@ -16,7 +16,10 @@ Departures, each for a stated reason and each a switch of ``variants.HarpVariant
 ``paper`` variant, all on by default):
 
 * ``observed-grid``: the grid of each group is restricted to the range of each parameter the group
-  observed (a cubic extrapolates wildly; the paper's history covered the whole (1..32)^3 grid, ours may not);
+  observed (a cubic extrapolates wildly; the paper's history covered the whole (1..32)^3 grid, ours may not),
+  and the prediction is one the chunk can run: a channel takes up to pp + 1 files, so pp is lowered until the
+  chunk's files keep its cc channels busy (``feedable_pp``; a group's cc=8 pp=4 ran nine large files on two
+  channels);
 * ``sample-rate``: with a sample, the throughput estimate is scaled by T_act / (weighted model estimate at
   the sample): the models predict where the optimum is, the sample says how fast the path is today;
 * ``unit-floor``: one channel's throughput (UT) is at least a tenth of one channel's share at the relaxed
@@ -312,6 +315,13 @@ class HarpOptimizer:
         pp = int(round(sum(g.relaxed[2] * x for g, x in zip(groups, wt))))
         est = float(sum(g.t_relaxed_bps * x for g, x in zip(groups, wt)))
         unit = float(sum(g.unit_bps * x for g, x in zip(groups, wt)))
+        fed = feedable_pp(max(1, cc), max(0, pp), req.file_count) if self.variant.on("observed-grid") else pp
+        fed_note = ""
+        if fed != pp:  # the groups' optimum cannot run on this chunk: keep its channels, feed them
+            fed_note = (f", pp {pp} -> {fed} (a channel takes pp + 1 files; {req.file_count} file(s) keep {cc} "
+                        f"channels busy only at pp <= {fed})")
+            pp = fed
+            est = float(sum(float(g.predict(cc, p, pp)[0]) * x for g, x in zip(groups, wt)))
         scale_note = ""
         if sample is not None and self.variant.on("sample-rate"):
             model_at_sample = float(sum(float(g.predict(sample[0], sample[1], sample[2])[0]) * x
@@ -323,7 +333,7 @@ class HarpOptimizer:
         r2s = [g.r2 for g in groups]
         reason = (f"{fitted.reason}, R² median {np.median(r2s):.2f}"
                   + (f", {len(set(w))} error class(es)" if sample is not None else ", no sample: equal weights")
-                  + f"{scale_note} -> cc={cc} p={p} pp={pp}, predicted {_fmt(est)}")
+                  + f"{scale_note}{fed_note} -> cc={cc} p={p} pp={pp}, predicted {_fmt(est)}")
         return Prediction(req.chunk, max(1, cc), max(1, p), max(0, pp), est, unit,
                           {g.name: float(x) for g, x in zip(groups, w)}, errors, fitted.entries, len(groups),
                           float(np.median(r2s)), False, reason, fitted.fit_seconds + self.clock() - t0)
@@ -332,6 +342,15 @@ class HarpOptimizer:
                  sample: tuple[int, int, int, float] | None) -> Prediction:
         """``fit`` then ``predict``."""
         return self.predict(self.fit(history, request), sample)
+
+
+def feedable_pp(cc: int, pp: int, files: int) -> int:
+    """The deepest pipeline at which ``files`` keep ``cc`` channels busy: a channel takes up to ``pp + 1`` files, so
+    nine large files at cc=8 pp=4 ran on two channels (a group's optimum from rows at other file counts; on the
+    40 ms WAN 0.52x ``static``'s rate, issue 44)."""
+    if cc <= 1 or files < 1:
+        return pp
+    return min(pp, max(0, files // cc - 1))
 
 
 def allocate_channels(chunks: Sequence[tuple[str, float, Prediction]]) -> dict[str, int]:

@@ -360,8 +360,8 @@ class Calibration:
         total_done = len(done - {"run"}) + ran
         self.summary = {"run": run_id, "probes_run": ran, "probes_done": total_done, "probes_total": len(order),
                         "seconds": time.monotonic() - t0, "rtt_s": rtt, "bdp_bytes": bdp, "sizes": sizes,
-                        "files": counts, "failed": len(failed), "failures": failed[-20:], "best": {c: {"bps": b[0], "cc": b[1], "p": b[2], "pp": b[3]}
-                                                 for c, b in best.items()}}
+                        "files": counts, "failed": len(failed), "failures": failed[-20:],
+                        "best": {c: {"bps": b[0], "cc": b[1], "p": b[2], "pp": b[3]} for c, b in best.items()}}
         self.out(f"calibration: {ran} probe(s) this run, {total_done} of {len(order)} done, "
                  f"{self.summary['seconds']:.0f} s; best " + (", ".join(
                      f"{c} cc={b[1]} p={b[2]} pp={b[3]} {b[0] / 1e6:.0f} Mbit/s" for c, b in best.items()) or "-"))
