@@ -18,8 +18,7 @@ Departures, each for a stated reason and each a switch of ``variants.HarpVariant
 * ``observed-grid``: the grid of each group is restricted to the range of each parameter the group
   observed (a cubic extrapolates wildly; the paper's history covered the whole (1..32)^3 grid, ours may not),
   and the prediction is one the chunk can run: a channel takes up to pp + 1 files, so pp is lowered until the
-  chunk's files keep its cc channels busy (``feedable_pp``; a group's cc=8 pp=4 ran nine large files on two
-  channels);
+  chunk's files keep its cc channels busy (``feedable_pp``; four large files at pp=4 ran on one channel);
 * ``sample-rate``: with a sample, the throughput estimate is scaled by T_act / (weighted model estimate at
   the sample): the models predict where the optimum is, the sample says how fast the path is today;
 * ``unit-floor``: one channel's throughput (UT) is at least a tenth of one channel's share at the relaxed
@@ -346,8 +345,9 @@ class HarpOptimizer:
 
 def feedable_pp(cc: int, pp: int, files: int) -> int:
     """The deepest pipeline at which ``files`` keep ``cc`` channels busy: a channel takes up to ``pp + 1`` files, so
-    nine large files at cc=8 pp=4 ran on two channels (a group's optimum from rows at other file counts; on the
-    40 ms WAN 0.52x ``static``'s rate, issue 44)."""
+    four large files at pp=4 ran on one channel (the calibration's probes at cc 1, 2 and 4 all measured 280 Mbit/s
+    on the 40 ms WAN, issue 44), and a group's optimum fitted on other file counts (cc=8 pp=4) cannot run as such on
+    a chunk of a few files."""
     if cc <= 1 or files < 1:
         return pp
     return min(pp, max(0, files // cc - 1))
