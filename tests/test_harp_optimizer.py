@@ -189,3 +189,20 @@ def test_a_prediction_is_one_the_chunk_can_run_its_pipeline_feeds_every_channel(
     paper = HarpOptimizer(rho=1.0, variant=HARP_PAPER)
     assert paper.predict(paper.fit(frame, few), None).pp >= 8  # the whole grid: pp up to 32, as written
     assert [feedable_pp(cc, 4, 9) for cc in (1, 2, 4, 8)] == [4, 3, 1, 0] and feedable_pp(7, 4, 1249) == 4
+
+
+def test_a_groups_maximum_uses_no_more_streams_than_its_probes_ran():
+    """A law rising with cc and p, probed at every grid point but those over 32 streams (on the WAN the cc=16 p=8
+    probe of a small-file group was cut before it measured, and the cubic's maximum was that unmeasured corner,
+    issue 44): the maximum is at 32 streams at most; the paper's variant searches the whole grid."""
+    from fstream_provider.tuning.variants import HARP_PAPER
+
+    def rising(cc, p, pp):
+        return 100e6 + 10e6 * cc + 20e6 * p
+
+    frame = to_frame([r for r in rows(rising) if r.cc * r.p <= 32])
+    (g, *_) = HarpOptimizer(rho=1.0).fit(frame, REQ).groups
+    assert g.best[0] * g.best[1] <= 32 and g.bounds[0] == (1, 16) and g.bounds[1] == (1, 8)
+    assert g.best[:2] in {(4, 8), (16, 2)} and abs(g.t_max_bps - rising(*g.best)) < 5e6
+    (paper, *_) = HarpOptimizer(rho=1.0, variant=HARP_PAPER).fit(frame, REQ).groups
+    assert paper.best[0] * paper.best[1] > 32

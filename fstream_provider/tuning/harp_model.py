@@ -16,8 +16,10 @@ Departures, each for a stated reason and each a switch of ``variants.HarpVariant
 ``paper`` variant, all on by default):
 
 * ``observed-grid``: the grid of each group is restricted to the range of each parameter the group
-  observed (a cubic extrapolates wildly; the paper's history covered the whole (1..32)^3 grid, ours may not),
-  and the prediction is one the chunk can run: a channel takes up to pp + 1 files, so pp is lowered until the
+  observed and to no more streams (cc x p) than any of its probes ran (a cubic extrapolates wildly; the paper's
+  history covered the whole (1..32)^3 grid, ours may not: on the WAN a small-file group's maximum was the box's
+  corner cc=16 p=8, the one point whose probe had been cut before it measured), and the prediction is one the
+  chunk can run: a channel takes up to pp + 1 files, so pp is lowered until the
   chunk's files keep its cc channels busy (``feedable_pp``; four large files at pp=4 ran on one channel);
 * ``sample-rate``: with a sample, the throughput estimate is scaled by T_act / (weighted model estimate at
   the sample): the models predict where the optimum is, the sample says how fast the path is today;
@@ -249,6 +251,8 @@ class HarpOptimizer:
             return None, f"observed settings outside the grid bounds {bounds}"
         f = GroupModel(name, len(rows), n_settings, r2, (0, 0, 0), 0.0, (0, 0, 0), 0.0, 0.0, bounds, model)
         grid = np.stack(np.meshgrid(*[np.arange(a, b + 1) for a, b in bounds], indexing="ij"), -1).reshape(-1, 3)
+        if self.variant.on("observed-grid"):  # nor more streams than any of its probes ran (relax only lowers them)
+            grid = grid[grid[:, 0] * grid[:, 1] <= int((x[:, 0] * x[:, 1]).max())]
         est = f.predict(grid[:, 0], grid[:, 1], grid[:, 2])
         i = int(np.argmax(est))
         best, t_max = tuple(int(v) for v in grid[i]), float(est[i])
