@@ -1,6 +1,6 @@
 """SEAL that shares below the knee (issue 44): shares where SEAL as written waits, waits past the knee, gives a small
-task an equal share; the floor bounds every replay; ``fstream bench seal-load`` records its fresh seeds, and the
-goals table reads it."""
+task an equal share; the floor bounds every replay; the idealized SRPT orders and divides the ends as it says;
+``fstream bench seal-load`` records its fresh seeds, and the goals table reads it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from fstream_provider.tuning import sched_sim as S
 from fstream_provider.tuning import trace as T
 from fstream_provider.tuning.sched_model import EndpointCurve, LoadModel
 from fstream_provider.tuning.scheduler import SealConfig, SealScheduler, Task
+from fstream_provider.tuning.sched_srpt import srpt_estimate
 from fstream_provider.tuning.seal_share import SealShareScheduler
 
 GB = 1e9
@@ -79,6 +80,28 @@ def test_the_floor_is_below_every_replayed_task_and_a_lone_task_sits_on_it():
     assert got == pytest.approx(S.slowdown_floor(lone)[0], abs=0.15)  # the replay's steps of 0.1 s only
 
 
+def test_idealized_srpt_serves_the_shorter_first_and_gives_the_other_what_its_ends_have_left():
+    ends = {"a": EndpointCurve(8e9), "b": EndpointCurve(8e9), "c": EndpointCurve(2e9)}
+    # one pair: the 4 s task first (ready at 1 s, done at 5 s), then the 8 s task (done at 13 s; ideal 9 s)
+    one = [T.TraceTask(0.0, "a", "b", int(8 * GB), "interactive"),
+           T.TraceTask(0.0, "a", "b", int(4 * GB), "interactive")]
+    assert srpt_estimate(one, ends) == pytest.approx([13 / 9, 1.0], abs=0.02)
+    # two destinations: the task to c (2 Gbit/s alone, 4 s) takes 2 of the source's 8, the other the 6 left until
+    # it ends at 5 s; then 8: 3 GB moved by 5 s, 5 GB in 5 s more, done at 10 s against an ideal of 9 s
+    two = [T.TraceTask(0.0, "a", "b", int(8 * GB), "interactive"),
+           T.TraceTask(0.0, "a", "c", int(1 * GB), "interactive"), T.TraceTask(0.0, "a", "b", int(50 * GB), "batch")]
+    assert srpt_estimate(two, ends) == pytest.approx([10 / 9, 1.0, None], abs=0.02)
+
+
+def test_idealized_srpt_is_never_below_the_floor_and_below_the_baselines_under_contention():
+    trace = T.generate("60%", scale=0.1, seed=5)
+    floor, srpt = S.slowdown_floor(trace, window_s=90), srpt_estimate(trace, window_s=90)
+    assert all(s >= f - 1e-9 for f, s in zip(floor, srpt) if f is not None)
+    avg = sum(s for s in srpt if s is not None) / sum(s is not None for s in srpt)
+    best = min(S.replay(trace, S.make_scheduler(b), window_s=90, seed=5).summary()["avg_slowdown"] for b in S.BASELINES)
+    assert avg < best and avg > sum(f for f in floor if f is not None) / sum(f is not None for f in floor)
+
+
 def test_bench_seal_load_records_fresh_seeds_and_the_goal_reads_it(tmp_path: Path, capsys):
     assert seal_load.main(["--fresh", "2", "--traces", "25%", "--scale", "0.05", "--results", str(tmp_path)]) == 0
     path = next(tmp_path.glob("seal-load-*.json"))
@@ -88,11 +111,13 @@ def test_bench_seal_load_records_fresh_seeds_and_the_goal_reads_it(tmp_path: Pat
     assert set(row["results"]) == {*seal_load.ALGORITHMS, *seal_load.ABLATIONS}
     assert set(row["batch"]) == set(seal_load.BATCH_ALGORITHMS)
     assert row["floor"]["avg_slowdown"] <= min(r["avg_slowdown"] for r in row["results"].values())
+    assert row["floor"]["avg_slowdown"] <= row["srpt"]["avg_slowdown"]
     again = S.replay(T.generate("25%", scale=0.05, seed=row["seed"]), S.make_scheduler("seal-share"),
                      window_s=45, seed=row["seed"]).summary()
     assert again["avg_slowdown"] == pytest.approx(row["results"]["seal-share"]["avg_slowdown"])  # seed replays it
     text, met = seal_at_load(doc, path)
     assert text.startswith("25%: ") and "2 runs" in text and met.startswith("0 of 3 loads")
+    assert "idealized SRPT " in text
     text, met = steal_share_at_load(doc, path)
     assert "25%: " in text and met in ("yes", "no")
     assert "seed" in capsys.readouterr().out

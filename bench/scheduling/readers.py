@@ -60,18 +60,22 @@ def _by_trace(doc: dict) -> dict[str, list[dict]]:
 def seal_at_load(doc: dict, _: Path) -> tuple[str, str]:
     """``fstream bench seal-load``: SEAL that shares below the knee (``seal-share``) against the best baseline of
     each run, per trace shape over the fresh seeds (median and range of the reduction in average bounded slowdown),
-    beside what the floor would give (every task alone). Met: a median reduction ≥ 20 % at 25 %, 45 % and 60 %, and
+    beside what the idealized SRPT reaches (``sched_srpt``: free preemption, exact rates, no external load; in older
+    results absent) and the floor (every task alone). Met: a median reduction ≥ 20 % at 25 %, 45 % and 60 %, and
     never worse than the best baseline in any run of any trace."""
     parts, loads_met, worse = [], 0, 0
     for name, rows in _by_trace(doc).items():
-        gains, floors = [], []
+        gains, floors, ideal = [], [], []
         for row in rows:
             res = row["results"]
             best = min(res[b]["avg_slowdown"] for b in BASELINES)
             gains.append(100 * (1 - res["seal-share"]["avg_slowdown"] / best))
             floors.append(100 * (1 - row["floor"]["avg_slowdown"] / best))
+            if "srpt" in row:
+                ideal.append(100 * (1 - row["srpt"]["avg_slowdown"] / best))
             worse += res["seal-share"]["avg_slowdown"] > best
-        parts.append(f"{name}: {med_range(gains, '{:.0f} %')} lower (floor {med_range(floors, '{:.0f} %')})")
+        reach = f"idealized SRPT {med_range(ideal, '{:.0f} %')}, " if ideal else ""
+        parts.append(f"{name}: {med_range(gains, '{:.0f} %')} lower ({reach}floor {med_range(floors, '{:.0f} %')})")
         loads_met += name in ("25%", "45%", "60%") and statistics.median(gains) >= 20
     runs = len(doc["rows"])
     return "; ".join(parts) + f"; worse than the best baseline in {worse} of {runs} runs (seeds " \

@@ -8,14 +8,16 @@ Per seed and trace shape (``tuning.trace.generate``: Table 2's counts and load, 
 four baselines, SEAL as written, SEAL that shares below the knee (``tuning.seal_share``, ``seal-share``) and
 ``seal-share`` with each of its two changes off (the ablation: ``seal-share-no-admit``, ``seal-share-no-fair``), and
 computes the floor (``sched_sim.slowdown_floor``: every task alone, seen at the next cycle after one start-up;
-no scheduler does better under the replay's charges). With batch (the default) the same trace plus §6.4's
-50 GB batch tasks is replayed under ``seal-share`` and ``steal-share``: STEAL's share of the spare bandwidth
-against SEAL's. The seeds are drawn from the system's random source unless ``--seeds`` names them, and every
-seed is recorded, so any run can be replayed exactly (``fstream bench scheduling --traces T --seed S``).
+no scheduler does better under the replay's charges) and what an idealized scheduler reaches under contention
+(``sched_srpt.srpt_estimate``: preemptive SRPT with free preemption, exact rates and no external load). With batch
+(the default) the same trace plus §6.4's 50 GB batch tasks is replayed under ``seal-share`` and ``steal-share``:
+STEAL's share of the spare bandwidth against SEAL's. The seeds are drawn from the system's random source unless
+``--seeds`` names them, and every seed is recorded, so any run can be replayed exactly
+(``fstream bench scheduling --traces T --seed S``).
 
 Writes ``seal-load-<stamp>.json`` (and a ``.md`` of one line per run) into ``--results`` (default bench/results):
-provenance, the seeds, and per seed and trace every algorithm's summary (``sched_sim.ReplayResult.summary``) and the
-floor's average and worst.
+provenance, the seeds, and per seed and trace every algorithm's summary (``sched_sim.ReplayResult.summary``), the
+floor's average and worst, and the idealized SRPT's (``srpt``).
 The goals table reads it (``fstream_bench.scheduling.readers.seal_at_load``, ``steal_share_at_load``).
 ``--figure RESULT PNG`` draws a committed result, every run a point (nothing chosen), the median a line.
 """
@@ -35,6 +37,7 @@ from fstream_bench.core.seeds import add_seed_args, seeds_from
 from fstream_bench.core.runstats import write_result
 from fstream_bench.scheduling.replay import DEFAULT_TRACES
 from fstream_provider.tuning import sched_sim as S
+from fstream_provider.tuning.sched_srpt import srpt_estimate
 from fstream_provider.tuning import trace as T
 
 COMMAND = "seal-load"
@@ -60,8 +63,10 @@ def one_trace(name: str, seed: int, *, scale: float, batch: bool) -> dict:
     tasks = T.generate(name, scale=scale, seed=seed)
     curves = S.endpoints_for(tasks, window_s=window)
     floor = [f for f in S.slowdown_floor(tasks, curves, window_s=window) if f is not None]
+    srpt = [f for f in srpt_estimate(tasks, curves, window_s=window) if f is not None]
     out = {"trace": name, "seed": seed, "tasks": len(tasks),
            "floor": {"avg_slowdown": statistics.fmean(floor), "worst_slowdown": max(floor)},
+           "srpt": {"avg_slowdown": statistics.fmean(srpt), "worst_slowdown": max(srpt)},
            "results": {a: _replay(tasks, a, curves, window, seed) for a in (*ALGORITHMS, *ABLATIONS)}}
     if batch:
         with_batch = T.generate(name, scale=scale, seed=seed, batch=True)
@@ -74,7 +79,7 @@ def _line(row: dict) -> str:
     best = min(S.BASELINES, key=lambda b: res[b]["avg_slowdown"])
     parts = [f"{row['trace']} seed {row['seed']}: best baseline {best} {res[best]['avg_slowdown']:.3f}",
              *(f"{a} {res[a]['avg_slowdown']:.3f}" for a in ("seal", "seal-share", *ABLATIONS)),
-             f"floor {row['floor']['avg_slowdown']:.3f}"]
+             f"idealized SRPT {row['srpt']['avg_slowdown']:.3f}", f"floor {row['floor']['avg_slowdown']:.3f}"]
     if "batch" in row:
         b = row["batch"]
         parts.append(f"batch spare steal-share / seal-share "
@@ -84,7 +89,8 @@ def _line(row: dict) -> str:
 
 def figure(result: Path, png: Path) -> None:
     """Average bounded slowdown against the trace shape: every run of every algorithm a point, medians joined, the
-    floor dashed; relative to each run's best baseline, so runs of one shape but different seeds compare."""
+    floor and the idealized SRPT dashed; relative to each run's best baseline, so runs of one shape but different
+    seeds compare."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,21 +99,22 @@ def figure(result: Path, png: Path) -> None:
     doc = json.loads(Path(result).read_text())
     shapes = doc["config"]["traces"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    series = {a: [] for a in ("seal", "seal-share", *ABLATIONS, "floor")}
+    series = {a: [] for a in ("seal", "seal-share", *ABLATIONS, "srpt", "floor")}
     for x, shape in enumerate(shapes):
         rows = [r for r in doc["rows"] if r["trace"] == shape]
         for name in series:
             ys = []
             for r in rows:
                 best = min(r["results"][b]["avg_slowdown"] for b in S.BASELINES)
-                ys.append((r["floor"] if name == "floor" else r["results"][name])["avg_slowdown"] / best)
+                ys.append((r[name] if name in ("floor", "srpt") else r["results"][name])["avg_slowdown"] / best)
             series[name].append((x, ys))
     for i, (name, points) in enumerate(series.items()):
         off = (i - len(series) / 2) * 0.06
         ax.scatter([x + off for x, ys in points for _ in ys], [y for _, ys in points for y in ys], s=14,
                    label=None, color=f"C{i}")
         ax.plot([x + off for x, _ in points], [statistics.median(ys) for _, ys in points], color=f"C{i}",
-                linestyle="--" if name == "floor" else "-", label=name)
+                linestyle="--" if name in ("floor", "srpt") else "-",
+                label={"srpt": "idealized SRPT", "floor": "floor (alone)"}.get(name, name))
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.axhline(0.8, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xticks(range(len(shapes)), shapes)
