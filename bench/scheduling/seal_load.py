@@ -5,8 +5,10 @@
     fstream bench seal-load --figure bench/results/seal-load-STAMP.json docs/figures/seal-load.png
 
 Per seed and trace shape (``tuning.trace.generate``: Table 2's counts and load, bursty arrivals) it replays the
-four baselines, SEAL as written, SEAL that shares below the knee (``tuning.seal_share``, ``seal-share``) and
-``seal-share`` with each of its two changes off (the ablation: ``seal-share-no-admit``, ``seal-share-no-fair``), and
+four baselines, SEAL as written, SEAL that shares below the knee (``tuning.seal_share``, ``seal-share``), shortest
+remaining first past the knee (``tuning.srpt_share``, ``srpt-share``, which the goal reads) and the ablation: each of
+``seal-share``'s two changes off (``seal-share-no-admit``, ``seal-share-no-fair``), ``srpt-share`` counting starting
+tasks' streams (``srpt-share-counts-starting``) or walking SEAL's xfactor order (``srpt-share-xfactor-order``); and
 computes the floor (``sched_sim.slowdown_floor``: every task alone, seen at the next cycle after one start-up;
 no scheduler does better under the replay's charges) and what an idealized scheduler reaches under contention
 (``sched_srpt.srpt_estimate``: preemptive SRPT with free preemption, exact rates and no external load). With batch
@@ -42,15 +44,18 @@ from fstream_provider.tuning import trace as T
 
 COMMAND = "seal-load"
 MODULES = ("fstream_provider.tuning", "fstream_bench.scheduling.seal_load", "fstream_bench.core.seeds")
-ALGORITHMS = S.BASELINES + ("seal", "seal-share")
+ALGORITHMS = S.BASELINES + ("seal", "seal-share", "srpt-share")
 #: the ablation: ``seal-share`` with one of its two changes off (``seal_share.SealShareScheduler``'s switches)
-ABLATIONS = {"seal-share-no-admit": {"admit": False}, "seal-share-no-fair": {"fair_small": False}}
+ABLATIONS = {"seal-share-no-admit": ("seal-share", {"admit": False}),
+             "seal-share-no-fair": ("seal-share", {"fair_small": False}),
+             "srpt-share-counts-starting": ("srpt-share", {"count_starting": True}),
+             "srpt-share-xfactor-order": ("srpt-share", {"order": "xfactor"})}
 BATCH_ALGORITHMS = ("seal-share", "steal-share")
 
 
 def _replay(tasks: list, algorithm: str, curves: dict, window_s: float, seed: int) -> dict:
     t0 = time.process_time()
-    name, switches = ("seal-share", ABLATIONS[algorithm]) if algorithm in ABLATIONS else (algorithm, {})
+    name, switches = ABLATIONS.get(algorithm, (algorithm, {}))
     row = S.replay(tasks, S.make_scheduler(name, curves, **switches), endpoints=curves, window_s=window_s,
                    seed=seed).summary()
     row["cpu_seconds"] = round(time.process_time() - t0, 2)
@@ -78,7 +83,7 @@ def _line(row: dict) -> str:
     res = row["results"]
     best = min(S.BASELINES, key=lambda b: res[b]["avg_slowdown"])
     parts = [f"{row['trace']} seed {row['seed']}: best baseline {best} {res[best]['avg_slowdown']:.3f}",
-             *(f"{a} {res[a]['avg_slowdown']:.3f}" for a in ("seal", "seal-share", *ABLATIONS)),
+             *(f"{a} {res[a]['avg_slowdown']:.3f}" for a in ("seal", "seal-share", "srpt-share", *ABLATIONS)),
              f"idealized SRPT {row['srpt']['avg_slowdown']:.3f}", f"floor {row['floor']['avg_slowdown']:.3f}"]
     if "batch" in row:
         b = row["batch"]
@@ -99,7 +104,7 @@ def figure(result: Path, png: Path) -> None:
     doc = json.loads(Path(result).read_text())
     shapes = doc["config"]["traces"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    series = {a: [] for a in ("seal", "seal-share", *ABLATIONS, "srpt", "floor")}
+    series = {a: [] for a in ("seal", "seal-share", "srpt-share", "srpt", "floor")}  # the ablation: in the table
     for x, shape in enumerate(shapes):
         rows = [r for r in doc["rows"] if r["trace"] == shape]
         for name in series:

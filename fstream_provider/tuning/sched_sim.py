@@ -42,6 +42,7 @@ from typing import Callable
 from fstream_provider.tuning.sched_model import EndpointCurve, LoadModel
 from fstream_provider.tuning.scheduler import Action, SealConfig, SealScheduler, Task
 from fstream_provider.tuning.seal_share import SealShareScheduler
+from fstream_provider.tuning.srpt_share import SrptShareScheduler
 from fstream_provider.tuning.trace import DESTINATIONS, SOURCE, SOURCE_BPS, TraceTask, category_of
 
 BOUND_S = 1.0
@@ -382,19 +383,23 @@ def _rate(r: _Run, now: float) -> float:
     return (b1 - b0) * 8 / (t1 - t0) if t1 > t0 else 0.0
 
 
-ALGORITHMS = BASELINES + ("seal", "steal", "seal-share", "steal-share")
+ALGORITHMS = BASELINES + ("seal", "steal", "seal-share", "steal-share", "srpt-share")
 
 
 def make_scheduler(name: str, endpoints: dict[str, EndpointCurve] | None = None, **config) -> object:
     """A fresh scheduler by name: a baseline, ``seal`` or ``steal`` (``lambda_=`` etc. in ``config``), or either
     sharing below the knee (``seal-share``, ``steal-share``: ``seal_share.SealShareScheduler``; ``admit=`` and
-    ``fair_small=`` switch its two changes).
+    ``fair_small=`` switch its two changes), or shortest remaining first past the knee (``srpt-share``:
+    ``srpt_share.SrptShareScheduler``; ``count_starting=`` and ``order=`` for its ablation).
 
     SEAL and STEAL model ``endpoints`` (default §6.1's; for another trace pass ``endpoints_for(trace)``)."""
     if name in BASELINES:
         return BaselineScheduler(name)
     if name in ALGORITHMS[len(BASELINES):]:
         model = LoadModel(endpoints or paper_endpoints())
+        if name == "srpt-share":
+            switches = {k: config.pop(k) for k in ("count_starting", "order") if k in config}
+            return SrptShareScheduler(model, SealConfig(**config), **switches)
         if name.endswith("-share"):  # ``admit=``, ``fair_small=``: its two changes, for an ablation
             switches = {k: config.pop(k) for k in ("admit", "fair_small") if k in config}
             return SealShareScheduler(model, SealConfig(steal=name.startswith("steal"), **config), **switches)
