@@ -78,6 +78,22 @@ def test_a_longer_task_waits_past_the_knee_but_a_one_stream_task_starts():
     assert s.tasks["big"].state == "waiting"
 
 
+def test_starts_stop_at_two_knees_of_moving_and_starting_streams():
+    """In a burst every waiting task would start in one cycle (starting ones count for nothing): the limit stops
+    starts at 40 streams at an end (2 knees): r0's 10 and three starts of 10."""
+    burst = [Task(f"w{i}", "src", "dst", 5 * GB, arrival=60.0) for i in range(10)]
+    s = _board([("r0", 1 * GB, 10, "interactive")])
+    for t in burst:
+        s.submit(t)
+    got = s.cycle(60.5)
+    assert [(a.task, a.cc) for a in got] == [("w0", 10), ("w1", 10), ("w2", 10)]
+    assert "30 with those starting" in got[2].reason and s.tasks["w3"].state == "waiting"
+    unlimited = _board([("r0", 1 * GB, 10, "interactive")], start_limit=float("inf"))
+    for t in burst:
+        unlimited.submit(Task(t.id, t.src, t.dst, t.size, t.arrival))
+    assert [a.task for a in unlimited.cycle(60.5)] == [f"w{i}" for i in range(10)]
+
+
 def test_batch_tasks_yield_to_interactive_ones_whatever_they_have_left():
     s = _board([("i1", 30 * GB, 10, "interactive"), ("b1", 2 * GB, 10, "batch"), ("i2", 40 * GB, 1, "interactive")])
     assert s.tasks["i2"].cc == 10 and s.tasks["b1"].cc == 1  # the first cycle: i1, then i2 raised; b1 gave way
@@ -88,6 +104,8 @@ def test_an_unknown_order_is_refused_by_name():
     model = LoadModel({"a": EndpointCurve(1e9)})
     with pytest.raises(ValueError, match="srpt-share order 'fifo': expected one of remaining, xfactor"):
         SrptShareScheduler(model, order="fifo")
+    with pytest.raises(ValueError, match="srpt-share start_limit 0.5: expected at least 1"):
+        SrptShareScheduler(model, start_limit=0.5)
 
 
 def test_the_replay_runs_it_by_name_and_every_task_ends_with_reasons():

@@ -8,7 +8,8 @@ Per seed and trace shape (``tuning.trace.generate``: Table 2's counts and load, 
 four baselines, SEAL as written, SEAL that shares below the knee (``tuning.seal_share``, ``seal-share``), shortest
 remaining first past the knee (``tuning.srpt_share``, ``srpt-share``, which the goal reads) and the ablation: each of
 ``seal-share``'s two changes off (``seal-share-no-admit``, ``seal-share-no-fair``), ``srpt-share`` counting starting
-tasks' streams (``srpt-share-counts-starting``) or walking SEAL's xfactor order (``srpt-share-xfactor-order``); and
+tasks' streams (``srpt-share-counts-starting``), walking SEAL's xfactor order (``srpt-share-xfactor-order``) or
+starting without a limit (``srpt-share-no-start-limit``); and
 computes the floor (``sched_sim.slowdown_floor``: every task alone, seen at the next cycle after one start-up;
 no scheduler does better under the replay's charges) and what an idealized scheduler reaches under contention
 (``sched_srpt.srpt_estimate``: preemptive SRPT with free preemption, exact rates and no external load). With batch
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -49,7 +51,8 @@ ALGORITHMS = S.BASELINES + ("seal", "seal-share", "srpt-share")
 ABLATIONS = {"seal-share-no-admit": ("seal-share", {"admit": False}),
              "seal-share-no-fair": ("seal-share", {"fair_small": False}),
              "srpt-share-counts-starting": ("srpt-share", {"count_starting": True}),
-             "srpt-share-xfactor-order": ("srpt-share", {"order": "xfactor"})}
+             "srpt-share-xfactor-order": ("srpt-share", {"order": "xfactor"}),
+             "srpt-share-no-start-limit": ("srpt-share", {"start_limit": math.inf})}
 BATCH_ALGORITHMS = ("seal-share", "steal-share")
 
 

@@ -390,7 +390,7 @@ def make_scheduler(name: str, endpoints: dict[str, EndpointCurve] | None = None,
     """A fresh scheduler by name: a baseline, ``seal`` or ``steal`` (``lambda_=`` etc. in ``config``), or either
     sharing below the knee (``seal-share``, ``steal-share``: ``seal_share.SealShareScheduler``; ``admit=`` and
     ``fair_small=`` switch its two changes), or shortest remaining first past the knee (``srpt-share``:
-    ``srpt_share.SrptShareScheduler``; ``count_starting=`` and ``order=`` for its ablation).
+    ``srpt_share.SrptShareScheduler``; ``count_starting=``, ``order=`` and ``start_limit=`` for its ablation).
 
     SEAL and STEAL model ``endpoints`` (default §6.1's; for another trace pass ``endpoints_for(trace)``)."""
     if name in BASELINES:
@@ -398,7 +398,7 @@ def make_scheduler(name: str, endpoints: dict[str, EndpointCurve] | None = None,
     if name in ALGORITHMS[len(BASELINES):]:
         model = LoadModel(endpoints or paper_endpoints())
         if name == "srpt-share":
-            switches = {k: config.pop(k) for k in ("count_starting", "order") if k in config}
+            switches = {k: config.pop(k) for k in ("count_starting", "order", "start_limit") if k in config}
             return SrptShareScheduler(model, SealConfig(**config), **switches)
         if name.endswith("-share"):  # ``admit=``, ``fair_small=``: its two changes, for an ablation
             switches = {k: config.pop(k) for k in ("admit", "fair_small") if k in config}
