@@ -118,6 +118,9 @@ def test_bench_seal_load_records_fresh_seeds_and_the_goal_reads_it(tmp_path: Pat
     text, met = seal_at_load(doc, path)
     assert text.startswith("srpt-share: 25%: ") and "2 runs" in text and met.startswith("0 of 3 loads")
     assert "seal-share " in text and "idealized SRPT " in text
+    for row, share in zip(doc["rows"], (0.9, 0.5)):  # the floor 10 % and 50 % below the best baseline
+        row["floor"]["avg_slowdown"] = share * min(row["results"][b]["avg_slowdown"] for b in S.BASELINES)
+    assert "20 % lower is below the floor in 1 of 2 runs" in seal_at_load(doc, path)[0]
     for row in doc["rows"]:  # a result from before srpt-share: the goal reads seal-share, as it did
         del row["results"]["srpt-share"]
     assert seal_at_load(doc, path)[0].startswith("seal-share: 25%: ")
