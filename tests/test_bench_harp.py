@@ -193,3 +193,21 @@ def test_the_heldout_figure_draws_every_repeat_of_every_case(tmp_path):
     (tmp_path / "r" / "summary.json").write_text(json.dumps(summary))
     figure(tmp_path / "r", tmp_path / "f.png")
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_heldout_goal_counts_the_cases_where_1_2x_is_above_the_link():
+    """Static at 0.9 of the link leaves at most 1.11x to any tuner: the goals row says 1.2x is out of reach there."""
+    from pathlib import Path
+
+    from fstream_bench.tuning.readers import harp_heldout
+
+    def case(name: str, static_bps: float) -> dict:
+        return {"dataset": name, "condition": "quiet", "ratios": {"harp/static total": {"all": [0.8, 0.9]}},
+                "tuners": {"static": {"total_bps": {"median": static_bps}}}}
+
+    doc = {"seeds": [1, 2], "bandwidth_bps": 1e9, "cases": [case("heldout-1", 0.9e9), case("heldout-2", 0.5e9)]}
+    text, met = harp_heldout(doc, Path("summary.json"))
+    assert "heldout-1 (0.00 GB) quiet: 1.18 (1.11–1.25, 2 runs)× (ceiling 1.11×)" in text
+    assert text.endswith("1.2× is above the link's rate in 1 of 2 cases") and met == "no (below 1.2× in 2 of 2 cases)"
+    doc["cases"].pop(0)
+    assert "above the link" not in harp_heldout(doc, Path("summary.json"))[0]
