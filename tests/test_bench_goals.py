@@ -160,3 +160,26 @@ def test_a_pending_row_says_why_it_was_not_re_measured(world):
     row = gt.resolve(g, world["root"])
     assert row.status == "unrecorded" and row.met == "unverified (was “yes”)"
     assert "(not re-run yet: 30 minutes of exclusive WAN time); re-measure: `fstream bench probe`" in row.evidence
+
+
+def test_every_re_measurable_goal_finds_a_result_stamped_later_than_today():
+    """Regression: five rows globbed ``qos-2026112[5-9]-*`` and ``tuning-wan-2026112[5-9]-*``, so a re-measure in
+    December was never read and the rows stayed stale whatever ran. A row whose command writes a new result must
+    find one stamped years from now (rows that name one result file only are history and are left out)."""
+    import fnmatch
+    import re
+
+    pinned = []
+    for goal in GOALS:
+        pats = (goal.source,) if isinstance(goal.source, str) else goal.source
+        globs = [Path(p).name for p in pats if "*" in p or "[" in p]
+        if not globs:
+            continue
+        found = False
+        for pat in globs:
+            bench = re.split(r"-(?=[\d*\[])", pat, maxsplit=1)[0]
+            future = f"{bench}-20991231-235959" + (".json" if pat.endswith(".json") else "")
+            found = found or fnmatch.fnmatch(future, pat)
+        if not found:
+            pinned.append(f"issue {goal.issue}: {goal.goal[:50]} ({', '.join(globs)})")
+    assert not pinned, "goals that can never read a new result:\n" + "\n".join(pinned)
