@@ -47,7 +47,7 @@ from fstream_provider.tuning import trace as T
 COMMAND = "seal-load"
 MODULES = ("fstream_provider.tuning", "fstream_bench.scheduling.seal_load", "fstream_bench.core.seeds")
 ALGORITHMS = S.BASELINES + ("seal", "seal-share", "srpt-share")
-#: the ablation: ``seal-share`` with one of its two changes off (``seal_share.SealShareScheduler``'s switches)
+#: the ablation: name -> (rule, one of its switches changed: ``SealShareScheduler``'s, ``SrptShareScheduler``'s)
 ABLATIONS = {"seal-share-no-admit": ("seal-share", {"admit": False}),
              "seal-share-no-fair": ("seal-share", {"fair_small": False}),
              "srpt-share-counts-starting": ("srpt-share", {"count_starting": True}),
