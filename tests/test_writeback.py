@@ -94,8 +94,12 @@ def test_a_receiver_with_fsync_starts_a_large_files_writeback_as_it_arrives(tmp_
         assert res.ok, res.error
         if fsync:
             wb = rx._writeback
-            # a kick queued just before the last bytes may find the file committed and closed: skipped, not lost
-            wait_until(lambda: wb.kicks + wb.dropped + wb.skipped == size // KICK - 1, what="three kicks handled")
+            # a kick queued just before the last bytes may find the file committed and closed: skipped, not lost.
+            # The fourth 16 MiB kicks too when it is written before the sender's commit request is read (the file is
+            # not yet ready then): seen on a loaded CI host, 4 handled where 3 were awaited.
+            handled = wait_until(lambda: (n := wb.kicks + wb.dropped + wb.skipped) >= size // KICK - 1 and n,
+                                 what="three kicks handled")
+            assert handled in (size // KICK - 1, size // KICK), handled
             assert wb.enabled and wb.kicks >= 1 and wb.failed == 0
         else:
             assert not rx._writeback.enabled and rx._writeback.kicks == 0 and rx._writeback._thread is None
