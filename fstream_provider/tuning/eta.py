@@ -48,6 +48,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fstream_provider.tuning import ols
+
 DEFAULT_WINDOW_S = 20.0
 LEVEL = 0.90
 MIN_FILES_FIT = 8  # intervals before a per-file cost is fitted
@@ -147,19 +149,15 @@ class EtaEstimator:
         """The window's ``kind`` fit, computed once per window: "rate" (bytes only) or "files" (bytes + files,
         None unless it measures a per-file cost: both coefficients > 0, files significant at 5 %)."""
         if kind not in self._fits:
-            import numpy as np
-
-            from fstream_provider.tuning import ols
-
-            y, xb, xf = (np.array(column) for column in list(zip(*self._rows))[1:])
+            _, y, xb, xf = (list(column) for column in zip(*self._rows))
             if kind == "rate":
-                self._fits[kind] = ols.fit(y, xb.reshape(-1, 1))
-            elif np.ptp(xf) <= 0 or np.ptp(xb / np.maximum(xf, 1)) <= 0:
+                self._fits[kind] = ols.fit(y, xb)
+            elif max(xf) <= min(xf) or len({b / max(f, 1.0) for b, f in zip(xb, xf)}) <= 1:
                 self._fits[kind] = None
             else:
-                res = ols.fit(y, np.column_stack([xb, xf]))
-                self._fits[kind] = None if res.params[0] <= 0 or res.params[1] <= 0 or not res.pvalues[1] < 0.05 \
-                    else res
+                res = ols.fit(y, list(zip(xb, xf)))
+                self._fits[kind] = None if not res.params[0] > 0 or not res.params[1] > 0 \
+                    or not res.pvalues[1] < 0.05 else res
         return self._fits[kind]
 
 
