@@ -9,7 +9,8 @@ run on this machine, and compares each metric:
 - the pairs' ratios today / then, their median and range;
 - the noise the same code shows against itself in the same run (consecutive runs of one side);
 - today is *within the noise* when, for every metric, the median ratio is no further from 1 than the
-  largest same-side deviation. A deterministic smoke (``Smoke.exact``: the simulators) must be equal.
+  largest same-side deviation. A deterministic smoke (``Smoke.exact``: the simulators) must be equal, to
+  rounding (``EXACT_REL``: a refactor may sum the same terms in another order).
 
 Every attempt writes ``bench/results/carry-<stamp>.json``: the result it is about, both commits, every
 pair's metrics, each metric's ratio, range and noise, and the verdict. Within the noise, the record also
@@ -22,6 +23,7 @@ naming the metric that moved.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -38,6 +40,7 @@ from fstream_bench.core.saved import RESULTS_DIR
 
 REPO = provenance.REPO
 SO_GLOB = "_blake3tree*.so"  # the native module, built from native/ (not in git)
+EXACT_REL = 1e-9  # an exact smoke's numbers equal to this relative difference: rounding, not a changed result
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,8 @@ def verdict(pairs: list[dict], exact: bool) -> dict:
                 zip([p[side] for p in pairs], [p[side] for p in pairs][1:]) if a[m]]
         noise = max((abs(s - 1) for s in same), default=0.0)
         med = statistics.median(ratios)
-        ok = all(p["today"][m] == p["then"][m] for p in pairs) if exact else abs(med - 1) <= noise
+        ok = all(math.isclose(p["today"][m], p["then"][m], rel_tol=EXACT_REL) for p in pairs) if exact \
+            else abs(med - 1) <= noise
         out[m] = {"ratios": ratios, "median": med, "range": [min(ratios), max(ratios)], "same_side": same,
                   "noise": noise, "within": ok}
     return out
