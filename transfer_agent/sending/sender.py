@@ -392,7 +392,8 @@ class Transfer:
                                    "reason": "already at destination with the same size and checksum", **digest})
         else:
             self._fail_file(sf, f.error or FStreamError("failed"))
-        self._wake.set()
+        if not self._outstanding:  # the loop wakes for the last file (it ends then), not for each: it looks at its
+            self._wake.set()       # deadlines anyway, and a pass of it per file cost the sender ~35 µs a file
 
     def _on_unopenable(self, sf: SrcFile, err: FStreamError, watching: bool) -> None:
         with self._lock:
