@@ -114,3 +114,41 @@ def test_a_stream_whose_kept_commits_cannot_go_fails_the_session_not_its_thread(
         threading.excepthook = hook
         for s in (data, data_peer, ctl):
             s.close()
+
+
+class _IdlePool(SimpleNamespace):
+    """A pool with no files for the channel's driver (its cluster is None): the driver waits for work."""
+
+    def wait_for_work(self, timeout: float) -> None:
+        self.stopping.wait(min(timeout, 0.05))
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_an_idle_driver_with_its_own_stream_fails_the_session_when_the_receiver_closes(how: str) -> None:
+    """A channel of one stream is sent on by its driver (issue 43: no stream thread, no hand-off per file); while it
+    waits for work it watches that connection as an idle stream does."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    ours = socket.create_connection(srv.getsockname())
+    theirs, _ = srv.accept()
+    srv.close()
+    if how == "reset":
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    control = _Control()
+    pool = _IdlePool(control=control, stopping=threading.Event())
+    ch = Channel(0, 1, pool)  # type: ignore[arg-type]
+    ch._direct = (ours, None)  # what ``start`` sets for p = 1 after connecting
+    t = threading.Thread(target=ch._drive, daemon=True)
+    t.start()
+    try:
+        assert ch.threads == [] and not control.failed.wait(0.6), "an idle driver with a live connection failed"
+        t0 = time.monotonic()
+        theirs.close()
+        assert control.failed.wait(5), "the idle driver did not notice the receiver closed its connection"
+        assert time.monotonic() - t0 < 2.0
+        assert isinstance(control.error, NetworkError) and "lost" in str(control.error), control.error
+        t.join(5)
+        assert not t.is_alive()
+    finally:
+        pool.stopping.set()
+        ours.close()
+        theirs.close()

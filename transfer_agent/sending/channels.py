@@ -6,7 +6,8 @@ its blocks), ``connector`` (authenticated connections), ``control`` (the control
 
 A channel is ``p`` TCP streams that share one block queue: a file's missing ranges are cut into
 blocks and each stream takes the next block, so one file is striped over the channel's
-streams and, with small files, several files are in flight on one channel at once. A channel's
+streams and, with small files, several files are in flight on one channel at once (a channel of one
+stream is sent on by its driver, ``channel``). A channel's
 driver keeps up to ``pp`` files opened ahead of the one whose blocks it is queueing, so the
 channel never waits a round trip between files. Channels are kept by their ``p``: a tuner
 change reassigns channels whose ``p`` fits, parks the rest as passive, and opens new ones only

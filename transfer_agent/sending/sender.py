@@ -359,8 +359,7 @@ class Transfer:
         self.result.bytes_sent += f.bytes_sent
         if f.outcome == "retry":
             delay = retry_delay(sf, f.error)
-            # also while the session is being torn down: the file goes to the next session, never
-            # to "failed" without a reason (found by tests/faults: receiver SIGKILL mid-block)
+            # also while the session is torn down: to the next session, never "failed" without a reason (tests/faults)
             if delay is not None:
                 sf.retry_at = time.monotonic() + delay
                 with self._lock:
