@@ -96,3 +96,22 @@ def test_disk_info_names_the_mount_the_directory_is_on(tmp_path):
     assert info["mount"] in {m[1] for m in mounts}
     assert info["type"] == next(m[2] for m in mounts if m[1] == info["mount"])
     assert str(tmp_path).startswith(info["mount"])
+
+
+def test_per_file_against_the_client_is_paired_per_repeat():
+    """Issue 43's bar (≤ 1.1× globus-url-copy's CPU per file): each repeat's per-file CPU, net of its own 1-byte
+    run, over the client's in the same repeat."""
+    from fstream_bench.datapath.readers import FILES_C, TINY, per_file_vs_client
+
+    def run(case, tool, rep, cpu):
+        return {"case": case, "tool": tool, "repeat": rep, "ok": True, "cpu_src_s": cpu}
+
+    results = []
+    for rep, (ours, theirs) in enumerate([(0.35, 0.30), (0.40, 0.30), (0.30, 0.30)]):
+        results += [run(FILES_C, "fstream", rep, 0.10 + ours), run(TINY, "fstream", rep, 0.10),
+                    run(FILES_C, "gridftp", rep, 0.02 + theirs), run(TINY, "gridftp", rep, 0.02)]
+    text, met = per_file_vs_client({"results": results}, None)
+    assert text.startswith("1.17 (1.00–1.33, 3 runs)×") and met == "no", text
+    results[0]["cpu_src_s"] = 0.10 + 0.31  # the median repeat now 1.03×
+    text, met = per_file_vs_client({"results": results}, None)
+    assert text.startswith("1.03 (1.00–1.33, 3 runs)×") and met == "yes", text

@@ -8,8 +8,8 @@ from fstream_bench.core.goals_table import Goal
 from fstream_bench.datapath.readers import (
     authz_cost, backlog_memory, cpu_vs_fast, disk_files, fd_budget, flow_latency, flow_memory, flow_small,
     flow_throughput,
-    gil_receiver, loopback_cpu, loopback_disk, loopback_throughput, per_file, receiver_core, receiver_vs_iperf3,
-    startup, workers_vs_one,
+    gil_receiver, loopback_cpu, loopback_disk, loopback_throughput, per_file, per_file_vs_client, receiver_core,
+    receiver_vs_iperf3, startup, workers_vs_one,
 )
 
 LOOPBACK = "bench/results/loopback-*.json"
@@ -74,6 +74,9 @@ GOALS: list[Goal] = [
     Goal("43", "receiver CPU per GB, keyed checksum on, ≤ 3.0× iperf3's receiver on the same pinned core (1 GiB, "
          "p=4, tmpfs)", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK,
          measure=receiver_vs_iperf3, was=("5.4× (1.93 vs 0.35 CPU-s/GB; the issue's check, medians of three)", "no")),
+    Goal("43", "sender CPU per file without data ≤ 1.1× globus-url-copy's client (pinned loopback)", LOOPBACK,
+         "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=per_file_vs_client,
+         was=("1.31× (335 vs 255 µs; the issue's check, medians of three)", "no")),
     Goal("43", "on a real filesystem with fsync, ≥ 0.9 of `dd conv=fdatasync` for 1 GiB and ≥ 0.6 for 2000 files "
          "(256 KiB, cc=4)", LOOPBACK, "fstream bench loopback --repeat 5", select=FULL_LOOPBACK, measure=disk_files,
          was=("0.53 (1 GiB) / 0.25 (2000 files) (the issue's check, BENCHMARKS §12)", "no")),
