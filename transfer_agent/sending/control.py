@@ -8,7 +8,9 @@ A data stream that has its next block at hand may keep the COMMIT of the file it
 block at hand (``flush_commits``), or at most ``KEEP_MAX_S`` and one block, so the COMMITs of small files go
 several per frame.
 Sources of at most ``INLINE_HASH_MAX`` bytes are hashed by the driver that opened them, after their OPENs left,
-while the receiver answers (no hand-off to the hasher pool and back for a small file).
+while the receiver answers (no hand-off to the hasher pool and back for a small file). Issue 43 raised it from 64 KiB
+to 256 KiB: 2000 files of 256 KiB at cc=4 went in 0.80 s instead of 0.89 (six alternating runs, pinned or not), and
+each of the cc drivers hashes in its own thread, so nothing is serialized that the pool ran in parallel.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from transfer_agent.wire.batch import BATCH_MAX, INNER, Sub, pack, speaks_batch,
 from transfer_agent.wire.protocol import Frame, error_from_body
 
 log = logging.getLogger("fstream.sender")
-INLINE_HASH_MAX = 64 << 10  # sources this small are hashed by the thread that opens them, not the hasher pool
+INLINE_HASH_MAX = 256 << 10  # sources this small are hashed by the thread that opens them, not the hasher pool
 KEEP_MAX_S = 0.001  # a COMMIT kept for a stream's next write (``all_sent(keep=True)``) is sent within this at most
 PEER_SILENCE_S = 0.5  # a failed session's reader waiting this long for the receiver's next frame: it has no more to say
 ANSWER_MAX_S = 10.0  # the longest a failed session waits for the receiver to have said everything (as a BYE's answer)
