@@ -59,9 +59,10 @@ class _Pool:
         self._readers.append(t)
         return SimpleNamespace(link=SimpleNamespace(sock=ours), keys=None)
 
-    def next_file(self, cluster: str):
+    def next_files(self, cluster: str, n: int):
         with self._lock:
-            return self._files.pop() if self._files else None
+            out, self._files = self._files[:n], self._files[n:]
+            return out
 
     def unopenable(self, sf, exc) -> None:  # pragma: no cover - the file is readable
         raise AssertionError(f"{sf}: {exc}")

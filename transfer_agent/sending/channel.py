@@ -44,7 +44,7 @@ class PoolView(Protocol):
     stopping: threading.Event
     block_size: int
 
-    def next_file(self, cluster: str) -> SrcFile | None: ...
+    def next_files(self, cluster: str, n: int) -> list[SrcFile]: ...
     def unopenable(self, sf: SrcFile, exc: FStreamError) -> None: ...
     def wait_for_work(self, timeout: float) -> None: ...
     def requeue_unstarted(self, f: InFlight) -> None: ...
@@ -152,12 +152,7 @@ class Channel:
             room = self.pp + 1 - len(pipeline)
             if room <= 0 or (pipeline and pipeline[0].opened.is_set() and room < max(1, (self.pp + 1) // 4)):
                 return
-            sfs = []
-            while len(sfs) < min(room, BATCH_MAX):
-                sf = pool.next_file(cluster)
-                if sf is None:
-                    break
-                sfs.append(sf)
+            sfs = pool.next_files(cluster, min(room, BATCH_MAX))
             if not sfs:
                 return
             if len(sfs) == 1:

@@ -101,16 +101,17 @@ class ChannelPool:
         if self.on_unopenable is not None:
             self.on_unopenable(sf, exc)
 
-    def next_file(self, cluster: str) -> SrcFile | None:
+    def next_files(self, cluster: str, n: int) -> list[SrcFile]:
+        """Up to ``n`` queued files of ``cluster``, taken under one lock (a driver's refill)."""
         with self.cond:
             q = self.queues.get(cluster)
             if not q:
-                return None
-            sf = q.popleft()
+                return []
+            out = [q.popleft() for _ in range(min(n, len(q)))]
             tally = self._pending[cluster]
-            tally[0] -= 1
-            tally[1] -= sf.size
-            return sf
+            tally[0] -= len(out)
+            tally[1] -= sum(sf.size for sf in out)
+            return out
 
     def pending(self) -> dict[str, tuple[int, int]]:
         """Per cluster, (files, bytes) queued and not yet opened (kept as files come and go, not recounted)."""

@@ -20,7 +20,6 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any, Callable, Iterable
 
 from fstream_provider.watch.sources import SrcFile
@@ -37,7 +36,7 @@ from transfer_agent.errors import (
     SourceVanishedError,
 )
 from transfer_agent.sending.connector import Connector
-from transfer_agent.sending.inflight import InFlight, hold, release, settle
+from transfer_agent.sending.inflight import InFlight, Ready, hold, release, settle
 from transfer_agent.storage.checksum import hash_fd_also
 from transfer_agent.wire.batch import BATCH_MAX, INNER, Sub, pack, speaks_batch, unpack
 from transfer_agent.wire.protocol import Frame, error_from_body
@@ -166,12 +165,10 @@ class ControlSession:
         if self.verify and f.st_size > INLINE_HASH_MAX:
             f.hash_future = self.hasher.submit(self._hash, f)
             return
-        fut: Future = Future()
         try:
-            fut.set_result(self._hash(f) if self.verify else None)
+            f.hash_future = Ready(self._hash(f) if self.verify else None)
         except Exception as exc:  # noqa: BLE001 - the commit reports it, as it would from the pool
-            fut.set_exception(exc)
-        f.hash_future = fut
+            f.hash_future = Ready(error=exc)
 
     def _send(self, subs: list[Sub]) -> None:
         """Send per-file frames in one write: batched when the receiver speaks batch."""

@@ -42,6 +42,31 @@ class InFlight:
     opened_at: float = field(default_factory=time.monotonic)  # OPEN sent: a file's latency to its commit (metrics)
 
 
+class Ready:
+    """A checksum computed already (by the driver, ``ControlSession._start_hash``): what the commit path asks of a
+    ``concurrent.futures.Future`` (``done``, ``cancelled``, ``result``, ``add_done_callback``), without building and
+    notifying a condition variable for every small file."""
+
+    __slots__ = ("_value", "_error")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def add_done_callback(self, fn: Any) -> None:
+        fn(self)  # done already: called at once, as a Future does
+
+
 def cut_blocks(missing: list[tuple[int, int]], p: int, block_size: int) -> list[tuple[int, int]]:
     """Cut a file's missing ranges into (offset, length) blocks for a channel of ``p`` streams.
 
