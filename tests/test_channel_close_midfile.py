@@ -112,3 +112,65 @@ def test_a_channel_closed_mid_file_sends_the_rest_of_that_file_before_its_stream
         for s in pool._peers:
             s.close()
         os.close(fd)
+
+
+class _KeepingPool(_Pool):
+    """Two small files; COMMITs are answered only once flushed (``flush_commits``), so a kept COMMIT stays; the
+    tuner's layout turns pp to 0 while the first file is sent (``switch``)."""
+
+    def __init__(self, files: list[InFlight], switch) -> None:
+        super().__init__(files[0])
+        self._files = [f.sf for f in files]
+        by_sf = {id(f.sf): f for f in files}
+        self.kept: list[InFlight] = []
+
+        def all_sent(f: InFlight, keep: bool = False) -> None:
+            self.sent.append(f)
+            switch()
+            if keep:
+                self.kept.append(f)
+            else:
+                f.finished.set()
+
+        def flush(age: float = 0.0) -> None:
+            for k in self.kept:
+                k.finished.set()
+            self.kept.clear()
+
+        self.control.all_sent, self.control.flush_commits = all_sent, flush
+        self.control.open_many = lambda sfs, unopenable: [by_sf[id(sf)] for sf in sfs]
+
+    def pace(self, nbytes: int) -> float:
+        return 0.0
+
+
+def test_a_one_stream_channel_at_pp_0_sends_a_kept_commit_before_it_waits(tmp_path: Path) -> None:
+    """A file sent while the next was opened keeps its COMMIT; when the layout says pp = 0 meanwhile, the driver
+    waits for that file's answer and must send the COMMIT first (CI, 2026-12-01: a deadline transfer stalled 2 s)."""
+    files = []
+    for i in range(2):
+        src = tmp_path / f"f{i}.bin"
+        src.write_bytes(b"x" * 1000)
+        fd = os.open(src, os.O_RDONLY)
+        f = InFlight(SimpleNamespace(cluster="small", src=str(src), rel=src.name), i + 1, fd, 1000, 0)  # type: ignore[arg-type]
+        f.reply = {"missing": [[0, 1000]]}
+        f.opened.set()
+        files.append(f)
+    ch = Channel(1, 1, None)  # type: ignore[arg-type]
+    pool = _KeepingPool(files, switch=lambda: setattr(ch, "pp", 0))
+    ch.pool = pool  # type: ignore[assignment]
+    ch.cluster, ch.pp = "small", 1  # both files opened at once; the first one's COMMIT is kept
+    ch.start()
+    try:
+        assert files[0].finished.wait(5) and files[1].finished.wait(5), "the driver waited on a COMMIT it kept"
+        assert pool.sent == files and pool.error is None
+    finally:
+        pool.stopping.set()
+        ch.kill()
+        ch.join(timeout=5)
+        for t in pool._readers:
+            t.join(5)
+        for s in pool._peers:
+            s.close()
+        for f in files:
+            os.close(f.fd)

@@ -40,7 +40,7 @@ from fstream_bench.core.saved import RESULTS_DIR
 
 REPO = provenance.REPO
 SO_GLOB = "_blake3tree*.so"  # the native module, built from native/ (not in git)
-EXACT_REL = 1e-9  # an exact smoke's numbers equal to this relative difference: rounding, not a changed result
+EXACT_REL = 1e-12  # an exact smoke's numbers equal to this relative difference: rounding, not a changed result
 
 
 @dataclass(frozen=True)

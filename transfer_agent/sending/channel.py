@@ -119,6 +119,7 @@ class Channel:
                     continue  # refused or failed at open; already reported
                 self._send_file(cur, pipeline)
                 if self.pp == 0:
+                    self._idle(poller)  # a COMMIT kept (under an earlier pp) goes before waiting for its answer
                     while not cur.finished.wait(0.25):  # no pipelining: wait for the round trip
                         if pool.stopping.is_set():
                             return
@@ -175,8 +176,9 @@ class Channel:
                     continue
 
     def _idle(self, poller: select.poll | None) -> None:
-        """The driver has nothing to send now: with its own stream (p = 1), the COMMITs it kept go, and a data
-        connection the receiver closed fails the session at once (as an idle stream's ``_next_block`` does)."""
+        """The driver is about to wait: with its own stream (p = 1), the COMMITs it kept go (every wait, or a file
+        waited for at pp = 0 whose COMMIT was kept stalls until something else flushes: a deadline test in CI, 2 s),
+        and a data connection the receiver closed fails the session at once (as an idle stream's ``_next_block``)."""
         if poller is None:
             return
         self.pool.control.flush_commits()
@@ -192,6 +194,7 @@ class Channel:
                 self.pool.control.skip(f)
                 return
             self.pool.control.reopen(f)  # our copy differs: now the receiver makes room for it
+            self._idle(self._poller(self._direct[0]) if self._direct is not None else None)
             while not f.opened.wait(0.25):
                 if self.pool.stopping.is_set():
                     return
