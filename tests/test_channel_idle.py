@@ -29,6 +29,17 @@ class _Control:
         pass
 
 
+def _fails_when_closed(theirs: socket.socket, control: _Control, t: threading.Thread, who: str) -> None:
+    """The receiver's end closes: ``who`` fails the session within 2 s with a lost data stream, and its thread ends."""
+    t0 = time.monotonic()
+    theirs.close()
+    assert control.failed.wait(5), f"{who} did not notice the receiver closed its connection"
+    assert time.monotonic() - t0 < 2.0
+    assert isinstance(control.error, NetworkError) and "lost" in str(control.error), control.error
+    t.join(5)
+    assert not t.is_alive()
+
+
 @pytest.mark.parametrize("how", ["close", "reset"])
 def test_idle_stream_fails_the_session_when_the_receiver_closes(how: str) -> None:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if how == "close" else (None, None)
@@ -45,13 +56,7 @@ def test_idle_stream_fails_the_session_when_the_receiver_closes(how: str) -> Non
     t.start()
     try:
         assert not control.failed.wait(0.6), "an idle stream with a live connection failed the session"
-        t0 = time.monotonic()
-        theirs.close()
-        assert control.failed.wait(5), "the idle stream did not notice the receiver closed its connection"
-        assert time.monotonic() - t0 < 2.0
-        assert isinstance(control.error, NetworkError) and "lost" in str(control.error), control.error
-        t.join(5)
-        assert not t.is_alive()
+        _fails_when_closed(theirs, control, t, "the idle stream")
     finally:
         ours.close()
         theirs.close()
@@ -141,13 +146,7 @@ def test_an_idle_driver_with_its_own_stream_fails_the_session_when_the_receiver_
     t.start()
     try:
         assert ch.threads == [] and not control.failed.wait(0.6), "an idle driver with a live connection failed"
-        t0 = time.monotonic()
-        theirs.close()
-        assert control.failed.wait(5), "the idle driver did not notice the receiver closed its connection"
-        assert time.monotonic() - t0 < 2.0
-        assert isinstance(control.error, NetworkError) and "lost" in str(control.error), control.error
-        t.join(5)
-        assert not t.is_alive()
+        _fails_when_closed(theirs, control, t, "the idle driver")
     finally:
         pool.stopping.set()
         ours.close()
