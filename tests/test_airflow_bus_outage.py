@@ -38,6 +38,7 @@ from fstream_provider.triggers.transfer import FStreamTransferTrigger  # noqa: E
 
 import authkit  # noqa: E402
 from test_airflow_operator_correctness import DEST, _TI  # noqa: E402
+from test_bus_role_change import blocked_reader  # noqa: E402
 
 DOWN_S = 6.0  # longer than redis-py's own retries (5, jittered: 0.1 to ~3 s in all): only a ride-out survives it
 
@@ -199,7 +200,7 @@ def test_the_transfer_trigger_rides_out_a_redis_restart_and_fires_the_jobs_outco
 
     try:
         event = asyncio.run(scenario())
-        assert event["status"] == "success" and event["state"] == "succeeded", event
+        assert event["status"] == "success" and event["state"] == "succeeded", str(event)  # in full (a dict is cut)
         stream = agent.events()
         assert event["last_event_id"] == stream[-1][0] and stream[-1][1] == "done"
     finally:
@@ -456,7 +457,50 @@ def test_the_transfer_trigger_follows_a_sentinel_failover_and_fires_the_jobs_out
             event = asyncio.run(scenario())
         finally:
             agent.close()
-        assert event["status"] == "success" and event["state"] == "succeeded", event
+        assert event["status"] == "success" and event["state"] == "succeeded", str(event)  # in full (a dict is cut)
+        text = [r.getMessage() for r in records]
+        assert len([t for t in text if "Mbit" in t]) == 2, text  # both intervals, once each
+    finally:
+        group.stop()
+
+
+def test_the_transfer_trigger_follows_through_a_master_made_a_replica_under_its_read(tmp_path, monkeypatch):
+    """The master hands its role to the replica while the trigger is blocked reading on it (``REPLICAOF``: the
+    server answers ``-UNBLOCKED … instance state changed`` and keeps the connection). The trigger failed its task
+    with that ``ResponseError`` although the job went on and succeeded (the signature of the Sentinel failover
+    test's CI flake: a fail-back while the group settles). Now its client reads again on the master the sentinel
+    names."""
+    from fstream_bench.ops.sentinel_group import SentinelGroup
+
+    group = SentinelGroup(tmp_path / "sentinel", down_after_ms=60000).start()  # no failover of the sentinel's own
+    url = group.url + "&wait_replicas=1"
+    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", "fstream://?" + urlencode({"url": url}) + "&"
+                       + authkit.conn_query())
+    try:
+        op, trigger = _deferred()
+        trigger.block_ms = 200
+        records = _lines(trigger)
+        agent = _Agent(url, trigger.job_id)
+
+        async def scenario() -> dict:
+            task = asyncio.ensure_future(_run_trigger(trigger, within=120))
+            await asyncio.to_thread(agent.interval, 1)
+            deadline = time.monotonic() + 30
+            while not any("Mbit" in r.getMessage() for r in records):
+                assert time.monotonic() < deadline and not task.done(), [r.getMessage() for r in records]
+                await asyncio.sleep(0.02)
+            old = group.master()
+            await asyncio.to_thread(blocked_reader, old.url)  # the trigger's reader, blocked on the master
+            assert await asyncio.to_thread(group.switch) != old.port
+            await asyncio.to_thread(_through_failover, agent.interval, 2)
+            await asyncio.to_thread(_through_failover, agent.finish)
+            return await task
+
+        try:
+            event = asyncio.run(scenario())
+        finally:
+            agent.close()
+        assert event["status"] == "success" and event["state"] == "succeeded", str(event)  # in full (a dict is cut)
         text = [r.getMessage() for r in records]
         assert len([t for t in text if "Mbit" in t]) == 2, text  # both intervals, once each
     finally:

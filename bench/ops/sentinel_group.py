@@ -4,8 +4,9 @@ outage on demand.
 Both servers keep an AOF (``appendfsync always``); the sentinel notices a dead master after ``down-after`` ms and
 promotes the replica. ``failover()`` SIGKILLs the master, waits until the sentinel names the replica, then starts
 the old master again on its port as a replica of the new one (what the sentinel would do to it, done at once);
-``outage()`` stops both for a while. Clients follow the changes through ``url`` (``redis+sentinel://…/m1``), as a
-deployment's would. Used by tests/test_airflow_bus_outage.py, tests/test_airflow_under_faults.py and
+``outage()`` stops both for a while; ``switch()`` hands the master's role to the replica as an operator or an
+orchestrator does (``REPLICAOF``: clients blocked on the old master are answered ``-UNBLOCKED``). Clients follow
+the changes through ``url`` (``redis+sentinel://…/m1``), as a deployment's would. Used by tests/test_airflow_bus_outage.py, tests/test_airflow_under_faults.py and
 ``fstream bench airflow-soak``.
 """
 
@@ -112,6 +113,27 @@ class SentinelGroup:
         self.settle(timeout)
         self.failovers += 1
         return promoted
+
+    def switch(self, timeout: float = 60.0) -> int:
+        """Hand the master's role to the replica without killing anything, as an operator or an orchestrator does
+        it: ``REPLICAOF NO ONE`` on the replica, the sentinel told to watch it (``SENTINEL REMOVE``/``MONITOR``),
+        then ``REPLICAOF`` on the old master, which answers every client blocked on it with ``-UNBLOCKED … instance
+        state changed`` and keeps their connections (a sentinel's own failover kills them: ``CLIENT KILL``).
+        Returns the new master's port once the group is whole (``settle``)."""
+        old = self.master()
+        new = next(s for s in self.servers if s is not old)
+        c_new, c_old, sentinel = connect(new.url, retries=0), connect(old.url, retries=0), self._sentinel()
+        try:
+            c_new.execute_command("REPLICAOF", "NO", "ONE")
+            sentinel.execute_command("SENTINEL", "REMOVE", MASTER_NAME)
+            sentinel.execute_command("SENTINEL", "MONITOR", MASTER_NAME, "127.0.0.1", str(new.port), "1")
+            sentinel.execute_command("SENTINEL", "SET", MASTER_NAME, "down-after-milliseconds",
+                                     str(self.down_after_ms), "failover-timeout", "10000")
+            c_old.execute_command("REPLICAOF", "127.0.0.1", str(new.port))
+        finally:
+            for c in (c_new, c_old, sentinel):
+                c.close()
+        return self.settle(timeout)
 
     def outage(self, seconds: float, timeout: float = 60.0) -> None:
         """Stop both servers (SIGTERM: each finishes its AOF) for ``seconds``, then start the master first and the

@@ -9,9 +9,9 @@ import redis
 import redis.asyncio
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
-from redis.retry import Retry
 
 from fstream_provider.bus import server_floor
+from fstream_provider.bus.role_change import AsyncRoleChangeRetry, RoleChangeRetry
 
 SOCKET_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
@@ -23,7 +23,8 @@ WAIT_TIMEOUT_MS = 500  # ``?wait_replicas=N``: how long a job write waits for it
 # The errors that mean "Redis is unreachable for now" (down, restarting, loading its AOF; a Cluster failing over:
 # CLUSTERDOWN while a dead master's slots have no one to serve them, TRYAGAIN, a slot the client's map does not
 # cover yet), not "the command was wrong": what the agent waits out with backoff. A MOVED after a failover is
-# followed by the Cluster client itself.
+# followed by the Cluster client itself. A master made a replica under a blocked read answers ``-UNBLOCKED``: the
+# clients' Retry (``role_change``) makes that a ConnectionError and reads again on a fresh connection.
 REDIS_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ClusterDownError,
                      TryAgainError, SlotNotCoveredError)
 
@@ -41,7 +42,7 @@ def _options(socket_timeout: float, connect_timeout: float, retries: int) -> dic
         "socket_keepalive": True,
         "health_check_interval": HEALTH_CHECK_INTERVAL_S,
         "retry_on_timeout": True,
-        "retry": Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries),
+        "retry": RoleChangeRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries),
     }
 
 
@@ -115,12 +116,11 @@ def connect_async(url: str, *, socket_timeout: float = SOCKET_TIMEOUT_S, connect
                   retries: int = RETRIES) -> redis.asyncio.Redis:
     """A ``redis.asyncio`` client with the same options (for Airflow triggers). Close it with ``await c.aclose()``."""
     from redis.asyncio.cluster import ClusterNode, RedisCluster
-    from redis.asyncio.retry import Retry as AsyncRetry
     from redis.asyncio.sentinel import Sentinel
 
     url, _wait = _wait_option(url)  # the async side (triggers) writes no job state that WAIT protects
     opts = _options(socket_timeout, connect_timeout, retries)
-    opts["retry"] = AsyncRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
+    opts["retry"] = AsyncRoleChangeRetry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
     opts["redis_connect_func"] = server_floor.check_connection_async
     return _client(url, opts, redis.asyncio.Redis, Sentinel, RedisCluster, ClusterNode)
 
