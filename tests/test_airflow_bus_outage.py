@@ -427,41 +427,12 @@ def _pending(url: str, scope: str) -> int:
 def test_the_transfer_trigger_follows_a_sentinel_failover_and_fires_the_jobs_outcome(tmp_path, monkeypatch):
     """The master is SIGKILLed mid-follow; the sentinel promotes the replica; the trigger finds the new master
     through the Sentinel URL and goes on from the last event it handled (the job's writes wait for the replica)."""
-    from fstream_bench.ops.sentinel_group import SentinelGroup
+    def failover(group) -> None:
+        old = group.master().port
+        group.failover()
+        assert group.promoted not in (None, old)  # the sentinel named the replica (it may fail back while settling)
 
-    group = SentinelGroup(tmp_path / "sentinel").start()
-    url = group.url + "&wait_replicas=1"
-    monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", "fstream://?" + urlencode({"url": url}) + "&"
-                       + authkit.conn_query())
-    try:
-        op, trigger = _deferred()
-        trigger.block_ms = 200
-        records = _lines(trigger)
-        agent = _Agent(url, trigger.job_id)
-
-        async def scenario() -> dict:
-            task = asyncio.ensure_future(_run_trigger(trigger, within=120))
-            await asyncio.to_thread(agent.interval, 1)
-            deadline = time.monotonic() + 30
-            while not any("Mbit" in r.getMessage() for r in records):
-                assert time.monotonic() < deadline and not task.done(), [r.getMessage() for r in records]
-                await asyncio.sleep(0.02)
-            old = group.master().port
-            await asyncio.to_thread(group.failover)
-            assert group.promoted not in (None, old)  # the sentinel named the replica (it may fail back while settling)
-            await asyncio.to_thread(_through_failover, agent.interval, 2)
-            await asyncio.to_thread(_through_failover, agent.finish)
-            return await task
-
-        try:
-            event = asyncio.run(scenario())
-        finally:
-            agent.close()
-        assert event["status"] == "success" and event["state"] == "succeeded", str(event)  # in full (a dict is cut)
-        text = [r.getMessage() for r in records]
-        assert len([t for t in text if "Mbit" in t]) == 2, text  # both intervals, once each
-    finally:
-        group.stop()
+    _follow_through_a_master_change(tmp_path, monkeypatch, failover)
 
 
 def test_the_transfer_trigger_follows_through_a_master_made_a_replica_under_its_read(tmp_path, monkeypatch):
@@ -470,9 +441,21 @@ def test_the_transfer_trigger_follows_through_a_master_made_a_replica_under_its_
     with that ``ResponseError`` although the job went on and succeeded (the signature of the Sentinel failover
     test's CI flake: a fail-back while the group settles). Now its client reads again on the master the sentinel
     names."""
+    def switch(group) -> None:
+        old = group.master()
+        blocked_reader(old.url)  # the trigger's reader, blocked on the master
+        assert group.switch() != old.port
+
+    _follow_through_a_master_change(tmp_path, monkeypatch, switch, down_after_ms=60000)  # no failover of its own
+
+
+def _follow_through_a_master_change(tmp_path, monkeypatch, change, **group_kw) -> None:
+    """A trigger follows a job through a Sentinel URL; after the first interval is logged, ``change(group)`` moves
+    the master (in a thread); the agent's side writes the second interval and the outcome through it. The trigger
+    must fire the job's success with both intervals logged once each."""
     from fstream_bench.ops.sentinel_group import SentinelGroup
 
-    group = SentinelGroup(tmp_path / "sentinel", down_after_ms=60000).start()  # no failover of the sentinel's own
+    group = SentinelGroup(tmp_path / "sentinel", **group_kw).start()
     url = group.url + "&wait_replicas=1"
     monkeypatch.setenv("AIRFLOW_CONN_FSTREAM_DEFAULT", "fstream://?" + urlencode({"url": url}) + "&"
                        + authkit.conn_query())
@@ -489,9 +472,7 @@ def test_the_transfer_trigger_follows_through_a_master_made_a_replica_under_its_
             while not any("Mbit" in r.getMessage() for r in records):
                 assert time.monotonic() < deadline and not task.done(), [r.getMessage() for r in records]
                 await asyncio.sleep(0.02)
-            old = group.master()
-            await asyncio.to_thread(blocked_reader, old.url)  # the trigger's reader, blocked on the master
-            assert await asyncio.to_thread(group.switch) != old.port
+            await asyncio.to_thread(change, group)
             await asyncio.to_thread(_through_failover, agent.interval, 2)
             await asyncio.to_thread(_through_failover, agent.finish)
             return await task

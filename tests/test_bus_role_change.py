@@ -63,9 +63,8 @@ def _demote_then_write(a: RedisServer, b: RedisServer) -> str:
         admin_b.close()
 
 
-def test_a_blocked_read_of_the_blocking_client_reads_on_after_its_master_became_a_replica(pair):
-    a, b = pair
-    reader = connect(a.url)
+def _read_in_thread(reader: redis.Redis) -> tuple[threading.Thread, dict]:
+    """A blocked ``XREAD`` of ``KEY`` in a thread; ``got`` receives its answer (``resp``) or what it raised (``exc``)."""
     got: dict = {}
 
     def read() -> None:
@@ -76,6 +75,13 @@ def test_a_blocked_read_of_the_blocking_client_reads_on_after_its_master_became_
 
     t = threading.Thread(target=read)
     t.start()
+    return t, got
+
+
+def test_a_blocked_read_of_the_blocking_client_reads_on_after_its_master_became_a_replica(pair):
+    a, b = pair
+    reader = connect(a.url)
+    t, got = _read_in_thread(reader)
     try:
         eid = _demote_then_write(a, b)
         t.join(30)
@@ -108,16 +114,7 @@ def test_a_client_unblocked_on_purpose_still_gets_its_error(pair):
     a, _ = pair
     reader = connect(a.url)
     admin = connect(a.url, retries=0)
-    got: dict = {}
-
-    def read() -> None:
-        try:
-            got["resp"] = reader.xread({KEY: "0-0"}, block=20000)
-        except Exception as exc:  # noqa: BLE001 - the test reports what the read raised
-            got["exc"] = exc
-
-    t = threading.Thread(target=read)
-    t.start()
+    t, got = _read_in_thread(reader)
     try:
         blocked = blocked_reader(a.url)
         assert admin.execute_command("CLIENT", "UNBLOCK", blocked["id"], "ERROR") == 1
