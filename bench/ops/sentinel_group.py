@@ -6,8 +6,8 @@ promotes the replica. ``failover()`` SIGKILLs the master, waits until the sentin
 the old master again on its port as a replica of the new one (what the sentinel would do to it, done at once);
 ``outage()`` stops both for a while; ``switch()`` hands the master's role to the replica as an operator or an
 orchestrator does (``REPLICAOF``: clients blocked on the old master are answered ``-UNBLOCKED``). Clients follow
-the changes through ``url`` (``redis+sentinel://…/m1``), as a deployment's would. Used by tests/test_airflow_bus_outage.py, tests/test_airflow_under_faults.py and
-``fstream bench airflow-soak``.
+the changes through ``url`` (``redis+sentinel://…/m1``), as a deployment's would. Used by
+tests/test_airflow_bus_outage.py, tests/test_airflow_under_faults.py and ``fstream bench airflow-soak``.
 """
 
 from __future__ import annotations
