@@ -64,7 +64,7 @@ def _demote_then_write(a: RedisServer, b: RedisServer) -> str:
 
 
 def _read_in_thread(reader: redis.Redis) -> tuple[threading.Thread, dict]:
-    """A blocked ``XREAD`` of ``KEY`` in a thread; ``got`` receives its answer (``resp``) or what it raised (``exc``)."""
+    """A blocked ``XREAD`` of ``KEY`` in a thread; ``got`` receives its answer (``resp``) or what it raised."""
     got: dict = {}
 
     def read() -> None:
